@@ -1,0 +1,3 @@
+from nvsymlinkd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""`nvsymlinkd sync`: make /dev/char exact once (the boot-time job)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
+
+
+def add_link_options(p) -> None:
+    """Options shared by every command that manages links (sync, run)."""
+    p.add_argument("--driver-root", default=None, metavar="DIR",
+                   help="where the driver's dev/ lives, inside --root (default /; /run/nvidia/driver for the "
+                        "driver container)")
+    p.add_argument("--dev-char-path", default=None, metavar="DIR", help="symlink directory (default /dev/char)")
+    p.add_argument("--create-nodes", default=None, action="store_true",
+                   help="also create missing device nodes the driver says should exist")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sync", help="create, fix and remove /dev/char/M:m links for NVIDIA nodes, once",
+                       description="Make DEV_CHAR_PATH/MAJOR:MINOR a relative symlink for every NVIDIA device node.")
+    add_link_options(p)
+    p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+    p.add_argument("--json", action="store_true", help="print a JSON document (schema in the README)")
+    p.set_defaults(func=run)
+
+
+def run(args, root, config) -> int:
+    from nvsymlinkd.reconcile import reconcile
+
+    config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
+                                   create_nodes=args.create_nodes)
+    result = reconcile(root, config, dry_run=args.dry_run)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for line in result.human_lines():
+            print(line)
+    return EXIT_OK if result.as_desired else EXIT_NOT_DESIRED

@@ -1,0 +1,136 @@
+"""The one config model shared by the CLI, the daemon and the rendered units.
+
+File: /etc/nvsymlinkd/nvsymlinkd.toml inside --root (or --config FILE, taken
+as given). Flat `key = value` pairs. Command-line flags win over the file.
+Unknown keys and wrong types are errors that name the file, the key and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields, replace
+
+from nvsymlinkd.errors import ConfigError
+
+DEFAULT_CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str  # bool, path, seconds, choice, int, str
+    default: object
+    help: str
+    choices: tuple = ()
+    minimum: float | None = None
+
+
+KEYS = (
+    Key("driver_root", "path", "/", "Root of the NVIDIA driver installation; nodes are searched under DRIVER_ROOT/dev "
+        "(/run/nvidia/driver with the GPU Operator's driver container)."),
+    Key("dev_char_path", "path", "/dev/char", "Directory of the MAJOR:MINOR symlinks systemd and runc look up."),
+    Key("create_nodes", "bool", False, "Create missing device nodes the driver says should exist, with owner and mode "
+        "from /proc/driver/nvidia/params."),
+    Key("resync_interval", "seconds", 60.0, "Daemon: seconds between full resyncs (the safety net); 0 disables.",
+        minimum=0),
+    Key("watchdog_sec", "seconds", 30.0, "Rendered unit: WatchdogSec= of nvsymlinkd.service; 0 disables.", minimum=0),
+    Key("repair", "choice", "auto", "What to do about GPU containers that lost or are about to lose devices.",
+        choices=("off", "report", "auto")),
+    Key("state_dir", "path", "/run/nvsymlinkd", "Where the daemon keeps container baselines (tmpfs: gone at reboot)."),
+)
+KEY_BY_NAME = {k.name: k for k in KEYS}
+
+
+@dataclass(frozen=True)
+class Config:
+    driver_root: str = "/"
+    dev_char_path: str = "/dev/char"
+    create_nodes: bool = False
+    resync_interval: float = 60.0
+    watchdog_sec: float = 30.0
+    repair: str = "auto"
+    state_dir: str = "/run/nvsymlinkd"
+    source: str | None = None  # the file it came from, for messages
+
+    def with_overrides(self, **values) -> Config:
+        """Apply command-line values; None means "not given" and keeps the file's value."""
+        given = {k: v for k, v in values.items() if v is not None}
+        for name, value in given.items():
+            if name not in KEY_BY_NAME:
+                raise KeyError(name)
+            given[name] = _coerce(KEY_BY_NAME[name], value, "command line")
+        return replace(self, **given)
+
+
+assert {f.name for f in fields(Config)} - {"source"} == set(KEY_BY_NAME), "Config and KEYS disagree"
+
+
+def _load_toml(data: bytes, path: str) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}; fix that line (see the README's config reference)")
+
+
+def _coerce(key: Key, value, where: str):
+    def bad(what: str):
+        return ConfigError(f"{where}: key '{key.name}' must be {what}, got {value!r}")
+
+    if key.kind == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if key.kind == "path":
+        if not isinstance(value, str) or not value.startswith("/"):
+            raise bad("an absolute path (a string starting with /)")
+        return value
+    if key.kind == "seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise bad("a number of seconds")
+        if key.minimum is not None and value < key.minimum:
+            raise bad(f"a number of seconds >= {key.minimum:g}")
+        return float(value)
+    if key.kind == "choice":
+        if value not in key.choices:
+            raise bad("one of " + ", ".join(f'"{c}"' for c in key.choices))
+        return value
+    raise AssertionError(key.kind)
+
+
+def parse_config(data: bytes, path: str) -> Config:
+    raw = _load_toml(data, path)
+    values = {}
+    for name, value in raw.items():
+        key = KEY_BY_NAME.get(name)
+        if key is None:
+            allowed = ", ".join(sorted(KEY_BY_NAME))
+            raise ConfigError(f"{path}: unknown key '{name}' (allowed: {allowed})")
+        values[name] = _coerce(key, value, path)
+    return Config(source=path, **values)
+
+
+def load_config(root, explicit_path: str | None = None) -> Config:
+    """Load the config file; an absent default file is fine, an absent --config file is not."""
+    if explicit_path is not None:
+        real, shown = explicit_path, explicit_path
+    else:
+        real, shown = root.path(DEFAULT_CONFIG), DEFAULT_CONFIG
+    try:
+        with open(real, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if explicit_path is not None:
+            raise ConfigError(f"{shown}: no such file; check the --config path")
+        return Config()
+    except IsADirectoryError:
+        raise ConfigError(f"{shown}: is a directory, not a TOML file")
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read: {exc.strerror}")
+    return parse_config(data, shown)

@@ -1,0 +1,175 @@
+"""What the NVIDIA driver says should exist, from /proc/driver.
+
+- GPUs: /proc/driver/nvidia/gpus/<pci>/information, `Device Minor: N`
+- MIG capabilities: /proc/driver/nvidia-caps/mig-minors, `NAME MINOR` lines
+- node owner and mode: /proc/driver/nvidia/params, DeviceFileUID/GID/Mode (decimal)
+- per-capability mode: /proc/driver/nvidia/capabilities/<path>, same keys
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.hostroot import HostRoot
+
+GPUS_DIR = "/proc/driver/nvidia/gpus"
+PARAMS = "/proc/driver/nvidia/params"
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+CAPABILITIES_DIR = "/proc/driver/nvidia/capabilities"
+PROC_MODULES = "/proc/modules"
+
+MAX_GPU_MINOR = 253  # 254 is nvidia-modeset, 255 nvidiactl
+MAX_MINOR = (1 << 20) - 1
+
+
+@dataclass(frozen=True)
+class NodeOwnership:
+    uid: int = 0
+    gid: int = 0
+    mode: int = 0o666
+
+
+@dataclass(frozen=True)
+class GPU:
+    pci: str
+    minor: int
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    gpus: tuple = ()  # of GPU, sorted by minor
+    mig_minors: dict = field(default_factory=dict)  # capability name -> minor
+    ownership: NodeOwnership = NodeOwnership()
+    loaded_modules: frozenset = frozenset()  # nvidia* module names from /proc/modules
+    cap_ownership: dict = field(default_factory=dict)  # capability name -> NodeOwnership
+
+    def module_loaded(self, name: str) -> bool:
+        return name in self.loaded_modules
+
+
+def parse_key_values(text: str) -> dict:
+    """`Key: value` lines; other lines are ignored."""
+    out = {}
+    for line in text.split("\n"):
+        key, sep, value = line.partition(":")
+        if sep and key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _int_field(values: dict, key: str, path: str, lo: int, hi: int, base: int = 10) -> int | None:
+    if key not in values:
+        return None
+    raw = values[key]
+    try:
+        number = int(raw, base)
+    except ValueError:
+        raise HostFileError(path, f"{key} is not a number: {raw[:40]!r}")
+    if not lo <= number <= hi:
+        raise HostFileError(path, f"{key} {number} out of range {lo}-{hi}")
+    return number
+
+
+def parse_params(text: str, path: str = PARAMS) -> NodeOwnership:
+    values = parse_key_values(text)
+    default = NodeOwnership()
+    uid = _int_field(values, "DeviceFileUID", path, 0, 2**32 - 2)
+    gid = _int_field(values, "DeviceFileGID", path, 0, 2**32 - 2)
+    mode = _int_field(values, "DeviceFileMode", path, 0, 0o7777)
+    return NodeOwnership(
+        uid=default.uid if uid is None else uid,
+        gid=default.gid if gid is None else gid,
+        mode=default.mode if mode is None else mode,
+    )
+
+
+def parse_gpu_information(text: str, path: str) -> int:
+    minor = _int_field(parse_key_values(text), "Device Minor", path, 0, MAX_GPU_MINOR)
+    if minor is None:
+        raise HostFileError(path, "no 'Device Minor:' line")
+    return minor
+
+
+def parse_mig_minors(text: str, path: str = MIG_MINORS) -> dict:
+    out = {}
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit() or not parts[1].isascii():
+            raise HostFileError(path, f"expected 'NAME MINOR', got {line[:60]!r}", lineno)
+        minor = int(parts[1])
+        if minor > MAX_MINOR:
+            raise HostFileError(path, f"minor {minor} out of range", lineno)
+        out[parts[0]] = minor
+    return out
+
+
+def capability_proc_path(mig_name: str) -> str:
+    """`gpu0/gi1/access` -> /proc/driver/nvidia/capabilities/gpu0/mig/gi1/access."""
+    head, _, rest = mig_name.partition("/")
+    if head.startswith("gpu") and rest:
+        return f"{CAPABILITIES_DIR}/{head}/mig/{rest}"
+    return f"{CAPABILITIES_DIR}/mig/{mig_name}"
+
+
+def read_capability_ownership(root: HostRoot, mig_name: str, fallback: NodeOwnership) -> NodeOwnership:
+    path = capability_proc_path(mig_name)
+    try:
+        text = root.read_text(path)
+    except OSError:
+        return fallback
+    values = parse_key_values(text)
+    mode = _int_field(values, "DeviceFileMode", path, 0, 0o7777)
+    uid = _int_field(values, "DeviceFileUID", path, 0, 2**32 - 2)
+    gid = _int_field(values, "DeviceFileGID", path, 0, 2**32 - 2)
+    return NodeOwnership(
+        uid=fallback.uid if uid is None else uid,
+        gid=fallback.gid if gid is None else gid,
+        mode=fallback.mode if mode is None else mode,
+    )
+
+
+def _read_optional(root: HostRoot, path: str) -> str | None:
+    try:
+        return root.read_text(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    except OSError as exc:
+        raise HostFileError(path, f"cannot read: {exc.strerror}")
+
+
+def read_driver_info(root: HostRoot) -> DriverInfo:
+    gpus = []
+    try:
+        entries = sorted(os.listdir(root.path(GPUS_DIR)))
+    except OSError:
+        entries = []
+    for pci in entries:
+        path = f"{GPUS_DIR}/{pci}/information"
+        text = _read_optional(root, path)
+        if text is None:
+            continue
+        gpus.append(GPU(pci=pci, minor=parse_gpu_information(text, path)))
+    gpus.sort(key=lambda g: g.minor)
+
+    params = _read_optional(root, PARAMS)
+    ownership = parse_params(params) if params is not None else NodeOwnership()
+    mig_text = _read_optional(root, MIG_MINORS)
+    mig = parse_mig_minors(mig_text) if mig_text is not None else {}
+    caps_own = {}
+    if mig and os.path.isdir(root.path(CAPABILITIES_DIR)):
+        caps_own = {name: read_capability_ownership(root, name, ownership) for name in mig}
+    modules_text = _read_optional(root, PROC_MODULES) or ""
+    modules = frozenset(
+        line.split(None, 1)[0]
+        for line in modules_text.split("\n")
+        if line.startswith("nvidia")
+    )
+    return DriverInfo(gpus=tuple(gpus), mig_minors=mig, ownership=ownership, loaded_modules=modules,
+                      cap_ownership=caps_own)

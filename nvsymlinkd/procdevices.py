@@ -1,0 +1,88 @@
+"""Character majors from /proc/devices.
+
+Several names can share one major (545+ drivers list `195 nvidia` and
+`195 nvidiactl`; 550+ add `195 nvidia-modeset`), and dynamic majors differ
+from host to host, so names are matched exactly, never by prefix
+(`nvidia-caps` is a prefix of `nvidia-caps-imex-channels`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nvsymlinkd.errors import HostFileError
+
+PROC_DEVICES = "/proc/devices"
+MAX_MAJOR = 4095  # MAJOR() is 12 bits in the kernel's dev_t
+
+# Names the driver registers for major 195 across driver branches.
+FRONTEND_NAMES = frozenset({"nvidia", "nvidia-frontend", "nvidiactl", "nvidia-modeset"})
+UVM = "nvidia-uvm"
+CAPS = "nvidia-caps"
+IMEX_CHANNELS = "nvidia-caps-imex-channels"
+NVSWITCH = "nvidia-nvswitch"
+NVLINK = "nvidia-nvlink"
+
+
+@dataclass(frozen=True)
+class Majors:
+    """NVIDIA character majors: every `nvidia*` name in the char section."""
+
+    by_name: dict = field(default_factory=dict)  # name -> major
+
+    @property
+    def nvidia_majors(self) -> frozenset:
+        return frozenset(self.by_name.values())
+
+    def major(self, name: str) -> int | None:
+        return self.by_name.get(name)
+
+    def frontend(self) -> int | None:
+        """The major of /dev/nvidia0 and /dev/nvidiactl (195 on every driver)."""
+        for name in ("nvidia", "nvidia-frontend", "nvidiactl"):
+            if name in self.by_name:
+                return self.by_name[name]
+        return None
+
+    def names_of(self, major: int) -> list:
+        return sorted(n for n, m in self.by_name.items() if m == major)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_name)
+
+
+def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
+    """Parse the text of /proc/devices; only the `Character devices:` section counts.
+
+    Raises HostFileError (and nothing else) naming the line for malformed input.
+    """
+    by_name: dict = {}
+    section = None
+    seen_char = False
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.endswith(":") and not line[0].isdigit():
+            section = line[:-1].strip().lower()
+            if section == "character devices":
+                seen_char = True
+            continue
+        if section is None:
+            raise HostFileError(path, f"unexpected line before a section header: {_show(line)}", lineno)
+        parts = line.split(None, 1)
+        if len(parts) != 2 or not parts[0].isdigit() or not parts[0].isascii():
+            raise HostFileError(path, f"expected 'MAJOR NAME', got {_show(line)}", lineno)
+        major = int(parts[0])
+        if major > MAX_MAJOR:
+            raise HostFileError(path, f"major {major} out of range 0-{MAX_MAJOR}", lineno)
+        name = parts[1].strip()
+        if section == "character devices" and name.startswith("nvidia"):
+            by_name[name] = major
+    if not seen_char:
+        raise HostFileError(path, "no 'Character devices:' section (truncated or not /proc/devices?)")
+    return Majors(by_name)
+
+
+def _show(line: str) -> str:
+    return repr(line if len(line) <= 60 else line[:57] + "...")

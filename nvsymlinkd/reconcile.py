@@ -1,0 +1,77 @@
+"""One reconcile pass: observe, plan, apply. Shared by `sync` and the daemon."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from nvsymlinkd.applier import Outcome, apply_plan
+from nvsymlinkd.linkplan import ACTIONS, CONFLICT, Plan, plan_sync
+from nvsymlinkd.snapshot import HostSnapshot, observe
+
+PAST = {"create": "created", "replace": "replaced", "remove": "removed", "create-node": "created node",
+        "keep": "kept", "conflict": "conflict"}
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    snapshot: HostSnapshot
+    plan: Plan
+    outcomes: tuple  # Outcome, one per plan action (empty on dry-run)
+    dry_run: bool
+    seconds: float
+
+    @property
+    def errors(self) -> list:
+        return [o for o in self.outcomes if o.error is not None]
+
+    @property
+    def as_desired(self) -> bool:
+        if self.plan.conflicts or self.errors:
+            return False
+        return not (self.dry_run and self.plan.changes)
+
+    def summary(self) -> dict:
+        counts = self.plan.summary()
+        counts["error"] = len(self.errors)
+        return counts
+
+    def to_json(self) -> dict:
+        items = self.outcomes if self.outcomes else [Outcome(a) for a in self.plan.actions]
+        return {
+            "dry_run": self.dry_run,
+            "actions": [o.to_json() for o in items],
+            "summary": self.summary(),
+            "notes": list(self.plan.notes),
+        }
+
+    def human_lines(self) -> list:
+        lines = []
+        verb_prefix = "would " if self.dry_run else ""
+        errors = {id(o.action): o.error for o in self.errors}
+        for a in self.plan.actions:
+            if not a.changes and a.action != CONFLICT:
+                continue
+            what = a.target if a.action == "create-node" else a.link
+            arrow = f" -> {a.target}" if a.action in ("create", "replace") else ""
+            err = errors.get(id(a))
+            status = f"  FAILED: {err}" if err else ""
+            verb = a.action if a.action == CONFLICT else verb_prefix + a.action
+            lines.append(f"{verb} {what}{arrow} ({a.device}): {a.reason}{status}")
+        for note in self.plan.notes:
+            lines.append(f"note: {note}")
+        counts = self.summary()
+        parts = [f"{counts[k]} {PAST[k]}" for k in ACTIONS if counts[k] or k in ("create", "keep")]
+        if counts["error"]:
+            parts.append(f"{counts['error']} failed")
+        head = "sync (dry run)" if self.dry_run else "sync"
+        lines.append(f"{head}: {len(self.snapshot.nodes)} NVIDIA nodes; " + ", ".join(parts))
+        return lines
+
+
+def reconcile(root, config, dry_run: bool = False) -> SyncResult:
+    start = time.perf_counter()
+    snap = observe(root, config.driver_root, config.dev_char_path, with_driver_info=config.create_nodes)
+    plan = plan_sync(snap, create_nodes=config.create_nodes)
+    outcomes = () if dry_run else tuple(apply_plan(root, plan))
+    return SyncResult(snap, plan, outcomes, dry_run, time.perf_counter() - start)

@@ -1,0 +1,52 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _skip_or_fail(reason: str):
+    # In CI every marked test must really run: a missing prerequisite is a CI setup bug.
+    if IN_CI:
+        pytest.fail(f"CI must run this test, but: {reason} (install it in .ci/run)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def need_root():
+    if os.geteuid() != 0:
+        _skip_or_fail("needs root (mknod, cgroups)")
+
+
+def need_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        _skip_or_fail(f"needs the '{name}' tool")
+    return path
+
+
+@pytest.fixture
+def fakehost(tmp_path, need_root):
+    from fakehost import FakeHost
+
+    return FakeHost(tmp_path / "root")
+
+
+@pytest.fixture
+def nvsymlinkd_cli():
+    """Run the real CLI as a subprocess: (argv...) -> CompletedProcess."""
+
+    def run(*argv, check=None):
+        proc = subprocess.run([sys.executable, "-m", "nvsymlinkd", *map(str, argv)],
+                              capture_output=True, text=True, timeout=120)
+        if check is not None and proc.returncode != check:
+            raise AssertionError(f"exit {proc.returncode} != {check}\nstdout:{proc.stdout}\nstderr:{proc.stderr}")
+        return proc
+
+    return run
