@@ -8,6 +8,7 @@ is allowed.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, fields, replace
 
@@ -76,7 +77,12 @@ def _load_toml(data: bytes, path: str) -> dict:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8")
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}; fix that line (see the README's config reference)")
+        # tomllib puts the position in the message: "(at line 3, column 5)" or "(at end of document)"
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column \d+\)", msg)
+        line = int(m.group(1)) if m else max(1, data.count(b"\n"))
+        msg = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", msg)
+        raise ConfigError(f"{path}:{line}: invalid TOML: {msg}; fix that line (see the README's config reference)")
 
 
 def _coerce(key: Key, value, where: str):

@@ -12,6 +12,7 @@ rootfs means the root's own `/`, never the real host's.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import posixpath
 import stat
@@ -116,14 +117,33 @@ def normalize(path: str) -> str:
 
 def link_target(link_inside: str, target_inside: str) -> str:
     """Relative symlink text that makes `link_inside` point at `target_inside`."""
-    return posixpath.relpath(target_inside, posixpath.dirname(link_inside))
+    link_dir = link_inside.rpartition("/")[0] or "/"
+    target_dir, _, base = target_inside.rpartition("/")
+    return _relative_dir(target_dir or "/", link_dir) + base
 
 
 def target_of(link_inside: str, link_text: str) -> str:
     """Inside path a symlink's text names (lexically, no resolution)."""
     if link_text.startswith("/"):
         return normalize(link_text)
-    return normalize(posixpath.join(posixpath.dirname(link_inside), link_text))
+    text_dir, _, base = link_text.rpartition("/")
+    if base in ("", ".", ".."):
+        return normalize(posixpath.join(posixpath.dirname(link_inside), link_text))
+    joined = _joined_dir(link_inside.rpartition("/")[0] or "/", text_dir)
+    return joined + base if joined.endswith("/") else joined + "/" + base
+
+
+# Thousands of links share a handful of directories: memoize the path arithmetic
+# (a no-op sync of 2,000 MIG nodes spends most of its time here otherwise).
+@functools.lru_cache(maxsize=256)
+def _relative_dir(target_dir: str, link_dir: str) -> str:
+    rel = posixpath.relpath(target_dir, link_dir)
+    return "" if rel == "." else rel + "/"
+
+
+@functools.lru_cache(maxsize=256)
+def _joined_dir(link_dir: str, text_dir: str) -> str:
+    return normalize(posixpath.join(link_dir, text_dir)) if text_dir else normalize(link_dir)
 
 
 def is_missing(exc: OSError) -> bool:

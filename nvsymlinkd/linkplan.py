@@ -11,6 +11,7 @@ Links to non-NVIDIA devices (`1:3 -> ../null`) are not looked at.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvsymlinkd import nodes as nodemod
 from nvsymlinkd.hostroot import link_target
@@ -26,8 +27,7 @@ ACTIONS = (CREATE_NODE, CREATE, REPLACE, REMOVE, KEEP, CONFLICT)
 CHANGES = frozenset({CREATE_NODE, CREATE, REPLACE, REMOVE})
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):  # a tuple: thousands are built per sync
     action: str
     link: str | None  # the /dev/char path (None for create-node)
     target: str | None  # link text to write, or the node path for create-node

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvsymlinkd import procdevices as pd
 from nvsymlinkd.hostroot import HostRoot, normalize
@@ -32,8 +33,7 @@ KINDS = {
 SUBDIRS = ("nvidia-caps", "nvidia-caps-imex-channels")
 
 
-@dataclass(frozen=True)
-class NvidiaNode:
+class NvidiaNode(NamedTuple):  # a tuple: thousands are built per sync
     path: str  # inside the host root, e.g. /run/nvidia/driver/dev/nvidia0
     kind: str
     major: int
@@ -50,8 +50,18 @@ class IgnoredNode:
     reason: str
 
 
+_FAST = {"nvidiactl": "ctl", "nvidia-modeset": "modeset", "nvidia-uvm": "uvm", "nvidia-uvm-tools": "uvm-tools",
+         "nvidia-nvswitchctl": "nvswitchctl", "nvidia-nvlink": "nvlink"}
+_CAP = KINDS["cap"][0]
+
+
 def classify(relpath: str) -> str | None:
     """Kind of a node from its path relative to DRIVER_ROOT/dev, or None."""
+    kind = _FAST.get(relpath)
+    if kind is not None:
+        return kind
+    if relpath.startswith("nvidia-caps/"):  # the common case on MIG hosts: thousands of these
+        return "cap" if _CAP.fullmatch(relpath) else None
     for kind, (pattern, _) in KINDS.items():
         if pattern.fullmatch(relpath):
             return kind
@@ -65,29 +75,34 @@ def dev_dir(driver_root: str) -> str:
 def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors):
     """NVIDIA char nodes under DRIVER_ROOT/dev -> (nodes, ignored), both sorted by path."""
     base = dev_dir(driver_root)
+    prefix = base if base != "/" else ""
+    names_by_major: dict = {}
+    for name, major in majors.by_name.items():
+        names_by_major.setdefault(major, []).append(name)
     nodes: list = []
     ignored: list = []
-    for rel in _candidates(root, base):
+    for rel, entry in _candidates(root, base):
         kind = classify(rel)
         if kind is None:
             continue
-        inside = f"{base}/{rel}" if base != "/" else f"/{rel}"
+        inside = f"{prefix}/{rel}"
         try:
-            st = os.lstat(root.path(inside))
+            st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
         if not stat.S_ISCHR(st.st_mode):
             ignored.append(IgnoredNode(inside, "not a character device"))
             continue
         major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        names = majors.names_of(major)
+        names = names_by_major.get(major)
         allowed = KINDS[kind][1]
         if not names:
             ignored.append(IgnoredNode(inside, f"major {major} is not an NVIDIA major in /proc/devices (stale node?)"))
             continue
-        if not allowed.intersection(names):
+        if allowed.isdisjoint(names):
             want = " or ".join(sorted(allowed))
-            ignored.append(IgnoredNode(inside, f"major {major} belongs to {', '.join(names)}, not {want} (stale node?)"))
+            have = ", ".join(sorted(names))
+            ignored.append(IgnoredNode(inside, f"major {major} belongs to {have}, not {want} (stale node?)"))
             continue
         nodes.append(NvidiaNode(inside, kind, major, minor))
     nodes.sort(key=lambda n: n.path)
@@ -96,23 +111,24 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors):
 
 
 def _candidates(root: HostRoot, base: str):
+    """(path relative to base, DirEntry) of every nvidia* entry, one level into the NVIDIA subdirs."""
     try:
-        top = os.listdir(root.path(base))
+        top = list(os.scandir(root.path(base)))
     except OSError:
         return
-    for name in sorted(top):
+    for entry in top:
+        name = entry.name
         if not name.startswith("nvidia"):
             continue
         if name in SUBDIRS:
-            sub = f"{base}/{name}" if base != "/" else f"/{name}"
             try:
-                # lstat: never descend through a symlinked directory
-                if not stat.S_ISDIR(os.lstat(root.path(sub)).st_mode):
+                # never descend through a symlinked directory
+                if not entry.is_dir(follow_symlinks=False):
                     continue
-                inner = os.listdir(root.path(sub))
+                inner = list(os.scandir(entry.path))
             except OSError:
                 continue
-            for child in sorted(inner):
-                yield f"{name}/{child}"
+            for child in inner:
+                yield f"{name}/{child.name}", child
         else:
-            yield name
+            yield name, entry

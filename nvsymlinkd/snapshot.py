@@ -10,6 +10,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nvsymlinkd import procdevices
 from nvsymlinkd.driverinfo import DriverInfo, read_driver_info
@@ -20,8 +21,7 @@ from nvsymlinkd.nodes import IgnoredNode, NvidiaNode, scan_nodes
 DEV_CHAR_NAME = re.compile(r"(\d+):(\d+)")
 
 
-@dataclass(frozen=True)
-class DevCharEntry:
+class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
     """One `M:m` entry of the dev-char directory."""
 
     name: str

@@ -1,0 +1,158 @@
+"""inotify on DRIVER_ROOT/dev and its NVIDIA subdirectories: the fast path.
+
+NVIDIA nodes are made with mknod by nvidia-modprobe/nvidia-persistenced and
+raise no uevent, so this is how the daemon sees them within milliseconds.
+
+Four libc calls through ctypes rather than a package: the packages on PyPI
+either bring their own event loop or threads (pyinotify, watchdog), are not
+in Debian stable (asyncinotify, inotify_simple), or wrap the same ctypes calls;
+we only need a non-blocking fd for loop.add_reader and a 16-byte header parser.
+
+Only names that matter wake the daemon: `nvidia*` in DRIVER_ROOT/dev (a busy
+/dev sees pty and tty churn all day) and anything inside nvidia-caps/ and
+nvidia-caps-imex-channels/, whose watches are added when they appear.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+
+from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.nodes import SUBDIRS, dev_dir
+
+IN_ATTRIB = 0x00000004
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_DONT_FOLLOW = 0x02000000
+IN_EXCL_UNLINK = 0x04000000
+IN_ISDIR = 0x40000000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+
+WATCH_MASK = (IN_CREATE | IN_DELETE | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
+              | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
+READ_SIZE = 64 * 1024
+
+_libc = None
+
+
+def _lib():
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        lib.inotify_init1.argtypes = [ctypes.c_int]
+        lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+        _libc = lib
+    return _libc
+
+
+def parse_events(buf: bytes):
+    """Raw inotify read buffer -> [(wd, mask, name)]."""
+    out = []
+    offset = 0
+    while offset + HEADER.size <= len(buf):
+        wd, mask, _cookie, length = HEADER.unpack_from(buf, offset)
+        start = offset + HEADER.size
+        name = buf[start:start + length].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        out.append((wd, mask, name))
+        offset = start + length
+    return out
+
+
+class DevWatch:
+    """Watches DRIVER_ROOT/dev (+ NVIDIA subdirectories) of one host root.
+
+    `poll()` reads what is queued and returns (changed, overflowed); the
+    caller reconciles on either. `arm()` (re)adds missing watches and is cheap
+    to call before every reconcile, so a driver root that appears late is
+    picked up by the next resync.
+    """
+
+    def __init__(self, root: HostRoot, driver_root: str):
+        self.root = root
+        self.base = dev_dir(driver_root)
+        lib = _lib()
+        fd = lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
+        self.fd = fd
+        self.watches: dict = {}  # wd -> inside dir path
+        self.missing_reported = False
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            self.watches.clear()
+
+    def _add(self, inside: str) -> bool:
+        if inside in self.watches.values():
+            return True
+        path = self.root.path(inside).encode()
+        wd = _lib().inotify_add_watch(self.fd, path, WATCH_MASK)
+        if wd < 0:
+            err = ctypes.get_errno()
+            if err in (errno.ENOENT, errno.ENOTDIR):
+                return False
+            raise OSError(err, f"inotify_add_watch {inside}: {os.strerror(err)}")
+        self.watches[wd] = inside
+        return True
+
+    def arm(self) -> bool:
+        """Add missing watches; True when DRIVER_ROOT/dev itself is watched."""
+        ok = self._add(self.base)
+        if ok:
+            for sub in SUBDIRS:
+                self._add(f"{self.base.rstrip('/')}/{sub}")
+        return ok
+
+    def poll(self):
+        """Drain the queue -> (changed, overflowed)."""
+        changed = overflowed = False
+        while True:
+            try:
+                buf = os.read(self.fd, READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not buf:
+                break
+            for wd, mask, name in parse_events(buf):
+                if mask & IN_Q_OVERFLOW:
+                    overflowed = True
+                    continue
+                where = self.watches.get(wd)
+                if where is None:
+                    continue
+                if mask & IN_IGNORED or mask & (IN_DELETE_SELF | IN_MOVE_SELF):
+                    # the directory went away: forget it; arm() re-adds it if it comes back
+                    self.watches.pop(wd, None)
+                    changed = True
+                    continue
+                if where == self.base:
+                    if not name.startswith("nvidia"):
+                        continue
+                    if mask & IN_ISDIR and name in SUBDIRS and mask & (IN_CREATE | IN_MOVED_TO):
+                        self._add(f"{self.base.rstrip('/')}/{name}")
+                changed = True
+        return changed, overflowed

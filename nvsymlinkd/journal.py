@@ -1,0 +1,132 @@
+"""Structured log entries: journald when it is there, readable stderr lines otherwise.
+
+Every kind of event has a stable MESSAGE_ID (documented in
+catalog/nvsymlinkd.catalog), so operators can `journalctl MESSAGE_ID=...` and
+alert on it. Other modules add their own kinds to MESSAGE_IDS (and to the
+catalog) instead of inventing a second logger.
+
+Where entries go (env NVSYMLINKD_LOG=auto|journal|stderr, default auto):
+- journal: systemd.journal.send (python3-systemd) to the journal socket;
+- stderr: one plain line per entry; prefixed with `<N>` (the syslog priority,
+  which journald's stdout stream parser understands) only when JOURNAL_STREAM
+  names our stderr, so a terminal never sees the prefixes.
+auto picks the journal when the socket exists, python3-systemd imports and
+stderr is not a terminal (a foreground run stays readable); tests force
+stderr so they can read what the daemon says.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+IDENTIFIER = "nvsymlinkd"
+
+# syslog priorities
+ERR, WARNING, NOTICE, INFO, DEBUG = 3, 4, 5, 6, 7
+
+# kind -> MESSAGE_ID (32 hex digits, never change one once released)
+MESSAGE_IDS = {
+    "link-created": "c256b52640924401a1ad786fb804b8f4",
+    "link-replaced": "d83455dfb6ef4fddbd7ada1052a5466c",
+    "link-removed": "2aefb048db9248f08bb5b700948ecf4a",
+    "node-created": "2e823c12dbc745db8704a1bb2491eafd",
+    "link-conflict": "8abe9644993e4d748e0d26afde513558",
+    "link-failed": "dd9d5168c48d407aadc2896f70f90d63",
+    "sync-failed": "3d23c8f20d6a4d66a5b4cca497878af4",
+    "reload-seen": "4e6f02d91c174bf6a49a6b04db495c88",
+    "systemd-restarted": "6e878b68b9fa48da8a086a147ccd1e29",
+    "bus-lost": "c0b3e94e83554d04bf617f88aca4e5be",
+    "bus-regained": "b4f3e9092081455289734525650eed39",
+    "config-error": "3b690b49ad734a7e878aed60c1e3d0ef",
+    "config-reloaded": "adac97ee55e94aef8680757634e545f0",
+    "daemon-started": "4292addf44884482baae0673fe1007c1",
+    "daemon-stopped": "e41cd2e590d6418eaa51110fdc36eaf8",
+    "event-overflow": "686126523c744885bf7219ece7b7287a",
+}
+
+
+class Journal:
+    """One writer for the whole process; `target` is 'journal' or 'stderr'."""
+
+    def __init__(self, target: str | None = None, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self._send = None
+        choice = target or os.environ.get("NVSYMLINKD_LOG", "auto")
+        if choice not in ("auto", "journal", "stderr"):
+            choice = "auto"
+        if choice != "stderr":
+            self._send = _journal_sender(required=choice == "journal", stream=self.stream)
+        self.target = "journal" if self._send is not None else "stderr"
+        self.prefix_priority = self.target == "stderr" and stream_is_journal(self.stream)
+        # debug entries only when asked for (NVSYMLINKD_DEBUG=1)
+        self.max_priority = DEBUG if os.environ.get("NVSYMLINKD_DEBUG") == "1" else INFO
+
+    def log(self, priority: int, message: str, kind: str | None = None, **fields) -> None:
+        """Write one entry. `fields` become NVSYMLINKD_<NAME> (None values are left out)."""
+        if priority > self.max_priority:
+            return
+        extra = {f"NVSYMLINKD_{k.upper()}": str(v) for k, v in fields.items() if v is not None}
+        if self._send is not None:
+            if kind is not None:
+                extra["MESSAGE_ID"] = MESSAGE_IDS[kind]
+            try:
+                self._send(message, PRIORITY=str(priority), SYSLOG_IDENTIFIER=IDENTIFIER, **extra)
+                return
+            except OSError:
+                pass  # journald restarting: fall through to stderr, lose nothing
+        prefix = f"<{priority}>" if self.prefix_priority else ""
+        try:
+            self.stream.write(f"{prefix}{IDENTIFIER}: {message}\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # stderr closed: nowhere left to complain
+
+    def event(self, kind: str, priority: int, message: str, **fields) -> None:
+        self.log(priority, message, kind=kind, **fields)
+
+    def error(self, message: str, **fields) -> None:
+        self.log(ERR, message, **fields)
+
+    def warning(self, message: str, **fields) -> None:
+        self.log(WARNING, message, **fields)
+
+    def notice(self, message: str, **fields) -> None:
+        self.log(NOTICE, message, **fields)
+
+    def info(self, message: str, **fields) -> None:
+        self.log(INFO, message, **fields)
+
+    def debug(self, message: str, **fields) -> None:
+        self.log(DEBUG, message, **fields)
+
+
+def stream_is_journal(stream) -> bool:
+    """JOURNAL_STREAM=DEV:INODE names this stream (systemd set it up for us)."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    try:
+        st = os.fstat(stream.fileno())
+        return st.st_dev == int(dev) and st.st_ino == int(ino)
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
+def _journal_sender(required: bool, stream):
+    if not os.path.exists(JOURNAL_SOCKET):
+        return None
+    if not required and _isatty(stream):
+        return None
+    try:
+        from systemd import journal
+    except ImportError:
+        return None
+    return journal.send
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
