@@ -69,7 +69,7 @@ assert {f.name for f in fields(Config)} - {"source"} == set(KEY_BY_NAME), "Confi
 
 def _load_toml(data: bytes, path: str) -> dict:
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # novermin (guarded by the version check)
     else:  # pragma: no cover - exercised on 3.9/3.10
         import tomli as tomllib
     try:
