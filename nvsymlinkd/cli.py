@@ -14,7 +14,7 @@ from nvsymlinkd import __version__
 from nvsymlinkd.errors import EXIT_ERROR, NvsymlinkdError
 
 # Each name is a module nvsymlinkd.commands.<name> with register(subparsers).
-COMMANDS = ("sync",)
+COMMANDS = ("sync", "run", "render", "check", "repair")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -20,7 +20,7 @@ DEFAULT_CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
 @dataclass(frozen=True)
 class Key:
     name: str
-    kind: str  # bool, path, seconds, choice, int, str
+    kind: str  # bool, path, optional_path, listen, seconds, choice, int, str
     default: object
     help: str
     choices: tuple = ()
@@ -39,6 +39,11 @@ KEYS = (
     Key("repair", "choice", "auto", "What to do about GPU containers that lost or are about to lose devices.",
         choices=("off", "report", "auto")),
     Key("state_dir", "path", "/run/nvsymlinkd", "Where the daemon keeps container baselines (tmpfs: gone at reboot)."),
+    Key("metrics_textfile", "optional_path", "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom",
+        "Daemon: Prometheus metrics file for node-exporter's textfile collector, replaced atomically; "
+        "\"\" disables."),
+    Key("metrics_listen", "listen", "", "Daemon: HOST:PORT to serve Prometheus metrics on (GET /metrics), "
+        "e.g. \"127.0.0.1:9402\"; \"\" (default) serves nothing."),
 )
 KEY_BY_NAME = {k.name: k for k in KEYS}
 
@@ -52,6 +57,8 @@ class Config:
     watchdog_sec: float = 30.0
     repair: str = "auto"
     state_dir: str = "/run/nvsymlinkd"
+    metrics_textfile: str = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+    metrics_listen: str = ""
     source: str | None = None  # the file it came from, for messages
 
     def with_overrides(self, **values) -> Config:
@@ -97,6 +104,14 @@ def _coerce(key: Key, value, where: str):
         if not isinstance(value, str) or not value.startswith("/"):
             raise bad("an absolute path (a string starting with /)")
         return value
+    if key.kind == "optional_path":
+        if not isinstance(value, str) or not (value == "" or value.startswith("/")):
+            raise bad('an absolute path or "" (off)')
+        return value
+    if key.kind == "listen":
+        if not isinstance(value, str) or not (value == "" or _is_listen(value)):
+            raise bad('HOST:PORT (e.g. "127.0.0.1:9402") or "" (off)')
+        return value
     if key.kind == "seconds":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise bad("a number of seconds")
@@ -108,6 +123,16 @@ def _coerce(key: Key, value, where: str):
             raise bad("one of " + ", ".join(f'"{c}"' for c in key.choices))
         return value
     raise AssertionError(key.kind)
+
+
+def _is_listen(value: str) -> bool:
+    from nvsymlinkd.metrics import parse_listen
+
+    try:
+        parse_listen(value)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_config(data: bytes, path: str) -> Config:

@@ -90,7 +90,7 @@ class DevWatch:
             err = ctypes.get_errno()
             raise OSError(err, f"inotify_init1: {os.strerror(err)}")
         self.fd = fd
-        self.watches: dict = {}  # wd -> inside dir path
+        self.watches: dict = {}  # wd -> (inside dir path, (st_dev, st_ino))
         self.missing_reported = False
 
     def fileno(self) -> int:
@@ -103,16 +103,30 @@ class DevWatch:
             self.watches.clear()
 
     def _add(self, inside: str) -> bool:
-        if inside in self.watches.values():
-            return True
-        path = self.root.path(inside).encode()
-        wd = _lib().inotify_add_watch(self.fd, path, WATCH_MASK)
+        """Watch a directory; re-watch it when the path now names another inode.
+
+        A driver container mounting over DRIVER_ROOT, or dev/ being recreated,
+        leaves the old watch on an inode nobody uses any more.
+        """
+        real = self.root.path(inside)
+        try:
+            st = os.lstat(real)
+        except OSError:
+            return False
+        identity = (st.st_dev, st.st_ino)
+        for wd, (path, ident) in list(self.watches.items()):
+            if path == inside:
+                if ident == identity:
+                    return True
+                _lib().inotify_rm_watch(self.fd, wd)  # EINVAL if already gone: fine
+                del self.watches[wd]
+        wd = _lib().inotify_add_watch(self.fd, real.encode(), WATCH_MASK)
         if wd < 0:
             err = ctypes.get_errno()
             if err in (errno.ENOENT, errno.ENOTDIR):
                 return False
             raise OSError(err, f"inotify_add_watch {inside}: {os.strerror(err)}")
-        self.watches[wd] = inside
+        self.watches[wd] = (inside, identity)
         return True
 
     def arm(self) -> bool:
@@ -141,9 +155,10 @@ class DevWatch:
                 if mask & IN_Q_OVERFLOW:
                     overflowed = True
                     continue
-                where = self.watches.get(wd)
-                if where is None:
+                watched = self.watches.get(wd)
+                if watched is None:
                     continue
+                where = watched[0]
                 if mask & IN_IGNORED or mask & (IN_DELETE_SELF | IN_MOVE_SELF):
                     # the directory went away: forget it; arm() re-adds it if it comes back
                     self.watches.pop(wd, None)

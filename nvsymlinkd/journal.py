@@ -44,7 +44,25 @@ MESSAGE_IDS = {
     "daemon-started": "4292addf44884482baae0673fe1007c1",
     "daemon-stopped": "e41cd2e590d6418eaa51110fdc36eaf8",
     "event-overflow": "686126523c744885bf7219ece7b7287a",
+    # container verifier (nvsymlinkd.verifier.MESSAGE_IDS, one per finding kind)
+    "container-ok": "b0c3e0dd255749f89757d1b6405543cf",
+    "container-lost": "483c260197bb4a5082cbaae3b26d085c",
+    "container-at-risk-scope": "dc9a8c0480ee41a0a6a7ec454776bee3",
+    "container-at-risk-not-in-spec": "e22f202c38134d758577be98caa78c07",
+    "container-at-risk-uvm-missing": "3b40d429af264d4d893899337d991187",
+    "container-unknown": "cc6369fb247c43c6a79a190b6d432b93",
+    # repair (nvsymlinkd.repairer.REPAIR_MESSAGE_IDS)
+    "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
+    "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
+    "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
+    "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
+    "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
 }
+
+# Fields with a meaning shared beyond nvsymlinkd keep their well-known names
+# (CONTAINER_ID= as Docker's journald driver writes it, UNIT= as systemd does);
+# everything else is NVSYMLINKD_<NAME>.
+PLAIN_FIELDS = {"container_id": "CONTAINER_ID", "unit": "UNIT"}
 
 
 class Journal:
@@ -64,15 +82,17 @@ class Journal:
         self.max_priority = DEBUG if os.environ.get("NVSYMLINKD_DEBUG") == "1" else INFO
 
     def log(self, priority: int, message: str, kind: str | None = None, **fields) -> None:
-        """Write one entry. `fields` become NVSYMLINKD_<NAME> (None values are left out)."""
+        """Write one entry. `fields` become NVSYMLINKD_<NAME>, or a PLAIN_FIELDS name (None values are left out)."""
         if priority > self.max_priority:
             return
-        extra = {f"NVSYMLINKD_{k.upper()}": str(v) for k, v in fields.items() if v is not None}
+        extra = {PLAIN_FIELDS.get(k) or f"NVSYMLINKD_{k.upper()}": str(v) for k, v in fields.items() if v is not None}
         if self._send is not None:
             if kind is not None:
                 extra["MESSAGE_ID"] = MESSAGE_IDS[kind]
+            code_file, code_line, code_func = _caller()
             try:
-                self._send(message, PRIORITY=str(priority), SYSLOG_IDENTIFIER=IDENTIFIER, **extra)
+                self._send(message, PRIORITY=str(priority), SYSLOG_IDENTIFIER=IDENTIFIER, CODE_FILE=code_file,
+                           CODE_LINE=code_line, CODE_FUNC=code_func, **extra)
                 return
             except OSError:
                 pass  # journald restarting: fall through to stderr, lose nothing
@@ -100,6 +120,16 @@ class Journal:
 
     def debug(self, message: str, **fields) -> None:
         self.log(DEBUG, message, **fields)
+
+
+def _caller():
+    """CODE_FILE/LINE/FUNC of whoever called into this module (not journal.py itself)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return None, None, None
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
 
 
 def stream_is_journal(stream) -> bool:

@@ -55,7 +55,7 @@ class SystemdWatch:
     """
 
     def __init__(self, journal, on_reload, on_scope, on_bus=None,
-                 backoff_start: float = 0.5, backoff_max: float = 30.0, connect_timeout: float = 10.0):
+                 backoff_start: float = 0.5, backoff_max: float = 60.0, connect_timeout: float = 10.0):
         self.journal = journal
         self.on_reload = on_reload
         self.on_scope = on_scope
@@ -93,27 +93,29 @@ class SystemdWatch:
             try:
                 await self._setup(bus)
             except asyncio.CancelledError:
-                bus.disconnect()
+                _disconnect(bus)
                 raise
             except Exception as exc:  # noqa: BLE001 - the bus died during setup: treat as a drop
                 self.journal.debug(f"system bus setup failed: {_why(exc)}")
             else:
                 if self._lost:
                     self._lost = False
-                    self.journal.event("bus-regained", 6, f"connected to the system bus at {bus_address()} again")
+                    self.journal.event("bus-regained", 6, f"connected to the system bus at {bus_address()} again; "
+                                       "resyncing in case a reload was missed")
+                    self.on_reload("bus regained")
                 else:
                     self.journal.info(f"watching systemd on the system bus at {bus_address()}")
                 self.on_bus("connected")
                 try:
                     await bus.wait_for_disconnect()
                 except asyncio.CancelledError:
-                    bus.disconnect()
+                    _disconnect(bus)
                     raise
                 except Exception:  # noqa: BLE001 - a disconnect with an error is still a disconnect
                     pass
             self.bus = None
             self.owner = None
-            bus.disconnect()
+            _disconnect(bus)
             if not self._lost:
                 self._lost = True
                 self.on_bus("lost")
@@ -208,8 +210,15 @@ class SystemdWatch:
         for task in list(self._tasks):
             task.cancel()
         if self.bus is not None:
-            self.bus.disconnect()
+            _disconnect(self.bus)
             self.bus = None
+
+
+def _disconnect(bus) -> None:
+    try:
+        bus.disconnect()
+    except Exception:  # noqa: BLE001 - already closed by the other side
+        pass
 
 
 def _why(exc: BaseException) -> str:

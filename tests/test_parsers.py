@@ -4,7 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvsymlinkd.driverinfo import capability_proc_path, parse_gpu_information, parse_mig_minors, parse_params
+from nvsymlinkd.driverinfo import (
+    capability_proc_path,
+    parse_gpu_information,
+    parse_mig_minors,
+    parse_params,
+)
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.procdevices import parse_proc_devices
 

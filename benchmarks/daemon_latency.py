@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Event daemon figures: mknod -> link latency, passes per burst, RSS, idle wakeups, stop time.
+
+Runs the real `nvsymlinkd run` against a fake root (needs root for mknod):
+
+    sudo .venv/bin/python benchmarks/daemon_latency.py [--nodes 1000] [--idle-seconds 60]
+
+Latency is measured from just before mknod(2) to the moment an inotify watch on
+DEV_CHAR_PATH reports the link's creation (CLOCK_MONOTONIC, same clock in every
+process). Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import select
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from fakehost import standard_host  # noqa: E402
+
+from nvsymlinkd.inotifywatch import IN_CREATE, _lib, parse_events  # noqa: E402
+
+CAPS = 509
+
+CREATOR = r"""
+import os, sys, time
+caps, start, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+stamps = []
+for i in range(start, start + count):
+    stamps.append(time.monotonic_ns())
+    os.mknod(f"{caps}/nvidia-cap{i}", 0o20600, os.makedev(509, i))
+print(" ".join(map(str, stamps)))
+"""
+
+
+class LinkWatch:
+    """inotify on the link directory: when did each link appear?"""
+
+    def __init__(self, path: Path):
+        self.fd = _lib().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if _lib().inotify_add_watch(self.fd, str(path).encode(), IN_CREATE) < 0:
+            raise OSError("inotify_add_watch failed")
+        self.seen: dict = {}
+
+    def wait(self, names, timeout=60.0):
+        end = time.monotonic() + timeout
+        names = set(names)
+        while not names <= self.seen.keys():
+            left = end - time.monotonic()
+            if left <= 0:
+                missing = sorted(names - self.seen.keys())
+                raise SystemExit(f"links never appeared: {missing[:5]} ... ({len(missing)})")
+            select.select([self.fd], [], [], left)
+            now = time.monotonic_ns()
+            try:
+                buf = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            for _wd, _mask, name in parse_events(buf):
+                self.seen.setdefault(name, now)
+
+
+class StatusReader(threading.Thread):
+    """Drains the notify socket (as systemd would) and keeps the latest STATUS= line."""
+
+    def __init__(self, sock):
+        super().__init__(daemon=True)
+        self.sock = sock
+        self.latest = ""
+        self.ready = threading.Event()
+
+    def run(self):
+        while True:
+            data = self.sock.recv(4096).decode()
+            for line in data.splitlines():
+                if line == "READY=1":
+                    self.ready.set()
+                elif line.startswith("STATUS="):
+                    self.latest = line[7:]
+
+    def passes(self) -> int:
+        time.sleep(1.2)  # STATUS= is sent at most once a second
+        m = re.search(r"(\d+) sync passes", self.latest)
+        return int(m.group(1)) if m else -1
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def fmt(ms_values):
+    return (f"p50 {pct(ms_values, 50):.2f} ms, p99 {pct(ms_values, 99):.2f} ms, "
+            f"max {max(ms_values):.2f} ms, mean {statistics.mean(ms_values):.2f} ms")
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return -1
+
+
+def switches(pid: int) -> int:
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            for line in open(f"/proc/{pid}/task/{tid}/status"):
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--events", type=int, default=10000, help="events for the RSS check")
+    ap.add_argument("--idle-seconds", type=float, default=60.0)
+    ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                    help="where the fake root goes (default /dev/shm: tmpfs like the real /dev)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (mknod)", file=sys.stderr)
+        return 2
+
+    with tempfile.TemporaryDirectory(prefix="nvsymlinkd-bench-", dir=args.dir) as tmp:
+        host = standard_host(Path(tmp) / "root")
+        host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS})
+        caps = host.path("/dev/nvidia-caps")
+        caps.mkdir()
+        host.path("/dev/char").mkdir()
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(f"{tmp}/notify")
+        env = dict(os.environ, NVSYMLINKD_LOG="stderr", NOTIFY_SOCKET=f"{tmp}/notify",
+                   DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent")
+        env.pop("WATCHDOG_USEC", None)
+        links = LinkWatch(host.path("/dev/char"))
+        t0 = time.monotonic()
+        daemon = subprocess.Popen([sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "run"],
+                                  env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            measure(args, host, caps, links, daemon, notify, t0)
+        finally:
+            if daemon.poll() is None:  # the benchmark failed or was interrupted: leave nothing behind
+                daemon.kill()
+                daemon.wait()
+    return 0
+
+
+def measure(args, host, caps, links, daemon, notify, t0) -> None:
+    status = StatusReader(notify)
+    status.start()
+    if not status.ready.wait(60):
+        raise SystemExit("no READY=1")
+    print(f"start to READY=1: {(time.monotonic() - t0) * 1000:.0f} ms (python start + first sync of 6 nodes)")
+    rss_start = rss_kib(daemon.pid)
+
+    # 1. one node at a time
+    lat = []
+    for i in range(args.nodes):
+        start = time.monotonic_ns()
+        os.mknod(caps / f"nvidia-cap{i}", 0o20600, os.makedev(CAPS, i))
+        links.wait([f"{CAPS}:{i}"])
+        lat.append((links.seen[f"{CAPS}:{i}"] - start) / 1e6)
+    passes = status.passes()
+    print(f"single nodes ({args.nodes}, one at a time, 7 to {args.nodes + 6} nodes on the host): {fmt(lat)}; "
+          f"{passes} sync passes in all")
+    tenth = max(1, args.nodes // 10)
+    print(f"  first {tenth} (host has <= {tenth + 6} nodes): {fmt(lat[:tenth])}")
+    print(f"  last {tenth} (host has > {args.nodes - tenth + 6} nodes): {fmt(lat[-tenth:])}")
+
+    # 2. a burst from another process
+    first = args.nodes
+    creator = subprocess.run([sys.executable, "-c", CREATOR, str(caps), str(first), str(args.nodes)],
+                             capture_output=True, text=True, check=True)
+    stamps = list(map(int, creator.stdout.split()))
+    names = [f"{CAPS}:{i}" for i in range(first, first + args.nodes)]
+    links.wait(names, timeout=300)
+    burst = [(links.seen[n] - s) / 1e6 for n, s in zip(names, stamps)]
+    span = (max(links.seen[n] for n in names) - stamps[0]) / 1e6
+    passes = status.passes() - passes
+    print(f"burst of {args.nodes} (created in {(stamps[-1] - stamps[0]) / 1e6:.0f} ms): {fmt(burst)}; "
+          f"all linked {span:.0f} ms after the first mknod; {passes} sync passes")
+
+    # 3. RSS after many events: create and remove nodes, 250 at a time; twice, to see growth
+    rss_before = rss_kib(daemon.pid)
+    rss_rounds = []
+    base = 2 * args.nodes + 10
+    for _round in range(2):
+        done = 0
+        while done < args.events:
+            batch = [caps / f"nvidia-cap{base + j}" for j in range(250)]
+            for j, p in enumerate(batch):
+                os.mknod(p, 0o20600, os.makedev(CAPS, base + j))
+            for p in batch:
+                os.unlink(p)
+            done += 2 * len(batch)
+        status.passes()
+        rss_rounds.append(rss_kib(daemon.pid))
+    print(f"filesystem of the fake root: {args.dir or tempfile.gettempdir()}")
+    print(f"RSS: {rss_start} KiB after start, {rss_before} KiB with {2 * args.nodes + 6} nodes, "
+          f"{rss_rounds[0]} KiB after {args.events} more inotify events, "
+          f"{rss_rounds[1]} KiB after {args.events} more")
+
+    # 4. idle wakeups (resync every 60 s, no watchdog, no bus)
+    before = switches(daemon.pid)
+    time.sleep(args.idle_seconds)
+    woke = switches(daemon.pid) - before
+    print(f"idle: {woke} context switches in {args.idle_seconds:g} s "
+          f"= {woke * 60 / args.idle_seconds:.1f} wakeups/minute (all threads)")
+
+    # 5. SIGTERM -> exit
+    start = time.monotonic()
+    daemon.send_signal(signal.SIGTERM)
+    rc = daemon.wait(30)
+    print(f"SIGTERM -> exit {rc} in {(time.monotonic() - start) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

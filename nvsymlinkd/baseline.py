@@ -1,0 +1,113 @@
+"""The healthy baseline: a container's effective NVIDIA access when the daemon first saw it healthy.
+
+Stored as STATE_DIR/baselines/<id>.json inside --root (tmpfs by default: gone
+at reboot, like the containers). Tied to the init process's start time, so a
+new container reusing an id never inherits an old baseline. Written
+atomically (temp file, fsync, rename); unreadable files count as absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from nvsymlinkd.expected import device_str, parse_device_str
+from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.ocispec import read_json
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+MAX_BASELINE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Baseline:
+    container_id: str
+    init_start: int | None
+    devices: dict  # ("c", major, minor) -> access
+    recorded_at: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "container_id": self.container_id,
+            "init_start": self.init_start,
+            "recorded_at": self.recorded_at,
+            "devices": {device_str(k): v for k, v in sorted(self.devices.items())},
+        }
+
+
+def baseline_dir(config) -> str:
+    return config.state_dir.rstrip("/") + "/baselines"
+
+
+def _file_name(container_id: str) -> str:
+    if SAFE_NAME.fullmatch(container_id):
+        return container_id + ".json"
+    return "sha256-" + hashlib.sha256(container_id.encode("utf-8", "replace")).hexdigest() + ".json"
+
+
+def baseline_path(config, container_id: str) -> str:
+    return f"{baseline_dir(config)}/{_file_name(container_id)}"
+
+
+def load(root: HostRoot, config, container_id: str, init_start: int | None) -> Baseline | None:
+    try:
+        doc = read_json(root.path(baseline_path(config, container_id)), MAX_BASELINE_BYTES)
+    except (OSError, ValueError):
+        return None
+    if doc.get("container_id") != container_id or doc.get("init_start") != init_start:
+        return None  # another container that reused the id
+    devices = {}
+    raw = doc.get("devices") if isinstance(doc.get("devices"), dict) else {}
+    for text, access in raw.items():
+        key = parse_device_str(text) if isinstance(text, str) else None
+        if key is not None and isinstance(access, str) and not set(access) - set("rwm"):
+            devices[key] = access
+    recorded = doc.get("recorded_at")
+    return Baseline(container_id, init_start, devices, float(recorded) if isinstance(recorded, (int, float)) else 0.0)
+
+
+def save(root: HostRoot, config, baseline: Baseline) -> str:
+    """Write atomically; returns the inside path. Raises OSError."""
+    directory = root.path(baseline_dir(config))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    inside = baseline_path(config, baseline.container_id)
+    real = root.path(inside)
+    tmp = f"{real}.tmp.{os.getpid()}"
+    data = json.dumps(baseline.to_json(), indent=1, sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, real)
+    return inside
+
+
+def record(root: HostRoot, config, container_id: str, init_start: int | None, devices: dict) -> Baseline:
+    baseline = Baseline(container_id, init_start, dict(devices), time.time())
+    save(root, config, baseline)
+    return baseline
+
+
+def prune(root: HostRoot, config, live_ids) -> list:
+    """Remove baselines of containers that no longer exist; returns the removed file names."""
+    keep = {_file_name(i) for i in live_ids}
+    removed = []
+    directory = root.path(baseline_dir(config))
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.endswith(".json") and name not in keep:
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,376 @@
+"""A small, exact interpreter for BPF_CGROUP_DEVICE programs (the kernel's xlated code).
+
+systemd (src/core/bpf-devices.c), runc/crun (devicefilter) and libnvidia-container
+(nvcgo/internal/cgroup/ebpf.go) all emit straight-line compare-and-jump code over
+the context `struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor;}`
+(access_type = access << 16 | type). Rather than pattern-matching their shapes we
+run the program on the one request we care about: ALU/ALU64, loads from the
+context, JMP/JMP32 and EXIT, with the kernel's semantics (32-bit ops zero-extend,
+immediates sign-extend, shifts mask their count, division by zero gives 0).
+
+Anything else (helper calls, map loads, stack memory, back-jumps, unknown
+opcodes) makes the result `unknown` with the instruction named: an unevaluated
+program never counts as allowing.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+# instruction classes
+LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
+# sizes (LD/LDX)
+SIZE_W, SIZE_H, SIZE_B, SIZE_DW = 0x00, 0x08, 0x10, 0x18
+SIZE_BYTES = {SIZE_W: 4, SIZE_H: 2, SIZE_B: 1, SIZE_DW: 8}
+# modes
+MODE_IMM, MODE_MEM, MODE_MEMSX = 0x00, 0x60, 0x80
+# source operand
+SRC_K, SRC_X = 0x00, 0x08
+# ALU ops
+ADD, SUB, MUL, DIV, OR, AND, LSH, RSH, NEG, MOD, XOR, MOV, ARSH, END = (
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xA0, 0xB0, 0xC0, 0xD0)
+# JMP ops
+JA, JEQ, JGT, JGE, JSET, JNE, JSGT, JSGE, CALL, EXIT, JLT, JLE, JSLT, JSLE = (
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xA0, 0xB0, 0xC0, 0xD0)
+
+ALU_NAMES = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", OR: "or", AND: "and", LSH: "lsh",
+             RSH: "rsh", NEG: "neg", MOD: "mod", XOR: "xor", MOV: "mov", ARSH: "arsh", END: "end"}
+JMP_NAMES = {JA: "ja", JEQ: "jeq", JGT: "jgt", JGE: "jge", JSET: "jset", JNE: "jne", JSGT: "jsgt",
+             JSGE: "jsge", CALL: "call", EXIT: "exit", JLT: "jlt", JLE: "jle", JSLT: "jslt",
+             JSLE: "jsle"}
+
+# struct bpf_cgroup_dev_ctx encoding (include/uapi/linux/bpf.h)
+DEV_BLOCK, DEV_CHAR = 1, 2
+ACC_MKNOD, ACC_READ, ACC_WRITE = 1, 2, 4
+DEV_TYPES = {"b": DEV_BLOCK, "c": DEV_CHAR}
+ACCESS_BITS = {"m": ACC_MKNOD, "r": ACC_READ, "w": ACC_WRITE}
+
+M32 = 0xFFFFFFFF
+M64 = 0xFFFFFFFFFFFFFFFF
+NREGS = 12          # r0-r10 and the JIT's hidden AX (r11, seen in constant-blinded code)
+MAX_STEPS = 100000  # forward-only execution ends far earlier; a plain safety net
+
+LITTLE = sys.byteorder == "little"
+_INSN = struct.Struct("<BBhi" if LITTLE else ">BBhi")
+
+
+class Insn(NamedTuple):
+    code: int
+    dst: int
+    src: int
+    off: int
+    imm: int
+
+
+def decode(raw: bytes) -> list:
+    """struct bpf_insn array (host byte order, as BPF_OBJ_GET_INFO_BY_FD returns it)."""
+    if len(raw) % 8:
+        raise ValueError(f"program is {len(raw)} bytes, not a multiple of 8")
+    out = []
+    for code, regs, off, imm in _INSN.iter_unpack(raw):
+        # dst_reg:4 / src_reg:4 bitfields: low nibble first on little-endian hosts
+        dst, src = (regs & 0x0F, regs >> 4) if LITTLE else (regs >> 4, regs & 0x0F)
+        out.append(Insn(code, dst, src, off, imm))
+    return out
+
+
+def encode(insns) -> bytes:
+    parts = []
+    for i in insns:
+        regs = (i.dst & 0x0F) | ((i.src & 0x0F) << 4) if LITTLE else ((i.dst & 0x0F) << 4) | (i.src & 0x0F)
+        imm = _s32(i.imm)   # accept unsigned spellings of 32-bit immediates
+        parts.append(_INSN.pack(i.code, regs, i.off, imm))
+    return b"".join(parts)
+
+
+def make_ctx(dev_type: str, major: int, minor: int, access: str) -> bytes:
+    """The context the kernel passes for one check (access letters combined, as the kernel does)."""
+    bits = 0
+    for letter in access:
+        bits |= ACCESS_BITS[letter]
+    return struct.pack("=III", (bits << 16) | DEV_TYPES[dev_type], major & M32, minor & M32)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    allowed: Optional[bool]   # None: could not evaluate
+    reason: str
+    steps: int = 0
+
+
+class _Ptr(NamedTuple):
+    region: str   # "ctx" or "stack"
+    off: int
+
+
+class _CannotEvaluate(Exception):
+    pass
+
+
+def _s64(v: int) -> int:
+    return v - (1 << 64) if v & (1 << 63) else v
+
+
+def _s32(v: int) -> int:
+    v &= M32
+    return v - (1 << 32) if v & (1 << 31) else v
+
+
+def _sext(v: int, bits: int) -> int:
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v & (1 << (bits - 1)) else v
+
+
+def _tdiv(a: int, b: int) -> int:
+    """C division (truncates toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def describe_insn(insn: Insn) -> str:
+    cls = insn.code & 7
+    if cls in (ALU, ALU64):
+        name = ALU_NAMES.get(insn.code & 0xF0, f"op{insn.code & 0xF0:#x}")
+        return f"BPF_{'ALU64' if cls == ALU64 else 'ALU'} {name}"
+    if cls in (JMP, JMP32):
+        op = insn.code & 0xF0
+        if op == CALL:
+            return "BPF_CALL"
+        if op == EXIT:
+            return "BPF_EXIT"
+        return f"BPF_{'JMP32' if cls == JMP32 else 'JMP'} {JMP_NAMES.get(op, hex(op))}"
+    if insn.code == (LD | MODE_IMM | SIZE_DW):
+        return f"BPF_LD_IMM64 src={insn.src}"
+    return {LD: "BPF_LD", LDX: "BPF_LDX", ST: "BPF_ST", STX: "BPF_STX"}[cls] + f" code={insn.code:#04x}"
+
+
+def evaluate(insns, ctx: bytes) -> EvalResult:
+    """Run a decoded program on one context; allowed when r0's low bit is set (the kernel's test)."""
+    regs: list = [None] * NREGS
+    regs[1] = _Ptr("ctx", 0)
+    regs[10] = _Ptr("stack", 0)
+    pc = 0
+    steps = 0
+    n = len(insns)
+
+    def fail(why: str):
+        raise _CannotEvaluate(f"cannot evaluate insn {pc} ({why})")
+
+    def scalar(reg: int) -> int:
+        v = regs[reg]
+        if v is None:
+            fail(f"r{reg} read before it is set")
+        if isinstance(v, _Ptr):
+            fail(f"arithmetic on {v.region} pointer r{reg}")
+        return v
+
+    try:
+        while True:
+            if not 0 <= pc < n:
+                raise _CannotEvaluate(f"cannot evaluate: execution left the program at insn {pc}")
+            steps += 1
+            if steps > MAX_STEPS:
+                fail("step limit")
+            insn = insns[pc]
+            if insn.dst >= NREGS or insn.src >= NREGS:
+                fail(f"register out of range in {describe_insn(insn)}")
+            cls = insn.code & 7
+            if cls in (ALU, ALU64):
+                regs[insn.dst] = _alu(insn, cls == ALU64, regs, scalar, fail)
+                pc += 1
+            elif cls == LDX:
+                regs[insn.dst] = _load(insn, regs, ctx, fail)
+                pc += 1
+            elif cls == LD:
+                if insn.code != (LD | MODE_IMM | SIZE_DW):
+                    fail(describe_insn(insn))
+                if insn.src != 0:
+                    fail(f"BPF_LD_IMM64 src={insn.src}: loads a map or kernel object")
+                if pc + 1 >= n:
+                    fail("truncated BPF_LD_IMM64")
+                regs[insn.dst] = (insn.imm & M32) | ((insns[pc + 1].imm & M32) << 32)
+                pc += 2
+            elif cls in (JMP, JMP32):
+                op = insn.code & 0xF0
+                if op == EXIT:
+                    r0 = scalar(0)
+                    verdict = bool(r0 & 1)
+                    return EvalResult(verdict, f"returns {r0} at insn {pc}", steps)
+                if op == CALL:
+                    # xlated helper calls carry a kernel address offset, not the helper id
+                    what = "calls a BPF function" if insn.src == 1 else "calls a kernel helper"
+                    fail(f"BPF_CALL: {what}")
+                if op == JA:
+                    if insn.code & SRC_X:
+                        fail(describe_insn(insn))
+                    delta = insn.off if cls == JMP else insn.imm
+                    taken = True
+                else:
+                    if op not in JMP_NAMES:
+                        fail(describe_insn(insn))
+                    taken = _condition(insn, cls == JMP32, regs, scalar, fail)
+                    delta = insn.off
+                target = pc + 1 + delta if taken else pc + 1
+                if target <= pc:
+                    fail(f"{describe_insn(insn)} jumps back to insn {target} (a loop)")
+                pc = target
+            else:
+                fail(f"{describe_insn(insn)}: writes memory")
+    except _CannotEvaluate as e:
+        return EvalResult(None, str(e), steps)
+
+
+def _load(insn: Insn, regs, ctx: bytes, fail) -> int:
+    mode = insn.code & 0xE0
+    size = SIZE_BYTES[insn.code & 0x18]
+    if mode not in (MODE_MEM, MODE_MEMSX):
+        fail(describe_insn(insn))
+    base = regs[insn.src]
+    if not isinstance(base, _Ptr) or base.region != "ctx":
+        fail(f"BPF_LDX from r{insn.src}, which is not the context pointer")
+    off = base.off + insn.off
+    if off < 0 or off + size > len(ctx):
+        fail(f"BPF_LDX at context offset {off} size {size}, outside the {len(ctx)}-byte context")
+    value = int.from_bytes(ctx[off:off + size], sys.byteorder)
+    if mode == MODE_MEMSX:
+        value = _sext(value, size * 8) & M64
+    return value
+
+
+def _alu(insn: Insn, is64: bool, regs, scalar, fail):
+    op = insn.code & 0xF0
+    width = 64 if is64 else 32
+    mask = M64 if is64 else M32
+    use_x = bool(insn.code & SRC_X)
+
+    if op == END:
+        if insn.imm not in (16, 32, 64):
+            fail(f"byte swap of width {insn.imm}")
+        v = scalar(insn.dst) & ((1 << insn.imm) - 1)
+        # ALU64 END is an unconditional swap (cpu v4); ALU END|X converts to big-endian, END|K to little
+        if is64 or use_x == LITTLE:
+            v = int.from_bytes(v.to_bytes(insn.imm // 8, "little"), "big")
+        return v
+
+    if op == MOV:
+        if use_x:
+            src = regs[insn.src]
+            if isinstance(src, _Ptr):
+                if is64 and insn.off == 0:
+                    return src  # pointer copy
+                fail(f"32-bit move of {src.region} pointer r{insn.src}")
+            v = scalar(insn.src)
+            if insn.off in (8, 16, 32):   # MOVSX (cpu v4)
+                v = _sext(v, insn.off)
+            elif insn.off != 0:
+                fail(f"mov with offset {insn.off}")
+            return v & mask
+        return (insn.imm if is64 else insn.imm & M32) & mask
+
+    if insn.off != 0 and op not in (DIV, MOD):
+        fail(f"{describe_insn(insn)} with offset {insn.off}")
+
+    dst_val = regs[insn.dst]
+    if use_x and insn.src == insn.dst and op in (XOR, SUB) and not isinstance(dst_val, _Ptr):
+        return 0   # zeroing idiom; constant blinding (bpf_jit_harden) emits it for `mov r, 0`
+    if isinstance(dst_val, _Ptr):
+        # pointer arithmetic on the context pointer: only +/- constant (compilers emit it)
+        if is64 and not use_x and op in (ADD, SUB):
+            return _Ptr(dst_val.region, dst_val.off + (insn.imm if op == ADD else -insn.imm))
+        fail(f"{describe_insn(insn)} on {dst_val.region} pointer r{insn.dst}")
+    a = scalar(insn.dst) & mask
+    if op == NEG:
+        return (-a) & mask
+    b = (scalar(insn.src) if use_x else insn.imm) & mask
+
+    if op == ADD:
+        return (a + b) & mask
+    if op == SUB:
+        return (a - b) & mask
+    if op == MUL:
+        return (a * b) & mask
+    if op == OR:
+        return a | b
+    if op == AND:
+        return a & b
+    if op == XOR:
+        return a ^ b
+    if op == LSH:
+        return (a << (b & (width - 1))) & mask
+    if op == RSH:
+        return a >> (b & (width - 1))
+    if op == ARSH:
+        return (_sext(a, width) >> (b & (width - 1))) & mask
+    if op in (DIV, MOD):
+        signed = insn.off == 1
+        if insn.off not in (0, 1):
+            fail(f"{describe_insn(insn)} with offset {insn.off}")
+        if b == 0:
+            return 0 if op == DIV else a   # BPF: x/0 = 0, x%0 = x
+        if not signed:
+            return a // b if op == DIV else a % b
+        sa, sb = _sext(a, width), _sext(b, width)
+        q = _tdiv(sa, sb)
+        return (q if op == DIV else sa - q * sb) & mask
+    fail(describe_insn(insn))
+
+
+def _condition(insn: Insn, is32: bool, regs, scalar, fail) -> bool:
+    op = insn.code & 0xF0
+    a = scalar(insn.dst)
+    b = scalar(insn.src) if insn.code & SRC_X else insn.imm & M64
+    if is32:
+        a, b = a & M32, b & M32
+        sa, sb = _s32(a), _s32(b)
+    else:
+        sa, sb = _s64(a), _s64(b)
+    if op == JEQ:
+        return a == b
+    if op == JNE:
+        return a != b
+    if op == JGT:
+        return a > b
+    if op == JGE:
+        return a >= b
+    if op == JLT:
+        return a < b
+    if op == JLE:
+        return a <= b
+    if op == JSET:
+        return bool(a & b)
+    if op == JSGT:
+        return sa > sb
+    if op == JSGE:
+        return sa >= sb
+    if op == JSLT:
+        return sa < sb
+    if op == JSLE:
+        return sa <= sb
+    fail(describe_insn(insn))
+
+
+def check(insns, dev_type: str, major: int, minor: int, access: str) -> EvalResult:
+    return evaluate(insns, make_ctx(dev_type, major, minor, access))
+
+
+def guess_producer(name: str, insns) -> str:
+    """Best guess of who generated a device program, for humans only (never for decisions)."""
+    if name.startswith("sd_"):
+        return "systemd"
+    if not insns:
+        return "unknown producer"
+    first = insns[0]
+    if first.code == (LDX | MODE_MEM | SIZE_H) and first.dst == 2 and first.src == 1:
+        return "libnvidia-container"   # it loads the type with a 16-bit load
+    # shape, robust to constant blinding (which rewrites immediates, not jumps or exits)
+    exits = sum(1 for i in insns if i.code == (JMP | EXIT))
+    has_ja = any(i.code == (JMP | JA) for i in insns)
+    loads_type = first.code == (LDX | MODE_MEM | SIZE_W) and first.dst == 2 and first.src == 1
+    if has_ja and exits == 1:
+        return "systemd"               # PASS jumps to one shared `mov64 r0, 1; exit`
+    if loads_type and not has_ja:
+        return "runc/crun"             # `mov32 r0, 0|1; exit` after each rule block
+    return "unknown producer"

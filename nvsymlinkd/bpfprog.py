@@ -1,0 +1,202 @@
+"""The bpf(2) syscall, through ctypes: read the device programs a cgroup runs.
+
+Reading (what the daemon does):
+  BPF_PROG_QUERY(attach_type=BPF_CGROUP_DEVICE, query_flags=BPF_F_QUERY_EFFECTIVE)
+  on the cgroup directory gives the ids of every program the kernel runs for a
+  process in that cgroup (its own and inherited ones); BPF_PROG_GET_FD_BY_ID
+  and BPF_OBJ_GET_INFO_BY_FD (twice: the length, then the instructions) give
+  each program's name, tag and xlated (post-verifier) instructions.
+
+Loading/attaching (BPF_PROG_LOAD, BPF_PROG_ATTACH/DETACH) are here for the tests
+and benchmarks that build real programs; the daemon never changes programs.
+
+Only the union bpf_attr / struct bpf_prog_info fields that have kept their
+offsets since Linux 4.15 are used, and the size passed to the kernel ends at
+the last field we set (the kernel zero-fills the rest). Every failure raises
+BpfError (errno and the command named), never a bare OSError.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+from dataclasses import dataclass
+
+# syscall numbers (the bpf syscall is arch-specific)
+SYS_BPF_BY_MACHINE = {"x86_64": 321, "aarch64": 280, "arm64": 280, "i686": 357, "i386": 357,
+                      "ppc64le": 361, "ppc64": 361, "s390x": 351, "riscv64": 280, "loongarch64": 280,
+                      "armv7l": 386}
+
+# commands
+BPF_PROG_LOAD = 5
+BPF_PROG_ATTACH = 8
+BPF_PROG_DETACH = 9
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_PROG_QUERY = 16
+COMMAND_NAMES = {BPF_PROG_LOAD: "BPF_PROG_LOAD", BPF_PROG_ATTACH: "BPF_PROG_ATTACH",
+                 BPF_PROG_DETACH: "BPF_PROG_DETACH", BPF_PROG_GET_FD_BY_ID: "BPF_PROG_GET_FD_BY_ID",
+                 BPF_OBJ_GET_INFO_BY_FD: "BPF_OBJ_GET_INFO_BY_FD", BPF_PROG_QUERY: "BPF_PROG_QUERY"}
+
+BPF_PROG_TYPE_CGROUP_DEVICE = 15
+BPF_CGROUP_DEVICE = 6
+BPF_F_QUERY_EFFECTIVE = 1
+BPF_F_ALLOW_OVERRIDE = 1
+BPF_F_ALLOW_MULTI = 2
+
+ATTR_BUFFER = 256        # bigger than any kernel's union bpf_attr: the kernel may write past what we pass
+INFO_LEN = 88            # struct bpf_prog_info through `ifindex` + the gpl_compatible word
+QUERY_SLOTS = 64         # programs per query before we ask again with the count the kernel reported
+
+HINTS = {errno.EPERM: "needs root (CAP_SYS_ADMIN / CAP_BPF)", errno.ENOSYS: "kernel without bpf(2)",
+         errno.EINVAL: "kernel lacks BPF_CGROUP_DEVICE or this attr layout",
+         errno.EBADF: "not a cgroup2 directory", errno.ENOENT: "program went away"}
+
+
+class BpfError(Exception):
+    def __init__(self, command: str, err: int, detail: str = ""):
+        self.command = command
+        self.errno = err
+        name = errno.errorcode.get(err, str(err))
+        hint = None if detail else HINTS.get(err)
+        text = f"{command}: {os.strerror(err)} ({name}{'; ' + hint if hint else ''})"
+        if detail:
+            text += f": {detail}"
+        super().__init__(text)
+
+
+_libc = None
+
+
+def _syscall_number() -> int:
+    nr = SYS_BPF_BY_MACHINE.get(platform.machine())
+    if nr is None:
+        raise BpfError("bpf", errno.ENOSYS, f"no bpf syscall number known for {platform.machine()}")
+    return nr
+
+
+def _bpf(cmd: int, attr: ctypes.Array, size: int) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    ret = _libc.syscall(ctypes.c_long(_syscall_number()), ctypes.c_long(cmd),
+                        ctypes.c_void_p(ctypes.addressof(attr)), ctypes.c_long(size))
+    if ret < 0:
+        raise BpfError(COMMAND_NAMES.get(cmd, f"bpf cmd {cmd}"), ctypes.get_errno())
+    return ret
+
+
+def _attr(*fields) -> ctypes.Array:
+    """A zeroed attr buffer with (offset, struct format, value) fields set."""
+    buf = ctypes.create_string_buffer(ATTR_BUFFER)
+    for off, fmt, value in fields:
+        struct.pack_into(fmt, buf, off, value)
+    return buf
+
+
+def query_device_program_ids(cgroup_fd: int, effective: bool = True) -> list:
+    """Ids of the BPF_CGROUP_DEVICE programs of an open cgroup2 directory."""
+    slots = QUERY_SLOTS
+    for _ in range(8):
+        ids = (ctypes.c_uint32 * slots)()
+        attr = _attr((0, "=I", cgroup_fd), (4, "=I", BPF_CGROUP_DEVICE),
+                     (8, "=I", BPF_F_QUERY_EFFECTIVE if effective else 0),
+                     (16, "=Q", ctypes.addressof(ids)), (24, "=I", slots))
+        try:
+            _bpf(BPF_PROG_QUERY, attr, 28)
+        except BpfError as e:
+            if e.errno == errno.ENOSPC:   # more programs than slots: the kernel wrote the count
+                slots = max(struct.unpack_from("=I", attr, 24)[0], slots * 2)
+                continue
+            raise
+        count = struct.unpack_from("=I", attr, 24)[0]
+        return list(ids[:count])
+    raise BpfError("BPF_PROG_QUERY", errno.ENOSPC, "program list kept growing")
+
+
+@dataclass(frozen=True)
+class DeviceProgram:
+    prog_id: int
+    name: str
+    tag: str            # hex of the kernel's 8-byte program tag
+    prog_type: int
+    xlated: bytes       # struct bpf_insn array as the kernel runs it (before JIT)
+
+
+def read_program(prog_id: int) -> DeviceProgram:
+    fd = _bpf(BPF_PROG_GET_FD_BY_ID, _attr((0, "=I", prog_id)), 12)
+    try:
+        info = ctypes.create_string_buffer(ATTR_BUFFER)
+        _get_info(fd, info)
+        prog_type, got_id = struct.unpack_from("=II", info, 0)
+        tag = bytes(info.raw[8:16]).hex()
+        xlated_len = struct.unpack_from("=I", info, 20)[0]
+        name = info.raw[64:80].split(b"\0", 1)[0].decode("ascii", "replace")
+        insns = b""
+        if xlated_len:
+            code = ctypes.create_string_buffer(xlated_len)
+            info2 = ctypes.create_string_buffer(ATTR_BUFFER)
+            struct.pack_into("=I", info2, 20, xlated_len)
+            struct.pack_into("=Q", info2, 32, ctypes.addressof(code))
+            _get_info(fd, info2)
+            got_len = struct.unpack_from("=I", info2, 20)[0]
+            insns = code.raw[:min(got_len, xlated_len)]
+        return DeviceProgram(got_id, name, tag, prog_type, insns)
+    finally:
+        os.close(fd)
+
+
+def _get_info(fd: int, info: ctypes.Array) -> None:
+    attr = _attr((0, "=I", fd), (4, "=I", INFO_LEN), (8, "=Q", ctypes.addressof(info)))
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, attr, 16)
+
+
+def open_cgroup_dir(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def read_cgroup_device_programs(cgroup_dir: str) -> list:
+    """Every effective device program of a cgroup2 directory (real path), in run order."""
+    fd = open_cgroup_dir(cgroup_dir)
+    try:
+        ids = query_device_program_ids(fd)
+    finally:
+        os.close(fd)
+    return [read_program(i) for i in ids]
+
+
+# --- building programs: tests and benchmarks only -------------------------------------------
+
+def load_device_program(xlated: bytes, name: str = "", license: str = "GPL") -> int:
+    """BPF_PROG_LOAD a BPF_PROG_TYPE_CGROUP_DEVICE program; returns its fd.
+
+    On a verifier reject the BpfError carries the verifier log's last lines.
+    """
+    insns = ctypes.create_string_buffer(xlated, len(xlated))
+    lic = ctypes.create_string_buffer(license.encode() + b"\0")
+    log = ctypes.create_string_buffer(1 << 16)
+    prog_name = name.encode()[:15]
+    attr = _attr((0, "=I", BPF_PROG_TYPE_CGROUP_DEVICE), (4, "=I", len(xlated) // 8),
+                 (8, "=Q", ctypes.addressof(insns)), (16, "=Q", ctypes.addressof(lic)),
+                 (24, "=I", 1), (28, "=I", len(log)), (32, "=Q", ctypes.addressof(log)),
+                 (48, "16s", prog_name))
+    try:
+        return _bpf(BPF_PROG_LOAD, attr, 72)
+    except BpfError as e:
+        lines = log.value.decode(errors="replace").strip().splitlines()
+        raise BpfError(e.command, e.errno, "verifier: " + " | ".join(lines[-3:])) from None
+
+
+def attach_device_program(cgroup_fd: int, prog_fd: int, flags: int = BPF_F_ALLOW_MULTI) -> None:
+    attr = _attr((0, "=I", cgroup_fd), (4, "=I", prog_fd), (8, "=I", BPF_CGROUP_DEVICE),
+                 (12, "=I", flags))
+    _bpf(BPF_PROG_ATTACH, attr, 20)
+
+
+def detach_device_program(cgroup_fd: int, prog_fd: int) -> None:
+    attr = _attr((0, "=I", cgroup_fd), (4, "=I", prog_fd), (8, "=I", BPF_CGROUP_DEVICE))
+    _bpf(BPF_PROG_DETACH, attr, 20)

@@ -1,0 +1,69 @@
+"""`nvsymlinkd render`: the udev rule and systemd units for this config, from the packaged templates."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
+
+
+def register(sub) -> None:
+    from nvsymlinkd.commands.sync import add_link_options
+
+    p = sub.add_parser("render", help="write (or print) the udev rule and systemd units for this config",
+                       description="Render 71-nvsymlinkd.rules, nvsymlinkd.service and nvsymlinkd-sync.service "
+                                   "from the templates, with values from the config file and these options. "
+                                   "Packaging runs this at build time: use --config /dev/null there so the "
+                                   "build machine's config does not leak in.")
+    p.add_argument("--output", default=None, metavar="DIR",
+                   help="write the files into DIR (created if missing; taken as given, not under --root); "
+                        "default: print them to stdout, each after a '==> NAME <==' line")
+    add_link_options(p)
+    p.add_argument("--resync-interval", type=float, default=None, metavar="SEC",
+                   help="daemon resync interval passed to `nvsymlinkd run` (default 60; 0 disables)")
+    p.add_argument("--watchdog-sec", type=float, default=None, metavar="SEC",
+                   help="WatchdogSec= of nvsymlinkd.service (default 30; 0 disables)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="daemon state directory (default /run/nvsymlinkd, made by RuntimeDirectory=)")
+    p.add_argument("--bindir", default=None, metavar="DIR",
+                   help="directory of the installed nvsymlinkd program, for ExecStart= (default /usr/bin)")
+    p.set_defaults(func=run)
+
+
+def run(args, root, config) -> int:
+    from nvsymlinkd.render import DEFAULT_BINDIR, RenderOptions, render_all
+
+    config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
+                                   create_nodes=args.create_nodes, resync_interval=args.resync_interval,
+                                   watchdog_sec=args.watchdog_sec, state_dir=args.state_dir)
+    bindir = args.bindir or DEFAULT_BINDIR
+    if not bindir.startswith("/"):
+        raise UsageError(f"--bindir {bindir}: must be an absolute path (ExecStart= needs one)")
+    files = render_all(config, RenderOptions(bindir=bindir))
+    if args.output is None:
+        for i, (name, text) in enumerate(files.items()):
+            sys.stdout.write(("\n" if i else "") + f"==> {name} <==\n{text}")
+        return EXIT_OK
+    for name, text in files.items():
+        write_file(os.path.join(args.output, name), text)
+    return EXIT_OK
+
+
+def write_file(path: str, text: str) -> None:
+    """Replace PATH atomically (a reader never sees half a unit), mode 0644."""
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise NvsymlinkdError(f"{exc.filename or path}: cannot write: {exc.strerror}; "
+                              "check --output (an existing, writable directory or a path that can be created)")

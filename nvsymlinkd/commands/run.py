@@ -1,0 +1,42 @@
+"""`nvsymlinkd run`: the event daemon (Type=notify service)."""
+
+from __future__ import annotations
+
+from nvsymlinkd.commands.sync import add_link_options
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the event daemon: keep /dev/char exact as nodes, modules and systemd change",
+                       description="Keep DEV_CHAR_PATH exact on every device-node, udev and systemd event, and "
+                                   "notice systemd reloads. Runs until SIGTERM; SIGHUP re-reads the config.")
+    add_link_options(p)
+    p.add_argument("--resync-interval", type=float, default=None, metavar="SEC",
+                   help="seconds between full resyncs, the safety net (default 60; 0 disables)")
+    p.set_defaults(func=run)
+
+
+def run(args, root, config) -> int:
+    import asyncio
+
+    from nvsymlinkd.config import load_config
+    from nvsymlinkd.daemon import Daemon
+
+    overrides = dict(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
+                     create_nodes=args.create_nodes, resync_interval=args.resync_interval)
+    config = config.with_overrides(**overrides)
+
+    def reload_config():
+        # command-line flags keep winning over the file after a SIGHUP too
+        return load_config(root, args.config).with_overrides(**overrides)
+
+    async def main() -> int:
+        from nvsymlinkd.containerwatch import ContainerWatch
+        from nvsymlinkd.journal import Journal
+
+        journal = Journal()
+        daemon = Daemon(root, config, reload_config=reload_config, journal=journal)
+        # the container verifier and repair ride on the daemon's events (reload, new scope, nodes, resync)
+        daemon.hook = ContainerWatch(journal, root, lambda: daemon.config, metrics=daemon.metrics)
+        return await daemon.run()
+
+    return asyncio.run(main())

@@ -1,0 +1,321 @@
+"""Discovery of running containers from the runtimes' own state on disk.
+
+Sources, all under --root:
+  runc-style state roots: /run/runc, /run/containerd/runc/<ns>, /run/docker/runtime-runc/moby
+    (<root>/<id>/state.json), crun's /run/crun (<root>/<id>/status + config.json)
+  containerd task bundles: /run/containerd/io.containerd.runtime.v2.task/<ns>/<id>/config.json
+  CRI-O and Podman: /run/containers/storage/overlay-containers/<id>/userdata/config.json
+One container may show in several; they are merged by id (and namespace).
+
+Only files the runtimes write as root are read; the container's rootfs is
+never read here (see devnodes for its /dev, read without following links).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+from nvsymlinkd.hostroot import HostRoot, normalize
+from nvsymlinkd.ocispec import (
+    MAX_SMALL_BYTES,
+    RuntimeState,
+    SpecFacts,
+    parse_crun_status,
+    parse_runc_state,
+    parse_spec,
+    read_bounded,
+    read_json,
+)
+
+RUNC_ROOTS = (("/run/runc", "runc", None), ("/run/docker/runtime-runc/moby", "docker", "moby"))
+CONTAINERD_RUNC = "/run/containerd/runc"
+CRUN_ROOT = "/run/crun"
+CONTAINERD_TASKS = "/run/containerd/io.containerd.runtime.v2.task"
+STORAGE_CONTAINERS = "/run/containers/storage/overlay-containers"
+MAX_ENTRIES = 100_000  # per directory: a safety bound, far above any real node
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}")
+SCOPE_PREFIXES = {"docker": "docker", "containerd": "cri-containerd", "cri-o": "crio", "podman": "libpod",
+                  "runc": "runc"}
+LIVE = ("created", "running")
+
+
+@dataclass
+class Container:
+    id: str
+    runtime: str  # docker, containerd, cri-o, podman, runc, crun
+    namespace: str | None = None
+    status: str = "unknown"  # created, running, paused, stopped, unknown
+    init_pid: int | None = None
+    init_start: int | None = None
+    state_path: str | None = None  # inside path of state.json / status
+    bundle: str | None = None  # inside path
+    spec: SpecFacts | None = None
+    state: RuntimeState | None = None
+    cgroup_v1_devices: str | None = None  # from /proc/<pid>/cgroup
+    cgroup_v2: str | None = None
+    cgroup_systemd: str | None = None  # name=systemd (v1/hybrid)
+    scope: str | None = None
+    problems: list = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12] if re.fullmatch(r"[0-9a-f]{64}", self.id) else self.id
+
+
+def _subdirs(root: HostRoot, inside: str):
+    """Names of real (non-symlink) subdirectories that look like ids."""
+    try:
+        it = os.scandir(root.path(inside))
+    except OSError:
+        return []
+    out = []
+    with it:
+        for n, de in enumerate(it):
+            if n >= MAX_ENTRIES:
+                break
+            try:
+                if ID_RE.fullmatch(de.name) and de.is_dir(follow_symlinks=False):
+                    out.append(de.name)
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def _exists(root: HostRoot, inside: str) -> bool:
+    try:
+        os.lstat(root.path(inside))
+        return True
+    except OSError:
+        return False
+
+
+def discover(root: HostRoot) -> list:
+    """Every container the runtimes know about, merged, sorted by (runtime, id)."""
+    found: dict = {}  # (namespace, id) -> Container
+
+    def get(ns, cid, runtime) -> Container:
+        key = (ns, cid)
+        c = found.get(key)
+        if c is None:
+            c = found[key] = Container(cid, runtime, ns)
+        return c
+
+    # 1. runtime state (pid, cgroups, the rules runc programmed)
+    roots = [(d, rt, ns) for d, rt, ns in RUNC_ROOTS]
+    roots += [(f"{CONTAINERD_RUNC}/{ns}", "docker" if ns == "moby" else "containerd", ns)
+              for ns in _subdirs(root, CONTAINERD_RUNC)]
+    for base, runtime, ns in roots:
+        for cid in _subdirs(root, base):
+            c = get(ns, cid, runtime)
+            c.state_path = f"{base}/{cid}/state.json"
+            _load_state(root, c, parse_runc_state)
+    for cid in _subdirs(root, CRUN_ROOT):
+        c = found.get((None, cid)) or get(None, cid, "crun")
+        c.state_path = f"{CRUN_ROOT}/{cid}/status"
+        _load_state(root, c, parse_crun_status)
+        if c.spec is None:  # crun keeps its own copy of the spec beside the status
+            _load_spec(root, c, f"{CRUN_ROOT}/{cid}/config.json")
+
+    # 2. bundles (the OCI spec and the shim's pid file)
+    for ns in _subdirs(root, CONTAINERD_TASKS):
+        for cid in _subdirs(root, f"{CONTAINERD_TASKS}/{ns}"):
+            c = get(ns, cid, "docker" if ns == "moby" else "containerd")
+            _attach_bundle(root, c, f"{CONTAINERD_TASKS}/{ns}/{cid}", "init.pid")
+    for cid in _subdirs(root, STORAGE_CONTAINERS):
+        userdata = f"{STORAGE_CONTAINERS}/{cid}/userdata"
+        if not _exists(root, f"{userdata}/config.json"):
+            continue
+        c = get(None, cid, "cri-o")
+        _attach_bundle(root, c, userdata, "pidfile")
+        manager = c.spec.annotations.get("io.container.manager") if c.spec else None
+        c.runtime = "podman" if manager == "libpod" else "cri-o"
+
+    # 3. plain runc: the bundle from state.json's label
+    for c in found.values():
+        if c.spec is None and c.state is not None and c.state.bundle:
+            bundle = _label_to_inside(root, c.state.bundle)
+            _attach_bundle(root, c, bundle, None)
+
+    for c in found.values():
+        _finish(root, c)
+    return sorted(found.values(), key=lambda c: (c.runtime, c.namespace or "", c.id))
+
+
+def _label_to_inside(root: HostRoot, path: str) -> str:
+    """runc records the real bundle path; under --root, a path into the root maps back inside."""
+    path = normalize(path)
+    if not root.is_real_root and (path == root.root or path.startswith(root.root + "/")):
+        return root.inside(path)
+    return path
+
+
+def _load_state(root: HostRoot, c: Container, parser) -> None:
+    try:
+        c.state = parser(read_json(root.path(c.state_path)))
+    except FileNotFoundError:
+        return  # still being created (hooks running) or being deleted
+    except (OSError, ValueError) as exc:
+        c.problems.append(f"cannot read {c.state_path}: {getattr(exc, 'strerror', None) or exc}")
+        return
+    c.problems.extend(c.state.problems)
+
+
+def _load_spec(root: HostRoot, c: Container, inside: str) -> None:
+    try:
+        c.spec = parse_spec(read_json(root.path(inside)))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        c.problems.append(f"cannot read {inside}: {getattr(exc, 'strerror', None) or exc}")
+        return
+    c.problems.extend(c.spec.problems)
+
+
+def _attach_bundle(root: HostRoot, c: Container, bundle: str, pid_file: str | None) -> None:
+    c.bundle = bundle
+    _load_spec(root, c, f"{bundle}/config.json")
+    if pid_file and (c.state is None or c.state.init_pid is None):
+        try:
+            text = read_bounded(root.path(f"{bundle}/{pid_file}"), MAX_SMALL_BYTES).decode("ascii", "replace")
+            pid = int(text.strip())
+            if pid > 0:
+                c.init_pid = pid
+        except (OSError, ValueError):
+            pass
+
+
+def proc_start_time(root: HostRoot, pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (after the parenthesised comm, which may hold spaces)."""
+    try:
+        data = read_bounded(root.path(f"/proc/{pid}/stat"), MAX_SMALL_BYTES).decode("ascii", "replace")
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 2:].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _status(root: HostRoot, c: Container) -> str:
+    fifo = os.path.dirname(c.state_path) + "/exec.fifo" if c.state_path else None
+    if c.state is None and fifo and _exists(root, fifo):
+        return "creating"  # runc writes state.json only after the prestart/createRuntime hooks (verified)
+    if c.init_pid is None:
+        return "unknown"
+    start = proc_start_time(root, c.init_pid)
+    if start is None or (c.init_start is not None and start != c.init_start):
+        return "stopped"  # gone, or the pid now belongs to another process
+    if fifo and _exists(root, fifo):
+        return "created"  # runc and crun remove exec.fifo at start
+    return "running"  # (with only a shim's pid file: it is written once the container was created)
+
+
+def parse_proc_cgroup(text: str) -> tuple:
+    """(v1 devices path, v2 path, name=systemd path) from /proc/<pid>/cgroup."""
+    devices = v2 = systemd = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, controllers, path = parts
+        if hid == "0" and controllers == "":
+            v2 = path
+        elif "devices" in controllers.split(","):
+            devices = path
+        elif "name=systemd" in controllers.split(","):
+            systemd = path
+    return devices, v2, systemd
+
+
+def scope_of(*paths) -> str | None:
+    """The innermost `*.scope` component of the given cgroup paths (crun nests `container` below it)."""
+    for path in paths:
+        if not path:
+            continue
+        for comp in reversed(path.split("/")):
+            if comp.endswith(".scope"):
+                return comp
+    return None
+
+
+def _finish(root: HostRoot, c: Container) -> None:
+    if c.state is not None:
+        c.init_pid = c.state.init_pid or c.init_pid
+        c.init_start = c.state.init_start
+    c.status = _status(root, c)
+    if c.status not in ("stopped", "unknown") and c.init_pid is not None:
+        try:
+            text = read_bounded(root.path(f"/proc/{c.init_pid}/cgroup"), MAX_SMALL_BYTES).decode("utf-8", "replace")
+        except OSError as exc:
+            c.problems.append(f"cannot read /proc/{c.init_pid}/cgroup: {exc.strerror}")
+        else:
+            c.cgroup_v1_devices, c.cgroup_v2, c.cgroup_systemd = parse_proc_cgroup(text)
+    c.scope = scope_of(c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_devices)
+    if c.scope is None and c.state is not None and c.state.scope and c.status in LIVE:
+        c.scope = c.state.scope
+
+
+def find(containers: list, wanted: str):
+    """A container by full id, unique id prefix (>= 4 chars) or scope name; None if none or ambiguous."""
+    for c in containers:
+        if wanted in (c.id, c.scope):
+            return c
+    if len(wanted) >= 4:
+        hits = [c for c in containers if c.id.startswith(wanted)]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
+def container_dev_nodes(root: HostRoot, pid: int, limit: int = 4096) -> list:
+    """Char nodes in the container's own /dev as (path, major, minor), read via /proc/<pid>/root.
+
+    Untrusted: reported only. Never follows a symlink inside the container:
+    /dev and nvidia-caps are opened with O_NOFOLLOW and entries are lstat'ed.
+    """
+    out: list = []
+    try:
+        rootfd = os.open(root.path(f"/proc/{pid}/root"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return out
+    try:
+        _scan_dev(rootfd, "dev", "/dev", out, limit, depth=0)
+    finally:
+        os.close(rootfd)
+    return out
+
+
+def _scan_dev(parent_fd: int, name: str, shown: str, out: list, limit: int, depth: int) -> None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError:
+        return
+    try:
+        names = []
+        with os.scandir(fd) as it:  # bounded: a container can fill its /dev with entries
+            for n, de in enumerate(it):
+                if n >= limit:
+                    break
+                if de.name.startswith("nvidia"):
+                    names.append(de.name)
+        for entry in sorted(names):
+            try:
+                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode):
+                out.append((f"{shown}/{entry}", os.major(st.st_rdev), os.minor(st.st_rdev)))
+            elif stat.S_ISDIR(st.st_mode) and depth == 0:
+                _scan_dev(fd, entry, f"{shown}/{entry}", out, limit, depth + 1)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,146 @@
+"""The daemon's container side: verify GPU containers on events, journal findings, repair.
+
+Plugged into nvsymlinkd.daemon.Daemon as its ContainerHook. Every trigger
+(start, reload finished, a new container scope, NVIDIA nodes changed, the
+periodic resync) asks for one verification of all containers; requests that
+arrive while one runs are folded into the next. The work (cgroup reads, bpf,
+D-Bus calls, freezer writes) runs in a worker thread so the event loop keeps
+serving inotify and systemd signals.
+
+Findings are journaled when they change, not at every pass: an operator
+reading `journalctl -u nvsymlinkd` sees each loss, each risk and each repair
+once. With repair = "auto", at-risk containers are fixed before a reload can
+take their devices, and lost ones get them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nvsymlinkd import journal as journalmod
+from nvsymlinkd.daemon import ContainerHook
+
+# A new scope appears before runc has run the container's hooks (REFERENCE: runc create
+# order); look again once they have had time to finish, then once more for slow hooks.
+SCOPE_RECHECK_DELAYS = (1.0, 5.0)
+
+
+class ContainerWatch(ContainerHook):
+    def __init__(self, journal, root, get_config, use_bus: bool | None = None, metrics=None, clock=time.time):
+        super().__init__(journal)
+        self.root = root
+        self.get_config = get_config  # () -> Config: SIGHUP may replace it
+        self.use_bus = use_bus
+        self.metrics = metrics
+        self.clock = clock
+        self.history = None
+        self.seen: dict = {}  # container id -> frozenset of (finding kind, devices)
+        self.last_report = None
+        self.passes = 0
+        self._pending: set = set()
+        self._wake = asyncio.Event()
+        self._task = None
+
+    # -- triggers (ContainerHook) -------------------------------------------
+
+    async def started(self) -> None:
+        self._request("daemon started")
+
+    async def reload_finished(self) -> None:
+        self._request("systemd reload finished")
+
+    async def scope_appeared(self, unit: str) -> None:
+        self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
+        for delay in SCOPE_RECHECK_DELAYS:
+            asyncio.get_running_loop().call_later(delay, self._request, f"new scope {unit}")
+
+    async def nodes_changed(self, result) -> None:
+        self._request("NVIDIA nodes changed")
+
+    async def periodic(self) -> None:
+        self._request("periodic resync")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- the worker -----------------------------------------------------------
+
+    def _request(self, reason: str) -> None:
+        self._pending.add(reason)
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._worker())
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            reasons, self._pending = sorted(self._pending), set()
+            try:
+                await loop.run_in_executor(None, self.verify_and_repair, ", ".join(reasons))
+            except Exception as exc:  # noqa: BLE001 - the link keeper must outlive any verifier bug
+                self.journal.log(journalmod.ERR, f"container verification failed: {type(exc).__name__}: {exc}")
+
+    def verify_and_repair(self, why: str):
+        """One verification of every container (blocking; runs in a worker thread)."""
+        from nvsymlinkd import verifier
+
+        config = self.get_config()
+        report = verifier.verify_all(self.root, config, update_baseline=True, use_bus=self.use_bus,
+                                     with_host=False)
+        self.passes += 1
+        self.last_report = report
+        self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
+        self._journal_changes(report, why)
+        if self.metrics is not None:
+            self.metrics.on_containers(report)
+        if config.repair != "off" and report.problems:
+            self._repair(config, report)
+        return report
+
+    def _journal_changes(self, report, why: str) -> None:
+        from nvsymlinkd import verifier
+
+        live = set()
+        for c in report.containers:
+            live.add(c.id)
+            now = frozenset((f.kind, tuple(f.devices)) for f in c.findings)
+            before = self.seen.get(c.id)
+            if now == before:
+                continue
+            self.seen[c.id] = now
+            for kind, priority, message, fields in verifier.journal_entries(c):
+                f_key = next((k for k in now if verifier.JOURNAL_KINDS[k[0]] == kind), None)
+                if before is not None and f_key in before:
+                    continue  # already said
+                self.journal.event(kind, priority, f"{message} (seen on {why})", **fields)
+            if not now and before:
+                self.journal.event(verifier.JOURNAL_KINDS[verifier.OK], journalmod.NOTICE,
+                                   f"container {c.short_id} ({c.runtime}) can open all its GPU devices again",
+                                   container_id=c.id, unit=c.scope, runtime=c.runtime)
+        for gone in [cid for cid in self.seen if cid not in live]:
+            del self.seen[gone]
+
+    def _repair(self, config, report) -> None:
+        from nvsymlinkd.repairer import RepairHistory, repair_all
+
+        if self.history is None:
+            self.history = RepairHistory()
+        self.history.forget_except([c.id for c in report.containers])
+        results = repair_all(self.root, config, report=report, history=self.history, clock=self.clock,
+                             journal=self.journal, use_bus=self.use_bus)
+        if self.metrics is not None:
+            for r in results:
+                self.metrics.on_repair(r, r.ok)
+        if any(r.status in ("repaired", "prevented") for r in results):
+            # what changed is worth journaling as the new state; the next trigger would too, later
+            from nvsymlinkd import verifier
+
+            fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            self.last_report = fresh
+            self._journal_changes(fresh, "after repair")
+            if self.metrics is not None:
+                self.metrics.on_containers(fresh)

@@ -1,0 +1,431 @@
+"""The event daemon: one asyncio loop, several event sources, one reconciler.
+
+Sources (each optional, each failing alone): inotify on DRIVER_ROOT/dev (the
+fast path), udev module/PCI events, systemd on the system bus, a periodic
+resync. Every source only *requests* a reconcile; a single worker runs
+`reconcile()` (observe + plan + apply, always the whole picture) in a
+thread, so a burst of 50 mknods costs a handful of passes: the first event
+starts a pass at once (a single node gets its link in about a millisecond on
+a small host), everything arriving while it runs is folded into the next one.
+
+The container verifier plugs in through ContainerHook: after a reload has
+been followed by a link resync, when a container scope appears, and when the
+set of NVIDIA nodes changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
+from nvsymlinkd.notify import Notifier
+
+# Wait this long after the first event before a pass (0: just let the loop drain
+# what is already readable). Coalescing comes from "one pass at a time, requests
+# made meanwhile fold into the next"; a delay here only adds latency (measured).
+SETTLE_SECONDS = 0.0
+# STATUS= at most this often: the manager's notify queue is short and shared
+STATUS_EVERY = 1.0
+
+
+class ContainerHook:
+    """Where the container verifier plugs in. This default only logs.
+
+    Methods are awaited on the event loop: do blocking work in a thread.
+    """
+
+    def __init__(self, journal: Journal):
+        self.journal = journal
+
+    async def reload_finished(self) -> None:
+        """systemd finished a reload/re-exec and the links have been resynced since."""
+        self.journal.debug("reload finished (no container verifier installed)")
+
+    async def scope_appeared(self, unit: str) -> None:
+        """A container scope (docker-*.scope, cri-containerd-*.scope, ...) appeared."""
+        self.journal.debug(f"container scope {unit} appeared (no container verifier installed)")
+
+    async def nodes_changed(self, result) -> None:
+        """The set of NVIDIA nodes changed; `result` is the reconcile's SyncResult."""
+        self.journal.debug(f"NVIDIA nodes changed: now {len(result.snapshot.nodes)}")
+
+    async def started(self) -> None:
+        """The first full sync is done and READY=1 was sent."""
+
+    async def periodic(self) -> None:
+        """A periodic resync ran (the safety net for missed events)."""
+
+    def close(self) -> None:
+        """The daemon is stopping."""
+
+
+class Daemon:
+    def __init__(self, root, config, reload_config=None, hook=None, journal=None, notifier=None,
+                 use_udev: bool = True, use_bus: bool = True, metrics=None):
+        self.root = root
+        self.config = config
+        self.reload_config = reload_config  # () -> Config, raises NvsymlinkdError
+        self.journal = journal or Journal()
+        self.hook = hook or ContainerHook(self.journal)
+        self.notifier = notifier or Notifier()
+        self.use_udev = use_udev
+        self.use_bus = use_bus
+        self.devwatch = None
+        self.udev = None
+        self.systemd = None
+        self.bus_state = "off"
+        self.passes = 0
+        from nvsymlinkd.metrics import Metrics
+
+        self.metrics = metrics or Metrics(root, config, self.journal)
+        self._node_event_at: float | None = None  # first device-node event not yet answered
+        self._reasons: dict = {}
+        self._reload_pending = False
+        self._pass_started: float | None = None
+        self._last_nodes = None
+        self._last_conflicts: set = set()
+        self._last_notes: set = set()
+        self._last_failure: str | None = None
+        self._last_status = "starting"
+        self._tasks: set = set()
+        self._periodic_task = None
+        self._status_sent = 0.0
+        self._status_handle = None
+
+    # -- requests from event sources ------------------------------------
+
+    def request(self, reason: str) -> None:
+        self._reasons[reason] = self._reasons.get(reason, 0) + 1
+        self._wake.set()
+
+    def _on_reload(self, why: str) -> None:
+        self.metrics.on_reload()
+        self._reload_pending = True
+        self.request(why)
+
+    def _on_scope(self, unit: str) -> None:
+        self._spawn(self._call_hook("scope_appeared", unit))
+
+    def _on_bus(self, state: str) -> None:
+        self.bus_state = state
+        self._status_soon()
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._status_sent = time.monotonic()  # the first status goes out with READY=1
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        self.journal.event("daemon-started", INFO, f"starting: driver root {self.config.driver_root}, "
+                           f"links in {self.config.dev_char_path}, resync every {self._interval_text()}")
+        self._start_devwatch()
+        if self.use_udev:
+            self._start_udev()
+        self._spawn(self.metrics.run())
+        await self._pass({"startup": 1})
+        if self._status_handle is not None:
+            self._status_handle.cancel()
+            self._status_handle = None
+        self._status_sent = time.monotonic()
+        self.notifier.ready(self.status_line())
+        self._spawn(self._worker())
+        await self._call_hook("started")
+        self._restart_periodic()
+        interval = self.notifier.watchdog_interval()
+        if interval:
+            self._spawn(self._watchdog(interval))
+        if self.use_bus:
+            from nvsymlinkd.systemdbus import SystemdWatch
+
+            self.systemd = SystemdWatch(self.journal, self._on_reload, self._on_scope, self._on_bus)
+            self._spawn(self.systemd.run())
+        await self._stop.wait()
+        if self._status_handle is not None:
+            self._status_handle.cancel()
+        self.notifier.stopping("stopping")
+        await self._shutdown()
+        self.journal.event("daemon-stopped", INFO, f"stopped after {self.passes} sync passes")
+        return 0
+
+    def stop(self) -> None:
+        """Ask run() to return (what SIGTERM does)."""
+        self._stop.set()
+
+    async def _shutdown(self) -> None:
+        try:
+            self.hook.close()
+        except Exception:  # noqa: BLE001 - shutting down regardless
+            pass
+        if self.systemd is not None:
+            self.systemd.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stop_devwatch()
+        if self.udev is not None:
+            self._loop.remove_reader(self.udev.fileno())
+            self.udev.close()
+
+    def _spawn(self, coro):
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.journal.log(ERR, f"internal error in a background task: {type(exc).__name__}: {exc}")
+
+    # -- event sources ----------------------------------------------------
+
+    def _start_devwatch(self) -> None:
+        from nvsymlinkd.inotifywatch import DevWatch
+
+        try:
+            self.devwatch = DevWatch(self.root, self.config.driver_root)
+        except OSError as exc:
+            self.journal.warning(f"inotify unavailable ({exc.strerror}); new nodes are seen at the next resync")
+            return
+        self._loop.add_reader(self.devwatch.fileno(), self._on_inotify)
+        self._arm_devwatch()
+
+    def _stop_devwatch(self) -> None:
+        if self.devwatch is not None:
+            self._loop.remove_reader(self.devwatch.fileno())
+            self.devwatch.close()
+            self.devwatch = None
+
+    def _arm_devwatch(self) -> None:
+        if self.devwatch is None:
+            return
+        try:
+            ok = self.devwatch.arm()
+        except OSError as exc:
+            ok = False
+            reason = exc.strerror
+        else:
+            reason = "does not exist yet"
+        if not ok and not self.devwatch.missing_reported:
+            self.devwatch.missing_reported = True
+            self.journal.notice(f"cannot watch {self.devwatch.base} ({reason}); checking again at every resync")
+        elif ok:
+            self.devwatch.missing_reported = False
+
+    def _on_inotify(self) -> None:
+        try:
+            changed, overflowed = self.devwatch.poll()
+        except OSError as exc:
+            self.journal.warning(f"reading inotify events failed ({exc.strerror}); resyncing")
+            changed, overflowed = True, False
+        if overflowed:
+            self.journal.event("event-overflow", NOTICE, "inotify queue overflowed: full resync")
+            self.request("inotify overflow")
+        elif changed:
+            if self._node_event_at is None:
+                self._node_event_at = time.monotonic()
+            self.request("device nodes changed")
+
+    def _start_udev(self) -> None:
+        from nvsymlinkd.udevwatch import UdevWatch
+
+        try:
+            self.udev = UdevWatch()
+        except Exception as exc:  # noqa: BLE001 - no netlink (containers), no libudev: run without it
+            self.journal.notice(f"udev events unavailable ({exc}); module loads are seen through inotify "
+                                "and the periodic resync")
+            self.udev = None
+            return
+        self._loop.add_reader(self.udev.fileno(), self._on_udev)
+
+    def _on_udev(self) -> None:
+        try:
+            events, overflowed = self.udev.poll()
+        except Exception as exc:  # noqa: BLE001 - a bad uevent must not stop the daemon
+            self.journal.warning(f"reading udev events failed ({exc}); resyncing")
+            events, overflowed = ["unreadable uevent"], False
+        if overflowed:
+            self.journal.event("event-overflow", NOTICE, "udev monitor buffer overflowed (ENOBUFS): full resync")
+            self.request("udev overflow")
+        for what in events:
+            self.journal.info(f"udev: {what}: resyncing")
+            self.request(f"udev {what}")
+
+    # -- the worker ---------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(SETTLE_SECONDS)
+            self._wake.clear()
+            reasons, self._reasons = self._reasons, {}
+            reload_done, self._reload_pending = self._reload_pending, False
+            try:
+                await self._pass(reasons)
+            except Exception as exc:  # noqa: BLE001 - the worker must outlive any one pass
+                self._failed(f"unexpected {type(exc).__name__}: {exc}")
+            if reload_done:
+                await self._call_hook("reload_finished")
+            elif "periodic resync" in reasons:
+                await self._call_hook("periodic")
+
+    async def _pass(self, reasons: dict) -> None:
+        from nvsymlinkd.reconcile import reconcile
+
+        self._arm_devwatch()
+        config = self.config
+        self._pass_started = time.monotonic()
+        event_at, self._node_event_at = self._node_event_at, None
+        try:
+            result = await self._loop.run_in_executor(None, reconcile, self.root, config)
+        except NvsymlinkdError as exc:
+            self.metrics.on_sync_failed()
+            self._failed(str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - keep running; the next event or resync retries
+            self.metrics.on_sync_failed()
+            self._failed(f"unexpected {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._pass_started = None
+            self.passes += 1
+        self._last_failure = None
+        self._report(result)
+        self.metrics.on_reconcile(result)
+        if event_at is not None and result.plan.changes:
+            self.metrics.on_event_latency(time.monotonic() - event_at)
+        why = ", ".join(sorted(reasons))
+        self._last_status = f"last sync {time.strftime('%H:%M:%S')} ({why})"
+        self._result = result
+        self._status_soon()
+        nodes = frozenset((n.path, n.major, n.minor) for n in result.snapshot.nodes)
+        if self._last_nodes is not None and nodes != self._last_nodes:
+            await self._call_hook("nodes_changed", result)
+        self._last_nodes = nodes
+
+    def _failed(self, message: str) -> None:
+        self._last_status = f"last sync failed: {message}"
+        self._status_soon()
+        if message != self._last_failure:  # say it once, not at every event
+            self._last_failure = message
+            self.journal.event("sync-failed", ERR, f"sync failed: {message}")
+
+    def _report(self, result) -> None:
+        j = self.journal
+        for outcome in result.outcomes:
+            a = outcome.action
+            if outcome.error is not None:
+                j.event("link-failed", ERR, f"failed to {a.action} {a.link or a.target} ({a.device}): {outcome.error}",
+                        link=a.link, device=a.device, action=a.action)
+            elif a.action == "create":
+                j.event("link-created", INFO, f"created link {a.link} -> {a.target} ({a.device})",
+                        link=a.link, device=a.device, action=a.action)
+            elif a.action == "replace":
+                j.event("link-replaced", NOTICE, f"replaced link {a.link} -> {a.target} ({a.device}): {a.reason}",
+                        link=a.link, device=a.device, action=a.action)
+            elif a.action == "remove":
+                j.event("link-removed", INFO, f"removed link {a.link} ({a.device}): {a.reason}",
+                        link=a.link, device=a.device, action=a.action)
+            elif a.action == "create-node":
+                j.event("node-created", NOTICE, f"created node {a.target} ({a.device}): {a.reason}",
+                        link=a.target, device=a.device, action=a.action)
+        conflicts = {(a.link or a.target, a.device, a.reason) for a in result.plan.conflicts}
+        for where, device, reason in sorted(conflicts - self._last_conflicts):
+            j.event("link-conflict", WARNING, f"conflict at {where} ({device}): {reason}",
+                    link=where, device=device, action="conflict")
+        self._last_conflicts = conflicts
+        notes = set(result.plan.notes)
+        for note in sorted(notes - self._last_notes):
+            j.info(f"note: {note}")
+        self._last_notes = notes
+
+    async def _call_hook(self, name: str, *args) -> None:
+        try:
+            await getattr(self.hook, name)(*args)
+        except Exception as exc:  # noqa: BLE001 - the verifier must never take the link keeper down
+            self.journal.log(ERR, f"container hook {name} failed: {type(exc).__name__}: {exc}")
+
+    # -- timers -------------------------------------------------------------
+
+    def _restart_periodic(self) -> None:
+        if self._periodic_task is not None:
+            self._periodic_task.cancel()
+            self._periodic_task = None
+        self._status_sent = 0.0
+        self._status_handle = None
+        if self.config.resync_interval > 0:
+            self._periodic_task = self._spawn(self._periodic(self.config.resync_interval))
+
+    async def _periodic(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.request("periodic resync")
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            # a pass stuck far beyond the watchdog period stops the pings: systemd restarts us
+            started = self._pass_started
+            if started is None or time.monotonic() - started < 4 * interval:
+                self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    # -- signals --------------------------------------------------------------
+
+    def _on_sighup(self) -> None:
+        if self.reload_config is None:
+            return
+        try:
+            new = self.reload_config()
+        except NvsymlinkdError as exc:
+            self.journal.event("config-error", ERR, f"config not reloaded, keeping the old one: {exc}")
+            return
+        old, self.config = self.config, new
+        self.metrics.config = new  # a new metrics_textfile applies at the next write; metrics_listen at restart
+        self.journal.event("config-reloaded", INFO, f"config reloaded from {new.source or 'defaults'}")
+        if new.driver_root != old.driver_root:
+            self._stop_devwatch()
+            self._start_devwatch()
+        if new.resync_interval != old.resync_interval:
+            self._restart_periodic()
+        self.request("config reloaded")
+
+    # -- status -----------------------------------------------------------------
+
+    def _status_soon(self) -> None:
+        """Send STATUS= now, or once STATUS_EVERY has passed since the last one (latest text wins)."""
+        if not self.notifier.enabled or self._status_handle is not None:
+            return
+        delay = self._status_sent + STATUS_EVERY - time.monotonic()
+        if delay <= 0:
+            self._send_status()
+        else:
+            self._status_handle = self._loop.call_later(delay, self._send_status)
+
+    def _send_status(self) -> None:
+        self._status_handle = None
+        self._status_sent = time.monotonic()
+        self.notifier.status(self.status_line())
+
+    def status_line(self) -> str:
+        result = getattr(self, "_result", None)
+        if result is None:
+            head = "no successful sync yet"
+        else:
+            counts = result.plan.summary()
+            links = counts["create"] + counts["replace"] + counts["keep"]
+            head = f"{links} links for {len(result.snapshot.nodes)} NVIDIA nodes"
+            if counts["conflict"]:
+                head += f", {counts['conflict']} conflicts"
+        return f"{head}; {self._last_status}; {self.passes} sync passes; system bus {self.bus_state}"
+
+    def _interval_text(self) -> str:
+        return f"{self.config.resync_interval:g} s" if self.config.resync_interval > 0 else "never (disabled)"

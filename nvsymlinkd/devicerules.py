@@ -1,0 +1,121 @@
+"""cgroup v1 device rules: parse `devices.list` and decide one access request.
+
+The kernel prints a v1 devices cgroup in one of two ways:
+  - `a *:* rwm`: the cgroup is in default-allow mode. Deny exceptions of that
+    mode are NOT printed, so the file cannot show them (runc's emulator has the
+    same limit and treats the line as allow-all; so do we, and say so).
+  - otherwise: default-deny, and each line is an allowed exception
+    `TYPE MAJOR:MINOR ACCESS` (`c 195:* rw`, `c *:* m`, `b 8:0 rwm`).
+
+A request is allowed when ONE exception matches its type, major and minor and
+covers every requested access letter (the kernel's match_exception; two rules
+`c 1:3 r` and `c 1:* w` do not add up to `rw` on 1:3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from nvsymlinkd.errors import HostFileError
+
+ACCESS_LETTERS = "rwm"
+MAX_U32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class DeviceRule:
+    dev_type: str               # "a" (all), "c" or "b"
+    major: Optional[int]        # None = "*"
+    minor: Optional[int]        # None = "*"
+    access: str                 # subset of "rwm", canonical order
+
+    def __str__(self) -> str:
+        major = "*" if self.major is None else str(self.major)
+        minor = "*" if self.minor is None else str(self.minor)
+        return f"{self.dev_type} {major}:{minor} {self.access}"
+
+    @property
+    def is_allow_all(self) -> bool:
+        return self.dev_type == "a"
+
+    def matches(self, dev_type: str, major: int, minor: int) -> bool:
+        if self.dev_type != "a" and self.dev_type != dev_type:
+            return False
+        if self.major is not None and self.major != major:
+            return False
+        return self.minor is None or self.minor == minor
+
+    def covers(self, access: str) -> bool:
+        return all(letter in self.access for letter in access)
+
+
+def canonical_access(access: str) -> str:
+    """'wr' -> 'rw'; raises ValueError for letters outside rwm."""
+    bad = set(access) - set(ACCESS_LETTERS)
+    if bad:
+        raise ValueError(f"access letters must be r, w, m (got {''.join(sorted(bad))!r})")
+    return "".join(letter for letter in ACCESS_LETTERS if letter in access)
+
+
+def _number(field: str, what: str, path: str, lineno: int) -> Optional[int]:
+    if field == "*":
+        return None
+    if not field.isascii() or not field.isdigit():
+        raise HostFileError(path, f"{what} {field!r} is neither a number nor '*'", lineno)
+    value = int(field)
+    if value > MAX_U32:
+        raise HostFileError(path, f"{what} {value} does not fit in 32 bits", lineno)
+    return value
+
+
+def parse_devices_list(text: str, path: str) -> list:
+    """Parse a cgroup v1 devices.list; `path` (inside view) names the file in errors.
+
+    Raises HostFileError (and nothing else) naming the line for malformed input.
+    Blank lines are skipped.
+    """
+    rules = []
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        # runc's parser: fields separated by spaces and ':' -> type, major, minor, access
+        fields = line.replace(":", " ").split()
+        if len(fields) != 4 or line.count(":") != 1:
+            raise HostFileError(path, f"expected 'TYPE MAJOR:MINOR ACCESS', got {line!r}", lineno)
+        dev_type, major, minor, access = fields
+        if dev_type not in ("a", "b", "c"):
+            raise HostFileError(path, f"device type {dev_type!r} is not a, b or c", lineno)
+        if not access or any(letter not in ACCESS_LETTERS for letter in access):
+            raise HostFileError(path, f"access {access!r} is not a non-empty subset of rwm", lineno)
+        rules.append(DeviceRule(dev_type, _number(major, "major", path, lineno),
+                                _number(minor, "minor", path, lineno),
+                                canonical_access(access)))
+    return rules
+
+
+@dataclass(frozen=True)
+class RuleDecision:
+    allowed: bool
+    rule: Optional[DeviceRule]   # the rule that allowed it, or None
+    reason: str
+
+
+def decide(rules: list, dev_type: str, major: int, minor: int, access: str,
+           source: str = "devices.list") -> RuleDecision:
+    """Decide one request against parsed devices.list rules (kernel semantics)."""
+    access = canonical_access(access)
+    request = f"{dev_type} {major}:{minor} {access}"
+    for rule in rules:
+        if rule.is_allow_all:
+            return RuleDecision(True, rule, f"{source} has {rule} (allow-all mode; the kernel "
+                                             "does not list deny exceptions of that mode)")
+    for rule in rules:
+        if rule.matches(dev_type, major, minor) and rule.covers(access):
+            return RuleDecision(True, rule, f"{source} has {rule}")
+    partial = [str(r) for r in rules if r.matches(dev_type, major, minor)]
+    if partial:
+        return RuleDecision(False, None, f"{source} has no rule covering {request} "
+                                         f"(only {', '.join(partial)})")
+    return RuleDecision(False, None, f"{source} has no rule for {request}")

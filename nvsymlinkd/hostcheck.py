@@ -1,0 +1,239 @@
+"""Host findings: cgroup version, each runtime's cgroup driver, versions, /dev/char links, NVML.
+
+Read-only and cheap: config files and sysfs, no subprocess. Each finding is
+`ok`, `warn` (counts as a finding for the exit code) or `info`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from nvsymlinkd.ocispec import read_bounded
+
+MAX_CONFIG_BYTES = 4 << 20
+DPKG_STATUS = "/var/lib/dpkg/status"
+MAX_DPKG_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class HostFinding:
+    kind: str  # cgroup-version, cgroup-driver, versions, dev-char, nvml
+    status: str  # ok, warn, info
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
+def cgroup_version(root) -> str:
+    """v2 (unified at /sys/fs/cgroup), hybrid (v1 controllers + /sys/fs/cgroup/unified), v1, or unknown."""
+    base = root.path("/sys/fs/cgroup")
+    if os.path.exists(os.path.join(base, "cgroup.controllers")):
+        return "v2"
+    if os.path.exists(os.path.join(base, "unified", "cgroup.controllers")):
+        return "hybrid"
+    if os.path.isdir(os.path.join(base, "devices")) or os.path.isdir(os.path.join(base, "memory")):
+        return "v1"
+    return "unknown"
+
+
+def _read_text(root, inside: str) -> str | None:
+    try:
+        return read_bounded(root.path(inside), MAX_CONFIG_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _toml(text: str):
+    if sys.version_info >= (3, 11):
+        import tomllib  # novermin (guarded by the version check)
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def docker_driver(root, version: str):
+    """(driver, where) from /etc/docker/daemon.json; None when Docker is not configured here."""
+    text = _read_text(root, "/etc/docker/daemon.json")
+    if text is None:
+        if os.path.isdir(root.path("/run/docker")) or os.path.exists(root.path("/usr/bin/dockerd")):
+            default = "systemd" if version == "v2" else "cgroupfs"
+            return default, "default (no /etc/docker/daemon.json)"
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return "unknown", f"/etc/docker/daemon.json is not valid JSON ({exc})"
+    opts = doc.get("exec-opts") if isinstance(doc, dict) else None
+    for opt in opts if isinstance(opts, list) else []:
+        if isinstance(opt, str) and opt.replace(" ", "").startswith("native.cgroupdriver="):
+            return opt.split("=", 1)[1].strip(), "/etc/docker/daemon.json exec-opts"
+    return ("systemd" if version == "v2" else "cgroupfs"), "default (no native.cgroupdriver in exec-opts)"
+
+
+def _find_systemd_cgroup(node, path=()):
+    """Every (runtime name, value) of a SystemdCgroup key in containerd's config tree."""
+    out = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "SystemdCgroup" and isinstance(value, bool):
+                name = path[-2] if len(path) >= 2 and path[-1] == "options" else ".".join(path)
+                out.append((name, value))
+            else:
+                out.extend(_find_systemd_cgroup(value, path + (key,)))
+    return out
+
+
+def containerd_driver(root):
+    text = _read_text(root, "/etc/containerd/config.toml")
+    if text is None:
+        return None
+    try:
+        doc = _toml(text)
+    except Exception as exc:  # noqa: BLE001 - tomllib's error type differs by version
+        return "unknown", f"/etc/containerd/config.toml is not valid TOML ({exc})"
+    found = _find_systemd_cgroup(doc)
+    if not found:
+        return "cgroupfs", "/etc/containerd/config.toml (no SystemdCgroup: default false)"
+    drivers = sorted({"systemd" if v else "cgroupfs" for _, v in found})
+    where = ", ".join(f"{n}: SystemdCgroup={'true' if v else 'false'}" for n, v in found)
+    return "/".join(drivers), f"/etc/containerd/config.toml ({where})"
+
+
+CGROUP_MANAGER = re.compile(r'^\s*cgroup_manager\s*=\s*"([^"]*)"', re.M)
+
+
+def crio_driver(root):
+    files = []
+    if os.path.exists(root.path("/etc/crio/crio.conf")):
+        files.append("/etc/crio/crio.conf")
+    try:
+        names = sorted(n for n in os.listdir(root.path("/etc/crio/crio.conf.d")) if n.endswith(".conf"))
+    except OSError:
+        names = []
+    files += [f"/etc/crio/crio.conf.d/{n}" for n in names]
+    if not files:
+        return None
+    value, where = "systemd", "CRI-O default"
+    for inside in files:  # later files override earlier ones, as CRI-O merges them
+        text = _read_text(root, inside) or ""
+        hits = CGROUP_MANAGER.findall(text)
+        if hits:
+            value, where = hits[-1], inside
+    return value, where
+
+
+def package_versions(root, names=("runc", "systemd", "containerd", "containerd.io", "docker-ce", "cri-o")) -> dict:
+    """Installed versions from dpkg's status file (cheap; no subprocess). {} if not a dpkg system."""
+    try:
+        data = read_bounded(root.path(DPKG_STATUS), MAX_DPKG_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    wanted = set(names)
+    out = {}
+    for para in data.split("\n\n"):
+        if not para.startswith("Package: "):
+            continue
+        name = para[9:para.find("\n")] if "\n" in para else para[9:]
+        if name not in wanted or "Status: install ok installed" not in para:
+            continue
+        m = re.search(r"^Version: (\S+)", para, re.M)
+        if m:
+            out[name] = m.group(1)
+    return out
+
+
+def dev_char_findings(snapshot) -> list:
+    from nvsymlinkd.linkplan import plan_sync
+
+    plan = plan_sync(snapshot)
+    wrong = [a for a in plan.actions if a.action in ("create", "replace", "remove")]
+    conflicts = plan.conflicts
+    if not snapshot.nodes:
+        return [HostFinding("dev-char", "info", "no NVIDIA device nodes on this host")]
+    out = []
+    if wrong:
+        what = ", ".join(f"{a.link} ({a.action}: {a.reason})" for a in wrong[:8])
+        more = f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""
+        out.append(HostFinding("dev-char", "warn", f"{len(wrong)} /dev/char links missing or wrong: {what}{more}",
+                               "nvsymlinkd sync"))
+    if conflicts:
+        what = ", ".join(f"{a.link}: {a.reason}" for a in conflicts[:8])
+        out.append(HostFinding("dev-char", "warn", f"{len(conflicts)} /dev/char conflicts: {what}",
+                               "remove what is in the way, then nvsymlinkd sync"))
+    if not out:
+        out.append(HostFinding("dev-char", "ok", f"{len(snapshot.nodes)} NVIDIA nodes, every /dev/char link exact"))
+    return out
+
+
+def nvml_finding(root, snapshot) -> HostFinding:
+    if not root.is_real_root:
+        return HostFinding("nvml", "info", "not checked (--root is not /)")
+    try:
+        import pynvml
+    except ImportError:
+        return HostFinding("nvml", "info", "not checked (pynvml not installed: pip install nvidia-ml-py)")
+    gpu_nodes = sum(1 for n in snapshot.nodes if n.kind == "gpu")
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError and friends
+        if not snapshot.nodes and not snapshot.majors:
+            return HostFinding("nvml", "info", f"no NVIDIA driver on this host ({exc})")
+        return HostFinding("nvml", "warn", f"NVML does not initialise: {exc}",
+                           "check the driver (dmesg, nvidia-smi); nodes and modules must match the driver")
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception as exc:  # noqa: BLE001
+        return HostFinding("nvml", "warn", f"NVML initialised but cannot count GPUs: {exc}")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    if count != gpu_nodes:
+        return HostFinding("nvml", "warn", f"NVML sees {count} GPUs but there are {gpu_nodes} /dev/nvidiaN nodes",
+                           "nvidia-modprobe -c N for missing nodes, or nvsymlinkd sync --create-nodes")
+    return HostFinding("nvml", "ok", f"NVML initialises; {count} GPUs, matching the nodes")
+
+
+def check_host(root, config, snapshot=None) -> list:
+    if snapshot is None:
+        from nvsymlinkd.snapshot import observe
+
+        snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
+    out = []
+    if root.is_real_root and os.geteuid() != 0:
+        out.append(HostFinding("privilege", "warn", "not running as root: runtime state (/run/runc, "
+                               "/run/containerd) and cgroups may be unreadable, containers may be missing",
+                               "run nvsymlinkd check as root"))
+    version = cgroup_version(root)
+    out.append(HostFinding("cgroup-version", "info", f"cgroup {version}"))
+    for runtime, result in (("docker", docker_driver(root, version)), ("containerd", containerd_driver(root)),
+                            ("cri-o", crio_driver(root))):
+        if result is None:
+            continue
+        driver, where = result
+        if "systemd" in driver:
+            out.append(HostFinding("cgroup-driver", "info",
+                                   f"{runtime}: {driver} cgroup driver ({where}); containers depend on "
+                                   "/dev/char links and their scopes' DeviceAllow surviving daemon-reload"))
+        else:
+            out.append(HostFinding("cgroup-driver", "info", f"{runtime}: {driver} cgroup driver ({where})"))
+    versions = package_versions(root)
+    if versions:
+        text = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+        runc = versions.get("runc", "")
+        m = re.match(r"1\.1\.([3-6])\b", runc)
+        if m:
+            out.append(HostFinding("versions", "info", f"{text}; runc 1.1.3-1.1.6 drops device rules whose "
+                                   "/dev/char link is missing when it uses the systemd driver"))
+        else:
+            out.append(HostFinding("versions", "info", text))
+    out.extend(dev_char_findings(snapshot))
+    out.append(nvml_finding(root, snapshot))
+    return out

@@ -1,0 +1,155 @@
+"""Deciding: the concrete udev rule and systemd units for one Config.
+
+The jinja2 templates are the single source (the repo keeps them in rules/ and
+units/; nvsymlinkd/templates/ links them into the package). Packaging runs
+`nvsymlinkd render` at build time, operators run it to re-render for their
+config. Pure: config in, {file name: text} out; the command writes files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from nvsymlinkd.config import Config
+from nvsymlinkd.errors import NvsymlinkdError
+
+SERVICE = "nvsymlinkd.service"
+SYNC_SERVICE = "nvsymlinkd-sync.service"
+RULES = "71-nvsymlinkd.rules"
+# output file name -> template file name (in nvsymlinkd/templates)
+TEMPLATES = {
+    RULES: RULES + ".j2",
+    SERVICE: SERVICE + ".j2",
+    SYNC_SERVICE: SYNC_SERVICE + ".j2",
+}
+DEFAULT_BINDIR = "/usr/bin"
+DEFAULT_RUNTIME_PARENT = "/run"
+
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    bindir: str = DEFAULT_BINDIR  # where the nvsymlinkd entry point is installed
+
+
+def systemd_word(word: str) -> str:
+    """One word of a unit-file command line or path list: specifiers and variables escaped."""
+    escaped = word.replace("%", "%%").replace("$", "$$")
+    if _PLAIN_WORD.fullmatch(word):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def link_flags(config: Config) -> list[str]:
+    """Flags for the values the units must pass: only those that differ from the built-in
+    defaults, so an operator's config file still decides everything else."""
+    default = Config()
+    flags: list[str] = []
+    if config.driver_root != default.driver_root:
+        flags += ["--driver-root", config.driver_root]
+    if config.dev_char_path != default.dev_char_path:
+        flags += ["--dev-char-path", config.dev_char_path]
+    if config.create_nodes:
+        flags.append("--create-nodes")
+    return flags
+
+
+def writable_paths(config: Config, for_daemon: bool) -> list[str]:
+    """Paths outside /dev the service writes, for ReadWritePaths= under ProtectSystem=strict."""
+    paths = []
+    if not _under(config.dev_char_path, "/dev"):
+        paths.append(config.dev_char_path)
+    driver_dev = posixpath.join(config.driver_root, "dev")
+    if config.create_nodes and not _under(driver_dev, "/dev"):
+        paths.append(driver_dev)
+    if for_daemon and runtime_directory(config) is None:
+        paths.append(config.state_dir)
+    textfile = getattr(config, "metrics_textfile", "")
+    if for_daemon and textfile:
+        # replaced atomically: a temporary file in the same directory, then rename
+        paths.append(posixpath.dirname(textfile))
+    return paths
+
+
+LOOPBACK_HOSTS = ("localhost", "::1")
+
+
+def network_policy(config: Config) -> dict:
+    """Socket families and IP firewall of the daemon: none unless metrics_listen serves HTTP."""
+    listen = getattr(config, "metrics_listen", "")
+    if not listen:
+        return {"address_families": "AF_UNIX AF_NETLINK", "ip_allow": None, "ip_deny": "any"}
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    local = host in LOOPBACK_HOSTS or host.startswith("127.")
+    return {"address_families": "AF_UNIX AF_NETLINK AF_INET AF_INET6",
+            "ip_allow": "localhost" if local else None,
+            "ip_deny": "any" if local else None}
+
+
+def runtime_directory(config: Config) -> str | None:
+    """RuntimeDirectory= name when state_dir is a plain /run/NAME, else None."""
+    parent, name = posixpath.split(config.state_dir.rstrip("/"))
+    if parent == DEFAULT_RUNTIME_PARENT and name and name not in (".", ".."):
+        return name
+    return None
+
+
+def template_values(config: Config, options: RenderOptions) -> dict:
+    exe = posixpath.join(options.bindir, "nvsymlinkd")
+    flags = link_flags(config)
+    run_flags = list(flags)
+    if config.resync_interval != Config().resync_interval:
+        run_flags += ["--resync-interval", _seconds(config.resync_interval)]
+    return {
+        "service": SERVICE,
+        "exec_start": " ".join(systemd_word(w) for w in [exe, "run", *run_flags]),
+        "exec_sync": " ".join(systemd_word(w) for w in [exe, "sync", *flags]),
+        "watchdog_sec": _seconds(config.watchdog_sec) if config.watchdog_sec > 0 else None,
+        "runtime_directory": runtime_directory(config),
+        "extra_rw_paths": [systemd_word(p) for p in writable_paths(config, for_daemon=True)],
+        "sync_rw_paths": [systemd_word(p) for p in writable_paths(config, for_daemon=False)],
+        "metrics_listen": getattr(config, "metrics_listen", ""),
+        **network_policy(config),
+    }
+
+
+def header(template: str) -> str:
+    return (f"# Generated by `nvsymlinkd render` from {template}; do not edit.\n"
+            "# Change /etc/nvsymlinkd/nvsymlinkd.toml or the render options and render again,\n"
+            "# or override settings with a drop-in (systemctl edit).")
+
+
+def render_all(config: Config, options: RenderOptions | None = None) -> dict[str, str]:
+    """{output file name: text} for every template, in a fixed order."""
+    import jinja2
+
+    options = options or RenderOptions()
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("nvsymlinkd", "templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # unit files and udev rules, not HTML
+    )
+    values = template_values(config, options)
+    out = {}
+    for name, template in TEMPLATES.items():
+        try:
+            loaded = env.get_template(template)
+        except jinja2.TemplateNotFound:
+            raise NvsymlinkdError(f"nvsymlinkd/templates/{template}: missing from the installed package; "
+                                  "reinstall nvsymlinkd (a source checkout needs its rules/ and units/)")
+        out[name] = loaded.render(header=header(template), **values)
+    return out

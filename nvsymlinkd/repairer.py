@@ -1,0 +1,581 @@
+"""Doing a repair: the mechanisms, the re-verification, the journal entry.
+
+The decisions are in nvsymlinkd.repairplan (pure); this module only
+  - writes `c M:m rw` lines to a v1 cgroup's devices.allow,
+  - freezes/thaws a v1 freezer cgroup around systemd's re-apply,
+  - calls SetUnitProperties(DeviceAllow) through nvsymlinkd.systemdunits,
+  - re-reads the cgroup's effective access (nvsymlinkd.cgroupaccess) and,
+    from repair_all, re-runs the verifier: a repair that did not take is a
+    failure, never a success.
+
+Entry points (blocking; the daemon runs them in an executor thread):
+  repair_container(root, config, request, ...) -> RepairResult
+  repair_all(root, config, container_ids=(), ...) -> list of RepairResult
+  requests_from_report(report, ...) -> RepairRequest | None  (verifier findings -> request)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass, field
+
+from nvsymlinkd import journal as journalmod
+from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.hostroot import HostRoot, normalize
+from nvsymlinkd.repairplan import (
+    AT_RISK,
+    DEFAULT_WINDOW_SECONDS,
+    DEVICES_ALLOW,
+    DEVICES_ALLOW_SYSTEMD,
+    LOST,
+    SYSTEMD,
+    Grant,
+    RepairHistory,
+    RepairPlan,
+    RepairRequest,
+    plan_repair,
+)
+
+FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
+DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
+HISTORY_FILE = "repairs.json"  # under config.state_dir
+SETTLE_TIMEOUT = 5.0  # seconds to wait for FROZEN, and for systemd's re-apply to show in devices.list
+POLL = 0.002
+
+# Statuses of a RepairResult; the first three count as success.
+REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
+PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
+NOTHING = "nothing-to-do"
+WOULD = "would-repair"  # --dry-run / repair = "report"
+CANNOT = "cannot-repair"  # the plan says no (reason given)
+FAILED = "failed"  # applied, but an error, or the verification says it did not take
+SUCCESS = (REPAIRED, PREVENTED, NOTHING)
+
+# Journal kinds, registered the way nvsymlinkd.journal asks (stable MESSAGE_IDs; catalog entries
+# are in docs/repair.md for the lead to merge into catalog/nvsymlinkd.catalog).
+REPAIR_MESSAGE_IDS = {
+    "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
+    "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
+    "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
+    "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
+    "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
+}
+for _kind, _mid in REPAIR_MESSAGE_IDS.items():
+    journalmod.MESSAGE_IDS.setdefault(_kind, _mid)
+
+
+class RepairError(Exception):
+    """A step of a repair failed; the message is one line for the operator."""
+
+
+@dataclass
+class RepairResult:
+    plan: RepairPlan
+    status: str
+    steps: list = field(default_factory=list)  # what was done, in order ("devices.allow c 195:0 rw", ...)
+    verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
+    error: str | None = None
+    dry_run: bool = False
+
+    @property
+    def request(self) -> RepairRequest:
+        return self.plan.request
+
+    @property
+    def ok(self) -> bool:
+        return self.status in SUCCESS
+
+    def to_json(self) -> dict:
+        r = self.request
+        return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": r.kind,
+                "finding": r.reason, "status": self.status, "dry_run": self.dry_run,
+                **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
+                "error": self.error}
+
+    def human_lines(self) -> list:
+        r = self.request
+        who = r.container_id[:12] if len(r.container_id) == 64 else r.container_id
+        unit = f" ({r.scope})" if r.scope else ""
+        devices = ", ".join(g.rule for g in self.plan.grants)
+        if self.status == NOTHING:
+            head = f"{who}{unit}: nothing to grant"
+        elif self.status == CANNOT:
+            head = f"{who}{unit}: cannot repair automatically: {self.plan.cannot}"
+        elif self.status == WOULD:
+            head = f"{who}{unit}: would grant {devices} via {self.plan.mechanism}"
+        elif self.status == FAILED:
+            head = f"{who}{unit}: FAILED to grant {devices} via {self.plan.mechanism}: {self.error}"
+        else:
+            verb = "granted" if self.status == REPAIRED else "added to DeviceAllow before a reload took it:"
+            head = f"{who}{unit}: {verb} {devices} via {self.plan.mechanism}; verified: {self.status}"
+        lines = [head]
+        for g, why in self.plan.refused:
+            lines.append(f"  not granted {g.rule} ({g.source}): {why}")
+        for note in self.plan.notes:
+            lines.append(f"  note: {note}")
+        for dev, v in sorted(self.verification.items()):
+            if v["state"] != "allow":
+                lines.append(f"  {dev}: {v['state']}: {v['reason']}")
+        return lines
+
+
+# ---------------------------------------------------------------------------
+# cgroup v1 files
+
+
+def _mount_of(root: HostRoot, controller: str, fallback: str) -> tuple:
+    """(mount root inside the hierarchy, inside mountpoint) of a v1 controller."""
+    from nvsymlinkd.cgroupaccess import MOUNTINFO, parse_mountinfo
+
+    try:
+        mounts = parse_mountinfo(root.read_text(MOUNTINFO))
+    except OSError:
+        mounts = []
+    for m in mounts:
+        if m.fstype == "cgroup" and controller in m.superopts:
+            return m.root, m.mountpoint
+    return "/", fallback
+
+
+def cgroup_dir(root: HostRoot, controller: str, cgroup: str, fallback: str) -> str:
+    """Inside path of a v1 cgroup directory; RepairError for a path that is not a plain cgroup path."""
+    if not cgroup.startswith("/") or ".." in cgroup.split("/") or "\0" in cgroup:
+        raise RepairError(f"refusing the {controller} cgroup path {cgroup!r}: not an absolute cgroup path")
+    mount_root, mountpoint = _mount_of(root, controller, fallback)
+    cgroup = normalize(cgroup)
+    if mount_root != "/":
+        if cgroup != mount_root and not cgroup.startswith(mount_root + "/"):
+            raise RepairError(f"the {controller} cgroup {cgroup} is outside the mounted hierarchy {mount_root}")
+        cgroup = cgroup[len(mount_root):] or "/"
+    return normalize(f"{mountpoint}/{cgroup}")
+
+
+def _read(root: HostRoot, inside: str) -> str:
+    fd = os.open(root.path(inside), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 20).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+def _write(root: HostRoot, inside: str, text: str) -> None:
+    # cgroup files take one rule per write(); O_TRUNC is ignored by cgroupfs and keeps fakes exact
+    fd = os.open(root.path(inside), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)
+
+
+def read_rules(root: HostRoot, devices_dir: str) -> list:
+    from nvsymlinkd.devicerules import parse_devices_list
+
+    inside = f"{devices_dir}/devices.list"
+    return parse_devices_list(_read(root, inside), inside)
+
+
+def _covered(rules, grant: Grant) -> bool:
+    from nvsymlinkd.devicerules import decide
+
+    return decide(rules, "c", grant.major, grant.minor, grant.access).allowed
+
+
+def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -> None:
+    for g in grants:
+        inside = f"{devices_dir}/devices.allow"
+        try:
+            _write(root, inside, g.rule)
+        except OSError as exc:
+            if exc.errno == errno.EPERM:
+                raise RepairError(f"the kernel refused '{g.rule}' in {inside} (EPERM): the parent cgroup "
+                                  "does not allow it")
+            raise RepairError(f"cannot write '{g.rule}' to {inside}: {exc.strerror}")
+        steps.append(f"devices.allow {g.rule}")
+
+
+class Frozen:
+    """Context manager: the freezer cgroup is FROZEN inside, and thawed after only if we froze it."""
+
+    def __init__(self, root: HostRoot, freezer_dir: str, steps: list, timeout: float = SETTLE_TIMEOUT):
+        self.root = root
+        self.state_file = f"{freezer_dir}/freezer.state"
+        self.steps = steps
+        self.timeout = timeout
+        self.froze = False
+
+    def _state(self) -> str:
+        return _read(self.root, self.state_file).strip()
+
+    def __enter__(self):
+        try:
+            before = self._state()
+        except OSError as exc:
+            raise RepairError(f"cannot read {self.state_file}: {exc.strerror}")
+        if before != "THAWED":
+            # frozen (or being frozen) by someone else: keep it so, and never thaw it afterwards
+            self.steps.append(f"freezer already {before}: left as it is")
+            return self
+        try:
+            _write(self.root, self.state_file, "FROZEN")
+        except OSError as exc:
+            raise RepairError(f"cannot freeze {self.state_file}: {exc.strerror}")
+        self.froze = True
+        self.steps.append("freeze")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            state = self._state()
+            if state == "FROZEN":
+                break
+            if time.monotonic() > deadline:
+                self._thaw()
+                raise RepairError(f"{self.state_file} still reads {state} after {self.timeout:g} s; thawed again, "
+                                  "nothing changed in systemd")
+            time.sleep(POLL)
+        self.steps.append("frozen")
+        return self
+
+    def _thaw(self) -> None:
+        _write(self.root, self.state_file, "THAWED")
+        self.steps.append("thaw")
+
+    def __exit__(self, *exc_info):
+        if self.froze:
+            self._thaw()
+        return False
+
+
+# ---------------------------------------------------------------------------
+# the mechanisms
+
+
+def _ensure_dev_char_links(root: HostRoot, config, grants, steps: list) -> None:
+    """Older systemd stats DeviceAllow paths: make sure /dev/char/M:m exists first."""
+    import stat
+
+    base = config.dev_char_path if config is not None else "/dev/char"
+
+    def present(g) -> bool:
+        st = root.stat_resolved(f"{base}/{g.major}:{g.minor}")
+        return st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(g.major, g.minor)
+
+    missing = [g for g in grants if not present(g)]
+    if not missing or config is None:
+        return
+    from nvsymlinkd.reconcile import reconcile
+
+    reconcile(root, config)
+    still = [g for g in missing if not present(g)]
+    steps.append("sync /dev/char" + (f" (still missing: {', '.join(g.dev_char for g in still)}; systemd >= 240 "
+                                      "does not need them)" if still else ""))
+
+
+def _systemd_call(request: RepairRequest, grants, steps: list, timeout: float) -> None:
+    from nvsymlinkd.systemdunits import SystemdCallError, set_device_allow
+
+    entries = [(g.dev_char, g.access) for g in grants]
+    try:
+        set_device_allow(request.scope, entries, timeout=timeout)
+    except SystemdCallError as exc:
+        raise RepairError(str(exc))
+    steps.append("SetUnitProperties " + request.scope + " DeviceAllow " +
+                 " ".join(f"{p}:{a}" for p, a in entries))
+
+
+def _unit_known(unit: str, timeout: float) -> None:
+    from nvsymlinkd.systemdunits import SystemdCallError, get_unit
+
+    try:
+        get_unit(unit, timeout=timeout)
+    except SystemdCallError as exc:
+        raise RepairError(str(exc))
+
+
+def _wait_listed(root: HostRoot, devices_dir: str, grants, timeout: float):
+    """Poll devices.list until every grant shows (systemd re-applies asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rules = read_rules(root, devices_dir)
+        if all(_covered(rules, g) for g in grants):
+            return rules
+        if time.monotonic() > deadline:
+            raise RepairError(f"{devices_dir}/devices.list does not show "
+                              f"{', '.join(g.rule for g in grants if not _covered(rules, g))} "
+                              f"{timeout:g} s after SetUnitProperties")
+        time.sleep(POLL)
+
+
+def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: list) -> None:
+    """systemd's v1 apply starts from deny-all: put back anything it dropped that the container had.
+
+    Only rules the cgroup held a moment ago are written back (never broader); they
+    are not persistent, which the verifier reports as at-risk.
+    """
+    from nvsymlinkd.devicerules import decide
+
+    if any(r.is_allow_all for r in before):
+        return
+    for rule in before:
+        if rule.major is None or rule.minor is None:
+            continue  # a wildcard line systemd dropped stays dropped: we never write wildcards
+        if not decide(after, rule.dev_type, rule.major, rule.minor, rule.access).allowed:
+            _write(root, f"{devices_dir}/devices.allow", str(rule))
+            steps.append(f"devices.allow {rule} (restored: systemd's re-apply dropped it)")
+
+
+def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT) -> None:
+    """Carry out one plan; raises RepairError. `steps` records what was done, in order."""
+    r = plan.request
+    grants = plan.grants
+    if plan.mechanism == SYSTEMD:
+        _ensure_dev_char_links(root, config, grants, steps)
+        _systemd_call(r, grants, steps, timeout)
+        return
+    devices_dir = cgroup_dir(root, "devices", r.v1_devices, DEVICES_FALLBACK)
+    if plan.mechanism == DEVICES_ALLOW:
+        write_devices_allow(root, devices_dir, grants, steps)
+        return
+    if plan.mechanism != DEVICES_ALLOW_SYSTEMD:
+        raise RepairError(f"unknown mechanism {plan.mechanism!r}")
+    if r.freezer is None:
+        raise RepairError("cgroup v1 with the systemd driver needs the container's freezer cgroup (systemd's "
+                          "re-apply starts from deny-all), and none is known; not calling systemd")
+    freezer_dir = cgroup_dir(root, "freezer", r.freezer, FREEZER_FALLBACK)
+    if r.kind == LOST:
+        write_devices_allow(root, devices_dir, grants, steps)  # the immediate fix
+    _ensure_dev_char_links(root, config, grants, steps)
+    _unit_known(r.scope, timeout)  # no bus or no such unit: fail before freezing anything
+    with Frozen(root, freezer_dir, steps, timeout):
+        before = read_rules(root, devices_dir)
+        _systemd_call(r, grants, steps, timeout)
+        after = _wait_listed(root, devices_dir, grants, timeout)
+        steps.append("devices.list shows " + ", ".join(g.rule for g in grants))
+        _restore_dropped(root, devices_dir, before, after, steps)
+
+
+def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
+    """The kernel-side view after a repair: each grant's verdict from the cgroup's effective access."""
+    from nvsymlinkd.cgroupaccess import read_access
+
+    policy = read_access(root, request.v1_devices, request.v2_cgroup)
+    out = {}
+    for g in grants:
+        v = policy.check("c", g.major, g.minor, g.access)
+        out[g.device] = {"state": v.state, "reason": v.reason}
+    return out
+
+
+def _check_scope(request: RepairRequest, grants, verification: dict, timeout: float) -> None:
+    """The systemd-side view: the scope's DeviceAllow must now hold every grant."""
+    from nvsymlinkd.systemdunits import SystemdCallError, get_device_allow
+
+    try:
+        entries = dict(get_device_allow(request.scope, timeout=timeout))
+    except SystemdCallError as exc:
+        for g in grants:
+            if verification.get(g.device, {}).get("state") == "allow":
+                verification[g.device] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
+        return
+    for g in grants:
+        have = entries.get(g.dev_char, "")
+        if not all(c in have for c in g.access):
+            verification[g.device] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
+                                      f"{g.dev_char} {g.access} after SetUnitProperties"}
+
+
+# ---------------------------------------------------------------------------
+# entry points
+
+
+def _journal(journal, result: RepairResult) -> None:
+    if journal is None:
+        return
+    r = result.request
+    fields = dict(container_id=r.container_id, unit=r.scope, mechanism=result.plan.mechanism,
+                  devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
+                  verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
+                  or None, finding=r.kind)
+    who = r.container_id[:12]
+    if result.status == REPAIRED:
+        journal.event("repair-done", journalmod.NOTICE, f"container {who}: " + result.human_lines()[0], **fields)
+    elif result.status == PREVENTED:
+        journal.event("repair-prevented", journalmod.NOTICE, f"container {who}: " + result.human_lines()[0],
+                      **fields)
+    elif result.status == FAILED:
+        journal.event("repair-failed", journalmod.ERR, f"container {who}: " + result.human_lines()[0],
+                      error=result.error, **fields)
+    elif result.status == CANNOT:
+        journal.event("repair-refused", journalmod.WARNING, f"container {who}: " + result.human_lines()[0],
+                      **fields)
+    elif result.status == WOULD:
+        journal.event("repair-reported", journalmod.NOTICE, f"container {who}: " + result.human_lines()[0],
+                      **fields)
+
+
+def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
+                     history: RepairHistory | None = None, clock=time.time, journal=None,
+                     window: float = DEFAULT_WINDOW_SECONDS, timeout: float = SETTLE_TIMEOUT,
+                     reverify=None) -> RepairResult:
+    """Plan and (unless dry_run) apply one repair, then verify it.
+
+    reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
+    check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
+    """
+    parent_rules = None
+    if request.v1_devices is not None and request.v1_devices not in ("", "/"):
+        try:
+            parent = cgroup_dir(root, "devices", request.v1_devices, DEVICES_FALLBACK).rsplit("/", 1)[0]
+            parent_rules = read_rules(root, parent)
+        except (OSError, RepairError, NvsymlinkdError):
+            parent_rules = None  # unknown: the kernel's EPERM on write still tells
+    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules)
+    if plan.action == "cannot":
+        result = RepairResult(plan, CANNOT, dry_run=dry_run)
+    elif plan.action == "nothing":
+        result = RepairResult(plan, NOTHING, dry_run=dry_run)
+    elif dry_run:
+        result = RepairResult(plan, WOULD, dry_run=True)
+    else:
+        result = RepairResult(plan, FAILED)
+        try:
+            apply_plan(root, config, plan, result.steps, timeout)
+        except RepairError as exc:
+            result.error = str(exc)
+        except OSError as exc:
+            result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
+        if history is not None:
+            history.record(request.container_id, clock())  # a failed attempt counts too: no loops
+        result.verification = check_access(root, request, plan.grants)
+        if plan.mechanism in (SYSTEMD, DEVICES_ALLOW_SYSTEMD) and result.error is None:
+            _check_scope(request, plan.grants, result.verification, timeout)
+        if reverify is not None and result.error is None:
+            for dev, v in reverify(request, plan.grants).items():
+                if v["state"] != "allow" or dev not in result.verification:
+                    result.verification[dev] = v
+        if result.error is None:
+            bad = {d: v for d, v in result.verification.items() if v["state"] != "allow"}
+            if bad:
+                d, v = sorted(bad.items())[0]
+                result.error = f"the repair did not take: {d} is {v['state']} ({v['reason']})"
+            else:
+                result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
+    _journal(journal, result)
+    return result
+
+
+def _freezer_of(root: HostRoot, pid: int | None) -> str | None:
+    if pid is None:
+        return None
+    from nvsymlinkd.ocispec import MAX_SMALL_BYTES, read_bounded
+
+    try:
+        text = read_bounded(root.path(f"/proc/{pid}/cgroup"), MAX_SMALL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "freezer" in parts[1].split(","):
+            return parts[2]
+    return None
+
+
+def requests_from_report(report, root: HostRoot | None = None, cgroup_driver: str | None = None,
+                         freezer: str | None = None) -> RepairRequest | None:
+    """The adapter: a verifier ContainerReport -> a RepairRequest, or None when there is nothing to repair.
+
+    Grants come only from the report's `expected` map (spec, runtime state, baseline); a device
+    that is merely granted, or seen in the container's /dev, is never a grant. Lost devices make
+    a LOST request; at-risk-scope (and at-risk-not-in-spec devices the baseline expects) an
+    AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
+    """
+    from nvsymlinkd.expected import parse_device_str
+    from nvsymlinkd.verifier import AT_RISK_NOT_IN_SPEC, AT_RISK_SCOPE
+
+    wanted, kind, reasons = [], AT_RISK, []
+    for f in report.findings:
+        if f.kind == LOST:
+            kind = LOST
+        elif f.kind not in (AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC):
+            continue
+        reasons.append(f"{f.kind}: {', '.join(f.devices)}")
+        for dev in f.devices:
+            if dev not in wanted:
+                wanted.append(dev)
+    if not wanted:
+        return None
+    grants = []
+    for dev in wanted:
+        exp = report.expected.get(dev)
+        key = parse_device_str(dev)
+        if key is None:
+            continue
+        if not exp:
+            # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
+            grants.append(Grant(key[0], key[1], key[2], "rw", "unexpected", None))
+            continue
+        sources = list(exp.get("sources") or ())
+        grants.append(Grant(key[0], key[1], key[2], exp.get("access") or "rw",
+                            sources[0] if sources else "unexpected", None))
+    if cgroup_driver is None:
+        cgroup_driver = "systemd" if report.scope else "cgroupfs"
+    if freezer is None and root is not None and report.cgroup.get("devices") is not None:
+        freezer = _freezer_of(root, report.init_pid)
+    return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
+                         report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
+                         "; ".join(reasons))
+
+
+def history_path(root: HostRoot, config) -> str:
+    return root.path(f"{config.state_dir.rstrip('/')}/{HISTORY_FILE}")
+
+
+def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = False,
+               history: RepairHistory | None = None, clock=time.time, journal=None,
+               window: float = DEFAULT_WINDOW_SECONDS, report=None, use_bus: bool | None = None) -> list:
+    """Verify, then repair every GPU container with findings (or just the given ids).
+
+    config.repair: "off" -> nothing; "report" -> plans only (like dry_run); "auto" -> repair.
+    `report`: a verifier.Report already at hand (the daemon's), else one is made here.
+    Raises KeyError(id) for an id that matches no container.
+    """
+    from nvsymlinkd import verifier
+
+    if config.repair == "off":
+        return []
+    dry_run = dry_run or config.repair == "report"
+    if report is None:
+        report = verifier.verify_all(root, config, use_bus=use_bus, with_host=False)
+    chosen = report.containers
+    if container_ids:
+        from nvsymlinkd.containers import find
+
+        chosen = []
+        for wanted in container_ids:
+            c = find(report.containers, wanted)
+            if c is None:
+                raise KeyError(wanted)
+            if c not in chosen:
+                chosen.append(c)
+
+    def reverify(request, grants):
+        fresh = verifier.verify_container(root, config, request.container_id, use_bus=use_bus)
+        out = {}
+        if fresh is None:
+            return {g.device: {"state": "unknown", "reason": "the container is gone"} for g in grants}
+        for f in fresh.findings:
+            if f.kind in (verifier.LOST, verifier.AT_RISK_SCOPE, verifier.UNKNOWN):
+                for dev in f.devices:
+                    if any(g.device == dev for g in grants):
+                        out[dev] = {"state": "deny" if f.kind != verifier.UNKNOWN else "unknown",
+                                    "reason": f"verifier still finds {f.kind}: {f.detail}"}
+        return out
+
+    results = []
+    for c in chosen:
+        request = requests_from_report(c, root)
+        if request is None:
+            continue
+        results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
+                                        journal=journal, window=window, reverify=reverify))
+    return results

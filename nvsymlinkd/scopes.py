@@ -1,0 +1,207 @@
+"""What systemd will re-apply on the next daemon-reload: a container scope's DeviceAllow.
+
+Sources, best first:
+  1. D-Bus: org.freedesktop.systemd1.Scope.DeviceAllow/DevicePolicy of the
+     unit (live value; DBUS_SYSTEM_BUS_ADDRESS honoured; short timeouts).
+  2. Files systemd writes for transient units: /run/systemd/transient/<scope>,
+     then drop-ins /run/systemd/system.control/<scope>.d/*.conf (runtime
+     SetUnitProperties) in name order; an empty `DeviceAllow=` resets the list.
+Neither -> None: the caller reports `unknown` for this check.
+
+Entry forms (REFERENCE.md): `/dev/char/M:m` (parsed without stat by systemd
+>= 240), `char-M` / `char-NAME` (NAME matched against /proc/devices),
+`char-*`, block equivalents, or a plain /dev path that systemd stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.ocispec import MAX_SMALL_BYTES, DeviceRule, read_bounded
+
+TRANSIENT_DIR = "/run/systemd/transient"
+CONTROL_DIR = "/run/systemd/system.control"
+SYSTEMD = "org.freedesktop.systemd1"
+SYSTEMD_PATH = "/org/freedesktop/systemd1"
+MANAGER = "org.freedesktop.systemd1.Manager"
+SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
+BUS_TIMEOUT = 1.0  # seconds per call; the whole query is bounded by BUS_TOTAL
+BUS_TOTAL = 3.0
+DEV_NUMBER_PATH = re.compile(r"/dev/(char|block)/(\d+):(\d+)")
+SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
+
+
+@dataclass(frozen=True)
+class ScopeDevices:
+    scope: str
+    source: str  # "dbus" or "files"
+    policy: str  # auto, closed, strict
+    entries: tuple  # (specifier, access) as systemd holds them
+    rules: tuple  # DeviceRule (allow) for the entries we could map to numbers
+    unmapped: tuple = ()  # entries we could not map (plain paths that do not resolve, ...)
+
+    def covers(self, dev_type: str, major: int, minor: int, access: str) -> bool:
+        """Would systemd's next apply allow this access? (one entry must cover every letter)"""
+        if self.policy == "auto" and not self.entries:
+            return True  # no device restriction at all
+        return any(r.matches(dev_type, major, minor) and all(c in r.access for c in access) for r in self.rules)
+
+
+def parse_unit_text(text: str, entries: list, policy: list) -> None:
+    """Apply DeviceAllow=/DevicePolicy= lines of one unit file or drop-in, in order."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;[":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        if key == "DevicePolicy":
+            policy[:] = [value or "auto"]
+        elif key == "DeviceAllow":
+            if not value:
+                entries.clear()
+                continue
+            spec, _, access = value.partition(" ")
+            entries.append((spec, access.strip() or "rwm"))
+
+
+def read_scope_files(root: HostRoot, scope: str) -> ScopeDevices | None:
+    if not SCOPE_NAME.fullmatch(scope):
+        return None
+    entries: list = []
+    policy = ["auto"]
+    found = False
+    try:
+        text = read_bounded(root.path(f"{TRANSIENT_DIR}/{scope}"), MAX_SMALL_BYTES).decode("utf-8", "replace")
+        parse_unit_text(text, entries, policy)
+        found = True
+    except OSError:
+        pass
+    dropins = f"{CONTROL_DIR}/{scope}.d"
+    try:
+        names = sorted(n for n in os.listdir(root.path(dropins)) if n.endswith(".conf"))
+    except OSError:
+        names = []
+    for name in names[:256]:
+        try:
+            text = read_bounded(root.path(f"{dropins}/{name}"), MAX_SMALL_BYTES).decode("utf-8", "replace")
+        except OSError:
+            continue
+        parse_unit_text(text, entries, policy)
+        found = True
+    if not found:
+        return None
+    return ScopeDevices(scope, "files", policy[0], tuple(entries), (), ())
+
+
+def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
+    """Turn systemd's device specifiers into numeric allow rules."""
+    rules, unmapped = [], []
+    for spec, access in sd.entries:
+        access = "".join(c for c in "rwm" if c in access)
+        rule = _map_one(root, spec, access, majors)
+        if rule is None:
+            unmapped.append(f"{spec} {access}")
+        else:
+            rules.extend(rule)
+    return ScopeDevices(sd.scope, sd.source, sd.policy, sd.entries, tuple(rules), tuple(unmapped))
+
+
+def _map_one(root: HostRoot, spec: str, access: str, majors) -> list | None:
+    m = DEV_NUMBER_PATH.fullmatch(spec)
+    if m:
+        return [DeviceRule(True, "c" if m.group(1) == "char" else "b", int(m.group(2)), int(m.group(3)), access)]
+    for prefix, dev_type in (("char-", "c"), ("block-", "b")):
+        if spec.startswith(prefix):
+            name = spec[len(prefix):]
+            if name == "*":
+                return [DeviceRule(True, dev_type, None, None, access)]
+            if name.isdigit():
+                return [DeviceRule(True, dev_type, int(name), None, access)]
+            if dev_type == "b":
+                return []  # not an NVIDIA device either way
+            hits = sorted({m for n, m in majors.by_name.items() if fnmatch.fnmatchcase(n, name)})
+            return [DeviceRule(True, "c", major, None, access) for major in hits]
+    if spec.startswith("/dev/"):
+        st = root.stat_resolved(spec)  # systemd stats these at apply time
+        if st is None or not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            return None
+        dev_type = "c" if stat.S_ISCHR(st.st_mode) else "b"
+        return [DeviceRule(True, dev_type, os.major(st.st_rdev), os.minor(st.st_rdev), access)]
+    return None
+
+
+def bus_allowed(root: HostRoot) -> bool:
+    """Ask the live systemd only for the real host, or when a bus address is given explicitly."""
+    return root.is_real_root or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"))
+
+
+def read_scopes_bus(scopes, address: str | None = None) -> dict:
+    """scope -> ScopeDevices for the scopes systemd knows; {} when the bus is absent or slow."""
+    scopes = [s for s in scopes if SCOPE_NAME.fullmatch(s)]
+    if not scopes:
+        return {}
+    try:
+        asyncio.get_running_loop()
+        return {}  # inside the daemon's loop: it has its own connection; files are the fallback here
+    except RuntimeError:
+        pass
+    try:
+        return asyncio.run(asyncio.wait_for(_query(scopes, address), BUS_TOTAL))
+    except Exception:  # noqa: BLE001 - no bus, refused, timed out: the files are the fallback
+        return {}
+
+
+async def _query(scopes, address) -> dict:
+    from dbus_next import Message, MessageType
+    from dbus_next.aio import MessageBus
+
+    if address is None:
+        address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/var/run/dbus/system_bus_socket"
+    bus = await asyncio.wait_for(MessageBus(bus_address=address).connect(), BUS_TIMEOUT)
+    out = {}
+    try:
+        for scope in scopes:
+            reply = await asyncio.wait_for(bus.call(Message(
+                destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
+                signature="s", body=[scope])), BUS_TIMEOUT)
+            if reply.message_type != MessageType.METHOD_RETURN:
+                continue  # NoSuchUnit: not a systemd-managed container
+            reply = await asyncio.wait_for(bus.call(Message(
+                destination=SYSTEMD, path=reply.body[0], interface="org.freedesktop.DBus.Properties",
+                member="GetAll", signature="s", body=[SCOPE_IFACE])), BUS_TIMEOUT)
+            if reply.message_type != MessageType.METHOD_RETURN:
+                continue
+            props = reply.body[0]
+            allow = props.get("DeviceAllow")
+            policy = props.get("DevicePolicy")
+            if allow is None:
+                continue
+            entries = tuple((str(p), str(a)) for p, a in allow.value)
+            out[scope] = ScopeDevices(scope, "dbus", str(policy.value) if policy is not None else "auto", entries, ())
+    finally:
+        bus.disconnect()
+    return out
+
+
+def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None) -> dict:
+    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it."""
+    scopes = sorted(set(s for s in scopes if s))
+    if use_bus is None:
+        use_bus = bus_allowed(root)
+    live = read_scopes_bus(scopes) if use_bus else {}
+    out = {}
+    for scope in scopes:
+        sd = live.get(scope) or read_scope_files(root, scope)
+        out[scope] = map_entries(root, sd, majors) if sd is not None else None
+    return out

@@ -1,0 +1,455 @@
+"""Verdicts on GPU containers: ok, lost, at-risk (three reasons) or unknown.
+
+`evaluate()` is pure: container facts + expected access + the live access
+policy + the scope's DeviceAllow + host devices -> a ContainerReport.
+`verify_all()` / `verify_container()` gather those facts from the host (the
+daemon and `nvsymlinkd check` call them).
+
+Finding kinds are stable strings with fixed journal MESSAGE_IDs (MESSAGE_IDS).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nvsymlinkd.expected import Expected, device_str
+
+OK = "ok"
+LOST = "lost"
+AT_RISK_SCOPE = "at-risk-scope"  # scope DeviceAllow lacks an expected device: next daemon-reload loses it
+AT_RISK_NOT_IN_SPEC = "at-risk-not-in-spec"  # granted but not declared (hook-injected): next reload/update loses it
+AT_RISK_UVM = "at-risk-uvm-missing"  # host has nvidia-uvm, the container was not given it
+UNKNOWN = "unknown"
+KINDS = (LOST, AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC, AT_RISK_UVM, UNKNOWN)
+# Journal MESSAGE_IDs (sd-id128, fixed forever): one per finding kind, plus "ok" for a recovered container.
+MESSAGE_IDS = {
+    OK: "b0c3e0dd255749f89757d1b6405543cf",
+    LOST: "483c260197bb4a5082cbaae3b26d085c",
+    AT_RISK_SCOPE: "dc9a8c0480ee41a0a6a7ec454776bee3",
+    AT_RISK_NOT_IN_SPEC: "e22f202c38134d758577be98caa78c07",
+    AT_RISK_UVM: "3b40d429af264d4d893899337d991187",
+    UNKNOWN: "cc6369fb247c43c6a79a190b6d432b93",
+}
+# Journal kinds for nvsymlinkd.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
+JOURNAL_KINDS = {kind: f"container-{kind}" for kind in MESSAGE_IDS}
+JOURNAL_MESSAGE_IDS = {JOURNAL_KINDS[kind]: mid for kind, mid in MESSAGE_IDS.items()}
+# Container verdicts, worst first.
+VERDICTS = (LOST, "at-risk", UNKNOWN, OK)
+NOT_GPU = "not-gpu"
+NOT_RUNNING = "not-running"
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    devices: tuple  # "c M:m" strings
+    detail: str
+    fix: str
+
+    @property
+    def message_id(self) -> str:
+        return MESSAGE_IDS[self.kind]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
+                "message_id": self.message_id}
+
+
+@dataclass(frozen=True)
+class HostDevices:
+    nodes: tuple  # NvidiaNode on the host
+    nvidia_majors: frozenset
+    uvm_major: int | None = None
+
+    @property
+    def uvm_node(self):
+        for n in self.nodes:
+            if n.kind == "uvm":
+                return n
+        return None
+
+
+@dataclass
+class ContainerReport:
+    id: str
+    runtime: str
+    namespace: str | None
+    status: str  # the runtime's: created, running, creating, stopped, unknown
+    verdict: str  # ok, lost, at-risk, unknown, not-gpu, not-running
+    scope: str | None = None
+    init_pid: int | None = None
+    gpu_signs: tuple = ()
+    findings: list = field(default_factory=list)
+    expected: dict = field(default_factory=dict)  # "c M:m" -> {"access", "sources"}
+    granted: dict = field(default_factory=dict)  # "c M:m" -> access the cgroup allows now
+    untrusted_nodes: tuple = ()  # NVIDIA nodes seen in the container's own /dev (reported, never trusted)
+    cgroup: dict = field(default_factory=dict)
+    problems: tuple = ()
+    baseline: str | None = None  # "recorded", "loaded" or None
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12] if len(self.id) == 64 else self.id
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id, "runtime": self.runtime, "namespace": self.namespace, "status": self.status,
+            "verdict": self.verdict, "scope": self.scope, "init_pid": self.init_pid,
+            "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
+            "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
+            "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
+        }
+
+
+def _verdict(findings: list) -> str:
+    kinds = {f.kind for f in findings}
+    if LOST in kinds:
+        return LOST
+    if kinds & {AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC, AT_RISK_UVM}:
+        return "at-risk"
+    if UNKNOWN in kinds:
+        return UNKNOWN
+    return OK
+
+
+def _letters(policy, key: tuple, access: str):
+    """(granted letters, unknown reasons, whole access allowed by one check).
+
+    The whole access is asked first (one call in the common case); only when
+    that is not allowed is each letter asked separately, for the report.
+    """
+    v = policy.check(key[0], key[1], key[2], access)
+    if v.state == "allow":  # the common case in one call
+        return access, [], True
+    granted, unknown = "", []
+    for letter in access:
+        v = policy.check(key[0], key[1], key[2], letter)
+        if v.state == "allow":
+            granted += letter
+        elif v.state != "deny":
+            unknown.append(v.reason)
+    return granted, unknown, False
+
+
+def _declared_nodes(c) -> set:
+    """(major, minor) of the nodes the runtime itself created (spec linux.devices, runc's config.devices)."""
+    out = set()
+    for facts in (getattr(c, "spec", None), getattr(c, "state", None)):
+        for node in getattr(facts, "nodes", ()) or ():
+            if node.type == "c":
+                out.add((node.major, node.minor))
+    return out
+
+
+def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, scope_devices, host: HostDevices,
+             dev_nodes=()) -> ContainerReport:
+    """Decide one container's verdict. `c` is a containers.Container (only its fields are read).
+
+    policy: an AccessPolicy or None (then policy_error says why).
+    scope_devices: a scopes.ScopeDevices, or None when the scope's DeviceAllow could not be read.
+    dev_nodes: (path, major, minor) in the container's /dev, untrusted.
+    """
+    who = c.short_id if hasattr(c, "short_id") else c.id
+    report = ContainerReport(
+        c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
+        expected={device_str(k): {"access": a, "sources": list(expected.sources.get(k, ()))}
+                  for k, a in sorted(expected.devices.items())},
+        untrusted_nodes=tuple(f"{p} (c {ma}:{mi})" for p, ma, mi in dev_nodes
+                              if ma in host.nvidia_majors and (ma, mi) not in _declared_nodes(c)),
+        cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2},
+        problems=tuple(c.problems),
+    )
+    if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be
+        report.verdict = NOT_RUNNING
+        return report
+    if not signs and not expected.devices:
+        report.verdict = NOT_GPU
+        return report
+    if c.status not in ("created", "running"):
+        report.verdict = NOT_RUNNING
+        return report
+    findings = report.findings
+    if policy is None:
+        findings.append(Finding(UNKNOWN, tuple(device_str(k) for k in sorted(expected.devices)),
+                                f"cannot read the device cgroup: {policy_error}",
+                                "run as root on the host (not in a container); check /proc/<pid>/cgroup and "
+                                "the cgroup mounts"))
+        report.verdict = _verdict(findings)
+        return report
+
+    candidates = set(expected.devices) | {("c", n.major, n.minor) for n in host.nodes}
+    candidates |= {("c", ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
+    granted: dict = {}
+    unknown_keys: dict = {}
+    together = set()  # keys whose "rw" one check allowed
+    for key in sorted(candidates):
+        got, why, whole = _letters(policy, key, "rw")
+        if whole:
+            together.add(key)
+        if got:
+            granted[key] = got
+        if why:
+            unknown_keys[key] = why[0]
+    report.granted = {device_str(k): a for k, a in sorted(granted.items())}
+
+    # An open asks for all its letters at once, and the v1 kernel wants ONE rule covering them all:
+    # judge each expected device by one check of exactly what it needs.
+    lost = []
+    for k, need in sorted(expected.devices.items()):
+        if k in unknown_keys:
+            continue
+        if k in together or (len(need) == 1 and need in granted.get(k, "")):
+            continue
+        v = policy.check(k[0], k[1], k[2], need)
+        if v.state == "deny":
+            lost.append(k)
+        elif v.state != "allow":
+            unknown_keys[k] = v.reason
+    if lost:
+        sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
+        findings.append(Finding(
+            LOST, tuple(device_str(k) for k in lost),
+            f"expected by the {', '.join(sources)} but denied by the device cgroup now",
+            f"nvsymlinkd repair {who} (or recreate the container)"))
+
+    # Declared vs injected needs the spec or runc's recorded rules; without either, say so.
+    declared_known = getattr(c, "spec", None) is not None or getattr(getattr(c, "state", None), "rules", None) is not None
+    not_declared = [k for k in sorted(granted) if k not in expected.declared]
+    if not_declared and not declared_known:
+        findings.append(Finding(
+            UNKNOWN, tuple(device_str(k) for k in not_declared),
+            "allowed now, but neither the spec nor the runtime's state could be read to tell declared from "
+            "hook-injected devices", "check the problems listed for this container (bundle or state file)"))
+    elif not_declared:
+        findings.append(Finding(
+            AT_RISK_NOT_IN_SPEC, tuple(device_str(k) for k in not_declared),
+            "allowed now but not in the container's spec (injected by a hook): "
+            + ("the next daemon-reload or runc update removes it" if c.scope else
+               "the next runc update or re-apply of the spec removes it"),
+            "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate; "
+            f"until then nvsymlinkd repair {who} after each reload"))
+
+    if c.scope:
+        if scope_devices is None:
+            findings.append(Finding(
+                UNKNOWN, (), f"cannot read DeviceAllow of {c.scope} (no systemd bus, no transient unit file)",
+                "run on the host with /run/systemd and the system bus available"))
+        else:
+            lost_set = set(lost)
+            missing = [k for k, need in sorted(expected.devices.items())
+                       if k in expected.declared and k not in lost_set
+                       and not scope_devices.covers(k[0], k[1], k[2], need)]
+            if missing:
+                findings.append(Finding(
+                    AT_RISK_SCOPE, tuple(device_str(k) for k in missing),
+                    f"{c.scope} DeviceAllow (from {scope_devices.source}) lacks them: the next "
+                    "systemctl daemon-reload removes them",
+                    f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}"))
+
+    uvm = host.uvm_node
+    if uvm is not None:
+        key = ("c", uvm.major, uvm.minor)
+        has_gpu = any(k[1] in host.nvidia_majors and k != key for k in set(granted) | set(expected.devices))
+        if has_gpu and key not in granted and key not in expected.devices and key not in unknown_keys:
+            findings.append(Finding(
+                AT_RISK_UVM, (device_str(key),),
+                "the host has nvidia-uvm but this container was not given it (device plugin started before "
+                "nvidia-uvm was loaded): CUDA fails or falls back to the CPU",
+                "restart the device plugin after nvidia-uvm is loaded, then recreate this container"))
+
+    relevant = [k for k in sorted(unknown_keys) if k in expected.devices or k[1] in host.nvidia_majors]
+    if relevant:
+        findings.append(Finding(
+            UNKNOWN, tuple(device_str(k) for k in relevant),
+            f"cannot decide access: {unknown_keys[relevant[0]]}",
+            "see the reason; nvsymlinkd reads cgroup v1 devices.list and v2 BPF device programs as root"))
+
+    report.verdict = _verdict(findings)
+    return report
+
+
+def journal_entries(report: ContainerReport) -> list:
+    """(journal kind, priority, message, fields) per finding, for Journal.event(kind, priority, message, **fields).
+
+    fields: container_id, unit (the scope), runtime, devices, fix.
+    """
+    priority = {LOST: 3, AT_RISK_SCOPE: 4, AT_RISK_NOT_IN_SPEC: 4, AT_RISK_UVM: 4, UNKNOWN: 5}
+    # node-problem-detector turns these lines into node conditions (deploy/node-problem-detector):
+    # keep "container ID (WHO): GPU device access lost|at risk (KIND)|unknown: DEVICES: DETAIL" stable.
+    who = report.scope or report.runtime
+    out = []
+    for f in report.findings:
+        devices = ", ".join(f.devices) or "-"
+        if f.kind == LOST:
+            state = "lost"
+        elif f.kind == UNKNOWN:
+            state = "unknown"
+        else:
+            state = f"at risk ({f.kind})"
+        message = f"container {report.short_id} ({who}): GPU device access {state}: {devices}"
+        out.append((JOURNAL_KINDS[f.kind], priority[f.kind], f"{message}: {f.detail}; fix: {f.fix}",
+                    {"container_id": report.id, "unit": report.scope, "runtime": report.runtime,
+                     "devices": devices or None, "fix": f.fix}))
+    return out
+
+
+def baseline_devices(report: ContainerReport) -> dict | None:
+    """The access to record as the healthy baseline, or None when this is not a healthy moment.
+
+    Only once the runtime says created/running (hooks done), and never while
+    something is lost or unknown.
+    """
+    if report.status not in ("created", "running") or report.verdict in (LOST, UNKNOWN, NOT_GPU, NOT_RUNNING):
+        return None
+    if any(f.kind == UNKNOWN for f in report.findings):
+        return None
+    from nvsymlinkd.expected import parse_device_str
+
+    out = {}
+    for text, access in report.granted.items():
+        key = parse_device_str(text)
+        if key is not None:
+            out[key] = access
+    return out or None
+
+
+# ---------------------------------------------------------------------------
+# Gathering: read the host once, then evaluate every container.
+
+
+@dataclass
+class Report:
+    containers: list  # ContainerReport (GPU containers only, plus not-running ones seen)
+    host: list  # hostcheck.HostFinding
+    not_gpu: int = 0
+    seconds: float = 0.0
+
+    @property
+    def problems(self) -> list:
+        return [c for c in self.containers if c.verdict not in (OK, NOT_RUNNING)]
+
+    @property
+    def all_ok(self) -> bool:
+        return not self.problems and not any(h.status == "warn" for h in self.host)
+
+    def to_json(self) -> dict:
+        counts = {v: 0 for v in VERDICTS + (NOT_RUNNING,)}
+        for c in self.containers:
+            counts[c.verdict] = counts.get(c.verdict, 0) + 1
+        return {
+            "ok": self.all_ok,
+            "containers": [c.to_json() for c in self.containers],
+            "host": [h.to_json() for h in self.host],
+            "summary": {"gpu_containers": len(self.containers), "not_gpu_containers": self.not_gpu, **counts},
+            "seconds": round(self.seconds, 4),
+        }
+
+
+class _HostContext:
+    """What every container's evaluation shares: majors, host nodes, scopes, the access reader."""
+
+    def __init__(self, root, config):
+        from nvsymlinkd.expected import nvidia_majors_of
+        from nvsymlinkd.snapshot import observe
+
+        self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
+        majors = self.snapshot.majors
+        self.majors = majors
+        self.nvidia_majors = nvidia_majors_of(majors)
+        self.host = HostDevices(self.snapshot.nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
+        self.mounts = None  # cgroup mounts, read once for all containers (by the access engine)
+        try:
+            from nvsymlinkd.cgroupaccess import find_cgroup_mounts
+
+            self.mounts = find_cgroup_mounts(root)
+        except ImportError:
+            pass
+
+
+def _read_policy(root, c, mounts=None):
+    try:
+        from nvsymlinkd.cgroupaccess import read_access
+    except ImportError as exc:  # the access engine is a separate module
+        return None, f"access engine unavailable ({exc})"
+    if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
+        return None, f"no cgroup known for init pid {c.init_pid}"
+    try:
+        if mounts is not None:
+            return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts), None
+        return read_access(root, c.cgroup_v1_devices, c.cgroup_v2), None
+    except Exception as exc:  # noqa: BLE001 - any failure to read is 'unknown', never 'ok'
+        return None, str(exc) or exc.__class__.__name__
+
+
+def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseline: bool) -> ContainerReport:
+    from nvsymlinkd import baseline as baselinemod
+    from nvsymlinkd.containers import container_dev_nodes
+    from nvsymlinkd.expected import candidate_devices, expected_access
+    from nvsymlinkd.ocispec import gpu_signs
+
+    signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
+    base = baselinemod.load(root, config, c.id, c.init_start) if c.live else None
+    cands = candidate_devices(ctx.host.nodes, c.spec, c.state, base, ctx.nvidia_majors)
+    expected = expected_access(cands, c.spec, c.state, base)
+    if not signs and not expected.devices:
+        return evaluate(c, signs, expected, None, None, None, ctx.host)
+    policy, why = _read_policy(root, c, ctx.mounts) if c.live else (None, None)
+    dev_nodes = container_dev_nodes(root, c.init_pid) if c.live and c.init_pid else []
+    report = evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes)
+    if base is not None:
+        report.baseline = "loaded"
+    elif update_baseline:
+        devices = baseline_devices(report)
+        if devices:
+            try:
+                baselinemod.record(root, config, c.id, c.init_start, devices)
+                report.baseline = "recorded"
+            except OSError as exc:
+                report.problems = report.problems + (f"cannot write baseline: {exc.strerror}",)
+    return report
+
+
+def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None = None,
+               with_host: bool = True) -> Report:
+    """Every container on the host, plus host findings. The daemon passes update_baseline=True."""
+    from nvsymlinkd.containers import discover
+    from nvsymlinkd.scopes import read_scopes
+
+    start = time.perf_counter()
+    ctx = _HostContext(root, config)
+    containers = discover(root)
+    scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus)
+    reports, not_gpu = [], 0
+    for c in containers:
+        r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline)
+        if r.verdict == NOT_GPU:
+            not_gpu += 1
+        else:
+            reports.append(r)
+    host = []
+    if with_host:
+        from nvsymlinkd.hostcheck import check_host
+
+        host = check_host(root, config, ctx.snapshot)
+    if update_baseline:
+        from nvsymlinkd.baseline import prune
+
+        prune(root, config, [c.id for c in containers if c.status != "stopped"])
+    return Report(reports, host, not_gpu, time.perf_counter() - start)
+
+
+def verify_container(root, config, container_id_or_scope: str, update_baseline: bool = False,
+                     use_bus: bool | None = None) -> ContainerReport | None:
+    """One container by id, unique id prefix or scope name; None if no such container."""
+    from nvsymlinkd.containers import discover, find
+    from nvsymlinkd.scopes import read_scopes
+
+    ctx = _HostContext(root, config)
+    c = find(discover(root), container_id_or_scope)
+    if c is None:
+        return None
+    scope_devices = None
+    if c.scope and c.live:
+        scope_devices = read_scopes(root, [c.scope], ctx.majors, use_bus).get(c.scope)
+    return _verify_one(root, config, ctx, c, scope_devices, update_baseline)

@@ -1,0 +1,193 @@
+"""Real runc containers (busybox rootfs, cgroupfs driver) seen through a fake host tree.
+
+The fake tree (tests/fakehost.py) holds the host's NVIDIA view: /proc/devices
+and mknod'ed /dev/nvidia* nodes (no driver behind them, so an allowed open
+gives ENXIO and a denied one EPERM). The real kernel parts are linked in:
+  ROOT/sys/fs/cgroup -> /sys/fs/cgroup   (the real device cgroups runc programs)
+  ROOT/proc/<pid>    -> /proc/<pid>      (each container's init, linked when it starts)
+runc's state root is ROOT/run/runc, where discovery looks for plain runc.
+
+Every container is killed and deleted, and its cgroups removed, at teardown,
+even when the test failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from fakehost import FakeHost
+
+BUSYBOX = "/bin/busybox"  # busybox-static: runs in an empty rootfs
+APPLETS = ("sh", "cat", "sleep", "mknod", "ls", "echo", "true")
+CGROUP_V1 = "/sys/fs/cgroup"
+
+
+def device_rule(major, minor, access="rw", allow=True, dev_type="c") -> dict:
+    return {"allow": allow, "type": dev_type, "major": major, "minor": minor, "access": access}
+
+
+def device_node(path, major, minor) -> dict:
+    return {"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0}
+
+
+class RuncContainer:
+    def __init__(self, host: RuncHost, cid: str, bundle: Path, cgroups_path: str):
+        self.host = host
+        self.id = cid
+        self.bundle = bundle
+        self.cgroups_path = cgroups_path
+        self.pid = None
+
+    def state(self) -> dict:
+        return json.loads((self.host.state_root / self.id / "state.json").read_text())
+
+    def devices_dir(self) -> Path:
+        return Path(CGROUP_V1) / "devices" / self.cgroups_path.lstrip("/")
+
+    def devices_list(self) -> str:
+        return (self.devices_dir() / "devices.list").read_text()
+
+    def allow(self, rule: str) -> None:
+        """Grant like the NVIDIA hook does: a direct write, not through the spec."""
+        (self.devices_dir() / "devices.allow").write_text(rule + "\n")
+
+    def deny(self, rule: str) -> None:
+        (self.devices_dir() / "devices.deny").write_text(rule + "\n")
+
+    def exec(self, *argv) -> subprocess.CompletedProcess:
+        return self.host.runc("exec", self.id, *argv, check=False)
+
+    def open_error(self, path: str, rw: bool = False) -> str:
+        """Ground truth from inside: 'ENXIO' (allowed, no driver), 'EPERM' (denied by the cgroup) or the text.
+
+        rw: open O_RDWR (the shell's `<>`), as CUDA opens /dev/nvidia*; else O_RDONLY (cat).
+        """
+        command = f": <>{path}" if rw else f"cat {path} </dev/null"
+        proc = self.exec("sh", "-c", command)
+        text = proc.stderr + proc.stdout
+        if "No such device or address" in text:
+            return "ENXIO"
+        if "Operation not permitted" in text:
+            return "EPERM"
+        return f"rc={proc.returncode}: {text.strip()}"
+
+
+class RuncHost:
+    def __init__(self, base: Path, runc: str):
+        self.base = Path(base)
+        self.runc_bin = runc
+        self.fake = FakeHost(self.base / "root")
+        self.root = self.fake.root
+        self.state_root = self.root / "run" / "runc"
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        (self.root / "sys" / "fs").mkdir(parents=True, exist_ok=True)
+        os.symlink(CGROUP_V1, self.root / "sys" / "fs" / "cgroup")
+        self.parent = f"/nvsymlinkd-test-{uuid.uuid4().hex[:8]}"
+        self.containers: list = []
+        self.fake.proc_devices({"nvidia-frontend": 195})
+        for minor in range(4):
+            self.fake.node(f"/dev/nvidia{minor}", 195, minor)
+        self.fake.node("/dev/nvidiactl", 195, 255)
+
+    def runc(self, *argv, check=True, timeout=60, **kw) -> subprocess.CompletedProcess:
+        proc = subprocess.run([self.runc_bin, "--root", str(self.state_root), *argv], capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"runc {' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def bundle(self, cid: str, rules=(), nodes=(), env=(), hooks=None, cgroup_leaf=None, args=None) -> tuple:
+        bundle = self.root / "var" / "lib" / "bundles" / cid  # inside the tree: the bundle label maps back
+        rootfs = bundle / "rootfs"
+        for d in ("bin", "dev", "proc", "sys", "tmp"):
+            (rootfs / d).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+        for applet in APPLETS:
+            os.symlink("busybox", rootfs / "bin" / applet)
+        self.runc("spec", "--bundle", str(bundle))
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["terminal"] = False
+        spec["process"]["args"] = list(args or ["sleep", "100000"])
+        spec["process"]["env"] += list(env)
+        spec["root"]["readonly"] = False
+        caps = spec["process"]["capabilities"]
+        for key in caps:
+            caps[key] = sorted(set(caps[key]) | {"CAP_MKNOD"})
+        spec["linux"]["resources"]["devices"] += list(rules)
+        spec["linux"]["devices"] = list(nodes)
+        cgroups_path = f"{self.parent}/{cgroup_leaf or cid}"
+        spec["linux"]["cgroupsPath"] = cgroups_path
+        if hooks:
+            spec["hooks"] = hooks
+        (bundle / "config.json").write_text(json.dumps(spec, indent=1))
+        return bundle, cgroups_path
+
+    def run(self, cid: str, **kw) -> RuncContainer:
+        bundle, cgroups_path = self.bundle(cid, **kw)
+        c = RuncContainer(self, cid, bundle, cgroups_path)
+        self.containers.append(c)
+        # the container inherits runc's stdio: a file, never a pipe we would wait on
+        with open(bundle / "runc.log", "w+") as log:
+            proc = subprocess.run([self.runc_bin, "--root", str(self.state_root), "run", "-d", "--bundle",
+                                   str(bundle), cid], stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=60)
+            log.seek(0)
+            if proc.returncode != 0:
+                raise AssertionError(f"runc run {cid} failed ({proc.returncode}): {log.read().strip()}")
+        self.link_proc(c)
+        return c
+
+    def link_proc(self, c: RuncContainer) -> None:
+        c.pid = c.state()["init_process_pid"]
+        link = self.root / "proc" / str(c.pid)
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(f"/proc/{c.pid}", link)
+
+    def create_async(self, cid: str, **kw):
+        """`runc create` in the background (for a hook that is still running); returns (container, Popen)."""
+        bundle, cgroups_path = self.bundle(cid, **kw)
+        c = RuncContainer(self, cid, bundle, cgroups_path)
+        self.containers.append(c)
+        log = open(bundle / "runc.log", "w")  # noqa: SIM115 - closed by the caller via proc
+        proc = subprocess.Popen([self.runc_bin, "--root", str(self.state_root), "create", "--bundle", str(bundle),
+                                 cid], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()  # the child holds its own copy
+        return c, proc
+
+    def cleanup(self) -> None:
+        for c in self.containers:
+            subprocess.run([self.runc_bin, "--root", str(self.state_root), "kill", c.id, "KILL"],
+                           capture_output=True, timeout=30)
+        for c in self.containers:
+            for _ in range(50):
+                proc = subprocess.run([self.runc_bin, "--root", str(self.state_root), "delete", "-f", c.id],
+                                      capture_output=True, text=True, timeout=30)
+                if proc.returncode == 0 or "does not exist" in proc.stderr:
+                    break
+                time.sleep(0.1)
+        # v1/hybrid: one tree per controller; pure v2: the one tree at /sys/fs/cgroup itself
+        tops = [Path(CGROUP_V1) / self.parent.lstrip("/")]
+        tops += [Path(CGROUP_V1) / ctrl / self.parent.lstrip("/") for ctrl in os.listdir(CGROUP_V1)]
+        for top in tops:
+            if not top.is_dir():
+                continue
+            for leaf in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                _rmdir(leaf)
+            _rmdir(top)
+
+
+def _rmdir(path: Path) -> None:
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)

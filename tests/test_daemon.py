@@ -1,0 +1,232 @@
+"""The real daemon against a fake root: inotify fast path, overflow, signals, sd_notify."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+
+import pytest
+from daemonproc import DaemonProcess
+from fakehost import standard_host
+
+STANDARD_LINKS = {
+    "195:0": "../nvidia0",
+    "195:1": "../nvidia1",
+    "195:254": "../nvidia-modeset",
+    "195:255": "../nvidiactl",
+    "510:0": "../nvidia-uvm",
+    "510:1": "../nvidia-uvm-tools",
+}
+CAPS_MAJOR = 509
+
+
+def links(host, dev_char="/dev/char"):
+    """host.links(), but None while the daemon is changing the directory under us."""
+    try:
+        return host.links(dev_char)
+    except FileNotFoundError:
+        return None
+
+
+@pytest.fixture
+def host(tmp_path, need_root):
+    h = standard_host(tmp_path / "root")
+    h.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS_MAJOR})
+    return h
+
+
+@pytest.fixture
+def daemon_factory():
+    started = []
+
+    def start(root, *args, **kw):
+        d = DaemonProcess(root, *args, **kw)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.send_signal(signal.SIGCONT)
+        d.stop()
+
+
+def test_node_appears_and_goes(host, daemon_factory):
+    d = daemon_factory(host.root, "--resync-interval", "0")
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    host.node("/dev/nvidia7", 195, 7)
+    d.wait_until(lambda: (links(host) or {}).get("195:7") == "../nvidia7", "a link for a new node")
+    os.unlink(host.path("/dev/nvidia7"))
+    d.wait_until(lambda: "195:7" not in (links(host) or {"195:7": 0}), "the link of a removed node to go")
+    assert links(host) == STANDARD_LINKS
+    d.wait_for_line(r"created link /dev/char/195:7 -> \.\./nvidia7 \(c 195:7\)")
+    d.wait_for_line(r"removed link /dev/char/195:7")
+    assert d.stop() == 0
+
+
+def test_subdirectory_created_later_is_watched(host, daemon_factory):
+    # resync disabled: only inotify can explain the links appearing
+    d = daemon_factory(host.root, "--resync-interval", "0")
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    host.node("/dev/nvidia-caps/nvidia-cap1", CAPS_MAJOR, 1)
+    d.wait_until(lambda: "509:1" in (links(host) or {}), "a link for a node in a new subdirectory")
+    host.node("/dev/nvidia-caps/nvidia-cap2", CAPS_MAJOR, 2)
+    d.wait_until(lambda: (links(host) or {}).get("509:2") == "../nvidia-caps/nvidia-cap2", "a second node in it")
+    # a node with an unrelated name in /dev wakes nobody and changes nothing
+    host.node("/dev/ttyFAKE0", 4, 64)
+    assert d.stop() == 0
+
+
+def test_inotify_overflow_ends_exact(host, daemon_factory):
+    limit = int(open("/proc/sys/fs/inotify/max_queued_events").read())
+    if limit > 200_000:
+        pytest.skip(f"fs.inotify.max_queued_events={limit} is too large to overflow in a test")
+    d = daemon_factory(host.root, "--resync-interval", "0")
+    host.node("/dev/nvidia-caps/nvidia-cap0", CAPS_MAJOR, 0)
+    d.wait_until(lambda: "509:0" in (links(host) or {}), "the caps directory to be watched")
+    count = limit + 500
+    d.signal(signal.SIGSTOP)  # the queue fills while the daemon cannot read it
+    try:
+        caps = host.path("/dev/nvidia-caps")
+        for i in range(1, count):
+            os.mknod(caps / f"nvidia-cap{i}", 0o20600, os.makedev(CAPS_MAJOR, i))
+    finally:
+        d.signal(signal.SIGCONT)
+    expected = dict(STANDARD_LINKS)
+    expected.update({f"{CAPS_MAJOR}:{i}": f"../nvidia-caps/nvidia-cap{i}" for i in range(count)})
+    d.wait_until(lambda: links(host) == expected, f"{count} links after an inotify overflow", timeout=120)
+    d.wait_for_line(r"inotify queue overflowed: full resync")
+    # and all of them go again, removed in one burst
+    subprocess.run(["rm", "-rf", str(host.path("/dev/nvidia-caps"))], check=True)
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the cap links to go", timeout=120)
+    assert d.alive()
+    assert d.stop() == 0
+
+
+def test_burst_is_coalesced(host, daemon_factory):
+    d = daemon_factory(host.root, "--resync-interval", "0")
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    # 50 nodes appear while the daemon cannot run (as if all of them landed within one pass)
+    d.signal(signal.SIGSTOP)
+    try:
+        for i in range(2, 52):
+            host.node(f"/dev/nvidia{i}", 195, i)
+    finally:
+        d.signal(signal.SIGCONT)
+    d.wait_until(lambda: len(links(host) or {}) == len(STANDARD_LINKS) + 50, "50 links")
+    assert d.stop() == 0
+    passes = int(d.output().rsplit("stopped after ", 1)[1].split()[0])
+    # the startup pass, then one (rarely two) for the whole burst; one per event would be 51
+    assert passes <= 4, f"{passes} sync passes for one burst of 50 nodes"
+
+
+def test_sigterm_and_sigint_exit_zero(host, daemon_factory):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        d = daemon_factory(host.root)
+        d.wait_for_line(r"created link|starting")
+        d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+        d.signal(sig)
+        assert d.proc.wait(30) == 0
+        d.wait_for_line(r"stopped after \d+ sync passes")
+
+
+def test_sighup_bad_config_keeps_old(host, daemon_factory, tmp_path):
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = daemon_factory(host.root, config=cfg)
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    cfg.write_text("resync_interval = -5\nno_such_key = 1\n")
+    mark = d.mark()
+    d.signal(signal.SIGHUP)
+    d.wait_for_line(r"config not reloaded, keeping the old one: .*nvsymlinkd.toml", after=mark)
+    assert d.alive()
+    host.node("/dev/nvidia9", 195, 9)  # still working
+    d.wait_until(lambda: "195:9" in (links(host) or {}), "a link after a bad SIGHUP")
+    # a good config is taken: links move to another directory
+    cfg.write_text('resync_interval = 0\ndev_char_path = "/dev/char2"\n')
+    mark = d.mark()
+    d.signal(signal.SIGHUP)
+    d.wait_for_line(r"config reloaded from", after=mark)
+    d.wait_until(lambda: (links(host, "/dev/char2") or {}).get("195:9") == "../nvidia9", "links in the new directory")
+    assert d.stop() == 0
+
+
+def test_bad_config_at_start_exits_2(host, tmp_path, nvsymlinkd_cli):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("resync_interval = 'often'\n")
+    proc = nvsymlinkd_cli("--root", host.root, "--config", cfg, "run")
+    assert proc.returncode == 2
+    assert "resync_interval" in proc.stderr
+    proc = nvsymlinkd_cli("--root", host.root, "run", "--resync-interval", "-1")
+    assert proc.returncode == 2
+
+
+def _notify_socket(tmp_path, abstract: bool):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:
+        name = f"nvsymlinkd-test-{os.getpid()}-{id(sock)}"
+        sock.bind("\0" + name)
+        address = "@" + name
+    else:
+        address = str(tmp_path / "notify.sock")
+        sock.bind(address)
+    sock.settimeout(30)
+    return sock, address
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_notify_socket(host, daemon_factory, tmp_path, abstract):
+    sock, address = _notify_socket(tmp_path, abstract)
+    with sock:
+        d = daemon_factory(host.root, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000"})
+        got: list = []
+
+        def receive_until(word):
+            while not any(word in m for m in got):
+                got.append(sock.recv(4096).decode())
+
+        receive_until("READY=1")
+        ready = next(m for m in got if "READY=1" in m)
+        assert "STATUS=6 links for 6 NVIDIA nodes" in ready
+        assert links(host) == STANDARD_LINKS  # READY=1 comes after the first full sync
+        # watchdog pings every 50 ms; a few of them
+        while sum(m.count("WATCHDOG=1") for m in got) < 3:
+            got.append(sock.recv(4096).decode())
+        d.signal(signal.SIGTERM)
+        receive_until("STOPPING=1")
+        assert d.proc.wait(30) == 0
+
+
+def test_watchdog_pid_for_another_process_means_no_pings(host, daemon_factory, tmp_path):
+    sock, address = _notify_socket(tmp_path, False)
+    with sock:
+        d = daemon_factory(host.root, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000",
+                                           "WATCHDOG_PID": "1"})
+        got = []
+        while not any("READY=1" in m for m in got):
+            got.append(sock.recv(4096).decode())
+        d.signal(signal.SIGTERM)
+        while not any("STOPPING=1" in m for m in got):
+            got.append(sock.recv(4096).decode())
+        assert not any("WATCHDOG=1" in m for m in got), got
+        assert d.proc.wait(30) == 0
+
+
+def test_priority_prefixes_only_when_stderr_is_the_journal_stream(host, tmp_path):
+    for matching in (True, False):
+        log = tmp_path / f"stderr-{matching}.log"
+        with open(log, "w") as f:
+            st = os.fstat(f.fileno())
+            inode = st.st_ino if matching else st.st_ino + 1
+            d = DaemonProcess(host.root, "--resync-interval", "0", stderr_file=f,
+                              env={"JOURNAL_STREAM": f"{st.st_dev}:{inode}"})
+            d.wait_until(lambda log=log: "nvsymlinkd: starting" in log.read_text(), "the first line")
+            assert d.stop() == 0
+        text = log.read_text()
+        if matching:
+            assert "<6>nvsymlinkd: starting" in text
+            assert "<6>nvsymlinkd: stopped after" in text
+        else:
+            assert "<6>" not in text and "nvsymlinkd: stopped after" in text

@@ -1,0 +1,230 @@
+"""The daemon against a private system bus (real dbus-daemon) with python-dbusmock as systemd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import IN_CI, need_tool
+from daemonproc import DEADLINE, DaemonProcess
+from fakehost import standard_host
+
+SYSTEMD = "org.freedesktop.systemd1"
+SYSTEMD_PATH = "/org/freedesktop/systemd1"
+MANAGER = "org.freedesktop.systemd1.Manager"
+MOCK_IFACE = "org.freedesktop.DBus.Mock"
+
+# A bus that allows everything, shaped like the system bus (its own socket, EXTERNAL auth).
+BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow receive_sender="*"/>
+    <allow send_type="signal"/>
+    <allow send_type="method_call"/>
+  </policy>
+</busconfig>
+"""
+
+# systemd's Manager as far as nvsymlinkd uses it; signals are sent with the mock's EmitSignal.
+TEMPLATE = f"""
+BUS_NAME = {SYSTEMD!r}
+MAIN_OBJ = {SYSTEMD_PATH!r}
+MAIN_IFACE = {MANAGER!r}
+SYSTEM_BUS = True
+
+
+def load(mock, parameters):
+    mock.AddMethods(MAIN_IFACE, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")])
+"""
+
+
+class PrivateBus:
+    def __init__(self, tmp_path):
+        self.dir = tmp_path
+        self.socket = tmp_path / "system_bus_socket"
+        self.config = tmp_path / "bus.conf"
+        self.config.write_text(BUS_CONFIG.format(socket=self.socket))
+        self.template = tmp_path / "systemd_manager.py"
+        self.template.write_text(TEMPLATE)
+        self.address = f"unix:path={self.socket}"
+        self.proc = None
+        self.mock = None
+
+    def start(self):
+        self.proc = subprocess.Popen([need_tool("dbus-daemon"), f"--config-file={self.config}", "--nofork",
+                                      "--nopidfile", "--print-address=1"],
+                                     stdout=subprocess.PIPE, text=True)
+        printed = self.proc.stdout.readline().strip()
+        assert printed.startswith("unix:path="), printed
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+    def connection(self):
+        import dbus
+
+        return dbus.bus.BusConnection(self.address)
+
+    def start_mock(self):
+        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
+        self.mock = subprocess.Popen([sys.executable, "-m", "dbusmock", "--system", "-t", str(self.template)],
+                                     env=env, stdout=subprocess.DEVNULL)
+        conn = self.connection()
+        end = time.monotonic() + DEADLINE
+        while not conn.name_has_owner(SYSTEMD):
+            assert self.mock.poll() is None, "dbusmock exited"
+            assert time.monotonic() < end, "dbusmock never owned org.freedesktop.systemd1"
+            time.sleep(0.05)
+        return conn
+
+    def stop_mock(self):
+        self.mock.terminate()
+        self.mock.wait()
+
+    def manager(self, conn):
+        return conn.get_object(SYSTEMD, SYSTEMD_PATH)
+
+    def emit(self, conn, member, signature, args):
+        self.manager(conn).EmitSignal(MANAGER, member, signature, args, dbus_interface=MOCK_IFACE)
+
+    def subscribed(self, conn) -> bool:
+        calls = self.manager(conn).GetCalls(dbus_interface=MOCK_IFACE)
+        return any(str(c[1]) == "Subscribe" for c in calls)
+
+    def close(self):
+        for p in (self.mock, self.proc):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        if self.proc is not None and self.proc.stdout and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def bus(tmp_path, need_root):
+    need_tool("dbus-daemon")
+    try:
+        import dbus  # noqa: F401  (python3-dbus, dbusmock's own dependency)
+        import dbusmock  # noqa: F401
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"CI must run this test, but: {exc} (python3-dbusmock)", pytrace=False)
+        pytest.skip(f"python-dbusmock: {exc}")
+    b = PrivateBus(tmp_path)
+    b.start()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def host(tmp_path, need_root):
+    return standard_host(tmp_path / "root")
+
+
+def links(host):
+    try:
+        return host.links()
+    except FileNotFoundError:
+        return None
+
+
+def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
+    conn = bus.start_mock()
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")  # only events can explain a resync
+    d = DaemonProcess(host.root, config=cfg,
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_for_line(r"watching systemd on the system bus")
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
+        assert len(links(host) or {}) == 6
+
+        # a reload: the link that vanished behind the daemon's back comes back
+        os.unlink(host.path("/dev/char/195:0"))
+        mark = d.mark()
+        # a forged Reloading from someone who does not own org.freedesktop.systemd1 is ignored;
+        # it reaches the daemon before the mock's signals (our call below is ordered after it)
+        import dbus
+
+        forged = dbus.lowlevel.SignalMessage(SYSTEMD_PATH, MANAGER, "Reloading")
+        forged.append(False, signature="b")
+        conn.send_message(forged)
+        bus.emit(conn, "Reloading", "b", [True])
+        bus.emit(conn, "Reloading", "b", [False])
+        d.wait_for_line(r"systemd finished a daemon-reload", after=mark)
+        d.wait_until(lambda: (links(host) or {}).get("195:0") == "../nvidia0", "the link back after a reload")
+        d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(systemd reload finished\)", after=mark)
+        assert sum("finished a daemon-reload" in line for line in d.lines[mark:]) == 1, d.output()
+
+        # container scopes reach the hook, once each; CRI-O's conmon scope is not a container
+        mark = d.mark()
+        bus.emit(conn, "UnitNew", "so", ["crio-conmon-abc.scope", "/org/freedesktop/systemd1/unit/x"])
+        bus.emit(conn, "UnitNew", "so", ["sshd.service", "/org/freedesktop/systemd1/unit/y"])
+        bus.emit(conn, "UnitNew", "so", ["docker-0123abc.scope", "/org/freedesktop/systemd1/unit/z"])
+        bus.emit(conn, "JobRemoved", "uoss", [7, "/org/freedesktop/systemd1/job/7", "docker-0123abc.scope", "done"])
+        bus.emit(conn, "JobRemoved", "uoss", [8, "/org/freedesktop/systemd1/job/8", "cri-containerd-9f.scope",
+                                              "done"])
+        d.wait_for_line(r"container scope cri-containerd-9f\.scope appeared", after=mark)
+        later = d.lines[mark:]
+        assert sum("docker-0123abc.scope appeared" in line for line in later) == 1, d.output()
+        assert not any("conmon" in line or "sshd" in line for line in later), d.output()
+
+        # systemd drops off the bus and comes back (what daemon-reexec looks like)
+        mark = d.mark()
+        bus.stop_mock()
+        d.wait_for_line(r"systemd left the system bus", after=mark)
+        os.unlink(host.path("/dev/char/195:1"))
+        conn = bus.start_mock()
+        d.wait_for_line(r"systemd is \(back\) on the system bus", after=mark)
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() again on the new systemd")
+        d.wait_until(lambda: (links(host) or {}).get("195:1") == "../nvidia1", "a resync after the re-exec")
+
+        # the whole bus dies: the daemon lives on and keeps links in sync
+        mark = d.mark()
+        bus.stop_mock()
+        bus.kill()
+        d.wait_for_line(r"lost the system bus", after=mark)
+        host.node("/dev/nvidia3", 195, 3)
+        d.wait_until(lambda: (links(host) or {}).get("195:3") == "../nvidia3", "a link while the bus is gone")
+        assert d.alive()
+        # and the bus comes back: reconnected (backoff), reloads are seen again
+        bus.start()
+        conn = bus.start_mock()
+        d.wait_for_line(r"connected to the system bus at .* again", after=mark)
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() after the bus came back")
+        mark = d.mark()
+        bus.emit(conn, "Reloading", "b", [False])
+        d.wait_for_line(r"systemd finished a daemon-reload", after=mark)
+        assert sum("lost the system bus" in line for line in d.lines) == 1, d.output()
+        d.signal(signal.SIGTERM)
+        assert d.proc.wait(DEADLINE) == 0
+    finally:
+        d.stop()
+
+
+def test_no_bus_at_start_is_logged_once(host, tmp_path):
+    d = DaemonProcess(host.root, "--resync-interval", "0",
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus-here"})
+    try:
+        d.wait_for_line(r"system bus not reachable at unix:path=.*no-bus-here")
+        host.node("/dev/nvidia4", 195, 4)
+        d.wait_until(lambda: (links(host) or {}).get("195:4") == "../nvidia4", "links without a bus")
+        # several reconnect attempts have happened by now (backoff 0.5 s, 1 s, ...)
+        time.sleep(2)
+        assert d.stop() == 0
+        assert sum("not reachable" in line for line in d.lines) == 1, d.output()
+    finally:
+        d.stop()

@@ -1,0 +1,250 @@
+"""The daemon's parts on their own: filters, the inotify parser, sd_notify, the journal catalog, the hook."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import need_tool
+from fakehost import standard_host
+
+from nvsymlinkd import journal
+from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.inotifywatch import IN_CREATE, IN_ISDIR, IN_Q_OVERFLOW, DevWatch, parse_events
+from nvsymlinkd.notify import Notifier, send_datagram
+from nvsymlinkd.systemdbus import is_container_scope
+from nvsymlinkd.udevwatch import is_nvidia_event
+
+CATALOG = Path(__file__).resolve().parent.parent / "catalog" / "nvsymlinkd.catalog"
+
+
+def test_container_scopes():
+    for unit in ("docker-0a1b.scope", "cri-containerd-0a1b.scope", "crio-0a1b.scope", "libpod-0a1b.scope",
+                 "runc-mybox.scope"):
+        assert is_container_scope(unit), unit
+    for unit in ("crio-conmon-0a1b.scope", "docker.service", "docker-0a1b.service", "session-3.scope",
+                 "docker-.scope", "docker-a/../b.scope", "xdocker-1.scope"):
+        assert not is_container_scope(unit), unit
+
+
+def test_uevent_filter():
+    assert is_nvidia_event("add", "module", "nvidia_uvm", {})
+    assert is_nvidia_event("remove", "module", "nvidia", {})
+    assert not is_nvidia_event("add", "module", "nouveau", {})
+    assert not is_nvidia_event("change", "module", "nvidia", {})
+    assert is_nvidia_event("bind", "pci", "0000:01:00.0", {"DRIVER": "nvidia"})
+    assert not is_nvidia_event("bind", "pci", "0000:01:00.0", {"DRIVER": "nouveau"})
+    # an unbind carries no DRIVER= any more: the vendor decides
+    assert is_nvidia_event("unbind", "pci", "0000:01:00.0", {"PCI_ID": "10DE:2330"})
+    assert not is_nvidia_event("unbind", "pci", "0000:01:00.0", {"PCI_ID": "8086:1234"})
+    assert not is_nvidia_event("add", "pci", "0000:01:00.0", {"DRIVER": "nvidia"})
+
+
+def test_parse_inotify_events():
+    def event(wd, mask, name):
+        raw = name.encode() + b"\0" * (16 - len(name)) if name else b""
+        return struct.pack("iIII", wd, mask, 0, len(raw)) + raw
+
+    buf = event(1, IN_CREATE, "nvidia0") + event(-1, IN_Q_OVERFLOW, "") + event(2, IN_CREATE | IN_ISDIR, "nvidia-caps")
+    assert parse_events(buf) == [(1, IN_CREATE, "nvidia0"), (-1, IN_Q_OVERFLOW, ""),
+                                 (2, IN_CREATE | IN_ISDIR, "nvidia-caps")]
+
+
+def test_devwatch_filters_names_and_follows_subdirs(tmp_path):
+    (tmp_path / "dev").mkdir()
+    watch = DevWatch(HostRoot(str(tmp_path)), "/")
+    try:
+        assert watch.arm()
+        assert watch.poll() == (False, False)
+        (tmp_path / "dev" / "ttyS9").write_text("")  # not ours: no wakeup
+        assert watch.poll() == (False, False)
+        (tmp_path / "dev" / "nvidia-caps").mkdir()
+        assert watch.poll() == (True, False)
+        (tmp_path / "dev" / "nvidia-caps" / "nvidia-cap1").write_text("")
+        assert watch.poll() == (True, False)  # the new subdirectory is watched
+        assert sorted(p for p, _ in watch.watches.values()) == ["/dev", "/dev/nvidia-caps"]
+    finally:
+        watch.close()
+
+
+def test_devwatch_driver_root_appearing_later(tmp_path):
+    watch = DevWatch(HostRoot(str(tmp_path)), "/run/nvidia/driver")
+    try:
+        assert not watch.arm()
+        (tmp_path / "run/nvidia/driver/dev").mkdir(parents=True)
+        assert watch.arm()
+        (tmp_path / "run/nvidia/driver/dev/nvidia0").write_text("")
+        assert watch.poll() == (True, False)
+        # dev/ replaced by another directory (a driver container restarting): re-watched
+        os.rename(tmp_path / "run/nvidia/driver/dev", tmp_path / "run/nvidia/driver/old-dev")
+        (tmp_path / "run/nvidia/driver/dev").mkdir()
+        watch.poll()
+        assert watch.arm()
+        (tmp_path / "run/nvidia/driver/dev/nvidia1").write_text("")
+        assert watch.poll() == (True, False)
+        assert [p for p, _ in watch.watches.values()] == ["/run/nvidia/driver/dev"]
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_notify_fallback_protocol(tmp_path, abstract):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        if abstract:
+            name = f"nvsymlinkd-parts-{os.getpid()}"
+            sock.bind("\0" + name)
+            address = "@" + name
+        else:
+            address = str(tmp_path / "n.sock")
+            sock.bind(address)
+        sock.settimeout(10)
+        # an explicit environ means the built-in protocol, not libsystemd
+        n = Notifier({"NOTIFY_SOCKET": address})
+        n.ready("2 links\nfor 2 nodes")
+        assert sock.recv(1024) == b"READY=1\nSTATUS=2 links for 2 nodes"
+        n.watchdog()
+        assert sock.recv(1024) == b"WATCHDOG=1"
+        n.stopping()
+        assert sock.recv(1024) == b"STOPPING=1\nSTATUS=stopping"
+    assert not send_datagram(str(tmp_path / "gone.sock"), "READY=1")
+
+
+def test_watchdog_interval():
+    assert Notifier({"WATCHDOG_USEC": "30000000"}).watchdog_interval() == 15.0
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_interval() == 15.0
+    assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}).watchdog_interval() is None
+    assert Notifier({"WATCHDOG_USEC": "0"}).watchdog_interval() is None
+    assert Notifier({"WATCHDOG_USEC": "soon"}).watchdog_interval() is None
+    assert Notifier({}).watchdog_interval() is None
+    assert not Notifier({}).send("READY=1")
+
+
+def _catalog_entries(text: str) -> dict:
+    """Parse the catalog like systemd's catalog.c: '-- ID' starts an entry, headers, a blank line, a body."""
+    entries: dict = {}
+    current = None
+    in_headers = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#"):
+            continue
+        m = re.fullmatch(r"-- ([0-9a-f]{32})(?: ([a-z]{2}(?:_[A-Z]{2})?))?", line)
+        if m:
+            assert m.group(1) not in entries, f"line {number}: duplicate entry {m.group(1)}"
+            current = entries[m.group(1)] = {"headers": {}, "body": []}
+            in_headers = True
+            continue
+        if line.startswith("--"):
+            raise AssertionError(f"line {number}: bad entry line {line!r}")
+        if current is None:
+            assert not line.strip(), f"line {number}: text before the first entry"
+            continue
+        if in_headers:
+            if not line:
+                in_headers = False
+                continue
+            key, sep, value = line.partition(": ")
+            assert sep and re.fullmatch(r"[A-Z][A-Za-z-]*", key), f"line {number}: bad header {line!r}"
+            current["headers"][key] = value
+        else:
+            current["body"].append(line)
+    return entries
+
+
+def test_catalog_covers_every_message_id():
+    entries = _catalog_entries(CATALOG.read_text())
+    assert set(journal.MESSAGE_IDS.values()) <= set(entries)
+    assert len(set(journal.MESSAGE_IDS.values())) == len(journal.MESSAGE_IDS), "two kinds share an ID"
+    for mid, entry in entries.items():
+        assert entry["headers"].get("Subject"), mid
+        assert entry["headers"].get("Defined-By") == "nvsymlinkd", mid
+        assert any(line.strip() for line in entry["body"]), f"{mid}: empty body"
+    for kind, mid in journal.MESSAGE_IDS.items():
+        assert re.fullmatch(r"[0-9a-f]{32}", mid), kind
+
+
+def test_catalog_compiles_with_journalctl(tmp_path):
+    # --root keeps journalctl away from the host's catalog database
+    journalctl = need_tool("journalctl")
+    catdir = tmp_path / "usr/lib/systemd/catalog"
+    catdir.mkdir(parents=True)
+    (tmp_path / "var/lib/systemd/catalog").mkdir(parents=True)
+    (catdir / "nvsymlinkd.catalog").write_text(CATALOG.read_text())
+    subprocess.run([journalctl, "--root", str(tmp_path), "--update-catalog"], check=True)
+    listed = subprocess.run([journalctl, "--root", str(tmp_path), "--list-catalog"], check=True,
+                            capture_output=True, text=True).stdout
+    ids = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    assert set(journal.MESSAGE_IDS.values()) <= ids
+
+
+def test_journal_stderr_lines(tmp_path):
+    with open(tmp_path / "err", "w+") as f:
+        j = journal.Journal("stderr", stream=f)
+        assert j.target == "stderr"
+        j.event("link-created", journal.INFO, "created link /dev/char/195:0 -> ../nvidia0 (c 195:0)",
+                link="/dev/char/195:0", device="c 195:0", action="create")
+        j.debug("not shown without NVSYMLINKD_DEBUG=1")
+        f.seek(0)
+        assert f.read() == "nvsymlinkd: created link /dev/char/195:0 -> ../nvidia0 (c 195:0)\n"
+
+
+class RecordingHook:
+    def __init__(self):
+        self.calls = []
+
+    async def reload_finished(self):
+        self.calls.append(("reload_finished",))
+
+    async def scope_appeared(self, unit):
+        self.calls.append(("scope_appeared", unit))
+
+    async def nodes_changed(self, result):
+        self.calls.append(("nodes_changed", len(result.snapshot.nodes)))
+
+
+def test_hook_is_swappable(tmp_path, need_root):
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.daemon import Daemon
+
+    host = standard_host(tmp_path / "root")
+    hook = RecordingHook()
+    with open(tmp_path / "log", "w") as logf:
+        daemon = Daemon(HostRoot(str(host.root)), Config(resync_interval=0), hook=hook,
+                        journal=journal.Journal("stderr", stream=logf), notifier=Notifier({}),
+                        use_udev=False, use_bus=False)
+
+        async def scenario():
+            task = asyncio.ensure_future(daemon.run())
+            while daemon.passes < 1:
+                await asyncio.sleep(0.01)
+            host.node("/dev/nvidia5", 195, 5)
+            while not hook.calls:
+                await asyncio.sleep(0.01)
+            daemon._on_reload("reload")
+            daemon._on_scope("docker-1.scope")
+            while len(hook.calls) < 3:
+                await asyncio.sleep(0.01)
+            daemon.stop()
+            return await asyncio.wait_for(task, 30)
+
+        assert asyncio.run(scenario()) == 0
+    assert hook.calls[0] == ("nodes_changed", 7)
+    assert sorted(hook.calls[1:]) == [("reload_finished",), ("scope_appeared", "docker-1.scope")]
+
+
+def test_module_message_ids_are_registered_centrally():
+    # the verifier and repair keep their own tables; journal.MESSAGE_IDS (and so the catalog) must agree
+    from nvsymlinkd import journal as journalmod
+    from nvsymlinkd import repairer, verifier
+
+    for kind, mid in verifier.JOURNAL_MESSAGE_IDS.items():
+        assert journalmod.MESSAGE_IDS[kind] == mid
+    for kind, mid in repairer.REPAIR_MESSAGE_IDS.items():
+        assert journalmod.MESSAGE_IDS[kind] == mid
+    ids = list(journalmod.MESSAGE_IDS.values())
+    assert len(ids) == len(set(ids))

@@ -1,0 +1,292 @@
+"""deploy/kubernetes: manifests valid against the Kubernetes API schemas (offline), kustomize renders,
+the DaemonSet mounts what the daemon reads and writes, the image's Dockerfile lints and its layout runs."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import need_tool
+
+from nvsymlinkd.config import parse_config
+
+REPO = Path(__file__).parent.parent
+# Debian 12's python3 is 3.11 (the image's and CI's); the module list arrived in 3.10
+STDLIB = getattr(sys, "stdlib_module_names", None)
+KUBE = REPO / "deploy/kubernetes"
+BASE = KUBE / "base"
+OVERLAYS = {"base": BASE, "driver-container": KUBE / "overlays/driver-container",
+            "report-only": KUBE / "overlays/report-only"}
+# recursiveReadOnly needs 1.30+ (IfPossible falls back to plain read-only where the runtime cannot)
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+HOST = "/host"
+
+
+def validate(doc: dict) -> None:
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']} invalid for Kubernetes {version}: "
+                                 f"{exc.message} at {'/'.join(map(str, exc.path))}")
+
+
+def tool(name: str) -> str:
+    """A tool from the test extra lives beside the venv's python, which may not be on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else need_tool(name)
+
+
+def render(directory: Path) -> list:
+    kubectl = need_tool("kubectl")  # kustomize is built into kubectl
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs: list) -> dict:
+    out = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+def daemonset(docs: list) -> dict:
+    (ds,) = by_kind(docs)["DaemonSet"]
+    return ds
+
+
+def config_of(docs: list):
+    (cm,) = by_kind(docs)["ConfigMap"]
+    return parse_config(cm["data"]["nvsymlinkd.toml"].encode(), cm["metadata"]["name"])
+
+
+# -- offline: the raw files, no kustomize needed ---------------------------------------------
+
+
+def base_docs() -> list:
+    kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    docs = []
+    for name in kust["resources"]:
+        docs += [d for d in yaml.safe_load_all((BASE / name).read_text()) if d]
+    return docs
+
+
+def test_base_resources_validate_offline():
+    docs = base_docs()
+    assert sorted(d["kind"] for d in docs) == ["DaemonSet", "Namespace", "ServiceAccount"]
+    for d in docs:
+        validate(d)
+
+
+def test_schema_validation_catches_a_mistake():
+    ds = daemonset(base_docs())
+    ds["spec"]["template"]["spec"]["hostPid"] = True  # the real field is hostPID
+    with pytest.raises(AssertionError, match="hostPid"):
+        validate(ds)
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_config_files_parse_with_the_daemons_own_parser(name):
+    kust = yaml.safe_load((OVERLAYS[name] / "kustomization.yaml").read_text())
+    (gen,) = kust["configMapGenerator"]
+    (f,) = gen["files"]
+    config = parse_config((OVERLAYS[name] / f).read_bytes(), f)
+    assert config.metrics_textfile  # the probes read it
+    want = {"base": ("/", "auto"), "driver-container": ("/run/nvidia/driver", "auto"),
+            "report-only": ("/", "report")}[name]
+    assert (config.driver_root, config.repair) == want
+
+
+def test_daemonset_shape():
+    ds = daemonset(base_docs())
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    assert pod["automountServiceAccountToken"] is False
+    assert not pod.get("hostNetwork")  # nothing it does needs the host's network
+    (c,) = pod["containers"]
+    assert c["securityContext"]["privileged"] is True
+    argv = c["command"]
+    assert argv[:3] == ["nvsymlinkd", "--root", HOST] and argv[-1] == "run"
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    res = c["resources"]
+    assert res["requests"]["memory"] == "64Mi" and res["limits"]["memory"] == "256Mi"
+
+
+def mounts(docs: list) -> dict:
+    """mountPath -> (host path, read-only, propagation) for hostPath volumes."""
+    pod = daemonset(docs)["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for m in pod["containers"][0]["volumeMounts"]:
+        v = vols[m["name"]]
+        if "hostPath" in v:
+            out[m["mountPath"]] = (v["hostPath"]["path"], bool(m.get("readOnly")), m.get("mountPropagation"))
+    return out
+
+
+def writable(docs: list, inside: str) -> bool:
+    """Is the host path `inside` writable for the daemon (the deepest mount covering /host+inside)?"""
+    real = HOST + inside
+    best = max((p for p in mounts(docs) if real == p or real.startswith(p.rstrip("/") + "/")), key=len)
+    return not mounts(docs)[best][1]
+
+
+EXPECTED_MOUNTS = {
+    "/host": ("/", True, None),
+    "/host/dev": ("/dev", False, None),
+    "/host/sys/fs/cgroup": ("/sys/fs/cgroup", False, None),
+    "/host/run/systemd": ("/run/systemd", False, None),
+    "/run/systemd/journal": ("/run/systemd/journal", False, None),
+    "/host/run/dbus/system_bus_socket": ("/run/dbus/system_bus_socket", False, None),
+    "/host/run/nvsymlinkd": ("/run/nvsymlinkd", False, None),
+    "/host/var/lib/node_exporter/textfile_collector": ("/var/lib/node_exporter/textfile_collector", False, None),
+}
+
+
+def test_exactly_the_host_mounts_the_daemon_needs():
+    docs = base_docs()
+    assert mounts(docs) == EXPECTED_MOUNTS
+    # every host mount but the journal socket's is the host path under --root: one view of the host
+    for path, (host_path, _, _) in mounts(docs).items():
+        assert path == HOST + host_path.rstrip("/") or path == HOST or path == host_path
+    (c,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    root_mount = next(m for m in c["volumeMounts"] if m["mountPath"] == HOST)
+    assert root_mount["recursiveReadOnly"] == "IfPossible"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["DBUS_SYSTEM_BUS_ADDRESS"] == "unix:path=/host/run/dbus/system_bus_socket"
+
+
+def test_what_the_daemon_writes_is_mounted_writable_and_the_rest_is_not():
+    docs = base_docs()
+    config = parse_config((BASE / "nvsymlinkd.toml").read_bytes(), "nvsymlinkd.toml")
+    for inside in (config.dev_char_path, config.driver_root.rstrip("/") + "/dev", config.state_dir,
+                   os.path.dirname(config.metrics_textfile), "/sys/fs/cgroup/devices", "/run/systemd/transient"):
+        assert writable(docs, inside), inside
+    for inside in ("/etc", "/proc", "/usr", "/run/containerd", "/run/docker", "/run/runc", "/run/crun",
+                   "/run/containers", "/var/lib/kubelet"):
+        assert not writable(docs, inside), inside
+
+
+def test_probes_read_the_configured_metrics_file():
+    docs = base_docs()
+    config = parse_config((BASE / "nvsymlinkd.toml").read_bytes(), "nvsymlinkd.toml")
+    (c,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        argv = c[probe]["exec"]["command"]
+        assert argv[:4] == ["python3", "-m", "nvsymlinkd.metrics", "check"], argv
+        assert argv[4] == HOST + config.metrics_textfile
+    assert "--max-sync-age" in c["readinessProbe"]["exec"]["command"]
+    assert "--max-sync-age" not in c["livenessProbe"]["exec"]["command"]  # a broken host is not a restart
+
+
+# -- kustomize renders (kubectl's built-in kustomize) ------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAYS))
+def test_kustomize_renders_valid_manifests(name):
+    docs = render(OVERLAYS[name])
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+    for d in docs:
+        validate(d)
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == "nvsymlinkd"
+    ds = daemonset(docs)
+    (cm,) = by_kind(docs)["ConfigMap"]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"]  # the hashed name, rolled out
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example.com/nvsymlinkd:")
+    config = config_of(docs)
+    if name == "driver-container":
+        assert config.driver_root == "/run/nvidia/driver"
+        assert mounts(docs)["/host/run/nvidia/driver"] == ("/run/nvidia/driver", False, "HostToContainer")
+        assert writable(docs, config.driver_root + "/dev")
+    else:
+        assert "/host/run/nvidia/driver" not in mounts(docs)  # no empty /run/nvidia/driver on host-driver nodes
+        assert mounts(docs) == EXPECTED_MOUNTS
+    assert config.repair == ("report" if name == "report-only" else "auto")
+
+
+# -- the image ------------------------------------------------------------------------------
+
+
+def test_dockerfile_lints():
+    out = subprocess.run([tool("hadolint"), str(KUBE / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _apt_packages() -> set:
+    text = (KUBE / "Dockerfile").read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if "apt-get install" in ln)
+    words = line.split("apt-get install", 1)[1].split("&&")[0].split()
+    return {w for w in words if not w.startswith("-")}
+
+
+# third-party import -> the Debian package that provides it
+DEBIAN = {"jinja2": "python3-jinja2", "pyudev": "python3-pyudev", "dbus_next": "python3-dbus-next",
+          "systemd": "python3-systemd", "markupsafe": "python3-jinja2"}
+OPTIONAL = {"pynvml", "tomli"}  # nvidia-ml-py (extra); tomli only before Python 3.11 (Debian 12 has 3.11)
+
+
+@pytest.mark.skipif(STDLIB is None, reason="needs Python >= 3.10 (sys.stdlib_module_names)")
+def test_image_installs_every_package_the_code_imports():
+    apt = _apt_packages()
+    needed = set()
+    for path in (REPO / "nvsymlinkd").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for n in names:
+                top = n.split(".")[0]
+                if top in STDLIB or top == "nvsymlinkd" or top in OPTIONAL:
+                    continue
+                assert top in DEBIAN, f"{path.name} imports {top}: add its Debian package to the Dockerfile"
+                needed.add(DEBIAN[top])
+    assert needed <= apt, needed - apt
+
+
+def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
+    """What the Dockerfile builds, on this Debian 12: the package (links resolved) in a dist-packages
+    directory, the shim as `nvsymlinkd`, Debian's python3 without the venv."""
+    dist = tmp_path / "dist-packages"
+    shutil.copytree(REPO / "nvsymlinkd", dist / "nvsymlinkd", symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert not any(p.is_symlink() for p in (dist / "nvsymlinkd").rglob("*"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    shutil.copy2(KUBE / "nvsymlinkd.sh", bindir / "nvsymlinkd")
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "PYTHONPATH": str(dist), "HOME": str(tmp_path)}
+    out = subprocess.run(["nvsymlinkd", "--version"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("nvsymlinkd "), out.stderr
+    host = tmp_path / "host"
+    (host / "proc").mkdir(parents=True)
+    (host / "proc/devices").write_text("Character devices:\n  1 mem\n\nBlock devices:\n  8 sd\n")
+    out = subprocess.run(["nvsymlinkd", "--root", str(host), "sync", "--dry-run"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    prom = tmp_path / "nvsymlinkd.prom"
+    probe = ["python3", "-m", "nvsymlinkd.metrics", "check", str(prom), "--max-age", "120"]
+    assert subprocess.run(probe, env=env, cwd=tmp_path, capture_output=True).returncode == 1  # no file yet
+    code = "from nvsymlinkd.metrics import Metrics; print(Metrics().render(), end='')"
+    prom.write_text(subprocess.run(["python3", "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                                   text=True, check=True).stdout)
+    out = subprocess.run(probe, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    # the probe stays cheap: the metrics module pulls in nothing beyond the standard library
+    code = ("import sys; before = set(sys.modules); import nvsymlinkd.metrics; "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in "
+            "getattr(sys, 'stdlib_module_names', ('sys',))))")
+    out = subprocess.run(["python3", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['nvsymlinkd', 'nvsymlinkd.metrics']"

@@ -1,0 +1,281 @@
+"""node-problem-detector's journald monitor config against nvsymlinkd's real journal entries.
+
+The entries are captured from the real code paths (the daemon's reconcile
+loop against a fake root with a read-only /dev/char and a broken
+/proc/devices; the repairer against real runc containers), with the Journal's
+journald sender swapped for a recorder: each entry is exactly the
+MESSAGE/SYSLOG_IDENTIFIER/MESSAGE_ID set journald would store.
+
+NPD's matching is reproduced: a rule's pattern gets `\\z` appended and is
+searched in the last `bufferSize` MESSAGEs joined by newlines, so it must
+match the tail of the newest entry. Patterns stay in the RE2 subset (no
+look-around, no back-references) so Python's re answers what Go's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI, need_tool
+from fakehost import standard_host
+
+from nvsymlinkd import journal as journalmod
+from nvsymlinkd.config import Config
+from nvsymlinkd.hostroot import HostRoot
+
+CONFIG = Path(__file__).parent.parent / "deploy/node-problem-detector/nvsymlinkd-monitor.json"
+DEADLINE = 30.0
+
+
+def load():
+    with open(CONFIG) as f:
+        return json.load(f)
+
+
+class NPD:
+    """The system-log-monitor's rule evaluation (pkg/systemlogmonitor: log_buffer.go, log_monitor.go)."""
+
+    def __init__(self, config: dict):
+        self.size = config["bufferSize"]
+        self.rules = [(r, re.compile(r["pattern"] + r"\Z")) for r in config["rules"]]
+        self.buffer = [""] * self.size
+        self.current = 0
+
+    def push(self, message: str) -> list:
+        """Add one MESSAGE (trimmed, as the journald watcher does); the reasons of the rules that fire."""
+        self.buffer[self.current % self.size] = message.strip()
+        self.current += 1
+        i = self.current % self.size
+        text = "\n".join(self.buffer[i:] + self.buffer[:i])
+        return [r["reason"] for r, rx in self.rules if rx.search(text)]
+
+
+def recording_journal(entries: list) -> journalmod.Journal:
+    j = journalmod.Journal(target="stderr", stream=open(os.devnull, "w"))
+
+    def send(message, **fields):
+        entries.append(dict(fields, MESSAGE=message))
+
+    j._send = send  # what journald would receive, field for field
+    j.target = "journal"
+    return j
+
+
+# -- the config file itself -----------------------------------------------------------
+
+
+def test_config_shape():
+    cfg = load()
+    assert cfg["plugin"] == "journald"
+    assert cfg["pluginConfig"]["source"] == journalmod.IDENTIFIER  # SYSLOG_IDENTIFIER NPD filters on
+    assert cfg["logPath"] == "/var/log/journal"
+    conditions = {c["type"] for c in cfg["conditions"]}
+    assert {"GPUDeviceAccessLost", "GPUDeviceAccessAtRisk", "GPUDeviceRepairFailed"} == conditions
+    for c in cfg["conditions"]:
+        assert c["reason"] and c["message"]
+    reasons = [r["reason"] for r in cfg["rules"]]
+    assert len(reasons) == len(set(reasons))
+    for r in cfg["rules"]:
+        assert r["type"] in ("temporary", "permanent")
+        assert re.fullmatch(r"[A-Z][A-Za-z]+", r["reason"]), r["reason"]  # CamelCase, as NPD's own
+        if r["type"] == "permanent":
+            assert r["condition"] in conditions
+        # RE2 has no look-around or back-references, and `.` never crosses a line in either engine
+        assert not re.search(r"\(\?[=!<]|\\[1-9]|\(\?s", r["pattern"]), r["pattern"]
+        re.compile(r["pattern"])
+
+
+# -- real entries from the daemon and the repairer ----------------------------------------
+
+
+def _wait(predicate, what, entries):
+    async def poll():
+        loop = asyncio.get_running_loop()
+        end = loop.time() + DEADLINE
+        while not predicate():
+            if loop.time() > end:
+                raise AssertionError(f"timed out waiting for {what}; entries: {entries}")
+            await asyncio.sleep(0.02)
+
+    return poll()
+
+
+def _kinds(entries) -> set:
+    by_id = {v: k for k, v in journalmod.MESSAGE_IDS.items()}
+    return {by_id.get(e.get("MESSAGE_ID")) for e in entries}
+
+
+def daemon_entries(tmp_path) -> list:
+    """Run the real daemon (in-process, no udev, no bus) through conflicts, failed writes, a failed sync."""
+    from nvsymlinkd.daemon import Daemon
+
+    host = standard_host(tmp_path / "root")
+    dev_char = host.path("/dev/char")
+    dev_char.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(dev_char)], check=True)
+    entries: list = []
+    try:
+        (dev_char / "195:1").write_text("something else's file")
+        subprocess.run(["mount", "-o", "remount,ro", str(dev_char)], check=True)
+
+        async def scenario():
+            daemon = Daemon(HostRoot(str(host.root)), Config(resync_interval=0, metrics_textfile=""),
+                            journal=recording_journal(entries), use_udev=False, use_bus=False)
+            task = asyncio.ensure_future(daemon.run())
+            await _wait(lambda: {"link-conflict", "link-failed"} <= _kinds(entries), "conflict and failure", entries)
+            subprocess.run(["umount", str(dev_char)], check=True)
+            host.node("/dev/nvidia3", 195, 3)
+            await _wait(lambda: "link-created" in _kinds(entries), "created links", entries)
+            devices = host.path("/proc/devices")
+            devices.rename(devices.with_name("devices.good"))
+            devices.mkdir()
+            host.node("/dev/nvidia4", 195, 4)
+            await _wait(lambda: "sync-failed" in _kinds(entries), "a failed sync", entries)
+            os.kill(os.getpid(), signal.SIGTERM)  # the daemon's own handler stops it
+            assert await asyncio.wait_for(task, DEADLINE) == 0
+
+        asyncio.run(scenario())
+    finally:
+        subprocess.run(["umount", str(dev_char)], capture_output=True)
+    return entries
+
+
+@pytest.fixture
+def runc_host(tmp_path, need_root):
+    from runcfixture import RuncHost
+
+    runc = need_tool("runc")
+    for what, ok in (("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox")),
+                     ("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))):
+        if not ok:
+            if IN_CI:
+                pytest.fail(f"CI must run this test: needs {what}", pytrace=False)
+            pytest.skip(f"needs {what}")
+    host = RuncHost(tmp_path, runc)
+    try:
+        yield host
+    finally:
+        host.cleanup()
+
+
+def gpu0():
+    from runcfixture import device_node, device_rule
+
+    return dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
+                env=["NVIDIA_VISIBLE_DEVICES=0"])
+
+
+def repair_entries(runc_host, monkeypatch) -> list:
+    """Real repairs of real runc containers: reported, done, refused (rate limit), failed (parent denies)."""
+    from nvsymlinkd.repairer import repair_all, repair_container, requests_from_report
+    from nvsymlinkd.repairplan import RepairHistory
+    from nvsymlinkd.verifier import verify_container
+
+    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)  # never the machine's own systemd
+    entries: list = []
+    j = recording_journal(entries)
+    root = HostRoot(str(runc_host.root))
+    c = runc_host.run("gpu-npd", **gpu0())
+    c.deny("c 195:0 rw")
+    history = RepairHistory()
+    statuses = [r.status for r in repair_all(root, Config(repair="report"), ["gpu-npd"], journal=j, history=history)]
+    statuses += [r.status for r in repair_all(root, Config(), ["gpu-npd"], journal=j, history=history)]
+    c.deny("c 195:0 rw")  # lost again at once: the rate limit refuses
+    statuses += [r.status for r in repair_all(root, Config(), ["gpu-npd"], journal=j, history=history)]
+    assert statuses == ["would-repair", "repaired", "cannot-repair"], statuses
+
+    p = runc_host.run("gpu-npd-parent", **gpu0())
+    parent = Path("/sys/fs/cgroup/devices") / runc_host.parent.lstrip("/")
+    p.deny("c 195:0 rw")
+    (parent / "devices.deny").write_text("c 195:0 rw\n")
+    report = verify_container(root, Config(), "gpu-npd-parent", use_bus=False)
+    res = repair_container(root, Config(), requests_from_report(report, root), journal=j)
+    assert res.status == "failed"
+    return entries
+
+
+# Which rule must fire for which journal kind (MESSAGE_ID); every other entry fires nothing.
+EXPECTED = {
+    "link-conflict": "NVIDIADevCharConflict",
+    "link-failed": "NVIDIADevCharLinkFailed",
+    "sync-failed": "NVSymlinkdSyncFailed",
+    "repair-reported": "GPUDeviceRepairWithheld",
+    "repair-done": "GPUDeviceAccessRepaired",
+    "repair-refused": "GPUDeviceRepairRefused",
+    "repair-failed": "GPUDeviceRepairFailed",
+}
+
+
+def test_rules_match_the_real_entries_and_nothing_else(tmp_path, runc_host, monkeypatch):
+    entries = daemon_entries(tmp_path / "d") + repair_entries(runc_host, monkeypatch)
+    by_id = {v: k for k, v in journalmod.MESSAGE_IDS.items()}
+    assert all(e["SYSLOG_IDENTIFIER"] == load()["pluginConfig"]["source"] for e in entries)
+    npd = NPD(load())
+    seen = {}
+    for e in entries:
+        kind = by_id.get(e.get("MESSAGE_ID"))
+        fired = npd.push(e["MESSAGE"])
+        want = [EXPECTED[kind]] if kind in EXPECTED else []
+        assert fired == want, (kind, e["MESSAGE"], fired)
+        seen.setdefault(kind, e["MESSAGE"])
+    assert set(EXPECTED) <= set(seen), sorted(set(EXPECTED) - set(seen))
+    # the unrelated entries really were there to not match
+    assert {"daemon-started", "link-created", "daemon-stopped"} <= set(seen)
+    # and a permanent rule sets its condition: the failed repair
+    rules = {r["reason"]: r for r in load()["rules"]}
+    assert rules[EXPECTED["repair-failed"]]["type"] == "permanent"
+    assert rules[EXPECTED["repair-failed"]]["condition"] == "GPUDeviceRepairFailed"
+
+
+def test_rules_also_match_with_the_stderr_prefix():
+    """Under a unit without python3-systemd, stderr lines reach the journal as `nvsymlinkd: MESSAGE`."""
+    npd = NPD(load())
+    line = "nvsymlinkd: container 0123456789ab: 0123456789ab (cri-containerd-0123.scope): FAILED to grant " \
+           "c 195:0 rw via devices.allow: EPERM"
+    assert npd.push(line) == ["GPUDeviceRepairFailed"]
+
+
+# The container verdict lines the daemon's verifier hook writes when a container turns lost or
+# at risk (format agreed for the hook; these two rules are the node conditions GPUDeviceAccessLost
+# and GPUDeviceAccessAtRisk).
+VERDICT_LINES = {
+    "container 0123456789ab (cri-containerd-0123456789ab.scope): GPU device access lost: c 195:0 rw: "
+    "open() of /dev/nvidia0 is denied by the device cgroup": "GPUContainerLostDevices",
+    "container 0123456789ab: GPU device access lost: c 195:0 rw: denied": "GPUContainerLostDevices",
+    "container abc (docker-abc.scope): GPU device access at risk (at-risk-scope): c 195:0 rw: "
+    "the scope's DeviceAllow lacks /dev/char/195:0": "GPUContainerAtRisk",
+    "container abc: GPU device access at risk: c 510:0 rw: nvidia-uvm not granted": "GPUContainerAtRisk",
+}
+UNRELATED = [
+    "created link /dev/char/195:0 -> ../nvidia0 (c 195:0)",
+    "container abc: nothing to grant",
+    "note: nvidia-uvm is not loaded",
+    "Started Kubernetes kubelet.",
+    "conflict resolution finished",
+    "container abc: GPU device access restored",
+    "failed to create pod sandbox",
+]
+
+
+@pytest.mark.parametrize("line,reason", sorted(VERDICT_LINES.items()))
+def test_verdict_rules(line, reason):
+    assert NPD(load()).push(line) == [reason]
+
+
+@pytest.mark.parametrize("line", UNRELATED)
+def test_unrelated_lines_fire_nothing(line):
+    assert NPD(load()).push(line) == []
+
+
+def test_a_match_needs_the_newest_line():
+    """NPD matches at the end of its buffer: an old failure does not fire again on each new line."""
+    npd = NPD(load())
+    assert npd.push("sync failed: /proc/devices: is a directory") == ["NVSymlinkdSyncFailed"]
+    assert npd.push("created link /dev/char/195:0 -> ../nvidia0 (c 195:0)") == []

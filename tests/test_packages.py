@@ -1,0 +1,285 @@
+"""The .deb and the .rpm, built for real from a temporary copy of the tree (each once per session).
+
+- .deb: dpkg-buildpackage -us -uc -b (debhelper 13, dh-python, pybuild-plugin-pyproject), lintian,
+  then a real `dpkg -i` into a throwaway root: an overlayfs over / in a private mount namespace,
+  with a fake NVIDIA /proc/devices and real mknod'ed nodes, so the postinst's sync must make links.
+- .rpm: rpmbuild -ta --nodeps on the sdist (Debian has no rpm database for BuildRequires; the spec's
+  fallbacks replace the Fedora macros), then its file list, scripts and payload.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import _skip_or_fail, need_tool
+
+import nvsymlinkd
+from nvsymlinkd.config import Config
+from nvsymlinkd.render import render_all
+
+REPO = Path(__file__).resolve().parent.parent
+VERSION = nvsymlinkd.__version__
+HAS_CATALOG = (REPO / "catalog" / "nvsymlinkd.catalog").is_file()
+RENDERED = render_all(Config())
+DEB = {  # Debian bookworm paths (dh_installsystemd and dh_installudev still use /lib)
+    "unit": "lib/systemd/system/nvsymlinkd.service",
+    "sync_unit": "lib/systemd/system/nvsymlinkd-sync.service",
+    "rules": "lib/udev/rules.d/71-nvsymlinkd.rules",
+    "man": "usr/share/man/man8/nvsymlinkd.8.gz",
+    "config": "etc/nvsymlinkd/nvsymlinkd.toml",
+    "entry_point": "usr/bin/nvsymlinkd",
+    "catalog": "usr/lib/systemd/catalog/nvsymlinkd.catalog",
+    "templates": "usr/lib/python3/dist-packages/nvsymlinkd/templates/nvsymlinkd.service.j2",
+}
+RPM = {  # Fedora/RHEL paths
+    "unit": "/usr/lib/systemd/system/nvsymlinkd.service",
+    "sync_unit": "/usr/lib/systemd/system/nvsymlinkd-sync.service",
+    "rules": "/usr/lib/udev/rules.d/71-nvsymlinkd.rules",
+    "man": "/usr/share/man/man8/nvsymlinkd.8",
+    "config": "/etc/nvsymlinkd/nvsymlinkd.toml",
+    "entry_point": "/usr/bin/nvsymlinkd",
+    "catalog": "/usr/lib/systemd/catalog/nvsymlinkd.catalog",
+}
+
+
+def build_env() -> dict:
+    """The system toolchain: no pyenv shims (they break pybuild), no venv, no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    keep = [p for p in env.get("PATH", "").split(":") if p and ".pyenv" not in p and "/.venv" not in p]
+    env["PATH"] = ":".join(keep or ["/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+    env["LC_ALL"] = "C.UTF-8"
+    return env
+
+
+def run(argv, cwd=None, timeout=900, check=True, **kw):
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=build_env(), capture_output=True, text=True,
+                          timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, argv))}: exit {proc.returncode}\n"
+                             f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def copy_tree(dest: Path) -> Path:
+    """The working tree (tracked and untracked, not ignored files) copied, so build products never
+    land in the repo."""
+    dest.mkdir(parents=True)
+    if (REPO / ".git").exists() and shutil.which("git"):
+        files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).stdout
+        for rel in filter(None, files.split("\0")):
+            src = REPO / rel
+            if not os.path.lexists(src):
+                continue  # deleted in the working tree
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dest / rel)
+            else:
+                shutil.copy2(src, dest / rel)
+    else:
+        shutil.copytree(REPO, dest, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".git", ".venv*", "*.egg-info", "__pycache__", ".pybuild",
+                                                      ".ruff_cache", ".pytest_cache", "build", "dist"))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def deb_build(tmp_path_factory):
+    for tool in ("dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
+        need_tool(tool)
+    work = tmp_path_factory.mktemp("deb")
+    src = copy_tree(work / "nvsymlinkd")
+    run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src)
+    deb = work / f"nvsymlinkd_{VERSION}_all.deb"
+    assert deb.is_file(), sorted(p.name for p in work.iterdir())
+    changes = next(work.glob(f"nvsymlinkd_{VERSION}_*.changes"))
+    tree = work / "extracted"
+    run(["dpkg-deb", "-x", deb, tree])
+    ctrl = work / "control"
+    run(["dpkg-deb", "-e", deb, ctrl])
+    return {"deb": deb, "changes": changes, "tree": tree, "control": ctrl, "work": work}
+
+
+@pytest.fixture(scope="module")
+def rpm_build(tmp_path_factory):
+    for tool in ("rpmbuild", "rpm", "rpm2cpio", "cpio"):
+        need_tool(tool)
+    work = tmp_path_factory.mktemp("rpm")
+    src = copy_tree(work / "src")
+    run(["/usr/bin/python3", "-m", "build", "--sdist", "--no-isolation", "--outdir", work / "dist", "."], cwd=src)
+    sdist = work / "dist" / f"nvsymlinkd-{VERSION}.tar.gz"
+    run(["rpmbuild", "-ta", "--nodeps", "--define", f"_topdir {work / 'top'}", sdist], cwd=work)
+    rpm = next((work / "top" / "RPMS" / "noarch").glob(f"nvsymlinkd-{VERSION}-*.noarch.rpm"))
+    tree = work / "extracted"
+    tree.mkdir()
+    run(["sh", "-c", f"rpm2cpio '{rpm}' | cpio -idm --quiet"], cwd=tree)
+    return {"rpm": rpm, "sdist": sdist, "tree": tree, "work": work}
+
+
+# -- .deb -------------------------------------------------------------------------------------------
+
+
+def test_deb_puts_files_where_debian_expects_them(deb_build):
+    tree = deb_build["tree"]
+    for what, rel in DEB.items():
+        if what == "catalog" and not HAS_CATALOG:
+            assert not (tree / rel).exists()
+            continue
+        assert (tree / rel).is_file(), f"{what}: {rel} missing from the .deb"
+    assert os.access(tree / DEB["entry_point"], os.X_OK)
+    assert (deb_build["control"] / "conffiles").read_text().split() == ["/" + DEB["config"]]
+
+
+def test_deb_units_and_rule_are_the_rendered_templates(deb_build):
+    tree = deb_build["tree"]
+    assert (tree / DEB["unit"]).read_text() == RENDERED["nvsymlinkd.service"]
+    assert (tree / DEB["sync_unit"]).read_text() == RENDERED["nvsymlinkd-sync.service"]
+    assert (tree / DEB["rules"]).read_text() == RENDERED["71-nvsymlinkd.rules"]
+    assert (tree / DEB["config"]).read_text() == (REPO / "examples" / "nvsymlinkd.toml").read_text()
+
+
+def test_deb_dependencies(deb_build):
+    fields = run(["dpkg-deb", "-f", deb_build["deb"], "Depends", "Recommends", "Suggests"]).stdout
+    depends = re.search(r"^Depends: (.*)$", fields, re.M).group(1)
+    # procps: /bin/kill of ExecReload=
+    for pkg in ("python3-pyudev", "python3-dbus-next", "python3-jinja2", "python3-systemd", "procps"):
+        assert re.search(rf"(^|, ){pkg}(,|$| )", depends), f"{pkg} not in Depends: {depends}"
+    assert "pynvml" not in depends and "nvidia" not in fields.split("Suggests")[0]
+    assert re.search(r"^Suggests: .*python3-pynvml", fields, re.M)
+
+
+def test_deb_postinst_enables_starts_reloads_and_syncs(deb_build):
+    postinst = (deb_build["control"] / "postinst").read_text()
+    assert "deb-systemd-helper enable 'nvsymlinkd.service'" in postinst
+    assert "deb-systemd-invoke $_dh_action 'nvsymlinkd.service'" in postinst
+    assert "deb-systemd-helper enable 'nvsymlinkd-sync.service'" in postinst  # enabled for boot ...
+    assert "deb-systemd-invoke $_dh_action 'nvsymlinkd-sync.service'" not in postinst  # ... not started here
+    assert "udevadm control --reload-rules" in postinst
+    assert re.search(r"^\s+if ! nvsymlinkd sync; then", postinst, re.M)
+
+
+def test_lintian_has_no_errors_or_warnings(deb_build):
+    need_tool("lintian")
+    proc = run(["lintian", "--display-level", ">=warning", deb_build["changes"]], check=False)
+    tags = [ln for ln in proc.stdout.splitlines() if re.match(r"^[EW]: ", ln)]
+    assert tags == [], "\n".join(tags)
+    overrides = (REPO / "debian" / "nvsymlinkd.lintian-overrides").read_text().splitlines()
+    for i, line in enumerate(overrides):  # every override has its one-line reason just above it
+        if line.startswith("nvsymlinkd:"):
+            assert any(prev.startswith("# ") for prev in overrides[max(0, i - 2):i]), line
+
+
+INSTALL_SCRIPT = textwrap.dedent("""\
+    set -eu
+    T={tmp}
+    mount -t tmpfs nvsymlinkd-test $T
+    mkdir -p $T/upper $T/work $T/root $T/fake/driver/nvidia/gpus/0000:01:00.0
+    mount -t overlay overlay -o lowerdir=/,upperdir=$T/upper,workdir=$T/work $T/root
+    R=$T/root
+    mount -t proc proc $R/proc
+    # an NVIDIA host as far as nvsymlinkd sync can tell: /proc/devices, the GPU's minor, real nodes
+    printf 'Character devices:\\n  1 mem\\n195 nvidia-frontend\\n\\nBlock devices:\\n  7 loop\\n' > $T/fake/devices
+    printf 'Device Minor: \\t 0\\n' > $T/fake/driver/nvidia/gpus/0000:01:00.0/information
+    mount --bind $T/fake/devices $R/proc/devices
+    mount --bind $T/fake/driver $R/proc/driver
+    mount -t tmpfs tmpfs $R/run
+    mount -t tmpfs tmpfs $R/tmp
+    mount -t tmpfs tmpfs $R/dev
+    mknod -m 666 $R/dev/null c 1 3
+    mknod -m 666 $R/dev/nvidia0 c 195 0
+    mknod -m 666 $R/dev/nvidiactl c 195 255
+    cp {deb} $R/tmp/nvsymlinkd.deb
+    echo '@@@ dpkg'
+    chroot $R dpkg -i /tmp/nvsymlinkd.deb
+    echo '@@@ status'
+    chroot $R dpkg-query -W -f='${{Status}}\\n' nvsymlinkd
+    echo '@@@ version'
+    chroot $R nvsymlinkd --version
+    echo '@@@ module'
+    chroot $R /usr/bin/python3 -c 'import nvsymlinkd; print(nvsymlinkd.__file__)'
+    echo '@@@ links'
+    for l in $R/dev/char/*; do echo "$(basename $l) -> $(readlink $l)"; done
+    echo '@@@ wants'
+    ls $R/etc/systemd/system/multi-user.target.wants $R/etc/systemd/system/sysinit.target.wants
+    echo '@@@ render'
+    chroot $R nvsymlinkd --config /dev/null render --output /tmp/rendered
+    cmp $R/tmp/rendered/nvsymlinkd.service $R/lib/systemd/system/nvsymlinkd.service && echo same
+    echo '@@@ verify'
+    chroot $R systemd-analyze verify /lib/systemd/system/nvsymlinkd.service /lib/systemd/system/nvsymlinkd-sync.service 2>&1
+    echo '@@@ end'
+    """)
+
+
+def test_deb_installs_and_runs_in_a_throwaway_root(deb_build, need_root):
+    need_tool("unshare")
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        _skip_or_fail("needs overlayfs for the throwaway root")
+    tmp = deb_build["work"] / "root"
+    tmp.mkdir()
+    script = INSTALL_SCRIPT.format(tmp=tmp, deb=deb_build["deb"])
+    proc = run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], timeout=600)
+    sections = dict(re.findall(r"^@@@ (\w+)\n(.*?)(?=^@@@ )", proc.stdout, re.M | re.S))
+    assert "Setting up nvsymlinkd" in sections["dpkg"]
+    assert sections["status"].strip() == "install ok installed"
+    assert sections["version"].strip() == f"nvsymlinkd {VERSION}"
+    assert sections["module"].strip() == "/usr/lib/python3/dist-packages/nvsymlinkd/__init__.py"
+    # the postinst's sync made the links at once
+    assert sections["links"].split("\n")[:2] == ["195:0 -> ../nvidia0", "195:255 -> ../nvidiactl"]
+    # dh_installsystemd enabled both units
+    assert "nvsymlinkd.service" in sections["wants"] and "nvsymlinkd-sync.service" in sections["wants"]
+    # the installed package renders from its own templates exactly what it installed
+    assert sections["render"].strip() == "same"
+    # systemd accepts the installed units, including that man:nvsymlinkd(8) exists
+    assert sections["verify"].strip() == "", sections["verify"]
+
+
+# -- .rpm -------------------------------------------------------------------------------------------
+
+
+def test_rpm_puts_files_where_fedora_expects_them(rpm_build):
+    files = run(["rpm", "-qlp", rpm_build["rpm"]]).stdout.split("\n")
+    for what, path in RPM.items():
+        if what == "catalog" and not HAS_CATALOG:
+            assert path not in files
+            continue
+        assert path in files, f"{what}: {path} missing from the .rpm"
+    assert run(["rpm", "-qpc", rpm_build["rpm"]]).stdout.split() == [RPM["config"]]
+    assert any(re.fullmatch(r"/usr/lib/python3[^/]*/(site|dist)-packages/nvsymlinkd/templates/"
+                            r"nvsymlinkd\.service\.j2", f) for f in files)
+
+
+def test_rpm_units_requires_and_scripts(rpm_build):
+    tree = rpm_build["tree"]
+    assert (tree / RPM["unit"].lstrip("/")).read_text() == RENDERED["nvsymlinkd.service"]
+    assert (tree / RPM["rules"].lstrip("/")).read_text() == RENDERED["71-nvsymlinkd.rules"]
+    requires = run(["rpm", "-qpR", rpm_build["rpm"]]).stdout.split("\n")
+    for pkg in ("python3-pyudev", "python3-dbus-next", "python3-jinja2", "python3-systemd", "/usr/bin/kill"):
+        assert pkg in requires
+    scripts = run(["rpm", "-qp", "--scripts", rpm_build["rpm"]]).stdout
+    assert "systemctl --no-reload preset nvsymlinkd.service nvsymlinkd-sync.service" in scripts
+    assert "udevadm control --reload" in scripts
+    assert "/usr/bin/nvsymlinkd sync" in scripts
+
+
+def test_sdist_carries_what_the_package_builds_need(rpm_build):
+    names = run(["tar", "tzf", rpm_build["sdist"]]).stdout.split()
+    prefix = f"nvsymlinkd-{VERSION}/"
+    for rel in ("rpm/nvsymlinkd.spec", "man/nvsymlinkd.8.rst", "examples/nvsymlinkd.toml",
+                "rules/71-nvsymlinkd.rules.j2", "units/nvsymlinkd.service.j2", "debian/control",
+                "nvsymlinkd/templates/nvsymlinkd.service.j2"):
+        assert prefix + rel in names, rel
+    if HAS_CATALOG:
+        assert prefix + "catalog/nvsymlinkd.catalog" in names
+
+
+# -- no build needed ---------------------------------------------------------------------------------
+
+
+def test_versions_agree():
+    changelog = (REPO / "debian" / "changelog").read_text().splitlines()[0]
+    assert changelog.startswith(f"nvsymlinkd ({VERSION}) ")
+    spec = (REPO / "rpm" / "nvsymlinkd.spec").read_text()
+    assert re.search(rf"^Version:\s+{re.escape(VERSION)}$", spec, re.M)

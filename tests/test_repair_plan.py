@@ -1,0 +1,178 @@
+"""The repair planner (pure): mechanism by host kind, what is never granted, the rate limit."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nvsymlinkd.devicerules import parse_devices_list
+from nvsymlinkd.repairplan import (
+    AT_RISK,
+    DEVICES_ALLOW,
+    DEVICES_ALLOW_SYSTEMD,
+    LOST,
+    SYSTEMD,
+    TRUSTED_SOURCES,
+    Grant,
+    RepairHistory,
+    RepairRequest,
+    plan_repair,
+)
+
+
+def req(grants=None, v1="/docker/abc", v2=None, driver="cgroupfs", scope=None, kind=LOST, freezer=None):
+    if grants is None:
+        grants = (Grant("c", 195, 0, "rw", "spec"),)
+    return RepairRequest("abc", "docker", scope, v1, v2, freezer, driver, tuple(grants), kind)
+
+
+@pytest.mark.parametrize("kwargs, mechanism", [
+    (dict(v1=None, v2="/system.slice/docker-abc.scope", driver="systemd", scope="docker-abc.scope"), SYSTEMD),
+    (dict(v1="/docker/abc", driver="cgroupfs"), DEVICES_ALLOW),
+    (dict(v1="/system.slice/docker-abc.scope", driver="systemd", scope="docker-abc.scope",
+          freezer="/system.slice/docker-abc.scope"), DEVICES_ALLOW_SYSTEMD),
+    # hybrid host: v1 devices controller decides, the v2 path is only membership
+    (dict(v1="/system.slice/docker-abc.scope", v2="/system.slice/docker-abc.scope", driver="systemd",
+          scope="docker-abc.scope"), DEVICES_ALLOW_SYSTEMD),
+])
+def test_mechanism_by_host_kind(kwargs, mechanism):
+    plan = plan_repair(req(**kwargs), now=0)
+    assert plan.action == "repair" and plan.mechanism == mechanism
+    assert [g.rule for g in plan.grants] == ["c 195:0 rw"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(v1=None, v2="/kubepods/abc", driver="cgroupfs"), "BPF program"),
+    (dict(v1=None, v2="/system.slice/x", driver="systemd", scope=None), "no scope unit"),
+    (dict(v1=None, v2=None), "no device cgroup path"),
+    (dict(v1="/docker/abc", driver="cgroupfs", kind=AT_RISK), "runc update"),
+    (dict(v1=None, v2="/system.slice/docker-other.scope", driver="systemd", scope="docker-other.scope"),
+     "does not name the container id"),
+])
+def test_cannot_repair_automatically_says_why(kwargs, words):
+    plan = plan_repair(req(**kwargs), now=0)
+    assert plan.action == "cannot" and words in plan.cannot
+    assert plan.grants == ()
+
+
+@pytest.mark.parametrize("grant, words", [
+    (Grant("c", 195, 0, "rw", "container-dev", "/dev/nvidia0"), "own /dev"),
+    (Grant("c", 195, 0, "rw", "unexpected"), "no trusted source"),
+    (Grant("c", 195, None, "rw", "spec"), "wildcard"),
+    (Grant("c", None, None, "rwm", "spec"), "wildcard"),
+    (Grant("b", 8, 0, "rw", "spec"), "not a character device"),
+    (Grant("a", None, None, "rwm", "spec"), "not a character device"),
+    (Grant("c", 195, 0, "m", "spec"), "mknod-only"),
+    (Grant("c", 195, 0, "rwx", "spec"), "not a subset"),
+    (Grant("c", 195, 0, "rr", "spec"), "not a subset"),
+    (Grant("c", 195, 1 << 20, "rw", "spec"), "out of the kernel's range"),
+])
+def test_never_granted(grant, words):
+    plan = plan_repair(req([grant]), now=0)
+    assert plan.action == "nothing" and plan.grants == ()
+    ((refused, why),) = plan.refused
+    assert refused == grant and words in why
+
+
+def test_access_is_the_original_rules_never_more():
+    grants = [Grant("c", 195, 0, "wr", "spec"), Grant("c", 195, 1, "rwm", "runtime-state"),
+              Grant("c", 195, 2, "r", "baseline")]
+    plan = plan_repair(req(grants), now=0)
+    assert [g.rule for g in plan.grants] == ["c 195:0 rw", "c 195:1 rwm", "c 195:2 r"]
+
+
+def test_one_device_from_two_sources_keeps_the_narrower_access():
+    grants = [Grant("c", 195, 0, "rwm", "runtime-state"), Grant("c", 195, 0, "rw", "spec"),
+              Grant("c", 195, 0, "rwm", "container-dev")]
+    plan = plan_repair(req(grants), now=0)
+    assert [g.rule for g in plan.grants] == ["c 195:0 rw"]
+    assert len(plan.refused) == 1
+
+
+def test_parent_that_does_not_allow_it():
+    parent = parse_devices_list("c 1:3 rwm\nc 195:1 rw\n", "/sys/fs/cgroup/devices/docker/devices.list")
+    plan = plan_repair(req(), now=0, parent_rules=parent)
+    assert plan.action == "cannot"
+    assert "parent" in plan.cannot and "c 195:0" in plan.cannot
+    for ok in ("a *:* rwm\n", "c 195:* rwm\n", "c 195:0 rw\n"):
+        assert plan_repair(req(), now=0, parent_rules=parse_devices_list(ok, "x")).action == "repair"
+
+
+def test_rate_limit_with_an_injected_clock():
+    history = RepairHistory()
+    assert plan_repair(req(), now=1000.0, history=history, window=600).action == "repair"
+    history.record("abc", 1000.0)
+    again = plan_repair(req(), now=1000.0 + 599, history=history, window=600)
+    assert again.action == "cannot" and "599 s after the last one" in again.cannot
+    assert plan_repair(req(), now=1000.0 + 600, history=history, window=600).action == "repair"
+    # another container is not limited by this one's repair
+    other = RepairRequest("other", "docker", None, "/docker/other", None, None, "cgroupfs", req().grants)
+    assert plan_repair(other, now=1001.0, history=history, window=600).action == "repair"
+    # nothing to grant is never "rate limited"
+    assert plan_repair(req(()), now=1001.0, history=history).action == "nothing"
+
+
+def test_history_survives_a_round_trip_and_a_bad_file(tmp_path):
+    path = str(tmp_path / "state" / "repairs.json")
+    h = RepairHistory()
+    h.record("abc", 12.5)
+    h.save(path)
+    assert RepairHistory.load(path).last == {"abc": 12.5}
+    (tmp_path / "state" / "repairs.json").write_text("{not json")
+    assert RepairHistory.load(path).last == {}
+    assert RepairHistory.load(str(tmp_path / "absent.json")).last == {}
+    h.forget_except(["other"])
+    assert h.last == {}
+
+
+grants_strategy = st.lists(st.builds(
+    Grant,
+    type=st.sampled_from(["c", "b", "a"]),
+    major=st.one_of(st.none(), st.integers(0, 600)),
+    minor=st.one_of(st.none(), st.integers(0, 300)),
+    access=st.sampled_from(["", "r", "w", "m", "rw", "rwm", "wm", "mr", "rwx"]),
+    source=st.sampled_from(list(TRUSTED_SOURCES) + ["container-dev", "unexpected"]),
+), max_size=8)
+
+
+@given(grants_strategy)
+def test_grants_are_always_exact_trusted_and_never_broader(grants):
+    plan = plan_repair(req(grants), now=0)
+    inputs = {(g.major, g.minor): [] for g in grants}
+    for g in grants:
+        inputs[(g.major, g.minor)].append(g)
+    for g in plan.grants:
+        assert g.type == "c" and g.major is not None and g.minor is not None
+        assert g.source in TRUSTED_SOURCES
+        originals = [o for o in inputs[(g.major, g.minor)] if o.source in TRUSTED_SOURCES and o.type == "c"]
+        assert any(set(g.access) <= set(o.access) for o in originals)
+        assert g.access != "m"
+    assert len({(g.major, g.minor) for g in plan.grants}) == len(plan.grants)
+
+
+def test_adapter_from_verifier_findings():
+    from nvsymlinkd.repairer import requests_from_report
+    from nvsymlinkd.verifier import ContainerReport, Finding
+
+    report = ContainerReport(
+        "abc", "docker", "moby", "running", "lost", "docker-abc.scope", 4242,
+        findings=[Finding("lost", ("c 195:0",), "", ""),
+                  Finding("at-risk-scope", ("c 195:255",), "", ""),
+                  Finding("at-risk-not-in-spec", ("c 195:3", "c 195:4"), "", ""),
+                  Finding("at-risk-uvm-missing", ("c 509:0",), "", "")],
+        expected={"c 195:0": {"access": "rw", "sources": ["spec", "runtime-state"]},
+                  "c 195:255": {"access": "rw", "sources": ["spec"]},
+                  "c 195:4": {"access": "rw", "sources": ["baseline"]}},
+        untrusted_nodes=("/dev/nvidia7 (c 195:7)",),
+        cgroup={"devices": None, "unified": "/system.slice/docker-abc.scope"})
+    r = requests_from_report(report)
+    assert r.kind == LOST and r.cgroup_driver == "systemd" and r.scope == "docker-abc.scope"
+    assert [(g.device, g.source) for g in r.grants] == [
+        ("c 195:0", "spec"), ("c 195:255", "spec"), ("c 195:3", "unexpected"), ("c 195:4", "baseline")]
+    plan = plan_repair(r, now=0)
+    assert plan.mechanism == SYSTEMD
+    assert [g.device for g in plan.grants] == ["c 195:0", "c 195:4", "c 195:255"]
+    assert [g.device for g, _ in plan.refused] == ["c 195:3"]  # granted now, expected by nothing trusted
+    ok = ContainerReport("ok", "docker", None, "running", "ok", findings=[])
+    assert requests_from_report(ok) is None

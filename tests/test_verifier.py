@@ -1,0 +1,418 @@
+"""Verdict logic (pure), scopes' DeviceAllow, baselines, host findings, and verify_all over
+runtime fixtures whose cgroups are real v1 device cgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI
+from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
+
+from nvsymlinkd import baseline as baselinemod
+from nvsymlinkd import hostcheck
+from nvsymlinkd.config import Config
+from nvsymlinkd.containers import Container
+from nvsymlinkd.expected import candidate_devices, expected_access, rules_access
+from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.nodes import NvidiaNode
+from nvsymlinkd.ocispec import DeviceRule, parse_spec
+from nvsymlinkd.procdevices import Majors
+from nvsymlinkd.scopes import ScopeDevices, map_entries, parse_unit_text, read_scope_files
+from nvsymlinkd.verifier import MESSAGE_IDS, HostDevices, evaluate
+
+MAJORS = frozenset({195, 510})
+HOST = HostDevices((NvidiaNode("/dev/nvidia0", "gpu", 195, 0), NvidiaNode("/dev/nvidia1", "gpu", 195, 1),
+                    NvidiaNode("/dev/nvidiactl", "ctl", 195, 255)), MAJORS, None)
+HOST_UVM = HostDevices(HOST.nodes + (NvidiaNode("/dev/nvidia-uvm", "uvm", 510, 0),), MAJORS, 510)
+
+
+@dataclass(frozen=True)
+class V:
+    state: str
+    reason: str = ""
+
+
+class TablePolicy:
+    """Stand-in for cgroupaccess.AccessPolicy in the pure tests: (major, minor) -> allowed letters."""
+
+    def __init__(self, allowed: dict, unknown=(), split=()):
+        self.allowed, self.unknown, self.split = allowed, set(unknown), set(split)
+
+    def check(self, dev_type, major, minor, access):
+        if (major, minor) in self.unknown:
+            return V("unknown", "a BPF program we cannot evaluate")
+        if (major, minor) in self.split and len(access) > 1:
+            return V("deny", "no one v1 rule covers both letters (c 195:* r, c 195:0 w)")
+        ok = all(c in self.allowed.get((major, minor), "") for c in access)
+        return V("allow" if ok else "deny")
+
+
+def container(spec=None, status="running", scope=None, cid="c1"):
+    c = Container(cid, "containerd", "k8s.io", status, init_pid=10, init_start=1)
+    c.spec = parse_spec(spec) if spec is not None else None
+    c.scope = scope
+    return c
+
+
+def run(spec, policy, host=HOST, scope_devices=None, scope=None, status="running", dev_nodes=(), base=None):
+    c = container(spec, status, scope)
+    cands = candidate_devices(host.nodes, c.spec, None, base, MAJORS)
+    exp = expected_access(cands, c.spec, None, base)
+    signs = ["NVIDIA_VISIBLE_DEVICES=0"]
+    return evaluate(c, signs, exp, policy, "no cgroup" if policy is None else None, scope_devices, host, dev_nodes)
+
+
+GPU0 = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)])
+
+
+def kinds(report):
+    return {f.kind: f.devices for f in report.findings}
+
+
+def test_ok():
+    r = run(GPU0, TablePolicy({(195, 0): "rw", (195, 255): "rw"}))
+    assert (r.verdict, r.findings) == ("ok", [])
+    assert r.granted == {"c 195:0": "rw", "c 195:255": "rw"}
+
+
+def test_lost_partial_access_counts():
+    r = run(GPU0, TablePolicy({(195, 0): "r", (195, 255): "rw"}))
+    assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
+    assert r.findings[0].message_id == MESSAGE_IDS["lost"]
+
+
+def test_granted_not_declared_is_at_risk():
+    r = run(GPU0, TablePolicy({(195, 0): "rw", (195, 255): "rw", (195, 1): "rw"}))
+    assert r.verdict == "at-risk" and kinds(r) == {"at-risk-not-in-spec": ("c 195:1",)}
+
+
+def test_wildcard_spec_rule_declares_every_gpu():
+    spec = oci_spec(rules=[spec_rule(195, None, "rwm")])
+    r = run(spec, TablePolicy({(195, 0): "rw", (195, 1): "rw", (195, 255): "rw"}))
+    assert r.verdict == "ok" and set(r.expected) == {"c 195:0", "c 195:1", "c 195:255"}
+
+
+def test_uvm_missing_only_when_the_host_has_it():
+    policy = TablePolicy({(195, 0): "rw", (195, 255): "rw"})
+    assert run(GPU0, policy).verdict == "ok"
+    r = run(GPU0, policy, host=HOST_UVM)
+    assert kinds(r) == {"at-risk-uvm-missing": ("c 510:0",)}
+    spec = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255), spec_rule(510, 0)])
+    r = run(spec, TablePolicy({(195, 0): "rw", (195, 255): "rw", (510, 0): "rw"}), host=HOST_UVM)
+    assert r.verdict == "ok"
+
+
+def test_scope_checks():
+    policy = TablePolicy({(195, 0): "rw", (195, 255): "rw"})
+    sd = ScopeDevices("x.scope", "files", "strict", (("/dev/char/195:0", "rw"),),
+                      (DeviceRule(True, "c", 195, 0, "rw"),))
+    r = run(GPU0, policy, scope="x.scope", scope_devices=sd)
+    assert kinds(r) == {"at-risk-scope": ("c 195:255",)}
+    r = run(GPU0, policy, scope="x.scope", scope_devices=None)
+    assert r.verdict == "unknown" and "DeviceAllow of x.scope" in r.findings[0].detail
+    everything = ScopeDevices("x.scope", "dbus", "auto", (), ())
+    assert run(GPU0, policy, scope="x.scope", scope_devices=everything).verdict == "ok"
+
+
+def test_unknown_is_never_ok():
+    r = run(GPU0, TablePolicy({(195, 0): "rw", (195, 255): "rw"}, unknown={(195, 0)}))
+    assert r.verdict == "unknown" and kinds(r) == {"unknown": ("c 195:0",)}
+    r = run(GPU0, None)
+    assert r.verdict == "unknown" and "no cgroup" in r.findings[0].detail
+
+
+def test_lost_beats_at_risk_and_not_running_and_not_gpu():
+    r = run(GPU0, TablePolicy({(195, 1): "rw", (195, 255): "rw"}), host=HOST_UVM)
+    assert r.verdict == "lost" and set(kinds(r)) == {"lost", "at-risk-not-in-spec", "at-risk-uvm-missing"}
+    assert run(GPU0, TablePolicy({}), status="stopped").verdict == "not-running"
+    c = container(oci_spec(), "running")
+    exp = expected_access(set(), c.spec, None, None)
+    assert evaluate(c, [], exp, TablePolicy({}), None, None, HOST).verdict == "not-gpu"
+
+
+def test_untrusted_nodes_are_reported_not_expected():
+    r = run(GPU0, TablePolicy({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", 195, 3)])
+    assert r.untrusted_nodes == ("/dev/nvidia3 (c 195:3)",)
+    assert "c 195:3" not in r.expected and r.verdict == "ok"
+
+
+def test_baseline_only_device_is_lost_when_denied():
+    base = baselinemod.Baseline("c1", 1, {("c", 195, 1): "rw"})
+    r = run(GPU0, TablePolicy({(195, 0): "rw", (195, 255): "rw"}), base=base)
+    assert kinds(r) == {"lost": ("c 195:1",)} and r.expected["c 195:1"]["sources"] == ["baseline"]
+
+
+def test_rules_access_last_match_per_letter():
+    rules = [DeviceRule(False, "a", None, None, "rwm"), DeviceRule(True, "c", 195, None, "rwm"),
+             DeviceRule(False, "c", 195, 1, "w")]
+    assert rules_access(rules, ("c", 195, 0)) == "rwm"
+    assert rules_access(rules, ("c", 195, 1)) == "rm"
+    assert rules_access(rules, ("b", 195, 0)) == ""
+
+
+# --- scopes -------------------------------------------------------------------------------
+
+def test_unit_text_reset_and_order(fakehost):
+    scope = "docker-abc.scope"
+    fakehost.write(f"/run/systemd/transient/{scope}",
+                   "[Scope]\nDevicePolicy=strict\nDeviceAllow=/dev/char/1:3 rwm\nDeviceAllow=\n"
+                   'DeviceAllow="/dev/char/195:0 rw"\nDeviceAllow=char-nvidia-frontend rw\n')
+    fakehost.write(f"/run/systemd/system.control/{scope}.d/50-DeviceAllow.conf", "[Scope]\nDeviceAllow=char-510 r\n")
+    fakehost.node("/dev/nvidia1", 195, 1)
+    fakehost.write(f"/run/systemd/system.control/{scope}.d/60-path.conf",
+                   "[Scope]\nDeviceAllow=/dev/nvidia1 rw\nDeviceAllow=/dev/nvidia9 rw\n")
+    root = HostRoot(str(fakehost.root))
+    sd = read_scope_files(root, scope)
+    assert sd.policy == "strict" and sd.entries[0] == ("/dev/char/195:0", "rw")
+    sd = map_entries(root, sd, Majors({"nvidia-frontend": 195, "nvidia-uvm": 510}))
+    assert [str(r) for r in sd.rules] == ["allow c 195:0 rw", "allow c 195:* rw", "allow c 510:* r",
+                                          "allow c 195:1 rw"]
+    assert sd.unmapped == ("/dev/nvidia9 rw",)
+    assert sd.covers("c", 195, 7, "rw") and not sd.covers("c", 510, 0, "rw")
+    assert read_scope_files(root, "nothing.scope") is None
+    assert read_scope_files(root, "../../etc/passwd") is None
+
+
+def test_parse_unit_text_char_star():
+    entries, policy = [], ["auto"]
+    parse_unit_text("DeviceAllow=char-* rwm\n", entries, policy)
+    assert entries == [("char-*", "rwm")]
+
+
+# --- baseline -----------------------------------------------------------------------------
+
+def test_baseline_roundtrip_and_reuse(fakehost):
+    root, config = HostRoot(str(fakehost.root)), Config()
+    b = baselinemod.record(root, config, "abc", 77, {("c", 195, 0): "rw"})
+    assert baselinemod.load(root, config, "abc", 77).devices == b.devices
+    assert baselinemod.load(root, config, "abc", 78) is None  # the id was reused by a new container
+    odd = "../../x y"
+    baselinemod.record(root, config, odd, 1, {("c", 195, 1): "r"})
+    files = sorted(os.listdir(fakehost.path("/run/nvsymlinkd/baselines")))
+    assert files[0] == "abc.json" and files[1].startswith("sha256-") and len(files) == 2  # no temp files left
+    assert baselinemod.load(root, config, odd, 1).devices == {("c", 195, 1): "r"}
+    assert baselinemod.prune(root, config, ["abc"]) == [files[1]]
+
+
+# --- host findings ------------------------------------------------------------------------
+
+def test_cgroup_drivers_from_configs(fakehost):
+    root = HostRoot(str(fakehost.root))
+    fakehost.write("/etc/docker/daemon.json", json.dumps({"exec-opts": ["native.cgroupdriver=systemd"]}))
+    assert hostcheck.docker_driver(root, "v1") == ("systemd", "/etc/docker/daemon.json exec-opts")
+    fakehost.write("/etc/containerd/config.toml", 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.'
+                   'runtimes.runc.options]\n  SystemdCgroup = true\n')
+    driver, where = hostcheck.containerd_driver(root)
+    assert driver == "systemd" and "runc: SystemdCgroup=true" in where
+    fakehost.write("/etc/crio/crio.conf", '[crio.runtime]\ncgroup_manager = "systemd"\n')
+    fakehost.write("/etc/crio/crio.conf.d/10-cgroupfs.conf", '[crio.runtime]\ncgroup_manager = "cgroupfs"\n')
+    assert hostcheck.crio_driver(root) == ("cgroupfs", "/etc/crio/crio.conf.d/10-cgroupfs.conf")
+    fakehost.write("/var/lib/dpkg/status", "Package: runc\nStatus: install ok installed\nVersion: 1.1.5+ds1-1\n\n"
+                   "Package: systemd\nStatus: install ok installed\nVersion: 252.39-1\n\n")
+    assert hostcheck.package_versions(root) == {"runc": "1.1.5+ds1-1", "systemd": "252.39-1"}
+
+
+def test_host_findings(fakehost):
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    fakehost.node("/dev/nvidia0", 195, 0)
+    (fakehost.path("/sys/fs/cgroup/unified")).mkdir(parents=True)
+    fakehost.write("/sys/fs/cgroup/unified/cgroup.controllers", "")
+    root = HostRoot(str(fakehost.root))
+    found = {h.kind: h for h in hostcheck.check_host(root, Config())}
+    assert found["cgroup-version"].detail == "cgroup hybrid"
+    assert found["dev-char"].status == "warn" and "/dev/char/195:0" in found["dev-char"].detail
+    assert found["nvml"].status == "info"
+
+
+# --- verify_all over fixtures with real v1 device cgroups -------------------------------------
+
+V1_DEVICES = Path("/sys/fs/cgroup/devices")
+
+
+@pytest.fixture
+def v1_parent(need_root):
+    if not (V1_DEVICES / "devices.list").exists():
+        if IN_CI:
+            pytest.fail("CI must run this test on a host with the cgroup v1 devices controller", pytrace=False)
+        pytest.skip("needs the cgroup v1 devices controller")
+    name = f"nvsymlinkd-verify-{uuid.uuid4().hex[:8]}"
+    (V1_DEVICES / name).mkdir()
+    try:
+        yield name
+    finally:
+        for d in sorted((V1_DEVICES / name).iterdir(), reverse=True):
+            if d.is_dir():
+                d.rmdir()
+        (V1_DEVICES / name).rmdir()
+
+
+def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
+    d = V1_DEVICES / parent / leaf
+    d.mkdir()
+    (d / "devices.deny").write_text("a\n")
+    for rule in allow:
+        (d / "devices.allow").write_text(rule + "\n")
+    return f"/{parent}/{leaf}"
+
+
+def test_verify_all_over_fixtures(fakehost, v1_parent):
+    from nvsymlinkd.verifier import verify_all
+
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    fakehost.node("/dev/nvidia0", 195, 0)
+    fakehost.node("/dev/nvidiactl", 195, 255)
+    (fakehost.path("/sys/fs")).mkdir(parents=True)
+    os.symlink("/sys/fs/cgroup", fakehost.path("/sys/fs/cgroup"))
+    lay = Layouts(fakehost)
+    spec = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    lay.containerd("ok1", spec, cgroup=v1_cgroup(v1_parent, "ok1", ["c 195:0 rw", "c 195:255 rw"]))
+    lay.docker("lost1", spec, cgroup=v1_cgroup(v1_parent, "lost1", ["c 195:255 rw"]))
+    lay.runc("cpu1", oci_spec(), cgroup=v1_cgroup(v1_parent, "cpu1", ["c 1:3 rwm"]))
+    lay.crio("gone1", spec, cgroup="/machine.slice/crio-gone1.scope")  # no such cgroup here
+    report = verify_all(HostRoot(str(fakehost.root)), Config(), use_bus=False)
+    verdicts = {c.id: c.verdict for c in report.containers}
+    assert verdicts == {"ok1": "ok", "lost1": "lost", "gone1": "unknown"}
+    assert report.not_gpu == 1
+    doc = report.to_json()
+    assert doc["summary"]["lost"] == 1 and doc["ok"] is False
+
+
+# --- scopes over a real (private) system bus, python-dbusmock playing systemd -----------------
+
+BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/><allow own="*"/><allow send_destination="*"/><allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"""
+
+# systemd's Manager.GetUnit and one scope's org.freedesktop.systemd1.Scope properties
+SYSTEMD_TEMPLATE = """
+import dbus
+
+BUS_NAME = "org.freedesktop.systemd1"
+MAIN_OBJ = "/org/freedesktop/systemd1"
+MAIN_IFACE = "org.freedesktop.systemd1.Manager"
+SYSTEM_BUS = True
+UNIT = "/org/freedesktop/systemd1/unit/docker_2dabc_2escope"
+
+
+def load(mock, parameters):
+    mock.AddMethod(MAIN_IFACE, "GetUnit", "s", "o",
+                   "if args[0] != 'docker-abc.scope':\\n"
+                   "    raise dbus.exceptions.DBusException('no unit', name='org.freedesktop.systemd1.NoSuchUnit')\\n"
+                   "ret = dbus.ObjectPath('" + UNIT + "')")
+    mock.AddObject(UNIT, "org.freedesktop.systemd1.Scope", {
+        "DeviceAllow": dbus.Array([("/dev/char/195:0", "rw"), ("char-pts", "rwm")], signature="(ss)"),
+        "DevicePolicy": "strict",
+    }, [])
+"""
+
+
+@pytest.fixture
+def systemd_bus(tmp_path, need_root, monkeypatch):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import need_tool
+
+    daemon = need_tool("dbus-daemon")
+    try:
+        import dbus  # noqa: F401
+        import dbusmock  # noqa: F401
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"CI must run this test, but: {exc} (python3-dbusmock)", pytrace=False)
+        pytest.skip(f"python-dbusmock: {exc}")
+    socket = tmp_path / "system_bus_socket"
+    (tmp_path / "bus.conf").write_text(BUS_CONFIG.format(socket=socket))
+    (tmp_path / "fake_systemd.py").write_text(SYSTEMD_TEMPLATE)
+    address = f"unix:path={socket}"
+    procs = []
+    try:
+        bus = subprocess.Popen([daemon, f"--config-file={tmp_path / 'bus.conf'}", "--nofork", "--nopidfile",
+                                "--print-address=1"], stdout=subprocess.PIPE, text=True)
+        procs.append(bus)
+        assert bus.stdout.readline().startswith("unix:path=")
+        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=address)
+        mock = subprocess.Popen([sys.executable, "-m", "dbusmock", "--system", "-t", str(tmp_path / "fake_systemd.py")],
+                                env=env, stdout=subprocess.DEVNULL)
+        procs.append(mock)
+        import dbus
+
+        conn = dbus.bus.BusConnection(address)
+        end = time.monotonic() + 20
+        while not conn.name_has_owner("org.freedesktop.systemd1"):
+            assert mock.poll() is None and time.monotonic() < end, "dbusmock never owned org.freedesktop.systemd1"
+            time.sleep(0.05)
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait()
+        if procs:
+            procs[0].stdout.close()
+
+
+def test_scopes_from_dbus_then_files(systemd_bus, fakehost):
+    from nvsymlinkd.scopes import bus_allowed, read_scopes
+
+    root = HostRoot(str(fakehost.root))
+    assert bus_allowed(root)  # an explicit DBUS_SYSTEM_BUS_ADDRESS opts a --root run into the bus
+    fakehost.write("/run/systemd/transient/docker-abc.scope", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
+    fakehost.write("/run/systemd/transient/docker-def.scope", "[Scope]\nDevicePolicy=strict\n"
+                   "DeviceAllow=/dev/char/195:1 rw\n")
+    got = read_scopes(root, ["docker-abc.scope", "docker-def.scope", "docker-none.scope"], Majors({}))
+    abc = got["docker-abc.scope"]
+    assert abc.source == "dbus" and abc.policy == "strict"  # the live value wins over the file
+    assert abc.covers("c", 195, 0, "rw") and not abc.covers("c", 195, 7, "r")
+    assert got["docker-def.scope"].source == "files"  # systemd does not know it: the files decide
+    assert got["docker-none.scope"] is None
+
+
+def test_scopes_without_a_bus_fall_back_to_files(fakehost, tmp_path, monkeypatch):
+    from nvsymlinkd.scopes import read_scopes
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-socket")
+    fakehost.write("/run/systemd/transient/docker-abc.scope", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
+    got = read_scopes(HostRoot(str(fakehost.root)), ["docker-abc.scope"], Majors({}))
+    assert got["docker-abc.scope"].source == "files" and got["docker-abc.scope"].covers("c", 195, 7, "rw")
+
+
+def test_no_spec_and_no_state_is_unknown_not_at_risk():
+    c = container(None)
+    exp = expected_access({("c", 195, 0)}, None, None, None)
+    r = evaluate(c, ["NVIDIA_VISIBLE_DEVICES=0"], exp, TablePolicy({(195, 0): "rw"}), None, None, HOST)
+    assert r.verdict == "unknown" and kinds(r) == {"unknown": ("c 195:0",)}
+
+
+def test_journal_entries_and_ids():
+    from nvsymlinkd.verifier import JOURNAL_MESSAGE_IDS, journal_entries
+
+    r = run(GPU0, TablePolicy({(195, 255): "rw"}), scope="cri-containerd-c1.scope",
+            scope_devices=ScopeDevices("cri-containerd-c1.scope", "files", "auto", (), ()))
+    ((kind, priority, message, fields),) = journal_entries(r)
+    assert (kind, priority) == ("container-lost", 3)
+    assert fields["container_id"] == "c1" and fields["unit"] == "cri-containerd-c1.scope"
+    assert "c 195:0" in message and JOURNAL_MESSAGE_IDS[kind] == MESSAGE_IDS["lost"]
+    ids = list(MESSAGE_IDS.values())
+    assert len(set(ids)) == len(ids) and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_letters_allowed_apart_but_not_together_is_lost():
+    # O_RDWR needs one v1 exception covering rw; r and w from two rules do not add up in the kernel
+    r = run(GPU0, TablePolicy({(195, 0): "rw", (195, 255): "rw"}, split={(195, 0)}))
+    assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
+    assert r.granted["c 195:0"] == "rw"  # each letter alone is allowed, and the report says so
