@@ -53,8 +53,8 @@ CANNOT = "cannot-repair"  # the plan says no (reason given)
 FAILED = "failed"  # applied, but an error, or the verification says it did not take
 SUCCESS = (REPAIRED, PREVENTED, NOTHING)
 
-# Journal kinds, registered the way nvsymlinkd.journal asks (stable MESSAGE_IDs; catalog entries
-# are in docs/repair.md for the lead to merge into catalog/nvsymlinkd.catalog).
+# Journal kinds with stable MESSAGE_IDs; journal.MESSAGE_IDS lists them all and
+# catalog/nvsymlinkd.catalog explains each.
 REPAIR_MESSAGE_IDS = {
     "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
     "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
