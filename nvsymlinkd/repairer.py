@@ -396,20 +396,19 @@ def _journal(journal, result: RepairResult) -> None:
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
                   or None, finding=r.kind)
-    who = r.container_id[:12]
     if result.status == REPAIRED:
-        journal.event("repair-done", journalmod.NOTICE, f"container {who}: " + result.human_lines()[0], **fields)
+        journal.event("repair-done", journalmod.NOTICE, "container " + result.human_lines()[0], **fields)
     elif result.status == PREVENTED:
-        journal.event("repair-prevented", journalmod.NOTICE, f"container {who}: " + result.human_lines()[0],
+        journal.event("repair-prevented", journalmod.NOTICE, "container " + result.human_lines()[0],
                       **fields)
     elif result.status == FAILED:
-        journal.event("repair-failed", journalmod.ERR, f"container {who}: " + result.human_lines()[0],
+        journal.event("repair-failed", journalmod.ERR, "container " + result.human_lines()[0],
                       error=result.error, **fields)
     elif result.status == CANNOT:
-        journal.event("repair-refused", journalmod.WARNING, f"container {who}: " + result.human_lines()[0],
+        journal.event("repair-refused", journalmod.WARNING, "container " + result.human_lines()[0],
                       **fields)
     elif result.status == WOULD:
-        journal.event("repair-reported", journalmod.NOTICE, f"container {who}: " + result.human_lines()[0],
+        journal.event("repair-reported", journalmod.NOTICE, "container " + result.human_lines()[0],
                       **fields)
 
 

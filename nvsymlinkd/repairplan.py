@@ -223,7 +223,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
 
     since = history.since_last(request.container_id, now) if history is not None else None
     if since is not None and 0 <= since < window:
-        return cannot(f"it needs a repair again {since:.0f} s after the last one (rate limit: one per "
+        return cannot(f"the last repair attempt was {since:.0f} s ago (rate limit: one per "
                       f"{window:.0f} s per container); something keeps taking its devices away: find it "
                       f"(runc update? a reload with missing /dev/char links?) instead of repairing in a loop")
 

@@ -68,6 +68,9 @@ async def _call(member: str, signature: str, body: list, timeout: float, destina
             raise SystemdCallError(f"{interface}.{member}: no reply from {destination} within {timeout:g} s")
         if reply.message_type == MessageType.ERROR:
             detail = reply.body[0] if reply.body else ""
+            if isinstance(detail, str):  # one line for the journal; a service may send a whole traceback
+                lines = [ln.strip() for ln in detail.strip().splitlines() if ln.strip()]
+                detail = lines[-1] if lines else ""
             raise SystemdCallError(f"{interface}.{member}: {reply.error_name}: {detail}")
         return reply.body
     finally:

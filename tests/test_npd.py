@@ -237,7 +237,7 @@ def test_rules_match_the_real_entries_and_nothing_else(tmp_path, runc_host, monk
 def test_rules_also_match_with_the_stderr_prefix():
     """Under a unit without python3-systemd, stderr lines reach the journal as `nvsymlinkd: MESSAGE`."""
     npd = NPD(load())
-    line = "nvsymlinkd: container 0123456789ab: 0123456789ab (cri-containerd-0123.scope): FAILED to grant " \
+    line = "nvsymlinkd: container 0123456789ab (cri-containerd-0123.scope): FAILED to grant " \
            "c 195:0 rw via devices.allow: EPERM"
     assert npd.push(line) == ["GPUDeviceRepairFailed"]
 

@@ -1,0 +1,482 @@
+"""The daemon's container side end to end: `nvsymlinkd run` with ContainerWatch, on real parts.
+
+- real runc containers (busybox, cgroupfs driver, cgroup v1 devices) seen through a fake host tree
+  (tests/runcfixture.py);
+- the real daemon as a subprocess (tests/daemonproc.py), told about reloads by python-dbusmock
+  standing in for systemd on a private dbus-daemon (tests/test_daemon_dbus.py's PrivateBus);
+- its journal entries caught on a journald socket of our own: the daemon runs in a mount
+  namespace with a tmpfs on /run, where a relay binds /run/systemd/journal/socket and prints
+  every entry (MESSAGE, then all its fields as JSON) as one stderr line the test reads;
+- the kernel as judge: open() of the mknod'ed node from inside the container (runc exec)
+  gives EPERM while the device cgroup denies it and ENXIO once it is allowed (no driver).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI, need_tool
+from daemonproc import DEADLINE, DaemonProcess
+from runcfixture import RuncHost, device_node, device_rule
+from test_daemon_dbus import MANAGER, MOCK_IFACE, PrivateBus
+from test_repair_dbus import SystemdMock
+
+from nvsymlinkd.journal import MESSAGE_IDS
+
+SEP = " || "
+CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
+
+# Runs under `unshare -m`: a private /run, a journald socket there, the daemon (argv[1:]) as a child.
+# Each datagram is decoded with journald's native protocol and written as "MESSAGE || {fields}".
+RELAY = r"""
+import json, os, signal, socket, struct, subprocess, sys, threading
+
+def parse(data):
+    fields, i = {}, 0
+    while i < len(data):
+        nl = data.index(b"\n", i)
+        line = data[i:nl]
+        if b"=" in line:
+            key, _, value = line.partition(b"=")
+            i = nl + 1
+        else:
+            key = line
+            size = struct.unpack_from("<Q", data, nl + 1)[0]
+            value = data[nl + 9:nl + 9 + size]
+            i = nl + 9 + size + 1
+        fields[key.decode()] = value.decode(errors="replace")
+    return fields
+
+subprocess.run(["mount", "-t", "tmpfs", "nvsymlinkd-test-run", "/run"], check=True)
+os.makedirs("/run/systemd/journal")
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.bind("/run/systemd/journal/socket")
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+lock = threading.Lock()
+
+def relay():
+    while True:
+        fields = parse(sock.recv(1 << 20))
+        line = fields.get("MESSAGE", "").replace("\n", " ") + __SEP__ + json.dumps(fields, sort_keys=True)
+        with lock:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+threading.Thread(target=relay, daemon=True).start()
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+# the daemon dies with us, even if we are SIGKILLed (a test's teardown after a hang)
+daemon = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: libc.prctl(1, signal.SIGKILL))
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, lambda s, f: daemon.send_signal(s))
+rc = daemon.wait()
+import time
+time.sleep(0.2)  # the last datagrams
+sys.exit(rc)
+""".replace("__SEP__", repr(SEP))
+
+
+def kind_id(kind: str) -> str:
+    return MESSAGE_IDS[kind]
+
+
+@pytest.fixture
+def runc_host(tmp_path, need_root):
+    runc = need_tool("runc")
+    for what, ok in (("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox")),
+                     ("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))):
+        if not ok:
+            if IN_CI:
+                pytest.fail(f"CI must run this test: needs {what}", pytrace=False)
+            pytest.skip(f"needs {what}")
+    host = RuncHost(tmp_path / "runc", runc)
+    try:
+        yield host
+    finally:
+        host.cleanup()
+
+
+def need_bus_parts() -> None:
+    need_tool("dbus-daemon")
+    try:
+        import dbus  # noqa: F401  (python3-dbus)
+        import dbusmock  # noqa: F401
+        import systemd.journal  # noqa: F401  (python3-systemd: the daemon's journal sender)
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"CI must run this test, but: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def systemd_bus(tmp_path, need_root):
+    """systemd as the daemon's watcher needs it: Subscribe, and signals sent with EmitSignal."""
+    need_bus_parts()
+    (tmp_path / "bus").mkdir()
+    b = PrivateBus(tmp_path / "bus")
+    b.start()
+    try:
+        b.conn = b.start_mock()
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def systemd_mock(tmp_path, need_root):
+    """test_repair_dbus's systemd (GetUnit, scopes' DeviceAllow, SetUnitProperties re-applying v1 policy),
+    plus the Subscribe the daemon's watcher calls."""
+    need_bus_parts()
+    m = SystemdMock(tmp_path / "sdbus")
+    try:
+        m.start()
+        m.manager.AddMethods(MANAGER, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")],
+                             dbus_interface=MOCK_IFACE)
+        yield m
+    finally:
+        m.close()
+
+
+class Daemon(DaemonProcess):
+    """The real daemon, its journal entries as lines; (message, fields) for the journaled ones."""
+
+    def entries(self, after: int = 0, kind: str | None = None, container: str | None = None) -> list:
+        out = []
+        for line in self.lines[after:]:
+            message, sep, doc = line.rpartition(SEP)
+            if not sep:
+                continue
+            fields = json.loads(doc)
+            if kind is not None and fields.get("MESSAGE_ID") != kind_id(kind):
+                continue
+            if container is not None and fields.get("CONTAINER_ID") != container:
+                continue
+            out.append((message, fields))
+        return out
+
+    def wait_entry(self, kind: str, container: str, after: int = 0) -> tuple:
+        self.wait_until(lambda: self.entries(after, kind, container), f"a {kind} entry for {container}")
+        return self.entries(after, kind, container)[0]
+
+    def passes(self, why: str, after: int = 0) -> int:
+        return sum("GPU containers in" in m and f"({why})" in m for m, _ in self.entries(after))
+
+
+def manager(bus):
+    """systemd's Manager object on either stand-in (PrivateBus here, SystemdMock of test_repair_dbus)."""
+    return bus.manager if isinstance(bus, SystemdMock) else bus.manager(bus.conn)
+
+
+def subscribed(bus) -> bool:
+    return any(str(c[1]) == "Subscribe" for c in manager(bus).GetCalls(dbus_interface=MOCK_IFACE))
+
+
+@pytest.fixture
+def start_daemon(runc_host, tmp_path):
+    relay = tmp_path / "journal_relay.py"
+    relay.write_text(RELAY)
+    unshare = need_tool("unshare")
+    started = []
+
+    def start(bus, *run_args, config_text=None):
+        if config_text is not None:
+            runc_host.fake.write(CONFIG, config_text)
+        d = Daemon(runc_host.root, *run_args, prefix=(unshare, "-m", "--", sys.executable, str(relay)),
+                   env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1",
+                        "NVSYMLINKD_LOG": "journal"})
+        started.append(d)
+        d.wait_for_line(r"watching systemd on the system bus")
+        d.wait_until(lambda: subscribed(bus), "Subscribe() on the mock")
+        d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(daemon started\)")
+        return d
+
+    try:
+        yield start
+    finally:
+        # stopped before the containers go (runc_host tears down after us): nothing repairs mid-cleanup
+        for d in started:
+            d.stop()
+
+
+def reload(bus) -> float:
+    """A daemon-reload as systemd announces it; returns when Reloading(false) was sent."""
+    m = manager(bus)
+    m.EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
+    at = time.monotonic()
+    m.EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
+    return at
+
+
+def barrier(d, bus) -> None:
+    """A reload and its verification, all its entries included (then the test counts what was said).
+
+    Passes run one at a time and the journal socket keeps order, so a pass's entries all come
+    before the next pass's "verified" line: a second reload closes the first.
+    """
+    for _ in range(2):
+        mark = d.mark()
+        reload(bus)
+        d.wait_until(lambda m=mark: d.passes("systemd reload finished", m), "a verification after a reload")
+
+
+def gpu0():
+    return dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
+                env=["NVIDIA_VISIBLE_DEVICES=0"])
+
+
+# Polls open(O_RDWR) of a node from inside a container's device cgroup (v1: only that controller
+# is joined) and prints when the kernel starts allowing it: finer than a runc exec per poll.
+# Both sides read CLOCK_MONOTONIC, which is one clock for the whole machine.
+PROBE = r"""
+import errno, os, sys, time
+procs, node, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with open(procs, "w") as f:
+    f.write(str(os.getpid()))
+said = None
+end = time.monotonic() + limit
+while time.monotonic() < end:
+    try:
+        os.close(os.open(node, os.O_RDWR))
+        print("opened", flush=True)
+        break
+    except OSError as exc:
+        now = time.monotonic()
+        if exc.errno == errno.ENXIO:
+            print("ENXIO %r" % now, flush=True)
+            break
+        if exc.errno != errno.EPERM:
+            print("error %s" % exc, flush=True)
+            break
+        if said is None:
+            said = print("EPERM", flush=True) or True
+    time.sleep(0.0005)
+"""
+
+
+class Prober:
+    def __init__(self, container, node: Path):
+        procs = container.devices_dir() / "cgroup.procs"
+        self.proc = subprocess.Popen([sys.executable, "-c", PROBE, str(procs), str(node), str(DEADLINE)],
+                                     stdout=subprocess.PIPE, text=True)
+
+    def line(self) -> str:
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        # it sits in the container's cgroup: gone before the cgroup is removed
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if not self.proc.stdout.closed:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def probe(runc_host):
+    """Prober(container, node), each killed before runc_host removes the cgroups it sits in."""
+    made = []
+
+    def start(container, node):
+        p = Prober(container, node)
+        made.append(p)
+        return p
+
+    try:
+        yield start
+    finally:
+        for p in made:
+            p.close()
+
+
+def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_host, systemd_bus, start_daemon,
+                                                                         probe):
+    runs = 5  # one container per run: a second loss of the same one within 10 min is rate-limited, by design
+    cs = [runc_host.run(f"gpu-reload-{i}", **gpu0()) for i in range(runs)]
+    for c in cs:
+        assert c.open_error("/dev/nvidia0") == "ENXIO"
+    d = start_daemon(systemd_bus, "--resync-interval", "0")  # only the reload can explain a verification
+    assert d.entries(kind="container-lost") == []
+    figures = []
+    for c in cs:
+        c.deny("c 195:0 rw")
+        assert c.open_error("/dev/nvidia0") == "EPERM"
+        prober = probe(c, runc_host.fake.path("/dev/nvidia0"))
+        assert prober.line() == "EPERM"  # in the container's cgroup, denied like the container
+        mark = d.mark()
+        sent = reload(systemd_bus)
+        answer = prober.line()  # blocks until the kernel allows it, or the probe's own deadline
+        assert answer.startswith("ENXIO "), f"{answer!r}; daemon said:\n" + d.output()
+        figures.append(float(answer.split()[1]) - sent)
+        prober.close()  # out of the container's cgroup
+
+        message, fields = d.wait_entry("container-lost", c.id, mark)
+        assert f"container {c.id} (runc): GPU device access lost: c 195:0" in message
+        assert fields["PRIORITY"] == "3" and fields["NVSYMLINKD_DEVICES"] == "c 195:0"
+        assert fields["NVSYMLINKD_RUNTIME"] == "runc" and fields["SYSLOG_IDENTIFIER"] == "nvsymlinkd"
+        assert "(seen on systemd reload finished)" in message
+        message, fields = d.wait_entry("repair-done", c.id, mark)
+        assert "granted c 195:0 rw via devices.allow; verified: repaired" in message
+        assert fields["NVSYMLINKD_MECHANISM"] == "devices.allow"
+        assert fields["NVSYMLINKD_VERIFICATION"] == "c 195:0=allow"
+        message, _ = d.wait_entry("container-ok", c.id, mark)
+        assert "can open all its GPU devices again" in message
+        assert "c 195:0 rw" in c.devices_list()
+        assert c.open_error("/dev/nvidia0") == "ENXIO"  # and from inside the container itself
+        # the other containers were neither reported nor touched
+        others = {e[1]["CONTAINER_ID"] for e in d.entries(mark) if "CONTAINER_ID" in e[1]}
+        assert others == {c.id}, d.output()
+    for c in cs:
+        assert c.open_error("/dev/nvidia0") == "ENXIO"
+    figures.sort()
+    print(f"\nReloading(false) sent -> open(O_RDWR) allowed again in the container's cgroup, {runs} runs: "
+          f"min {figures[0] * 1000:.1f} ms, median {figures[runs // 2] * 1000:.1f} ms, "
+          f"max {figures[-1] * 1000:.1f} ms (polled every 0.5 ms)")
+    assert d.alive()
+
+
+def test_report_mode_journals_and_grants_nothing(runc_host, systemd_bus, start_daemon):
+    c = runc_host.run("gpu-report", **gpu0())
+    d = start_daemon(systemd_bus, "--resync-interval", "0", config_text='repair = "report"\n')
+    c.deny("c 195:0 rw")
+    listed = c.devices_list()
+    mark = d.mark()
+    reload(systemd_bus)
+    message, _ = d.wait_entry("container-lost", c.id, mark)
+    assert "GPU device access lost: c 195:0" in message
+    message, _ = d.wait_entry("repair-reported", c.id, mark)
+    assert "would grant c 195:0 rw via devices.allow" in message, d.output()
+    assert c.devices_list() == listed
+    assert c.open_error("/dev/nvidia0") == "EPERM"
+    # more reloads: still nothing granted, and nothing said again
+    barrier(d, systemd_bus)
+    assert c.devices_list() == listed
+    assert c.open_error("/dev/nvidia0") == "EPERM"
+    assert d.entries(kind="repair-done") == []
+    assert len(d.entries(kind="container-lost")) == 1, d.output()
+    assert len(d.entries(kind="repair-reported")) == 1, d.output()
+
+
+def test_hook_grant_is_at_risk_once_baselined_and_repaired_from_the_baseline(runc_host, systemd_bus,
+                                                                              start_daemon):
+    c = runc_host.run("gpu-hook", rules=[device_rule(195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0,1"],
+                      nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])
+    assert c.open_error("/dev/nvidia1") == "EPERM"
+    c.allow("c 195:1 rw")  # what the NVIDIA hook does: not in the spec
+    assert c.open_error("/dev/nvidia1") == "ENXIO"
+    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    message, fields = d.wait_entry("container-at-risk-not-in-spec", c.id)
+    assert "GPU device access at risk (at-risk-not-in-spec): c 195:1" in message
+    assert fields["PRIORITY"] == "4"
+    saved = json.loads((runc_host.root / "run/nvsymlinkd/baselines/gpu-hook.json").read_text())
+    assert saved["devices"] == {"c 195:0": "rw", "c 195:1": "rw"}
+    assert saved["init_start"] == c.state()["init_process_start"]
+    barrier(d, systemd_bus)  # passes with nothing new say nothing new
+    assert len(d.entries(kind="container-at-risk-not-in-spec")) == 1, d.output()
+    assert d.entries(kind="repair-done") == []  # at risk on cgroupfs: nothing to prevent
+
+    c.deny("c 195:1 rw")
+    assert c.open_error("/dev/nvidia1") == "EPERM"
+    mark = d.mark()
+    reload(systemd_bus)
+    message, _ = d.wait_entry("container-lost", c.id, mark)
+    assert "GPU device access lost: c 195:1" in message
+    message, fields = d.wait_entry("repair-done", c.id, mark)
+    assert "granted c 195:1 rw via devices.allow; verified: repaired" in message
+    d.wait_until(lambda: c.open_error("/dev/nvidia1") == "ENXIO", "the kernel to allow c 195:1 again")
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+    # back to at risk, which was said before the loss: not again; but that it can open them again, yes
+    message, _ = d.wait_entry("container-ok", c.id, mark)
+    assert "can open all its GPU devices again" in message
+    barrier(d, systemd_bus)
+    assert len(d.entries(kind="container-at-risk-not-in-spec")) == 1, d.output()
+    assert len(d.entries(kind="repair-done")) == 1, d.output()
+    # at risk again, and cgroupfs cannot make a hook's grant stick: said once per state, not per pass
+    assert len(d.entries(kind="repair-refused")) == 2, d.output()
+
+
+def test_findings_are_journaled_once_across_periodic_passes(runc_host, systemd_bus, start_daemon):
+    c = runc_host.run("gpu-periodic", **gpu0())
+    c.deny("c 195:0 rw")
+    d = start_daemon(systemd_bus, "--resync-interval", "0.2", config_text='repair = "report"\n')
+    d.wait_entry("container-lost", c.id)
+    d.wait_until(lambda: d.passes("periodic resync") >= 5, "five periodic verifications")
+    assert len(d.entries(kind="container-lost")) == 1, d.output()
+    assert len(d.entries(kind="repair-reported")) == 1, d.output()
+    assert c.open_error("/dev/nvidia0") == "EPERM"
+
+    # the operator switches to auto: SIGHUP, and the next periodic pass repairs
+    runc_host.fake.write(CONFIG, 'repair = "auto"\n')
+    mark = d.mark()
+    d.signal(signal.SIGHUP)
+    d.wait_entry("repair-done", c.id, mark)
+    message, _ = d.wait_entry("container-ok", c.id, mark)
+    assert "can open all its GPU devices again" in message
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+    after = d.mark()
+    d.wait_until(lambda: d.passes("periodic resync", after) >= 3, "three more periodic verifications")
+    assert len(d.entries(mark, kind="container-ok")) == 1, d.output()
+    assert len(d.entries(kind="container-lost")) == 1, d.output()
+
+
+def test_unusable_state_dir_is_not_fatal(runc_host, systemd_bus, start_daemon):
+    """No baseline can be written (the state dir is a file): links still come, a loss is still repaired."""
+    c = runc_host.run("gpu-nostate", **gpu0())
+    runc_host.fake.write("/run/nvsymlinkd-broken", "a file, not a directory\n")
+    d = start_daemon(systemd_bus, "--resync-interval", "0", config_text='state_dir = "/run/nvsymlinkd-broken"\n')
+    problem = f"container {c.id} (runc): cannot write baseline: Not a directory"
+    d.wait_for_line(re.escape(problem))
+    c.deny("c 195:0 rw")
+    mark = d.mark()
+    reload(systemd_bus)
+    d.wait_entry("repair-done", c.id, mark)
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+    runc_host.fake.node("/dev/nvidia5", 195, 5)
+    d.wait_until(lambda: runc_host.fake.links().get("195:5") == "../nvidia5", "a link for a new node")
+    assert d.alive()
+    assert not (runc_host.root / "run/nvsymlinkd-broken").is_dir()
+    assert sum(problem in line for line in d.lines) == 1, d.output()  # said once, not at every pass
+
+
+def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc_host, systemd_mock,
+                                                                           start_daemon):
+    """A container in a scope whose DeviceAllow lacks its GPU: the daemon adds it before a reload takes it."""
+    scope = "runc-gpu-scope.scope"
+    keep = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
+            ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm")]
+    c = runc_host.run("gpu-scope", cgroup_leaf=scope, **gpu0())
+    freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    message, fields = d.wait_entry("container-at-risk-scope", c.id)
+    assert f"container {c.id} ({scope}): GPU device access at risk (at-risk-scope): c 195:0" in message
+    assert fields["UNIT"] == scope and fields["PRIORITY"] == "4"
+    message, fields = d.wait_entry("repair-prevented", c.id)
+    assert "added to DeviceAllow before a reload took it: c 195:0 rw via devices.allow+systemd; verified: prevented" in message
+    assert fields["UNIT"] == scope
+    d.wait_entry("container-ok", c.id)
+    assert ("/dev/char/195:0", "rw") in systemd_mock.device_allow(scope)
+    (seen,) = systemd_mock.observed()  # one SetUnitProperties, made with the container frozen and the link there
+    assert seen["freezer"] == "FROZEN" and seen["dev_char"]["/dev/char/195:0"] is True
+    assert open(freezer).read().strip() == "THAWED"
+
+    # the reload: systemd re-applies every scope's policy (v1: deny all, then allow each DeviceAllow entry)
+    assert "c 10:200 rwm" in c.devices_list()  # runc's /dev/net/tun, not in DeviceAllow: the reload drops it
+    (c.devices_dir() / "devices.deny").write_text("a")
+    for path, access in systemd_mock.device_allow(scope):
+        (c.devices_dir() / "devices.allow").write_text(f"c {path.rsplit('/', 1)[1]} {access}")
+    mark = d.mark()
+    barrier(d, systemd_mock)
+    assert "c 10:200 rwm" not in c.devices_list()  # the re-apply did take what DeviceAllow lacks
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"  # kept: it was in DeviceAllow before the reload
+    assert [m for m, f in d.entries(mark) if "CONTAINER_ID" in f] == [], d.output()  # nothing to say
+    assert len(systemd_mock.observed()) == 1
