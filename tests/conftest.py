@@ -50,3 +50,27 @@ def nvsymlinkd_cli():
         return proc
 
     return run
+
+
+def _need(what: str, ok: bool) -> None:
+    if not ok:
+        _skip_or_fail(f"needs {what}")
+
+
+@pytest.fixture
+def runc_host(tmp_path, need_root):
+    """Real runc containers (busybox rootfs, cgroupfs driver) seen through a fake host tree; all cleaned up.
+
+    Needs the cgroup v1 devices controller: tests change access the way hooks and admins do
+    (devices.allow/deny), which runc 1.1.5 programs where v1 devices is mounted (hybrid hosts like CI).
+    """
+    from runcfixture import RuncHost
+
+    runc = need_tool("runc")
+    _need("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))
+    _need("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))
+    host = RuncHost(tmp_path / "runc", runc)
+    try:
+        yield host
+    finally:
+        host.cleanup()

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -25,8 +24,9 @@ from pathlib import Path
 import pytest
 from conftest import IN_CI, need_tool
 from daemonproc import DEADLINE, DaemonProcess
-from runcfixture import RuncHost, device_node, device_rule
-from test_daemon_dbus import MANAGER, MOCK_IFACE, PrivateBus
+from privatebus import MANAGER, MOCK_IFACE
+from runcfixture import device_node, device_rule
+from test_daemon_dbus import PrivateBus
 from test_repair_dbus import SystemdMock
 
 from nvsymlinkd.journal import MESSAGE_IDS
@@ -87,22 +87,6 @@ sys.exit(rc)
 
 def kind_id(kind: str) -> str:
     return MESSAGE_IDS[kind]
-
-
-@pytest.fixture
-def runc_host(tmp_path, need_root):
-    runc = need_tool("runc")
-    for what, ok in (("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox")),
-                     ("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))):
-        if not ok:
-            if IN_CI:
-                pytest.fail(f"CI must run this test: needs {what}", pytrace=False)
-            pytest.skip(f"needs {what}")
-    host = RuncHost(tmp_path / "runc", runc)
-    try:
-        yield host
-    finally:
-        host.cleanup()
 
 
 def need_bus_parts() -> None:

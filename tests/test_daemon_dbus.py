@@ -4,37 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import IN_CI, need_tool
 from daemonproc import DEADLINE, DaemonProcess
 from fakehost import standard_host
-
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = "org.freedesktop.systemd1.Manager"
-MOCK_IFACE = "org.freedesktop.DBus.Mock"
-
-# A bus that allows everything, shaped like the system bus (its own socket, EXTERNAL auth).
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path={socket}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow receive_sender="*"/>
-    <allow send_type="signal"/>
-    <allow send_type="method_call"/>
-  </policy>
-</busconfig>
-"""
+from privatebus import (
+    MANAGER,
+    MOCK_IFACE,
+    SYSTEMD,
+    SYSTEMD_PATH,
+    need_dbusmock,
+    start_bus,
+    start_mock,
+)
 
 # systemd's Manager as far as nvsymlinkd uses it; signals are sent with the mock's EmitSignal.
 TEMPLATE = f"""
@@ -52,26 +35,19 @@ def load(mock, parameters):
 class PrivateBus:
     def __init__(self, tmp_path):
         self.dir = tmp_path
-        self.socket = tmp_path / "system_bus_socket"
-        self.config = tmp_path / "bus.conf"
-        self.config.write_text(BUS_CONFIG.format(socket=self.socket))
         self.template = tmp_path / "systemd_manager.py"
         self.template.write_text(TEMPLATE)
-        self.address = f"unix:path={self.socket}"
+        self.daemon = None
+        self.address = None
         self.proc = None
         self.mock = None
 
     def start(self):
-        self.proc = subprocess.Popen([need_tool("dbus-daemon"), f"--config-file={self.config}", "--nofork",
-                                      "--nopidfile", "--print-address=1"],
-                                     stdout=subprocess.PIPE, text=True)
-        printed = self.proc.stdout.readline().strip()
-        assert printed.startswith("unix:path="), printed
+        self.daemon = start_bus(self.dir)
+        self.address, self.proc = self.daemon.address, self.daemon.proc
 
     def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-        self.proc.stdout.close()
+        self.daemon.kill()
 
     def connection(self):
         import dbus
@@ -79,16 +55,8 @@ class PrivateBus:
         return dbus.bus.BusConnection(self.address)
 
     def start_mock(self):
-        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
-        self.mock = subprocess.Popen([sys.executable, "-m", "dbusmock", "--system", "-t", str(self.template)],
-                                     env=env, stdout=subprocess.DEVNULL)
-        conn = self.connection()
-        end = time.monotonic() + DEADLINE
-        while not conn.name_has_owner(SYSTEMD):
-            assert self.mock.poll() is None, "dbusmock exited"
-            assert time.monotonic() < end, "dbusmock never owned org.freedesktop.systemd1"
-            time.sleep(0.05)
-        return conn
+        self.mock = start_mock(self.address, self.template)
+        return self.connection()
 
     def stop_mock(self):
         self.mock.terminate()
@@ -115,14 +83,7 @@ class PrivateBus:
 
 @pytest.fixture
 def bus(tmp_path, need_root):
-    need_tool("dbus-daemon")
-    try:
-        import dbus  # noqa: F401  (python3-dbus, dbusmock's own dependency)
-        import dbusmock  # noqa: F401
-    except ImportError as exc:
-        if IN_CI:
-            pytest.fail(f"CI must run this test, but: {exc} (python3-dbusmock)", pytrace=False)
-        pytest.skip(f"python-dbusmock: {exc}")
+    need_dbusmock()
     b = PrivateBus(tmp_path)
     b.start()
     yield b

@@ -23,7 +23,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, need_tool
 from fakehost import standard_host
 
 from nvsymlinkd import journal as journalmod
@@ -145,24 +144,6 @@ def daemon_entries(tmp_path) -> list:
     finally:
         subprocess.run(["umount", str(dev_char)], capture_output=True)
     return entries
-
-
-@pytest.fixture
-def runc_host(tmp_path, need_root):
-    from runcfixture import RuncHost
-
-    runc = need_tool("runc")
-    for what, ok in (("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox")),
-                     ("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))):
-        if not ok:
-            if IN_CI:
-                pytest.fail(f"CI must run this test: needs {what}", pytrace=False)
-            pytest.skip(f"needs {what}")
-    host = RuncHost(tmp_path, runc)
-    try:
-        yield host
-    finally:
-        host.cleanup()
 
 
 def gpu0():

@@ -26,36 +26,24 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, need_tool
+from conftest import IN_CI
 from fakehost import FakeHost
+from privatebus import (
+    DEADLINE,
+    MANAGER,
+    MOCK_IFACE,
+    SYSTEMD,
+    SYSTEMD_PATH,
+    need_dbusmock,
+    start_bus,
+    start_mock,
+)
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.hostroot import HostRoot
 from nvsymlinkd.repairplan import Grant, RepairHistory, RepairRequest
 
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = "org.freedesktop.systemd1.Manager"
 SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
-MOCK_IFACE = "org.freedesktop.DBus.Mock"
-DEADLINE = 20.0
-
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path={socket}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow receive_sender="*"/>
-    <allow send_type="signal"/>
-    <allow send_type="method_call"/>
-  </policy>
-</busconfig>
-"""
 
 # GetUnit: unit name -> object path (systemd's escaping), NoSuchUnit for unknown units.
 GET_UNIT = """
@@ -197,30 +185,18 @@ class SystemdMock:
     def __init__(self, tmp_path: Path):
         self.dir = tmp_path
         tmp_path.mkdir(parents=True, exist_ok=True)
-        self.socket = tmp_path / "system_bus_socket"
-        (tmp_path / "bus.conf").write_text(BUS_CONFIG.format(socket=self.socket))
         (tmp_path / "systemd_mock.py").write_text(TEMPLATE)
-        self.address = f"unix:path={self.socket}"
+        self.address = None
         self.log = tmp_path / "calls.jsonl"
         self.bus = self.mock = self.monitor = None
 
     def start(self):
-        tmp_path = self.dir
-        self.bus = subprocess.Popen([need_tool("dbus-daemon"), f"--config-file={tmp_path / 'bus.conf'}", "--nofork",
-                                     "--nopidfile", "--print-address=1"], stdout=subprocess.PIPE, text=True)
-        printed = self.bus.stdout.readline().strip()
-        assert printed.startswith("unix:path="), printed
-        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
-        self.mock = subprocess.Popen([sys.executable, "-m", "dbusmock", "--system", "-t",
-                                      str(tmp_path / "systemd_mock.py")], env=env, stdout=subprocess.DEVNULL)
+        self.daemon = start_bus(self.dir)
+        self.bus, self.address = self.daemon.proc, self.daemon.address
+        self.mock = start_mock(self.address, self.dir / "systemd_mock.py")
         import dbus
 
         self.conn = dbus.bus.BusConnection(self.address)
-        end = time.monotonic() + DEADLINE
-        while not self.conn.name_has_owner(SYSTEMD):
-            assert self.mock.poll() is None, "dbusmock exited"
-            assert time.monotonic() < end, "dbusmock never owned org.freedesktop.systemd1"
-            time.sleep(0.05)
         self.manager = self.conn.get_object(SYSTEMD, SYSTEMD_PATH)
         self.monitor = Monitor(self.address)
         self.monitor.start()
@@ -250,21 +226,16 @@ class SystemdMock:
     def close(self):
         if self.monitor is not None:
             self.monitor.stop()
-        for p in (self.mock, self.bus):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        if self.mock is not None and self.mock.poll() is None:
+            self.mock.kill()
+            self.mock.wait()
         if self.bus is not None:
-            self.bus.stdout.close()
+            self.daemon.kill()
 
 
 @pytest.fixture
 def systemd(tmp_path, need_root, monkeypatch):
-    need_tool("dbus-daemon")
-    if IN_CI:
-        __import__("dbusmock")
-    else:
-        pytest.importorskip("dbusmock")
+    need_dbusmock()
     m = SystemdMock(tmp_path / "bus")
     try:
         m.start()

@@ -8,30 +8,12 @@ is allowed (no driver behind the node).
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from conftest import IN_CI, need_tool
-from runcfixture import RuncHost, device_node, device_rule
+from runcfixture import device_node, device_rule
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.hostroot import HostRoot
-
-
-@pytest.fixture
-def runc_host(tmp_path, need_root):
-    runc = need_tool("runc")
-    for what, ok in (("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox")),
-                     ("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))):
-        if not ok:
-            if IN_CI:
-                pytest.fail(f"CI must run this test: needs {what}", pytrace=False)
-            pytest.skip(f"needs {what}")
-    host = RuncHost(tmp_path, runc)
-    try:
-        yield host
-    finally:
-        host.cleanup()
 
 
 def gpu0():

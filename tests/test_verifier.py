@@ -284,18 +284,6 @@ def test_verify_all_over_fixtures(fakehost, v1_parent):
 
 # --- scopes over a real (private) system bus, python-dbusmock playing systemd -----------------
 
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path={socket}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/><allow own="*"/><allow send_destination="*"/><allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"""
-
 # systemd's Manager.GetUnit and one scope's org.freedesktop.systemd1.Scope properties
 SYSTEMD_TEMPLATE = """
 import dbus
@@ -321,49 +309,21 @@ def load(mock, parameters):
 
 @pytest.fixture
 def systemd_bus(tmp_path, need_root, monkeypatch):
-    import subprocess
-    import sys
-    import time
+    from privatebus import need_dbusmock, start_bus, start_mock
 
-    from conftest import need_tool
-
-    daemon = need_tool("dbus-daemon")
-    try:
-        import dbus  # noqa: F401
-        import dbusmock  # noqa: F401
-    except ImportError as exc:
-        if IN_CI:
-            pytest.fail(f"CI must run this test, but: {exc} (python3-dbusmock)", pytrace=False)
-        pytest.skip(f"python-dbusmock: {exc}")
-    socket = tmp_path / "system_bus_socket"
-    (tmp_path / "bus.conf").write_text(BUS_CONFIG.format(socket=socket))
+    need_dbusmock()
     (tmp_path / "fake_systemd.py").write_text(SYSTEMD_TEMPLATE)
-    address = f"unix:path={socket}"
-    procs = []
+    bus = start_bus(tmp_path)
+    mock = None
     try:
-        bus = subprocess.Popen([daemon, f"--config-file={tmp_path / 'bus.conf'}", "--nofork", "--nopidfile",
-                                "--print-address=1"], stdout=subprocess.PIPE, text=True)
-        procs.append(bus)
-        assert bus.stdout.readline().startswith("unix:path=")
-        env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=address)
-        mock = subprocess.Popen([sys.executable, "-m", "dbusmock", "--system", "-t", str(tmp_path / "fake_systemd.py")],
-                                env=env, stdout=subprocess.DEVNULL)
-        procs.append(mock)
-        import dbus
-
-        conn = dbus.bus.BusConnection(address)
-        end = time.monotonic() + 20
-        while not conn.name_has_owner("org.freedesktop.systemd1"):
-            assert mock.poll() is None and time.monotonic() < end, "dbusmock never owned org.freedesktop.systemd1"
-            time.sleep(0.05)
-        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
-        yield address
+        mock = start_mock(bus.address, tmp_path / "fake_systemd.py")
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
+        yield bus.address
     finally:
-        for p in reversed(procs):
-            p.kill()
-            p.wait()
-        if procs:
-            procs[0].stdout.close()
+        if mock is not None:
+            mock.kill()
+            mock.wait()
+        bus.kill()
 
 
 def test_scopes_from_dbus_then_files(systemd_bus, fakehost):
