@@ -117,6 +117,10 @@ class ContainerWatch(ContainerHook):
         config = self.get_config()
         report = verifier.verify_all(self.root, config, update_baseline=True, use_bus=self.use_bus,
                                      with_host=False)
+        if any(c.baseline == "recorded" and c.verdict == "at-risk" for c in report.containers):
+            # a baseline recorded just now makes hook-injected devices expected: decide on it at once,
+            # not at the next trigger (a reload may come first and take them)
+            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
         self.passes += 1
         self.last_report = report
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")

@@ -193,10 +193,21 @@ class SystemdWatch:
         self.on_reload("reexec")
 
     async def _subscribe_quietly(self, bus) -> None:
-        try:
-            await self._subscribe(bus)
-        except Exception as exc:  # noqa: BLE001 - the bus may drop right now; run() handles that
-            self.journal.debug(f"Subscribe() after re-exec failed: {_why(exc)}")
+        # A re-exec'ed systemd takes its bus name before it is done deserializing and may refuse
+        # Subscribe() for a moment: retry for about 30 s before giving up on scope signals.
+        delay = 0.1
+        for _ in range(12):
+            try:
+                reply = await self._call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "Subscribe", "", [], check=False)
+            except Exception as exc:  # noqa: BLE001 - the bus may drop right now; run() handles that
+                self.journal.debug(f"Subscribe() after re-exec failed: {_why(exc)}")
+                return
+            if reply is not None:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        self.journal.notice("systemd refused Subscribe() after re-exec; reloads are still seen, new container "
+                            "scopes only at the next resync")
 
     def _scope(self, unit: str) -> None:
         if not is_container_scope(unit) or unit in self.scopes:

@@ -216,6 +216,10 @@ def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, sco
     # Declared vs injected needs the spec or runc's recorded rules; without either, say so.
     declared_known = getattr(c, "spec", None) is not None or getattr(getattr(c, "state", None), "rules", None) is not None
     not_declared = [k for k in sorted(granted) if k not in expected.declared]
+    if not_declared and c.scope and scope_devices is not None:
+        # systemd re-applies what the scope lists (repair adds hook devices there) and runc >= 1.0's
+        # `update` leaves device rules alone: a device the scope covers is no longer at risk
+        not_declared = [k for k in not_declared if not scope_devices.covers(k[0], k[1], k[2], granted[k])]
     if not_declared and not declared_known:
         findings.append(Finding(
             UNKNOWN, tuple(device_str(k) for k in not_declared),

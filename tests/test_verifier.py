@@ -91,6 +91,18 @@ def test_granted_not_declared_is_at_risk():
     assert r.verdict == "at-risk" and kinds(r) == {"at-risk-not-in-spec": ("c 195:1",)}
 
 
+def test_hook_device_the_scope_lists_is_no_longer_at_risk():
+    # after repair added the hook's device to the scope, a reload re-applies it: nothing left at risk
+    policy = TablePolicy({(195, 0): "rw", (195, 255): "rw", (195, 1): "rw"})
+    listed = ScopeDevices("x.scope", "dbus", "strict", (),
+                          tuple(DeviceRule(True, "c", 195, m, "rw") for m in (0, 1, 255)))
+    assert run(GPU0, policy, scope="x.scope", scope_devices=listed).verdict == "ok"
+    unlisted = ScopeDevices("x.scope", "dbus", "strict", (),
+                            tuple(DeviceRule(True, "c", 195, m, "rw") for m in (0, 255)))
+    r = run(GPU0, policy, scope="x.scope", scope_devices=unlisted)
+    assert kinds(r) == {"at-risk-not-in-spec": ("c 195:1",)}
+
+
 def test_wildcard_spec_rule_declares_every_gpu():
     spec = oci_spec(rules=[spec_rule(195, None, "rwm")])
     r = run(spec, TablePolicy({(195, 0): "rw", (195, 1): "rw", (195, 255): "rw"}))
