@@ -159,7 +159,7 @@ class ContainerWatch(ContainerHook):
                     if f_key in risks:
                         continue  # said before a loss and its repair brought it back: still the same risk
                     risks.add(f_key)
-                self.journal.event(kind, priority, f"{message} (seen on {why})", **fields)
+                self.journal.event(kind, priority, f"{message} (check triggered by: {why})", **fields)
             lost_before = before is not None and any(k[0] == verifier.LOST for k in before)
             usable_now = not any(k[0] in (verifier.LOST, verifier.UNKNOWN) for k in now)
             if (not now and before) or (lost_before and usable_now):

@@ -422,7 +422,8 @@ class Daemon:
         else:
             counts = result.plan.summary()
             links = counts["create"] + counts["replace"] + counts["keep"]
-            head = f"{links} links for {len(result.snapshot.nodes)} NVIDIA nodes"
+            nodes = len(result.snapshot.nodes)
+            head = f"{links} link{'' if links == 1 else 's'} for {nodes} NVIDIA node{'' if nodes == 1 else 's'}"
             if counts["conflict"]:
                 head += f", {counts['conflict']} conflicts"
         return f"{head}; {self._last_status}; {self.passes} sync passes; system bus {self.bus_state}"

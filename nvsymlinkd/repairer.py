@@ -443,8 +443,9 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             result.error = str(exc)
         except OSError as exc:
             result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
-        if history is not None:
-            history.record(request.container_id, clock())  # a failed attempt counts too: no loops
+        # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
+        # attempt (no loops); a successful prevention does not, so a later loss still gets repaired.
+        record_attempt = history is not None
         result.verification = check_access(root, request, plan.grants)
         if plan.mechanism in (SYSTEMD, DEVICES_ALLOW_SYSTEMD) and result.error is None:
             _check_scope(request, plan.grants, result.verification, timeout)
@@ -459,6 +460,8 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.error = f"the repair did not take: {d} is {v['state']} ({v['reason']})"
             else:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
+        if record_attempt and result.status != PREVENTED:
+            history.record(request.container_id, clock())
     _journal(journal, result)
     return result
 

@@ -10,6 +10,7 @@ Finding kinds are stable strings with fixed journal MESSAGE_IDs (MESSAGE_IDS).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -399,6 +400,9 @@ def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseli
     if not signs and not expected.devices:
         return evaluate(c, signs, expected, None, None, None, ctx.host)
     policy, why = _read_policy(root, c, ctx.mounts) if c.live else (None, None)
+    if policy is None and c.init_pid and not os.path.exists(root.path(f"/proc/{c.init_pid}")):
+        # deleted between discovery and the cgroup read: gone, not "unknown"
+        c.status = "stopped"
     dev_nodes = container_dev_nodes(root, c.init_pid) if c.live and c.init_pid else []
     report = evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes)
     if base is not None:

@@ -306,7 +306,7 @@ def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_ho
         assert f"container {c.id} (runc): GPU device access lost: c 195:0" in message
         assert fields["PRIORITY"] == "3" and fields["NVSYMLINKD_DEVICES"] == "c 195:0"
         assert fields["NVSYMLINKD_RUNTIME"] == "runc" and fields["SYSLOG_IDENTIFIER"] == "nvsymlinkd"
-        assert "(seen on systemd reload finished)" in message
+        assert "(check triggered by: systemd reload finished)" in message
         message, fields = d.wait_entry("repair-done", c.id, mark)
         assert "granted c 195:0 rw via devices.allow; verified: repaired" in message
         assert fields["NVSYMLINKD_MECHANISM"] == "devices.allow"

@@ -9,13 +9,12 @@
 
 import os
 import re
-import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import _skip_or_fail, need_tool
+from debbuild import build_deb, copy_tree, run
 
 import nvsymlinkd
 from nvsymlinkd.config import Config
@@ -46,55 +45,13 @@ RPM = {  # Fedora/RHEL paths
 }
 
 
-def build_env() -> dict:
-    """The system toolchain: no pyenv shims (they break pybuild), no venv, no PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    keep = [p for p in env.get("PATH", "").split(":") if p and ".pyenv" not in p and "/.venv" not in p]
-    env["PATH"] = ":".join(keep or ["/usr/sbin", "/usr/bin", "/sbin", "/bin"])
-    env["LC_ALL"] = "C.UTF-8"
-    return env
-
-
-def run(argv, cwd=None, timeout=900, check=True, **kw):
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=build_env(), capture_output=True, text=True,
-                          timeout=timeout, **kw)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, argv))}: exit {proc.returncode}\n"
-                             f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
-    return proc
-
-
-def copy_tree(dest: Path) -> Path:
-    """The working tree (tracked and untracked, not ignored files) copied, so build products never
-    land in the repo."""
-    dest.mkdir(parents=True)
-    if (REPO / ".git").exists() and shutil.which("git"):
-        files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO).stdout
-        for rel in filter(None, files.split("\0")):
-            src = REPO / rel
-            if not os.path.lexists(src):
-                continue  # deleted in the working tree
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            if src.is_symlink():
-                os.symlink(os.readlink(src), dest / rel)
-            else:
-                shutil.copy2(src, dest / rel)
-    else:
-        shutil.copytree(REPO, dest, symlinks=True, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".git", ".venv*", "*.egg-info", "__pycache__", ".pybuild",
-                                                      ".ruff_cache", ".pytest_cache", "build", "dist"))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def deb_build(tmp_path_factory):
     for tool in ("dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
         need_tool(tool)
     work = tmp_path_factory.mktemp("deb")
-    src = copy_tree(work / "nvsymlinkd")
-    run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src)
-    deb = work / f"nvsymlinkd_{VERSION}_all.deb"
-    assert deb.is_file(), sorted(p.name for p in work.iterdir())
+    deb = build_deb(work)
+    assert deb.name == f"nvsymlinkd_{VERSION}_all.deb"
     changes = next(work.glob(f"nvsymlinkd_{VERSION}_*.changes"))
     tree = work / "extracted"
     run(["dpkg-deb", "-x", deb, tree])

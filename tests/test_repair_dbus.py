@@ -417,8 +417,11 @@ def test_v1_systemd_already_frozen_is_never_thawed(systemd, fake):
     unit = "cri-containerd-ct2.scope"
     systemd.add_scope(unit, root=str(fake.root), freezer=str(frz / "freezer.state"), devices=str(dev), fake=True)
     req = RepairRequest("ct2", "containerd", unit, "/ct2", None, "/ct2", "systemd", gpu0(), "at-risk")
-    res = repair_container(HostRoot(str(fake.root)), Config(), req)
+    history = RepairHistory()
+    res = repair_container(HostRoot(str(fake.root)), Config(), req, history=history)
     assert res.status == "prevented", (res.error, res.verification)
+    # a prevention does not use up the rate limit: a loss right after it still gets repaired
+    assert history.since_last("ct2", 0.0) is None
     assert "thaw" not in res.steps and "freeze" not in res.steps
     assert "freezer already FROZEN: left as it is" in res.steps
     assert (dev / "devices.allow").read_text() == ""  # at-risk: it still has access, only systemd is told

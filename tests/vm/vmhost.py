@@ -1,0 +1,587 @@
+#!/usr/bin/python3
+"""Host side of the VM harness: build the guest image and fake modules, boot scenarios.
+
+    python3 tests/vm/vmhost.py build                 # guest image (cached, keyed on its inputs)
+    python3 tests/vm/vmhost.py modules               # fake NVIDIA modules for the guest kernel
+    python3 tests/vm/vmhost.py deb                   # the project's .deb (cached, keyed on the source)
+    python3 tests/vm/vmhost.py run s01_reload_loses_gpu [...]   # one fresh boot per scenario
+
+The guest is Debian 12 (systemd, udev, D-Bus, runc) under qemu TCG. Two 9p shares: the
+project tree read-only at /mnt/src, a run directory (modules, the .deb, scenario list in;
+results out) at /mnt/run. Each scenario is a script in tests/vm/scenarios/ that writes a JSON verdict.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+VM_DIR = Path(__file__).resolve().parent
+REPO = VM_DIR.parent.parent
+IMAGE_DIR = VM_DIR / "image"
+MODULES_SRC = VM_DIR / "modules"
+SCENARIOS_DIR = VM_DIR / "scenarios"
+CACHE = Path(os.environ.get("NVSYMLINKD_VM_CACHE", REPO / ".cache" / "vm"))
+SUITE = "bookworm"
+# Bump when the build recipe below changes in a way the hashed files do not show.
+RECIPE = 1
+IMAGE_SIZE = "1G"
+BOOT_BUDGET_S = 150     # qemu start to the runner starting; measured 16-45 s under TCG
+BOOT_ATTEMPTS = 2       # a boot that hangs before any scenario code ran is retried once
+KEEP_RUNS = 30          # run directories (console, journal, results) kept under CACHE/runs
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEFAULT_SECURITY = "http://deb.debian.org/debian-security"
+
+
+class VmError(Exception):
+    """A harness step failed; the message says which and what to do."""
+
+
+def log(msg: str) -> None:
+    print(f"vm: {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- inputs
+
+@dataclass(frozen=True)
+class GuestKernel:
+    abi: str        # 6.1.0-56-amd64
+    version: str    # 6.1.192-2 (Debian package version)
+
+    @property
+    def image_package(self) -> str:
+        return f"linux-image-{self.abi}={self.version}"
+
+    @property
+    def headers(self) -> Path:
+        return Path("/usr/src") / f"linux-headers-{self.abi}"
+
+
+def guest_kernel() -> GuestKernel:
+    """The guest runs exactly the kernel whose headers the host has (linux-headers-amd64).
+
+    Pinning the image to the host's headers (not the other way round) keeps the fake modules
+    loadable: same ABI, same vermagic, same Module.symvers."""
+    proc = subprocess.run(["dpkg-query", "-W", "-f=${Depends}", "linux-headers-amd64"],
+                          capture_output=True, text=True)
+    m = re.search(r"linux-headers-(\S+-amd64) \(= ([^)]+)\)", proc.stdout)
+    if proc.returncode != 0 or not m:
+        raise VmError("linux-headers-amd64 is not installed on the host: "
+                      "apt-get install linux-headers-amd64 (listed in .ci/apt.d/vm.txt)")
+    kernel = GuestKernel(m.group(1), m.group(2))
+    if not (kernel.headers / "Makefile").exists():
+        raise VmError(f"{kernel.headers} is missing: apt-get install --reinstall linux-headers-{kernel.abi}")
+    return kernel
+
+
+def _deb822_and_list_entries() -> List[tuple]:
+    """(uri, suite, components) of every 'deb' source apt on this host uses."""
+    entries = []
+    paths = ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*"))
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        if path.endswith(".sources"):
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: Dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line:
+                        continue
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+                if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes") == "no":
+                    continue
+                for uri in fields.get("uris", "").split():
+                    for suite in fields.get("suites", "").split():
+                        entries.append((uri, suite, fields.get("components", "main")))
+        elif path.endswith(".list"):
+            for line in text.splitlines():
+                line = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+                if len(line) >= 3 and line[0] == "deb":
+                    entries.append((line[1], line[2], " ".join(line[3:]) or "main"))
+    return entries
+
+
+def apt_sources() -> List[str]:
+    """Bookworm sources for mmdebstrap: the mirror this host's apt uses (only package
+    registries are reachable from CI), overridable with NVSYMLINKD_VM_MIRROR."""
+    main = os.environ.get("NVSYMLINKD_VM_MIRROR")
+    security = os.environ.get("NVSYMLINKD_VM_SECURITY_MIRROR")
+    for uri, suite, _ in _deb822_and_list_entries():
+        if suite == SUITE and not main:
+            main = uri
+        elif suite == f"{SUITE}-security" and not security:
+            security = uri
+    main = (main or DEFAULT_MIRROR).rstrip("/")
+    security = (security or DEFAULT_SECURITY).rstrip("/")
+    return [f"deb {main} {SUITE} main", f"deb {main} {SUITE}-updates main",
+            f"deb {security} {SUITE}-security main"]
+
+
+def image_packages(kernel: GuestKernel) -> List[str]:
+    lines = (IMAGE_DIR / "packages.txt").read_text().splitlines()
+    pkgs = [w for line in lines for w in line.split("#", 1)[0].split()]
+    return pkgs + [kernel.image_package]
+
+
+def _hash_tree(h, root: Path) -> None:
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(oct(path.stat().st_mode & 0o777).encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+
+
+def mmdebstrap_argv(kernel: GuestKernel, target: str) -> List[str]:
+    excludes = ["/usr/share/man/*", "/usr/share/doc/*", "/usr/share/locale/*",
+                "/usr/share/info/*", "/usr/share/lintian/*"]
+    return (["mmdebstrap", "--variant=minbase", "--mode=root", "--format=directory",
+             "--include=" + ",".join(image_packages(kernel))]
+            + [f"--dpkgopt=path-exclude={p}" for p in excludes]
+            + ["--setup-hook=mkdir -p \"$1/etc/initramfs-tools/conf.d\" && "
+               "echo MODULES=list > \"$1/etc/initramfs-tools/conf.d/vm\"",
+               f"--customize-hook={IMAGE_DIR / 'customize.sh'} \"$1\"",
+               SUITE, target] + apt_sources())
+
+
+def image_key(kernel: GuestKernel) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"recipe": RECIPE, "size": IMAGE_SIZE,
+                         "argv": mmdebstrap_argv(kernel, "TARGET")}).encode())
+    _hash_tree(h, IMAGE_DIR)
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- cache
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(directory: Path, files: List[str], extra: dict) -> None:
+    manifest = dict(extra, files={name: {"size": (directory / name).stat().st_size,
+                                         "sha256": _sha256(directory / name)} for name in files})
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def cache_entry_ok(directory: Path) -> bool:
+    """A cache entry counts only if its manifest (written last) matches every file."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+        for name, want in manifest["files"].items():
+            path = directory / name
+            if path.stat().st_size != want["size"] or _sha256(path) != want["sha256"]:
+                return False
+        return bool(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+class _CacheLock:
+    def __enter__(self):
+        CACHE.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(CACHE / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def _publish(tmp: Path, final: Path, prefix: str) -> None:
+    """Atomic: a half-written entry is never found under its final name."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    # Keep the newest previous entry: another session may be booting it right now (qemu opens
+    # the image at each boot), e.g. one still running the tree before an image input changed.
+    stale = sorted((p for p in CACHE.glob(prefix + "*") if p != final), key=lambda p: p.stat().st_mtime)
+    for old in stale[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale_tmp(kind: str) -> None:
+    # Called under the cache lock: any temp build left over is from a build that died.
+    for stale in CACHE.glob(f".tmp-{kind}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@dataclass
+class Image:
+    directory: Path
+    kernel: GuestKernel
+    built: bool = False
+    build_s: float = 0.0
+
+    @property
+    def rootfs(self) -> Path:
+        return self.directory / "rootfs.img"
+
+    @property
+    def vmlinuz(self) -> Path:
+        return self.directory / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.directory / "initrd.img"
+
+
+def build_image(force: bool = False) -> Image:
+    for tool in ("mmdebstrap", "mkfs.ext4", "e2fsck"):
+        if shutil.which(tool) is None:
+            raise VmError(f"'{tool}' is missing: apt-get install the packages in .ci/apt.d/vm.txt")
+    kernel = guest_kernel()
+    key = image_key(kernel)
+    final = CACHE / f"image-{key}"
+    with _CacheLock():
+        if not force and cache_entry_ok(final):
+            log(f"image {final} is cached (key {key})")
+            return Image(final, kernel)
+        if final.exists():
+            log(f"image {final} is incomplete or corrupt: rebuilding")
+        start = time.monotonic()
+        _remove_stale_tmp("image")
+        tmp = CACHE / f".tmp-image-{key}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        tree = tmp / "tree"
+        argv = mmdebstrap_argv(kernel, str(tree))
+        log(f"building image {key}: guest kernel {kernel.abi} {kernel.version}; sources {apt_sources()}")
+        with open(tmp / "mmdebstrap.log", "w") as out:
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            text = (tmp / "mmdebstrap.log").read_text(errors="replace")
+            shutil.rmtree(tree, ignore_errors=True)
+            if f"linux-image-{kernel.abi}" in text and ("not found" in text or "candidate" in text):
+                hint = (f"the mirror no longer has linux-image-{kernel.abi}={kernel.version} that "
+                        "this host's headers pin: apt-get update && apt-get install linux-headers-amd64")
+            else:
+                hint = f"is the Debian mirror reachable? sources: {apt_sources()}"
+            raise VmError(f"guest image build failed (mmdebstrap exit {proc.returncode}): {hint}; "
+                          f"log {tmp / 'mmdebstrap.log'}:\n{text[-3000:]}")
+        shutil.copy(tree / "boot" / f"vmlinuz-{kernel.abi}", tmp / "vmlinuz")
+        shutil.copy(tree / "boot" / f"initrd.img-{kernel.abi}", tmp / "initrd.img")
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "nvsvm-root", "-d", str(tree),
+                        str(tmp / "rootfs.img"), IMAGE_SIZE], check=True)
+        shutil.rmtree(tree)
+        fsck = subprocess.run(["e2fsck", "-fn", str(tmp / "rootfs.img")], capture_output=True, text=True)
+        if fsck.returncode != 0:
+            raise VmError(f"fresh guest image fails e2fsck:\n{fsck.stdout[-2000:]}")
+        elapsed = time.monotonic() - start
+        _write_manifest(tmp, ["rootfs.img", "vmlinuz", "initrd.img"],
+                        {"key": key, "kernel_abi": kernel.abi, "kernel_version": kernel.version,
+                         "sources": apt_sources(), "build_s": round(elapsed, 1),
+                         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        if not cache_entry_ok(tmp):
+            raise VmError(f"guest image in {tmp} does not verify against its own manifest")
+        _publish(tmp, final, "image-")
+        log(f"image {final} built in {elapsed:.0f} s")
+        return Image(final, kernel, built=True, build_s=elapsed)
+
+
+def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
+    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel, cached like the image."""
+    kernel = kernel or guest_kernel()
+    h = hashlib.sha256(f"{kernel.abi} {kernel.version}".encode())
+    _hash_tree(h, MODULES_SRC)
+    key = h.hexdigest()[:16]
+    final = CACHE / f"modules-{key}"
+    with _CacheLock():
+        if cache_entry_ok(final):
+            return final
+        _remove_stale_tmp("modules")
+        tmp = CACHE / f".tmp-modules-{key}-{os.getpid()}"
+        shutil.copytree(MODULES_SRC, tmp)
+        proc = subprocess.run(["make", "-C", str(kernel.headers), f"M={tmp}", "modules"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VmError(f"building the fake modules against {kernel.headers} failed "
+                          f"(gcc, make, linux-headers-{kernel.abi} installed?):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        names = ["nvidia.ko", "nvidia-uvm.ko"]
+        for name in names:
+            vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(tmp / name)],
+                                      capture_output=True, text=True).stdout
+            if not vermagic.startswith(kernel.abi + " "):
+                raise VmError(f"{name} has vermagic {vermagic!r}, guest kernel is {kernel.abi}")
+        _write_manifest(tmp, names, {"kernel_abi": kernel.abi})
+        _publish(tmp, final, "modules-")
+        return final
+
+
+@dataclass
+class Package:
+    deb: Path
+    built: bool = False
+    build_s: float = 0.0
+
+
+def build_package() -> Package:
+    """The project's .deb (dpkg-buildpackage in a copy of the tree, tests/debbuild.py), cached
+    under CACHE/deb-<hash of the tree's files outside tests/>: rebuilt when the source changes."""
+    for tool in ("dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise VmError(f"'{tool}' is missing: apt-get install the packages in .ci/apt.d/packaging.txt")
+    if str(VM_DIR.parent) not in sys.path:
+        sys.path.insert(0, str(VM_DIR.parent))
+    import debbuild
+
+    key = debbuild.source_key() or f"nogit{os.getpid()}"   # no git: no file list to key on
+    final = CACHE / f"deb-{key}"
+    with _CacheLock():
+        if cache_entry_ok(final):
+            manifest = json.loads((final / "manifest.json").read_text())
+            log(f"package {final} is cached (key {key})")
+            return Package(final / next(iter(manifest["files"])))
+        _remove_stale_tmp("deb")
+        start = time.monotonic()
+        tmp = CACHE / f".tmp-deb-{key}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        try:
+            deb = debbuild.build_deb(tmp / "work")
+        except (AssertionError, OSError, subprocess.SubprocessError) as e:
+            raise VmError(f"building the .deb (dpkg-buildpackage -us -uc -b) failed: {e}") from e
+        os.rename(deb, tmp / deb.name)
+        shutil.rmtree(tmp / "work")
+        elapsed = time.monotonic() - start
+        _write_manifest(tmp, [deb.name], {"key": key, "build_s": round(elapsed, 1)})
+        _publish(tmp, final, "deb-")
+        log(f"package {final / deb.name} built in {elapsed:.0f} s")
+        return Package(final / deb.name, built=True, build_s=elapsed)
+
+
+# ---------------------------------------------------------------- run
+
+def scenario_options(name: str) -> Dict[str, str]:
+    """'# vm: key=value ...' lines at the top of a scenario script. nvsymlinkd=off|deb|source:
+    not installed, the freshly built .deb installed with dpkg -i, or run from the 9p source tree
+    with its rendered units (quick iteration: no package build)."""
+    opts = {"nvsymlinkd": "off", "timeout": "300"}
+    for line in scenario_path(name).read_text().splitlines()[:20]:
+        if line.startswith("# vm:"):
+            for word in line[len("# vm:"):].split():
+                key, _, value = word.partition("=")
+                opts[key] = value
+    return opts
+
+
+def scenario_path(name: str) -> Path:
+    path = SCENARIOS_DIR / f"{name}.py"
+    if not path.is_file():
+        raise VmError(f"no scenario {path}; available: {', '.join(list_scenarios())}")
+    return path
+
+
+def list_scenarios() -> List[str]:
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("s*.py"))
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    run_dir: Path
+    wall_s: float
+    timed_out: bool
+    exit_code: Optional[int]
+    runner: dict = field(default_factory=dict)
+    result: Optional[dict] = None
+    boot_attempts: int = 1
+
+    @property
+    def console(self) -> Path:
+        return self.run_dir / "console.log"
+
+    def summary(self) -> str:
+        lines = [f"scenario {self.scenario}: wall {self.wall_s:.1f} s, boot "
+                 f"{self.runner.get('boot_s', '?')} s, qemu exit {self.exit_code}"
+                 + (f", nvsymlinkd ({self.runner['nvsymlinkd']}) installed and active in "
+                    f"{self.runner['nvsymlinkd_start_s']} s" if "nvsymlinkd_start_s" in self.runner else "")
+                 + (f", nvsymlinkd install FAILED: {self.runner['nvsymlinkd_error']}"
+                    if "nvsymlinkd_error" in self.runner else "")
+                 + (f", {self.boot_attempts} boots (hung boot retried)" if self.boot_attempts > 1 else "")
+                 + (" TIMED OUT" if self.timed_out else "")]
+        if self.result:
+            lines.append(f"  verdict: {'PASS' if self.result.get('ok') else 'FAIL'} "
+                         f"(scenario {self.result.get('elapsed_s', '?')} s)")
+            for check in self.result.get("checks", []):
+                lines.append(f"  [{'ok' if check['ok'] else 'FAIL'}] {check['what']}"
+                             + (f": {check['detail']}" if check.get("detail") else ""))
+            for key, value in self.result.get("timings", {}).items():
+                lines.append(f"  timing {key}: {value}")
+            for key, value in self.result.get("facts", {}).items():
+                if len(str(value)) <= 300:  # long ones (journal excerpts) stay in the JSON
+                    lines.append(f"  fact {key}: {value}")
+            if self.result.get("error"):
+                lines.append(f"  error: {self.result['error']}")
+        else:
+            lines.append(f"  no result written; console: {self.console}")
+        return "\n".join(lines)
+
+
+def qemu_argv(image: Image, run_dir: Path, cmdline_extra: str) -> List[str]:
+    append = ("console=ttyS0 root=/dev/vda rw panic=-1 loglevel=4 "
+              "systemd.show_status=auto " + cmdline_extra)
+    return ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "2048",
+            "-nographic", "-monitor", "none", "-serial", f"file:{run_dir / 'console.log'}",
+            "-no-reboot", "-snapshot", "-nic", "none",
+            "-kernel", str(image.vmlinuz), "-initrd", str(image.initrd), "-append", append,
+            "-drive", f"file={image.rootfs},format=raw,if=virtio",
+            "-virtfs", f"local,path={REPO},mount_tag=src,security_model=none,readonly=on",
+            "-virtfs", f"local,path={run_dir},mount_tag=run,security_model=none"]
+
+
+def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float] = None,
+                 out_root: Optional[Path] = None, deb: Optional[Path] = None,
+                 install: Optional[str] = None) -> RunResult:
+    """Boot a fresh guest (-snapshot), run one scenario, collect its verdict. deb: the package
+    the guest installs for 'nvsymlinkd=deb' scenarios (build_package()). install: 'deb' or
+    'source' overrides how a scenario that wants nvsymlinkd gets it (never turns it on)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        raise VmError("qemu-system-x86_64 is missing: apt-get install qemu-system-x86")
+    opts = scenario_options(name)
+    if install and opts["nvsymlinkd"] != "off":
+        opts["nvsymlinkd"] = install
+    if opts["nvsymlinkd"] not in ("off", "deb", "source"):
+        raise VmError(f"{scenario_path(name)}: '# vm: nvsymlinkd={opts['nvsymlinkd']}' must be off, deb or source")
+    if opts["nvsymlinkd"] == "deb" and deb is None:
+        raise VmError(f"{name} installs the .deb: pass deb=build_package().deb")
+    timeout = timeout or float(opts["timeout"])
+    out_root = out_root or CACHE / "runs"
+    out_root.mkdir(parents=True, exist_ok=True)
+    for stale in sorted(out_root.iterdir())[:-KEEP_RUNS]:
+        shutil.rmtree(stale, ignore_errors=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name}-", dir=out_root))
+    (run_dir / "modules").mkdir()
+    for ko in modules.glob("*.ko"):
+        shutil.copy(ko, run_dir / "modules" / ko.name)
+    (run_dir / "scenarios.txt").write_text(name + "\n")
+    if opts["nvsymlinkd"] == "deb":
+        shutil.copy(deb, run_dir / "nvsymlinkd.deb")
+    (run_dir / "timeout").write_text(str(int(timeout)))
+    argv = qemu_argv(image, run_dir, f"nvsymlinkd.vm={opts['nvsymlinkd']}")
+    (run_dir / "qemu.argv").write_text(json.dumps(argv))
+    start = time.monotonic()
+    for attempt in range(1, BOOT_ATTEMPTS + 1):
+        shutil.rmtree(run_dir / "results", ignore_errors=True)
+        (run_dir / "results").mkdir()
+        outcome, code = _boot_once(argv, run_dir, timeout)
+        if outcome != "boot hung" or attempt == BOOT_ATTEMPTS:
+            break
+        # A TCG guest occasionally stalls early in boot (lost timer interrupts, RCU stall
+        # warnings, runner never starts): nothing of the scenario ran, so boot it again.
+        os.rename(run_dir / "console.log", run_dir / f"console.hung-{attempt}.log")
+        log(f"{name}: boot hung (no runner after {BOOT_BUDGET_S} s), attempt {attempt} of {BOOT_ATTEMPTS}")
+    wall = time.monotonic() - start
+    result = RunResult(name, run_dir, wall, outcome != "done", code, boot_attempts=attempt)
+    results = run_dir / "results"
+    try:
+        result.runner = json.loads((results / "runner.json").read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        result.result = json.loads((results / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        pass
+    return result
+
+
+def _boot_once(argv: List[str], run_dir: Path, timeout: float):
+    """One qemu run: ("done" | "boot hung" | "timed out", qemu exit code)."""
+    results = run_dir / "results"
+    start = time.monotonic()
+    outcome = "timed out"
+    done_at = None
+    with open(run_dir / "qemu.log", "a") as qlog:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            now = time.monotonic()
+            if done_at is None and (results / "runner.json").exists():
+                done_at = now
+            if done_at is not None and now > done_at + 30:
+                break       # results are complete; poweroff is only slow
+            if not (results / "started").exists() and now > start + BOOT_BUDGET_S:
+                outcome = "boot hung"
+                break
+            if now > start + BOOT_BUDGET_S + timeout + 60:
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    if (results / "runner.json").exists():
+        outcome = "done"
+    return outcome, proc.returncode
+
+
+def console_tail(result: RunResult, chars: int = 4000) -> str:
+    try:
+        return result.console.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no console log)"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="vmhost.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build (or reuse) the guest image")
+    b.add_argument("--force", action="store_true", help="rebuild even if the cache verifies")
+    sub.add_parser("modules", help="build (or reuse) the fake NVIDIA modules")
+    sub.add_parser("deb", help="build (or reuse) the project's .deb that 'nvsymlinkd=deb' scenarios install")
+    sub.add_parser("list", help="list scenarios")
+    r = sub.add_parser("run", help="boot one fresh guest per scenario and print the verdicts")
+    r.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
+    r.add_argument("--timeout", type=float, help="seconds per scenario (default: the script's own)")
+    r.add_argument("--nvsymlinkd", choices=("deb", "source"),
+                   help="install nvsymlinkd this way in scenarios that use it (default: the script's "
+                        "'# vm:' line); 'source' skips the package build, for quick iteration")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            print("\n".join(list_scenarios()))
+            return 0
+        if args.cmd == "modules":
+            print(build_modules())
+            return 0
+        if args.cmd == "deb":
+            print(build_package().deb)
+            return 0
+        image = build_image(force=getattr(args, "force", False))
+        if args.cmd == "build":
+            print(image.directory)
+            return 0
+        modules = build_modules(image.kernel)
+        names = args.scenarios or list_scenarios()
+        deb = None
+        if any(scenario_options(n)["nvsymlinkd"] == "deb" for n in names) and args.nvsymlinkd != "source":
+            deb = build_package().deb
+        failed = 0
+        for name in names:
+            result = run_scenario(name, image, modules, timeout=args.timeout, deb=deb, install=args.nvsymlinkd)
+            print(result.summary(), flush=True)
+            print(f"  run dir: {result.run_dir}")
+            if not (result.result and result.result.get("ok")):
+                failed += 1
+                print(console_tail(result, 2000))
+        return 1 if failed else 0
+    except VmError as e:
+        print(f"vm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
