@@ -31,6 +31,15 @@ SETTLE_SECONDS = 0.0
 STATUS_EVERY = 1.0
 
 
+# applied plan action -> (journal kind, priority, what the line says)
+_CHANGE_EVENTS = {
+    "create": ("link-created", INFO, "created link"),
+    "replace": ("link-replaced", NOTICE, "replaced link"),
+    "remove": ("link-removed", INFO, "removed link"),
+    "create-node": ("node-created", NOTICE, "created node"),
+}
+
+
 class ContainerHook:
     """Where the container verifier plugs in. This default only logs.
 
@@ -323,21 +332,16 @@ class Daemon:
         j = self.journal
         for outcome in result.outcomes:
             a = outcome.action
+            where = a.link or a.target
             if outcome.error is not None:
-                j.event("link-failed", ERR, f"failed to {a.action} {a.link or a.target} ({a.device}): {outcome.error}",
-                        link=a.link, device=a.device, action=a.action)
-            elif a.action == "create":
-                j.event("link-created", INFO, f"created link {a.link} -> {a.target} ({a.device})",
-                        link=a.link, device=a.device, action=a.action)
-            elif a.action == "replace":
-                j.event("link-replaced", NOTICE, f"replaced link {a.link} -> {a.target} ({a.device}): {a.reason}",
-                        link=a.link, device=a.device, action=a.action)
-            elif a.action == "remove":
-                j.event("link-removed", INFO, f"removed link {a.link} ({a.device}): {a.reason}",
-                        link=a.link, device=a.device, action=a.action)
-            elif a.action == "create-node":
-                j.event("node-created", NOTICE, f"created node {a.target} ({a.device}): {a.reason}",
-                        link=a.target, device=a.device, action=a.action)
+                j.event("link-failed", ERR, f"failed to {a.action} {where} ({a.device}): {outcome.error}",
+                        link=where, device=a.device, action=a.action)
+            elif a.action in _CHANGE_EVENTS:
+                kind, priority, text = _CHANGE_EVENTS[a.action]
+                why = f": {a.reason}" if a.action != "create" else ""
+                arrow = f" -> {a.target}" if a.action in ("create", "replace") else ""
+                j.event(kind, priority, f"{text} {where}{arrow} ({a.device}){why}",
+                        link=where, device=a.device, action=a.action)
         conflicts = {(a.link or a.target, a.device, a.reason) for a in result.plan.conflicts}
         for where, device, reason in sorted(conflicts - self._last_conflicts):
             j.event("link-conflict", WARNING, f"conflict at {where} ({device}): {reason}",

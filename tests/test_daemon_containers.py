@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import IN_CI, need_tool
 from daemonproc import DEADLINE, DaemonProcess
+from journalproto import PARSE_SOURCE
 from privatebus import MANAGER, MOCK_IFACE
 from runcfixture import device_node, device_rule
 from test_daemon_dbus import PrivateBus
@@ -39,21 +40,7 @@ CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
 RELAY = r"""
 import json, os, signal, socket, struct, subprocess, sys, threading
 
-def parse(data):
-    fields, i = {}, 0
-    while i < len(data):
-        nl = data.index(b"\n", i)
-        line = data[i:nl]
-        if b"=" in line:
-            key, _, value = line.partition(b"=")
-            i = nl + 1
-        else:
-            key = line
-            size = struct.unpack_from("<Q", data, nl + 1)[0]
-            value = data[nl + 9:nl + 9 + size]
-            i = nl + 9 + size + 1
-        fields[key.decode()] = value.decode(errors="replace")
-    return fields
+__PARSE__
 
 subprocess.run(["mount", "-t", "tmpfs", "nvsymlinkd-test-run", "/run"], check=True)
 os.makedirs("/run/systemd/journal")
@@ -82,7 +69,7 @@ rc = daemon.wait()
 import time
 time.sleep(0.2)  # the last datagrams
 sys.exit(rc)
-""".replace("__SEP__", repr(SEP))
+""".replace("__SEP__", repr(SEP)).replace("__PARSE__", PARSE_SOURCE)
 
 
 def kind_id(kind: str) -> str:

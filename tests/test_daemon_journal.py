@@ -9,6 +9,7 @@ import sys
 import pytest
 from conftest import IN_CI, need_tool
 from fakehost import standard_host
+from journalproto import PARSE_SOURCE
 
 from nvsymlinkd import journal
 
@@ -18,21 +19,7 @@ from nvsymlinkd import journal
 LISTENER = r"""
 import json, os, signal, socket, struct, subprocess, sys
 
-def parse(data):
-    fields, i = {}, 0
-    while i < len(data):
-        nl = data.index(b"\n", i)
-        line = data[i:nl]
-        if b"=" in line:
-            key, _, value = line.partition(b"=")
-            i = nl + 1
-        else:  # KEY\n<le64 size><value>\n: values with newlines
-            key = line
-            size = struct.unpack_from("<Q", data, nl + 1)[0]
-            value = data[nl + 9:nl + 9 + size]
-            i = nl + 9 + size + 1
-        fields[key.decode()] = value.decode()
-    return fields
+__PARSE__
 
 root, stopped_id = sys.argv[1], sys.argv[2]
 os.makedirs("/run/systemd/journal")
@@ -49,7 +36,7 @@ daemon.send_signal(signal.SIGTERM)
 while not any(e.get("MESSAGE_ID") == stopped_id for e in entries):
     entries.append(parse(sock.recv(1 << 20)))
 print(json.dumps({"entries": entries, "stderr": daemon.stderr.read(), "rc": daemon.wait()}))
-"""
+""".replace("__PARSE__", PARSE_SOURCE)
 
 
 def test_entries_carry_message_id_fields_and_priority(tmp_path, need_root):
