@@ -57,6 +57,7 @@ class Container:
     cgroup_v1_devices: str | None = None  # from /proc/<pid>/cgroup
     cgroup_v2: str | None = None
     cgroup_systemd: str | None = None  # name=systemd (v1/hybrid)
+    cgroup_v1_freezer: str | None = None  # repair freezes around systemd's v1 re-apply
     scope: str | None = None
     problems: list = field(default_factory=list)
 
@@ -219,8 +220,8 @@ def _status(root: HostRoot, c: Container) -> str:
 
 
 def parse_proc_cgroup(text: str) -> tuple:
-    """(v1 devices path, v2 path, name=systemd path) from /proc/<pid>/cgroup."""
-    devices = v2 = systemd = None
+    """(v1 devices path, v2 path, name=systemd path, v1 freezer path) from /proc/<pid>/cgroup."""
+    devices = v2 = systemd = freezer = None
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -232,7 +233,9 @@ def parse_proc_cgroup(text: str) -> tuple:
             devices = path
         elif "name=systemd" in controllers.split(","):
             systemd = path
-    return devices, v2, systemd
+        if "freezer" in controllers.split(","):
+            freezer = path
+    return devices, v2, systemd, freezer
 
 
 def scope_of(*paths) -> str | None:
@@ -257,7 +260,7 @@ def _finish(root: HostRoot, c: Container) -> None:
         except OSError as exc:
             c.problems.append(f"cannot read /proc/{c.init_pid}/cgroup: {exc.strerror}")
         else:
-            c.cgroup_v1_devices, c.cgroup_v2, c.cgroup_systemd = parse_proc_cgroup(text)
+            c.cgroup_v1_devices, c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_freezer = parse_proc_cgroup(text)
     c.scope = scope_of(c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_devices)
     if c.scope is None and c.state is not None and c.state.scope and c.status in LIVE:
         c.scope = c.state.scope

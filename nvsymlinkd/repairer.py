@@ -466,23 +466,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
     return result
 
 
-def _freezer_of(root: HostRoot, pid: int | None) -> str | None:
-    if pid is None:
-        return None
-    from nvsymlinkd.ocispec import MAX_SMALL_BYTES, read_bounded
-
-    try:
-        text = read_bounded(root.path(f"/proc/{pid}/cgroup"), MAX_SMALL_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and "freezer" in parts[1].split(","):
-            return parts[2]
-    return None
-
-
-def requests_from_report(report, root: HostRoot | None = None, cgroup_driver: str | None = None,
+def requests_from_report(report, cgroup_driver: str | None = None,
                          freezer: str | None = None) -> RepairRequest | None:
     """The adapter: a verifier ContainerReport -> a RepairRequest, or None when there is nothing to repair.
 
@@ -521,8 +505,8 @@ def requests_from_report(report, root: HostRoot | None = None, cgroup_driver: st
                             sources[0] if sources else "unexpected", None))
     if cgroup_driver is None:
         cgroup_driver = "systemd" if report.scope else "cgroupfs"
-    if freezer is None and root is not None and report.cgroup.get("devices") is not None:
-        freezer = _freezer_of(root, report.init_pid)
+    if freezer is None:
+        freezer = report.cgroup.get("freezer")
     return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
                          report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
                          "; ".join(reasons))
@@ -575,7 +559,7 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
 
     results = []
     for c in chosen:
-        request = requests_from_report(c, root)
+        request = requests_from_report(c)
         if request is None:
             continue
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,

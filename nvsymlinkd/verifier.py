@@ -158,7 +158,8 @@ def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, sco
                   for k, a in sorted(expected.devices.items())},
         untrusted_nodes=tuple(f"{p} (c {ma}:{mi})" for p, ma, mi in dev_nodes
                               if ma in host.nvidia_majors and (ma, mi) not in _declared_nodes(c)),
-        cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2},
+        cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2,
+                "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems),
     )
     if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be

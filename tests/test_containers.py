@@ -183,8 +183,8 @@ def test_parse_spec_skips_malformed_rules():
 
 
 def test_proc_cgroup_and_scope_parsing():
-    text = "12:devices:/kubepods/pod1/abc\n1:name=systemd:/kubepods/pod1/abc\n0::/\n"
-    assert parse_proc_cgroup(text) == ("/kubepods/pod1/abc", "/", "/kubepods/pod1/abc")
+    text = "12:devices:/kubepods/pod1/abc\n7:freezer:/kubepods/pod1/abc\n1:name=systemd:/kubepods/pod1/abc\n0::/\n"
+    assert parse_proc_cgroup(text) == ("/kubepods/pod1/abc", "/", "/kubepods/pod1/abc", "/kubepods/pod1/abc")
     assert scope_of("/system.slice/docker-x.scope") == "docker-x.scope"
     assert scope_of("/machine.slice/libpod-x.scope/container") == "libpod-x.scope"
     assert scope_of(None, "/docker/x") is None

@@ -177,7 +177,7 @@ def repair_entries(runc_host, monkeypatch) -> list:
     p.deny("c 195:0 rw")
     (parent / "devices.deny").write_text("c 195:0 rw\n")
     report = verify_container(root, Config(), "gpu-npd-parent", use_bus=False)
-    res = repair_container(root, Config(), requests_from_report(report, root), journal=j)
+    res = repair_container(root, Config(), requests_from_report(report), journal=j)
     assert res.status == "failed"
     return entries
 

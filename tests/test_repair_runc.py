@@ -141,7 +141,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     (parent / "devices.deny").write_text("c 195:0 rw\n")
     root = HostRoot(str(runc_host.root))
     report = verify_container(root, Config(), "gpu-parent", use_bus=False)
-    req = requests_from_report(report, root)
+    req = requests_from_report(report)
     res = repair_container(root, Config(), req)
     assert res.status == "failed"
     assert "parent cgroup does not allow it" in res.error and "EPERM" in res.error
