@@ -74,11 +74,17 @@ class Config:
 assert {f.name for f in fields(Config)} - {"source"} == set(KEY_BY_NAME), "Config and KEYS disagree"
 
 
-def _load_toml(data: bytes, path: str) -> dict:
+def toml_module():
+    """tomllib, or its backport tomli before Python 3.11 (the one TOML reader of the project)."""
     if sys.version_info >= (3, 11):
         import tomllib  # novermin (guarded by the version check)
     else:  # pragma: no cover - exercised on 3.9/3.10
         import tomli as tomllib
+    return tomllib
+
+
+def _load_toml(data: bytes, path: str) -> dict:
+    tomllib = toml_module()
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

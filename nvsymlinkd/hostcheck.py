@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 
 from nvsymlinkd.ocispec import read_bounded
@@ -50,11 +49,9 @@ def _read_text(root, inside: str) -> str | None:
 
 
 def _toml(text: str):
-    if sys.version_info >= (3, 11):
-        import tomllib  # novermin (guarded by the version check)
-    else:  # pragma: no cover
-        import tomli as tomllib
-    return tomllib.loads(text)
+    from nvsymlinkd.config import toml_module
+
+    return toml_module().loads(text)
 
 
 def docker_driver(root, version: str):
