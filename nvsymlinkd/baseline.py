@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from nvsymlinkd.atomicfile import write_atomic
 from nvsymlinkd.expected import device_str, parse_device_str
 from nvsymlinkd.hostroot import HostRoot
 from nvsymlinkd.ocispec import read_json
@@ -76,15 +77,7 @@ def save(root: HostRoot, config, baseline: Baseline) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     inside = baseline_path(config, baseline.container_id)
     real = root.path(inside)
-    tmp = f"{real}.tmp.{os.getpid()}"
-    data = json.dumps(baseline.to_json(), indent=1, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, real)
+    write_atomic(real, json.dumps(baseline.to_json(), indent=1, sort_keys=True), 0o600)
     return inside
 
 

@@ -25,11 +25,11 @@ import math
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 
 from nvsymlinkd import __version__
+from nvsymlinkd.atomicfile import write_atomic
 
 # ~1 ms (an inotify event answered at once) to 10 s (a pass behind a slow resync)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -377,38 +377,6 @@ def format_value(value) -> str:
     if value.is_integer() and abs(value) < 1e15:
         return f"{value:.1f}"
     return repr(value)
-
-
-def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
-    """Replace `path` so readers see the old or the new file, never a mix.
-
-    The temp name does not end in .prom, so the textfile collector never reads it.
-    """
-    directory, base = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), mode)  # mkstemp makes 0600; the collector may run as nobody
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)  # the rename itself survives a crash
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 def parse_listen(listen: str) -> tuple:

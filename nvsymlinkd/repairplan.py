@@ -143,11 +143,10 @@ class RepairHistory:
                     if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)})
 
     def save(self, real_path: str) -> None:
+        from nvsymlinkd.atomicfile import write_atomic
+
         os.makedirs(os.path.dirname(real_path), mode=0o755, exist_ok=True)
-        tmp = f"{real_path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"last": self.last}, f)
-        os.replace(tmp, real_path)
+        write_atomic(real_path, json.dumps({"last": self.last}))
 
 
 def refusal(grant: Grant) -> str | None:

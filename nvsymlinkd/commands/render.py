@@ -52,18 +52,11 @@ def run(args, root, config) -> int:
 
 def write_file(path: str, text: str) -> None:
     """Replace PATH atomically (a reader never sees half a unit), mode 0644."""
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    from nvsymlinkd.atomicfile import write_atomic
+
     try:
-        os.makedirs(directory, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            os.fchmod(f.fileno(), 0o644)
-        os.replace(tmp, path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write_atomic(path, text, 0o644)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise NvsymlinkdError(f"{exc.filename or path}: cannot write: {exc.strerror}; "
                               "check --output (an existing, writable directory or a path that can be created)")
