@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -95,3 +96,17 @@ class DaemonProcess:
         if self.proc.stderr is not None and self._reader.is_alive():
             self._reader.join(5)
         return self.proc.returncode
+
+
+def notify_socket(tmp_path, abstract: bool, timeout: float = 30):
+    """A NOTIFY_SOCKET the test owns: (datagram socket, address for the env; @name when abstract)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:
+        name = f"nvsymlinkd-test-{os.getpid()}-{id(sock)}"
+        sock.bind("\0" + name)
+        address = "@" + name
+    else:
+        address = str(tmp_path / "notify.sock")
+        sock.bind(address)
+    sock.settimeout(timeout)
+    return sock, address

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 
 import pytest
-from daemonproc import DaemonProcess
+from daemonproc import DaemonProcess, notify_socket
 from fakehost import standard_host
 
 STANDARD_LINKS = {
@@ -163,22 +162,9 @@ def test_bad_config_at_start_exits_2(host, tmp_path, nvsymlinkd_cli):
     assert proc.returncode == 2
 
 
-def _notify_socket(tmp_path, abstract: bool):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    if abstract:
-        name = f"nvsymlinkd-test-{os.getpid()}-{id(sock)}"
-        sock.bind("\0" + name)
-        address = "@" + name
-    else:
-        address = str(tmp_path / "notify.sock")
-        sock.bind(address)
-    sock.settimeout(30)
-    return sock, address
-
-
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
 def test_notify_socket(host, daemon_factory, tmp_path, abstract):
-    sock, address = _notify_socket(tmp_path, abstract)
+    sock, address = notify_socket(tmp_path, abstract)
     with sock:
         d = daemon_factory(host.root, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000"})
         got: list = []
@@ -200,7 +186,7 @@ def test_notify_socket(host, daemon_factory, tmp_path, abstract):
 
 
 def test_watchdog_pid_for_another_process_means_no_pings(host, daemon_factory, tmp_path):
-    sock, address = _notify_socket(tmp_path, False)
+    sock, address = notify_socket(tmp_path, False)
     with sock:
         d = daemon_factory(host.root, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000",
                                            "WATCHDOG_PID": "1"})

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import need_tool
+from daemonproc import notify_socket
 from fakehost import standard_host
 
 from nvsymlinkd import journal
@@ -95,15 +95,8 @@ def test_devwatch_driver_root_appearing_later(tmp_path):
 
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
 def test_notify_fallback_protocol(tmp_path, abstract):
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        if abstract:
-            name = f"nvsymlinkd-parts-{os.getpid()}"
-            sock.bind("\0" + name)
-            address = "@" + name
-        else:
-            address = str(tmp_path / "n.sock")
-            sock.bind(address)
-        sock.settimeout(10)
+    sock, address = notify_socket(tmp_path, abstract, timeout=10)
+    with sock:
         # an explicit environ means the built-in protocol, not libsystemd
         n = Notifier({"NOTIFY_SOCKET": address})
         n.ready("2 links\nfor 2 nodes")
