@@ -29,7 +29,6 @@ import threading
 import time
 
 from nvsymlinkd import __version__
-from nvsymlinkd.atomicfile import write_atomic
 
 # ~1 ms (an inotify event answered at once) to 10 s (a pass behind a slow resync)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -202,6 +201,9 @@ class Metrics:
         path = self.textfile_path()
         if path is None:
             return True
+        # imported here: the Kubernetes probe imports this module and nothing else of the project
+        from nvsymlinkd.atomicfile import write_atomic
+
         try:
             write_atomic(path, self.render())
         except OSError as exc:

@@ -236,7 +236,9 @@ def test_flush_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     (d / "nvsymlinkd.prom").symlink_to(victim)
-    m.write_atomic(str(d / "nvsymlinkd.prom"), "x 1\n")
+    from nvsymlinkd.atomicfile import write_atomic
+
+    write_atomic(str(d / "nvsymlinkd.prom"), "x 1\n")
     assert victim.read_text() == "keep me"
     assert not (d / "nvsymlinkd.prom").is_symlink()
 
