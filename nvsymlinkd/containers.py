@@ -37,8 +37,6 @@ CONTAINERD_TASKS = "/run/containerd/io.containerd.runtime.v2.task"
 STORAGE_CONTAINERS = "/run/containers/storage/overlay-containers"
 MAX_ENTRIES = 100_000  # per directory: a safety bound, far above any real node
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}")
-SCOPE_PREFIXES = {"docker": "docker", "containerd": "cri-containerd", "cri-o": "crio", "podman": "libpod",
-                  "runc": "runc"}
 LIVE = ("created", "running")
 
 

@@ -62,7 +62,6 @@ class ContainerWatch(ContainerHook):
         self.risks_said: dict = {}  # container id -> at-risk findings said since it was last clean
         self.repairs_said: dict = {}  # container id -> quiet repair outcomes said for its current findings
         self.problems_said: dict = {}  # container id -> problems (unreadable spec, no baseline write) logged
-        self.last_report = None
         self.passes = 0
         self._pending: set = set()
         self._wake = asyncio.Event()
@@ -122,7 +121,6 @@ class ContainerWatch(ContainerHook):
             # not at the next trigger (a reload may come first and take them)
             report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
         self.passes += 1
-        self.last_report = report
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
         self._journal_changes(report, why)
         if self.metrics is not None:
@@ -192,7 +190,6 @@ class ContainerWatch(ContainerHook):
             from nvsymlinkd import verifier
 
             fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
-            self.last_report = fresh
             self._journal_changes(fresh, "after repair")
             if self.metrics is not None:
                 self.metrics.on_containers(fresh)

@@ -11,7 +11,6 @@ rootfs means the root's own `/`, never the real host's.
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import posixpath
@@ -144,7 +143,3 @@ def _relative_dir(target_dir: str, link_dir: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _joined_dir(link_dir: str, text_dir: str) -> str:
     return normalize(posixpath.join(link_dir, text_dir)) if text_dir else normalize(link_dir)
-
-
-def is_missing(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOENT, errno.ENOTDIR)

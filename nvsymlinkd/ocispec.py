@@ -18,7 +18,6 @@ MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
 FRONTEND_MAJOR = 195  # /dev/nvidia0..N, nvidiactl, nvidia-modeset on every driver branch
 NVIDIA_HOOK = "nvidia-container-runtime-hook"
 CDI_ANNOTATION = "cdi.k8s.io/"
-HOOK_KINDS = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart")
 RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule types as Go runes
 
 
