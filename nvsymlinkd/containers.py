@@ -13,6 +13,7 @@ never read here (see devnodes for its /dev, read without following links).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -23,6 +24,7 @@ from nvsymlinkd.ocispec import (
     MAX_SMALL_BYTES,
     RuntimeState,
     SpecFacts,
+    UnsafeFile,
     parse_crun_status,
     parse_runc_state,
     parse_spec,
@@ -58,6 +60,9 @@ class Container:
     cgroup_v1_freezer: str | None = None  # repair freezes around systemd's v1 re-apply
     scope: str | None = None
     problems: list = field(default_factory=list)
+    # The runtime's files that exist but cannot be read or trusted as a whole ("cannot read X: why"):
+    # what they would say is unknown, so the container can never be judged ok (nor "not a GPU container").
+    unreadable: list = field(default_factory=list)
 
     @property
     def live(self) -> bool:
@@ -155,15 +160,23 @@ def _label_to_inside(root: HostRoot, path: str) -> str:
     return path
 
 
+def _unreadable(c: Container, inside: str, why) -> None:
+    problem = f"cannot read {inside}: {why}"
+    c.problems.append(problem)
+    c.unreadable.append(problem)
+
+
 def _load_state(root: HostRoot, c: Container, parser) -> None:
     try:
         c.state = parser(read_json(root.path(c.state_path)))
     except FileNotFoundError:
         return  # still being created (hooks running) or being deleted
     except (OSError, ValueError) as exc:
-        c.problems.append(f"cannot read {c.state_path}: {getattr(exc, 'strerror', None) or exc}")
+        _unreadable(c, c.state_path, _why(exc))
         return
     c.problems.extend(c.state.problems)
+    for problem in c.state.problems:  # a skipped rule may be the very NVIDIA rule: not a whole file
+        c.unreadable.append(f"cannot read {c.state_path}: {problem}")
 
 
 def _load_spec(root: HostRoot, c: Container, inside: str) -> None:
@@ -172,22 +185,38 @@ def _load_spec(root: HostRoot, c: Container, inside: str) -> None:
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
-        c.problems.append(f"cannot read {inside}: {getattr(exc, 'strerror', None) or exc}")
+        _unreadable(c, inside, _why(exc))
         return
     c.problems.extend(c.spec.problems)
+    for problem in c.spec.problems:
+        c.unreadable.append(f"cannot read {inside}: {problem}")
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+        return "a symlink (runtime files are never followed through links)"
+    if isinstance(exc, UnsafeFile):
+        return str(exc).rpartition(": ")[2]  # without the real path under --root
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def _attach_bundle(root: HostRoot, c: Container, bundle: str, pid_file: str | None) -> None:
     c.bundle = bundle
     _load_spec(root, c, f"{bundle}/config.json")
     if pid_file and (c.state is None or c.state.init_pid is None):
+        inside = f"{bundle}/{pid_file}"
         try:
-            text = read_bounded(root.path(f"{bundle}/{pid_file}"), MAX_SMALL_BYTES).decode("ascii", "replace")
-            pid = int(text.strip())
-            if pid > 0:
-                c.init_pid = pid
-        except (OSError, ValueError):
-            pass
+            text = read_bounded(root.path(inside), MAX_SMALL_BYTES).decode("ascii", "replace").strip()
+        except FileNotFoundError:
+            return  # not written yet
+        except OSError as exc:
+            _unreadable(c, inside, _why(exc))
+            return
+        # at most 10 digits: int() of thousands of digits is slow, and refused by Python >= 3.11
+        if not (text.isascii() and text.isdigit() and len(text) <= 10 and 0 < int(text) < (1 << 31)):
+            _unreadable(c, inside, f"not a pid: {text[:20]!r}")
+            return
+        c.init_pid = int(text)
 
 
 def proc_start_time(root: HostRoot, pid: int) -> int | None:

@@ -2,8 +2,11 @@
 
 Bundles and state directories live on the host, but sizes are still bounded
 and the last path component is opened with O_NOFOLLOW: a file swapped for a
-symlink is refused, never followed. Everything is parsed defensively: a
-malformed entry is skipped and noted, never fatal for the whole container.
+symlink is refused, never followed. Everything is parsed defensively: a field
+the verdict depends on that has the wrong type makes the whole file unreadable
+(ValueError: the container is `unknown`, never judged on a guess); a malformed
+entry of a list is skipped and noted in `problems` (the caller treats those as
+unreadable too). No input raises anything but OSError or ValueError.
 """
 
 from __future__ import annotations
@@ -50,10 +53,59 @@ def read_bounded(real_path: str, limit: int = MAX_JSON_BYTES) -> bytes:
 
 def read_json(real_path: str, limit: int = MAX_JSON_BYTES) -> dict:
     """A JSON object from a bounded, non-symlink file; ValueError if it is not one."""
-    doc = json.loads(read_bounded(real_path, limit).decode("utf-8", errors="replace"))
+    return loads_object(read_bounded(real_path, limit).decode("utf-8", errors="replace"))
+
+
+def loads_object(text: str) -> dict:
+    """A JSON object, or ValueError with a one-line reason (nesting too deep, huge numbers, not an object)."""
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        # the C decoder recurses per nesting level and stops at Python's recursion limit; real
+        # runtime files nest a dozen levels
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{real_path}: not a JSON object")
+        raise ValueError(f"not a JSON object (a JSON {_json_type(doc)})")
     return doc
+
+
+def _json_type(value) -> str:
+    for kind, name in ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"),
+                       (list, "array"), (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return "null"
+
+
+def _field(obj: dict, key: str, kind: type, where: str):
+    """obj[key] if it has the JSON type `kind`; None when absent or null; ValueError otherwise."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        want = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer"}[kind]
+        raise ValueError(f"{where}{key} is {_article(_json_type(value))}, not {want}")
+    return value
+
+
+def _article(json_type: str) -> str:
+    return f"an {json_type}" if json_type in ("array", "object") else f"a {json_type}"
+
+
+def _brief(item) -> str:
+    """A short, non-recursive rendering of an entry for messages (str() of a deep list recurses)."""
+    if isinstance(item, dict):
+        return "{" + ", ".join(f"{k[:20]!r}: {_brief_scalar(v)}" for k, v in list(item.items())[:6]) + "}"
+    return _brief_scalar(item)
+
+
+def _brief_scalar(value) -> str:
+    if isinstance(value, (dict, list)):
+        return f"<{_json_type(value)}>"
+    if isinstance(value, int) and not isinstance(value, bool) and not -(10 ** 30) < value < 10 ** 30:
+        return "<huge number>"  # str() of a 5,000-digit int raises ValueError on Python >= 3.11
+    text = repr(value[:41] if isinstance(value, str) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True)
@@ -156,7 +208,7 @@ def parse_state_rule(item) -> DeviceRule | None:
     """One libcontainer cgroups.devices entry: type as a rune, -1 for wildcard."""
     if not isinstance(item, dict) or not isinstance(item.get("allow"), bool):
         return None
-    dev_type = RUNE_TYPES.get(item.get("type"))
+    dev_type = _rune(item.get("type"))
     if dev_type not in ("a", "c", "b"):
         return None
     major, minor = _int(item.get("major"), -1), _int(item.get("minor"), -1)
@@ -168,98 +220,138 @@ def parse_state_rule(item) -> DeviceRule | None:
     return DeviceRule(item["allow"], dev_type, None if major == -1 else major, None if minor == -1 else minor, access)
 
 
-def _node(item, type_key, rune: bool) -> DeviceNode | None:
-    if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+def _rune(value) -> str | None:
+    """A Go rune (int) as its letter; None for anything else (a list is unhashable: never a dict key)."""
+    if isinstance(value, bool) or not isinstance(value, int):
         return None
-    dev_type = RUNE_TYPES.get(item.get(type_key)) if rune else item.get(type_key)
+    return RUNE_TYPES.get(value)
+
+
+def _node(item, type_key, rune: bool):
+    """A DeviceNode; None for a node kind we do not track (fifo, unbuffered); False when malformed."""
+    if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+        return False
+    raw_type = item.get(type_key)
+    dev_type = _rune(raw_type) if rune else (raw_type if isinstance(raw_type, str) else None)
+    if dev_type in ("p", "u"):
+        return None  # fifos and unbuffered char devices carry no device number we care about
     major, minor = _int(item.get("major")), _int(item.get("minor"))
     if dev_type not in ("c", "b") or major is None or minor is None:
-        return None
+        return False
     return DeviceNode(item["path"][:4096], dev_type, major, minor)
 
 
-def _hook_paths(hooks) -> tuple:
+def _nodes(raw, rune: bool, where: str, problems: list) -> tuple:
     out = []
-    if isinstance(hooks, dict):
-        for items in hooks.values():
-            if not isinstance(items, list):
-                continue
-            for h in items[:256]:
-                if isinstance(h, dict) and isinstance(h.get("path"), str):
-                    out.append(h["path"][:4096])
+    for item in raw or ():
+        node = _node(item, "type", rune)
+        if node is False:
+            problems.append(f"skipped malformed {where} entry {_brief(item)}")
+        elif node is not None:
+            out.append(node)
+    return tuple(out)
+
+
+def _hook_paths(hooks, where: str) -> tuple:
+    """Every hook's path; ValueError when the hooks are not the object of arrays of objects runc reads."""
+    out = []
+    for kind, items in (hooks or {}).items():
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise ValueError(f"{where}.{kind[:40]} is {_article(_json_type(items))}, not an array")
+        for h in items:
+            path = _field(h, "path", str, f"{where}.{kind[:40]}[].") if isinstance(h, dict) else None
+            if path is None:
+                raise ValueError(f"{where}.{kind[:40]} has an entry without a path: {_brief(h)}")
+            if len(out) < 256:
+                out.append(path[:4096])
     return tuple(out)
 
 
 def parse_spec(doc: dict) -> SpecFacts:
+    """What a config.json says; ValueError when a field the verdict reads has the wrong JSON type
+    (runc would have refused such a spec: the file is not what the container was made from)."""
     problems = []
-    linux = doc.get("linux") if isinstance(doc.get("linux"), dict) else {}
-    resources = linux.get("resources") if isinstance(linux.get("resources"), dict) else {}
+    linux = _field(doc, "linux", dict, "") or {}
+    resources = _field(linux, "resources", dict, "linux.") or {}
     rules = []
-    raw_rules = resources.get("devices") or []
-    for item in raw_rules if isinstance(raw_rules, list) else []:
+    for item in _field(resources, "devices", list, "linux.resources.") or ():
         rule = parse_spec_rule(item)
         if rule is None:
-            problems.append(f"skipped malformed linux.resources.devices entry {str(item)[:80]}")
+            problems.append(f"skipped malformed linux.resources.devices entry {_brief(item)}")
         else:
             rules.append(rule)
-    nodes = []
-    raw_nodes = linux.get("devices") or []
-    for item in raw_nodes if isinstance(raw_nodes, list) else []:
-        node = _node(item, "type", rune=False)
-        if node is not None:
-            nodes.append(node)
+    nodes = _nodes(_field(linux, "devices", list, "linux."), False, "linux.devices", problems)
     visible = None
-    process = doc.get("process") if isinstance(doc.get("process"), dict) else {}
-    env = process.get("env") if isinstance(process.get("env"), list) else []
-    for entry in env:
-        if isinstance(entry, str) and entry.startswith("NVIDIA_VISIBLE_DEVICES="):
+    process = _field(doc, "process", dict, "") or {}
+    for entry in _field(process, "env", list, "process.") or ():
+        if not isinstance(entry, str):
+            raise ValueError(f"process.env has an entry that is {_article(_json_type(entry))}, not a string")
+        if entry.startswith("NVIDIA_VISIBLE_DEVICES="):
             visible = entry.split("=", 1)[1][:1024]  # the last one wins, as in execve's environment
     annotations = {}
-    raw_ann = doc.get("annotations") if isinstance(doc.get("annotations"), dict) else {}
-    for key, value in raw_ann.items():
-        if isinstance(key, str) and isinstance(value, str) and (
-                key.startswith(CDI_ANNOTATION) or key == "io.container.manager"):
+    for key, value in (_field(doc, "annotations", dict, "") or {}).items():
+        if not isinstance(value, str):
+            raise ValueError(f"annotations.{key[:40]} is {_article(_json_type(value))}, not a string")
+        if key.startswith(CDI_ANNOTATION) or key == "io.container.manager":
             annotations[key[:256]] = value[:1024]
-    cgroups_path = linux.get("cgroupsPath") if isinstance(linux.get("cgroupsPath"), str) else None
-    root = doc.get("root") if isinstance(doc.get("root"), dict) else {}
-    root_path = root.get("path") if isinstance(root.get("path"), str) else None
-    return SpecFacts(tuple(rules), tuple(nodes), visible, _hook_paths(doc.get("hooks")), annotations,
-                     cgroups_path, root_path, tuple(problems))
+    cgroups_path = _field(linux, "cgroupsPath", str, "linux.")
+    root_path = _field(_field(doc, "root", dict, "") or {}, "path", str, "root.")
+    return SpecFacts(tuple(rules), nodes, visible, _hook_paths(_field(doc, "hooks", dict, ""), "hooks"),
+                     annotations, cgroups_path, root_path, tuple(problems))
+
+
+def _pid_field(doc: dict, key: str) -> int:
+    """The init pid: required, a positive integer that fits a pid_t."""
+    value = doc.get(key)
+    pid = _int(value, 1, (1 << 31) - 1)
+    if pid is None:
+        shown = "missing" if key not in doc else f"{_brief_scalar(value)}, not a pid"
+        raise ValueError(f"{key} is {shown}")
+    return pid
+
+
+def _start_field(doc: dict, key: str) -> int | None:
+    if doc.get(key) is None:
+        return None
+    start = _int(doc.get(key), 0, (1 << 63) - 1)
+    if start is None:
+        raise ValueError(f"{key} is {_brief_scalar(doc.get(key))}, not a start time in clock ticks")
+    return start
 
 
 def parse_runc_state(doc: dict) -> RuntimeState:
     """runc's state.json (also used by Docker's and containerd's runc roots)."""
     problems = []
-    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    cgroups = config.get("cgroups") if isinstance(config.get("cgroups"), dict) else {}
+    config = _field(doc, "config", dict, "") or {}
+    cgroups = _field(config, "cgroups", dict, "config.") or {}
     rules = []
-    raw = cgroups.get("devices") or []
-    for item in raw if isinstance(raw, list) else []:
+    for item in _field(cgroups, "devices", list, "config.cgroups.") or ():
         rule = parse_state_rule(item)
         if rule is None:
-            problems.append(f"skipped malformed cgroups.devices entry {str(item)[:80]}")
+            problems.append(f"skipped malformed cgroups.devices entry {_brief(item)}")
         else:
             rules.append(rule)
-    nodes = tuple(n for n in (_node(i, "type", rune=True) for i in (config.get("devices") or [])
-                              if isinstance(config.get("devices"), list)) if n is not None)
-    paths = doc.get("cgroup_paths") if isinstance(doc.get("cgroup_paths"), dict) else {}
+    nodes = _nodes(_field(config, "devices", list, "config."), True, "config.devices", problems)
+    paths = _field(doc, "cgroup_paths", dict, "") or {}
     bundle = None
-    for label in config.get("labels") or []:
+    for label in _field(config, "labels", list, "config.") or ():
         if isinstance(label, str) and label.startswith("bundle="):
             bundle = label[len("bundle="):]
-    systemd = cgroups.get("Systemd")
+    systemd = _field(cgroups, "Systemd", bool, "config.cgroups.")
     scope = None
     if systemd is True and isinstance(cgroups.get("name"), str) and isinstance(cgroups.get("scope_prefix"), str):
         scope = f"{cgroups['scope_prefix']}-{cgroups['name']}.scope"
     return RuntimeState(
-        init_pid=_int(doc.get("init_process_pid"), 1),
-        init_start=_int(doc.get("init_process_start"), 0, (1 << 63) - 1),
-        cgroup_paths={k: v for k, v in paths.items() if isinstance(k, str) and isinstance(v, str)},
+        init_pid=_pid_field(doc, "init_process_pid"),
+        init_start=_start_field(doc, "init_process_start"),
+        cgroup_paths={k: v for k, v in paths.items() if isinstance(v, str)},
         rules=tuple(rules),
         nodes=nodes,
         bundle=bundle,
-        hooks=_hook_paths(config.get("Hooks")),
-        systemd_cgroup=systemd if isinstance(systemd, bool) else None,
+        hooks=_hook_paths(_field(config, "Hooks", dict, "config."), "config.Hooks"),
+        systemd_cgroup=systemd,
         scope=scope,
         problems=tuple(problems),
     )
@@ -270,8 +362,8 @@ def parse_crun_status(doc: dict) -> RuntimeState:
     scope = doc.get("scope") if isinstance(doc.get("scope"), str) and doc.get("scope") else None
     cgroup = doc.get("cgroup-path") if isinstance(doc.get("cgroup-path"), str) else None
     return RuntimeState(
-        init_pid=_int(doc.get("pid"), 1),
-        init_start=_int(doc.get("process-start-time"), 0, (1 << 63) - 1),
+        init_pid=_pid_field(doc, "pid"),
+        init_start=_start_field(doc, "process-start-time"),
         cgroup_paths={"": cgroup} if cgroup else {},
         rules=None,
         bundle=doc.get("bundle") if isinstance(doc.get("bundle"), str) else None,

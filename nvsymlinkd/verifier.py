@@ -165,13 +165,25 @@ def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, sco
     if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be
         report.verdict = NOT_RUNNING
         return report
+    findings = report.findings
+    # A runtime file that exists but cannot be read hides what it would say (a GPU sign, an expected
+    # device, the init pid): such a container is unknown, never "not a GPU container" nor guessed stopped.
+    unreadable = list(getattr(c, "unreadable", ()) or ())
+    if unreadable and c.status != "stopped":
+        findings.append(Finding(
+            UNKNOWN, tuple(device_str(k) for k in sorted(expected.devices)),
+            "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""),
+            "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
+            "container); until then its device access cannot be judged"))
+        if c.status not in ("created", "running") or (not signs and not expected.devices):
+            report.verdict = _verdict(findings)
+            return report
     if not signs and not expected.devices:
         report.verdict = NOT_GPU
         return report
     if c.status not in ("created", "running"):
         report.verdict = NOT_RUNNING
         return report
-    findings = report.findings
     if policy is None:
         findings.append(Finding(UNKNOWN, tuple(device_str(k) for k in sorted(expected.devices)),
                                 f"cannot read the device cgroup: {policy_error}",

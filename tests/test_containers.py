@@ -179,7 +179,9 @@ def test_parse_spec_skips_malformed_rules():
     spec = parse_spec(doc)
     assert [str(r) for r in spec.rules] == ["deny a *:* rwm", "allow c 195:0 rw"]
     assert len(spec.problems) == 3
-    assert parse_spec({"linux": "nonsense", "process": []}).rules == ()
+    # a field the verdict reads with the wrong JSON type makes the whole spec unreadable (not "no rules")
+    with pytest.raises(ValueError, match="linux is a string, not an object"):
+        parse_spec({"linux": "nonsense", "process": []})
 
 
 def test_proc_cgroup_and_scope_parsing():

@@ -1,0 +1,209 @@
+"""Hostile or broken runtime and /proc files, through the CLI as an operator meets them.
+
+A GPU container whose files cannot be read is reported `unknown` with the reason (never dropped as
+"not a GPU container", never "not-running" by guess); one hostile file costs only its own container;
+no input of any size or shape gives a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI
+from fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
+
+V1_DEVICES = Path("/sys/fs/cgroup/devices")
+CID = "lost1"
+DEEP = 200_000
+
+
+@pytest.fixture
+def v1_parent(need_root):
+    if not (V1_DEVICES / "devices.list").exists():
+        if IN_CI:
+            pytest.fail("CI must run this test on a host with the cgroup v1 devices controller", pytrace=False)
+        pytest.skip("needs the cgroup v1 devices controller")
+    name = f"nvsymlinkd-hostile-{uuid.uuid4().hex[:8]}"
+    (V1_DEVICES / name).mkdir()
+    try:
+        yield name
+    finally:
+        for d in sorted((V1_DEVICES / name).iterdir(), reverse=True):
+            if d.is_dir():
+                d.rmdir()
+        (V1_DEVICES / name).rmdir()
+
+
+def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
+    d = V1_DEVICES / parent / leaf
+    d.mkdir()
+    (d / "devices.deny").write_text("a\n")
+    for rule in allow:
+        (d / "devices.allow").write_text(rule + "\n")
+    return f"/{parent}/{leaf}"
+
+
+GPU_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 1), spec_rule(195, 255)],
+                    env=["NVIDIA_VISIBLE_DEVICES=0,1"])
+
+
+class LostHost:
+    """A fake root with one GPU container (plain runc or containerd) that has lost c 195:1."""
+
+    def __init__(self, fakehost, parent: str, runtime: str = "runc"):
+        self.host = fakehost
+        fakehost.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
+        for minor in (0, 1, 255):
+            fakehost.node(f"/dev/nvidia{minor}" if minor != 255 else "/dev/nvidiactl", 195, minor)
+        fakehost.path("/sys/fs").mkdir(parents=True, exist_ok=True)
+        os.symlink("/sys/fs/cgroup", fakehost.path("/sys/fs/cgroup"))
+        cgroup = v1_cgroup(parent, CID, ["c 195:0 rw", "c 195:255 rw"])
+        lay = Layouts(fakehost)
+        if runtime == "runc":
+            lay.runc(CID, GPU_SPEC, cgroup=cgroup)
+            self.spec = f"/srv/bundles/{CID}/config.json"
+            self.state = f"/run/runc/{CID}/state.json"
+        else:  # containerd whose runc root is not where we look: the spec is all there is
+            lay.containerd(CID, GPU_SPEC, cgroup=cgroup, state=runtime != "containerd-spec-only")
+            self.spec = f"/run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID}/config.json"
+            self.state = f"/run/containerd/runc/k8s.io/{CID}/state.json"
+
+    @property
+    def root(self) -> str:
+        return str(self.host.root)
+
+    def doc(self, inside: str) -> dict:
+        return json.loads(self.host.path(inside).read_text())
+
+    def put(self, inside: str, text: str) -> None:
+        p = self.host.path(inside)
+        if p.is_symlink() or p.exists():
+            p.unlink()
+        p.write_text(text)
+
+
+def check(cli, root: str):
+    proc = cli("--root", root, "check", "--no-host", "--json", "--no-bus")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+@pytest.fixture(params=["runc", "containerd-spec-only"])
+def lost_host(fakehost, v1_parent, request):
+    return LostHost(fakehost, v1_parent, request.param)
+
+
+def test_readable_lost_container_is_lost(lost_host, nvsymlinkd_cli):
+    rc, doc = check(nvsymlinkd_cli, lost_host.root)
+    assert rc == 1 and doc["summary"]["gpu_containers"] == 1
+    assert doc["containers"][0]["verdict"] == "lost"
+
+
+def _symlink_to_itself(h: LostHost, inside: str) -> None:
+    # the same content, behind a symlink (O_NOFOLLOW refuses it)
+    p = h.host.path(inside)
+    copy = p.with_name("real-config.json")
+    p.rename(copy)
+    os.symlink(copy.name, p)
+
+
+SPEC_BREAKAGE = {
+    "symlink": _symlink_to_itself,
+    "17MB": lambda h, f: h.put(f, json.dumps(dict(h.doc(f), pad="x" * (17 << 20)))),
+    "array": lambda h, f: h.put(f, json.dumps([h.doc(f)])),
+    "env-string": lambda h, f: h.put(f, json.dumps(dict(h.doc(f), process=dict(h.doc(f)["process"],
+                                                                             env="NVIDIA_VISIBLE_DEVICES=0")))),
+    "deep": lambda h, f: h.put(f, '{"a":' + "[" * DEEP + "]" * DEEP + "}"),
+    "rule-major-string": lambda h, f: h.put(f, json.dumps(oci_spec(
+        rules=[spec_rule(195, 0), spec_rule("195", 1), spec_rule(195, 255)], env=["NVIDIA_VISIBLE_DEVICES=0,1"]))),
+}
+
+
+@pytest.mark.parametrize("how", sorted(SPEC_BREAKAGE))
+def test_unreadable_spec_is_unknown_never_dropped(lost_host, nvsymlinkd_cli, how):
+    SPEC_BREAKAGE[how](lost_host, lost_host.spec)
+    rc, doc = check(nvsymlinkd_cli, lost_host.root)
+    assert rc == 1, doc
+    assert doc["summary"]["gpu_containers"] == 1 and doc["ok"] is False
+    c = doc["containers"][0]
+    assert c["verdict"] in ("unknown", "lost"), c
+    unknown = [f for f in c["findings"] if f["kind"] == "unknown"]
+    assert unknown and lost_host.spec in unknown[0]["detail"], c
+
+
+def _state_with(**changes):
+    def change(h: LostHost, f: str) -> None:
+        h.put(f, json.dumps(dict(h.doc(f), **changes)))
+    return change
+
+
+STATE_BREAKAGE = {
+    "pid-string": lambda h, f: h.put(f, h.host.path(f).read_text().replace('"init_process_pid": ', '"init_process_pid": "', 1)
+                                     .replace(', "init_process_start"', '", "init_process_start"', 1)),
+    "pid-1e400": lambda h, f: h.put(f, h.host.path(f).read_text().replace('"init_process_pid": ', '"init_process_pid": 1e400, "x": ', 1)),
+    "pid-bool": _state_with(init_process_pid=True),
+    "deep": lambda h, f: h.put(f, '{"a":' + "[" * DEEP + "]" * DEEP + "}"),
+    "rule-type-list": lambda h, f: h.put(f, json.dumps(dict(h.doc(f), config=dict(h.doc(f)["config"], cgroups=dict(
+        h.doc(f)["config"]["cgroups"], devices=[{"type": [99], "major": 195, "minor": 1, "permissions": "rw",
+                                                  "allow": True}]))))),
+}
+
+
+@pytest.mark.parametrize("how", sorted(STATE_BREAKAGE))
+def test_unreadable_runc_state_is_unknown_not_stopped(fakehost, v1_parent, nvsymlinkd_cli, how):
+    lost_host = LostHost(fakehost, v1_parent, "runc")
+    STATE_BREAKAGE[how](lost_host, lost_host.state)
+    rc, doc = check(nvsymlinkd_cli, lost_host.root)
+    assert rc == 1, doc
+    assert doc["summary"]["gpu_containers"] == 1
+    c = doc["containers"][0]
+    assert c["verdict"] in ("unknown", "lost"), c
+    unknown = [f for f in c["findings"] if f["kind"] == "unknown"]
+    assert unknown and lost_host.state in unknown[0]["detail"], c
+
+
+# --- the JSON parsers on any shape: a result or ValueError, nothing else ------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nvsymlinkd.ocispec import loads_object, parse_crun_status, parse_runc_state, parse_spec  # noqa: E402
+
+SCALARS = (st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.sampled_from([-1, 1e400]) | st.integers(4400, 5000).map(lambda n: 10 ** n)
+           | st.floats(allow_nan=False) | st.text(max_size=20) | st.sampled_from(["c", "a", "rw", "195", "bundle=/x"]))
+KEYS = st.sampled_from(["linux", "resources", "devices", "process", "env", "annotations", "hooks", "prestart",
+                        "path", "root", "cgroupsPath", "allow", "type", "major", "minor", "access", "permissions",
+                        "config", "cgroups", "Systemd", "Hooks", "labels", "cgroup_paths", "init_process_pid",
+                        "init_process_start", "pid", "process-start-time", "scope", "name", "scope_prefix",
+                        "cgroup-path", "bundle", "systemd-cgroup", "cdi.k8s.io/x"])
+SHAPES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=6),
+                      max_leaves=40)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.dictionaries(KEYS, SHAPES, max_size=8))
+def test_json_parsers_raise_only_valueerror(doc):
+    for parse in (parse_spec, parse_runc_state, parse_crun_status):
+        try:
+            parse(doc)
+        except ValueError:
+            pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["[", "{\"a\":", "[{\"b\":[", "[1,"]), st.integers(1, 300_000), st.booleans())
+def test_deep_or_odd_json_text_is_a_valueerror(opening, depth, closed):
+    text = opening * depth + ("" if not closed else "]" * depth)
+    with pytest.raises(ValueError):
+        loads_object(text)
+
+
+def test_huge_numbers_in_json_text_are_a_valueerror_or_refused():
+    for text in ('{"init_process_pid": ' + "9" * 5000 + "}", '{"init_process_pid": 1e400}',
+                 '{"init_process_pid": "1"}', '{"init_process_pid": true}', '{"init_process_pid": 1.0}'):
+        with pytest.raises(ValueError):
+            parse_runc_state(loads_object(text))
