@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.procdevices import decimal
 
 ACCESS_LETTERS = "rwm"
 MAX_U32 = 0xFFFFFFFF
@@ -62,10 +63,11 @@ def _number(field: str, what: str, path: str, lineno: int) -> Optional[int]:
     if field == "*":
         return None
     if not field.isascii() or not field.isdigit():
-        raise HostFileError(path, f"{what} {field!r} is neither a number nor '*'", lineno)
-    value = int(field)
-    if value > MAX_U32:
-        raise HostFileError(path, f"{what} {value} does not fit in 32 bits", lineno)
+        raise HostFileError(path, f"{what} {field[:20]!r} is neither a number nor '*'", lineno)
+    value = decimal(field, MAX_U32)
+    if value is None:
+        shown = field if len(field) <= 20 else f"{field[:12]}... ({len(field)} digits)"
+        raise HostFileError(path, f"{what} {shown} does not fit in 32 bits", lineno)
     return value
 
 
@@ -83,7 +85,7 @@ def parse_devices_list(text: str, path: str) -> list:
         # runc's parser: fields separated by spaces and ':' -> type, major, minor, access
         fields = line.replace(":", " ").split()
         if len(fields) != 4 or line.count(":") != 1:
-            raise HostFileError(path, f"expected 'TYPE MAJOR:MINOR ACCESS', got {line!r}", lineno)
+            raise HostFileError(path, f"expected 'TYPE MAJOR:MINOR ACCESS', got {line[:60]!r}", lineno)
         dev_type, major, minor, access = fields
         if dev_type not in ("a", "b", "c"):
             raise HostFileError(path, f"device type {dev_type!r} is not a, b or c", lineno)

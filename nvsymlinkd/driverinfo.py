@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.procdevices import decimal
 
 GPUS_DIR = "/proc/driver/nvidia/gpus"
 PARAMS = "/proc/driver/nvidia/params"
@@ -63,6 +64,8 @@ def _int_field(values: dict, key: str, path: str, lo: int, hi: int, base: int = 
     if key not in values:
         return None
     raw = values[key]
+    if len(raw) > 24:  # far more digits than any range here; int() of thousands is slow or refused (3.11+)
+        raise HostFileError(path, f"{key} is not a number in range {lo}-{hi}: {raw[:20]!r}...")
     try:
         number = int(raw, base)
     except ValueError:
@@ -101,9 +104,9 @@ def parse_mig_minors(text: str, path: str = MIG_MINORS) -> dict:
         parts = line.split()
         if len(parts) != 2 or not parts[1].isdigit() or not parts[1].isascii():
             raise HostFileError(path, f"expected 'NAME MINOR', got {line[:60]!r}", lineno)
-        minor = int(parts[1])
-        if minor > MAX_MINOR:
-            raise HostFileError(path, f"minor {minor} out of range", lineno)
+        minor = decimal(parts[1], MAX_MINOR)
+        if minor is None:
+            raise HostFileError(path, f"minor {parts[1][:20]} out of range", lineno)
         out[parts[0]] = minor
     return out
 

@@ -73,15 +73,30 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
         parts = line.split(None, 1)
         if len(parts) != 2 or not parts[0].isdigit() or not parts[0].isascii():
             raise HostFileError(path, f"expected 'MAJOR NAME', got {_show(line)}", lineno)
-        major = int(parts[0])
-        if major > MAX_MAJOR:
-            raise HostFileError(path, f"major {major} out of range 0-{MAX_MAJOR}", lineno)
+        major = decimal(parts[0], MAX_MAJOR)
+        if major is None:
+            raise HostFileError(path, f"major {_show(parts[0])} out of range 0-{MAX_MAJOR}", lineno)
         name = parts[1].strip()
         if section == "character devices" and name.startswith("nvidia"):
             by_name[name] = major
     if not seen_char:
         raise HostFileError(path, "no 'Character devices:' section (truncated or not /proc/devices?)")
     return Majors(by_name)
+
+
+def decimal(text: str, hi: int) -> int | None:
+    """An ASCII decimal number 0..hi, or None (not a number, or too large).
+
+    The digit count is checked before int(): a line of thousands of digits must not cost
+    quadratic time (Python < 3.11) nor raise ValueError (Python >= 3.11's int-string limit).
+    """
+    if not text.isascii() or not text.isdigit():
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(hi)):
+        return None
+    value = int(digits)
+    return value if value <= hi else None
 
 
 def _show(line: str) -> str:

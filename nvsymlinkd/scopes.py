@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from nvsymlinkd.hostroot import HostRoot
 from nvsymlinkd.ocispec import MAX_SMALL_BYTES, DeviceRule, read_bounded
+from nvsymlinkd.procdevices import decimal
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
@@ -120,14 +121,19 @@ def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
 def _map_one(root: HostRoot, spec: str, access: str, majors) -> list | None:
     m = DEV_NUMBER_PATH.fullmatch(spec)
     if m:
-        return [DeviceRule(True, "c" if m.group(1) == "char" else "b", int(m.group(2)), int(m.group(3)), access)]
+        # the kernel's ranges (12-bit major, 20-bit minor); beyond them no device, and no int() of 5,000 digits
+        major, minor = decimal(m.group(2), (1 << 12) - 1), decimal(m.group(3), (1 << 20) - 1)
+        if major is None or minor is None:
+            return None
+        return [DeviceRule(True, "c" if m.group(1) == "char" else "b", major, minor, access)]
     for prefix, dev_type in (("char-", "c"), ("block-", "b")):
         if spec.startswith(prefix):
             name = spec[len(prefix):]
             if name == "*":
                 return [DeviceRule(True, dev_type, None, None, access)]
             if name.isdigit():
-                return [DeviceRule(True, dev_type, int(name), None, access)]
+                major = decimal(name, (1 << 12) - 1)
+                return None if major is None else [DeviceRule(True, dev_type, major, None, access)]
             if dev_type == "b":
                 return []  # not an NVIDIA device either way
             hits = sorted({m for n, m in majors.by_name.items() if fnmatch.fnmatchcase(n, name)})

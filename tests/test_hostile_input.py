@@ -207,3 +207,79 @@ def test_huge_numbers_in_json_text_are_a_valueerror_or_refused():
                  '{"init_process_pid": "1"}', '{"init_process_pid": true}', '{"init_process_pid": 1.0}'):
         with pytest.raises(ValueError):
             parse_runc_state(loads_object(text))
+
+
+# --- integers of thousands of digits ----------------------------------------------------------
+
+HUGE = "1" * 5000
+
+
+def test_proc_devices_major_of_thousands_of_digits_is_one_clean_line(fakehost, nvsymlinkd_cli):
+    from fakehost import standard_host
+
+    host = standard_host(fakehost.root)
+    text = host.path("/proc/devices").read_text().replace("Character devices:\n", f"Character devices:\n{HUGE} x\n")
+    host.write("/proc/devices", text)
+    for argv in (["sync"], ["sync", "--dry-run"], ["check", "--no-host", "--no-bus"], ["repair", "--dry-run"]):
+        proc = nvsymlinkd_cli("--root", host.root, *argv)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("nvsymlinkd: /proc/devices:2: major '111111111"), proc.stderr
+    assert host.links() == {}  # nothing was done on input that cannot be parsed
+
+
+def fake_v1(host, parent_rules: str, leaf_rules: str) -> str:
+    """A v1 devices hierarchy as plain files (the kernel itself never lists a 5,000-digit minor)."""
+    base = "/sys/fs/cgroup/devices/kubepods"
+    host.write(f"{base}/devices.list", parent_rules)
+    host.write(f"{base}/{CID}/devices.list", leaf_rules)
+    host.write(f"{base}/{CID}/devices.allow", "")
+    return f"/kubepods/{CID}"
+
+
+@pytest.mark.parametrize("where", ["parent", "leaf"])
+def test_devices_list_rule_of_thousands_of_digits(fakehost, nvsymlinkd_cli, where):
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    for minor in (0, 1):
+        fakehost.node(f"/dev/nvidia{minor}", 195, minor)
+    huge = f"c 195:{'9' * 5000} rw\n"
+    ok_leaf = "c 195:0 rw\n"
+    cgroup = fake_v1(fakehost, huge if where == "parent" else "a *:* rwm\n", huge + ok_leaf if where == "leaf" else ok_leaf)
+    Layouts(fakehost).runc(CID, oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 1)]), cgroup=cgroup)
+    rc, doc = check(nvsymlinkd_cli, str(fakehost.root))
+    assert rc == 1
+    assert doc["containers"][0]["verdict"] == ("lost" if where == "parent" else "unknown"), doc
+    for argv in (["repair", "--dry-run", "--json"], ["repair", "--json"]):
+        proc = nvsymlinkd_cli("--root", fakehost.root, *argv)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode == 1, (argv, proc.stdout, proc.stderr)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6000), st.sampled_from(["c {n}:0 rw", "c 195:{n} rw", "b {n}:{n} m"]),
+       st.sampled_from(["{n} nvidia", "{n} x"]), st.sampled_from(["config {n}", "gpu0/gi1/access {n}"]))
+def test_host_file_parsers_refuse_huge_numbers_cleanly(digits, rule, proc_line, mig_line):
+    from nvsymlinkd.devicerules import parse_devices_list
+    from nvsymlinkd.driverinfo import parse_mig_minors, parse_params
+    from nvsymlinkd.errors import HostFileError
+    from nvsymlinkd.procdevices import parse_proc_devices
+
+    n = "9" * digits
+    for parse, text in ((lambda t: parse_devices_list(t, "/x/devices.list"), rule.format(n=n) + "\n"),
+                        (parse_proc_devices, "Character devices:\n" + proc_line.format(n=n) + "\n"),
+                        (parse_mig_minors, mig_line.format(n=n) + "\n"),
+                        (parse_params, f"DeviceFileUID: {n}\n")):
+        try:
+            parse(text)
+        except HostFileError as exc:
+            assert len(str(exc)) < 200 and "\n" not in str(exc)
+
+
+def test_scope_device_allow_of_thousands_of_digits_is_unmapped():
+    from nvsymlinkd.hostroot import HostRoot
+    from nvsymlinkd.procdevices import Majors
+    from nvsymlinkd.scopes import ScopeDevices, map_entries
+
+    entries = ((f"/dev/char/{HUGE}:0", "rw"), (f"char-{HUGE}", "rw"), ("/dev/char/195:0", "rw"))
+    sd = map_entries(HostRoot("/"), ScopeDevices("docker-x.scope", "files", "strict", entries, ()), Majors({}))
+    assert [str(r) for r in sd.rules] == ["allow c 195:0 rw"] and len(sd.unmapped) == 2

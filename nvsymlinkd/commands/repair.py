@@ -21,6 +21,8 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
+    from nvsymlinkd import verifier
+    from nvsymlinkd.containers import find
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repairer import SUCCESS, history_path, repair_all
     from nvsymlinkd.repairplan import RepairHistory
@@ -34,21 +36,28 @@ def run(args, root, config) -> int:
     journal = Journal(target="journal")
     if journal.target != "journal":
         journal = None
+    report = verifier.verify_all(root, config, with_host=False)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                             journal=journal)
+                             journal=journal, report=report)
     except KeyError as exc:
         sys.stderr.write(f"nvsymlinkd: no container matches {exc.args[0]!r} (try `nvsymlinkd check`)\n")
         return EXIT_ERROR
+    # A container whose access cannot be judged has nothing to repair that we know of: say so, and
+    # never report such a host as fine (exit 1).
+    chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
+    repaired = {r.request.container_id for r in results}
+    unknown = [c for c in chosen if c is not None and c.verdict == verifier.UNKNOWN and c.id not in repaired]
     if not args.dry_run and any(r.steps for r in results):
         try:
             history.save(hist_file)
         except OSError as exc:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.status in SUCCESS for r in results)
+    ok = all(r.status in SUCCESS for r in results) and not unknown
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
+               "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
                "summary": _summary(results)}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -58,11 +67,17 @@ def run(args, root, config) -> int:
                 print(line)
             for step in r.steps:
                 print(f"  step: {step}")
+        for c in unknown:
+            print(f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}")
         counts = _summary(results)
         parts = [f"{n} {k}" for k, n in counts.items() if n]
         head = "repair (dry run)" if args.dry_run else "repair"
         print(f"{head}: {len(results)} containers with findings" + (": " + ", ".join(parts) if parts else ""))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _unknown_reason(report) -> str:
+    return next((f.detail for f in report.findings if f.kind == "unknown"), "unknown")
 
 
 def _summary(results) -> dict:
