@@ -77,7 +77,7 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors):
     base = dev_dir(driver_root)
     prefix = base if base != "/" else ""
     names_by_major: dict = {}
-    for name, major in majors.by_name.items():
+    for name, major in majors.pairs:  # every line: a name listed twice owns both majors
         names_by_major.setdefault(major, []).append(name)
     nodes: list = []
     ignored: list = []

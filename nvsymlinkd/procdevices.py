@@ -3,7 +3,9 @@
 Several names can share one major (545+ drivers list `195 nvidia` and
 `195 nvidiactl`; 550+ add `195 nvidia-modeset`), and dynamic majors differ
 from host to host, so names are matched exactly, never by prefix
-(`nvidia-caps` is a prefix of `nvidia-caps-imex-channels`).
+(`nvidia-caps` is a prefix of `nvidia-caps-imex-channels`). One name can also
+own several majors (the kernel does not refuse a second register_chrdev of a
+name): every line counts, a later one never re-maps an earlier one.
 """
 
 from __future__ import annotations
@@ -28,14 +30,33 @@ NVLINK = "nvidia-nvlink"
 class Majors:
     """NVIDIA character majors: every `nvidia*` name in the char section."""
 
-    by_name: dict = field(default_factory=dict)  # name -> major
+    by_name: dict = field(default_factory=dict)  # name -> major, for names listed with one major only
+    lines: tuple = ()  # every (name, major) line, in order; () means by_name's items
+
+    @property
+    def pairs(self) -> tuple:
+        """Every (name, major): a name listed with several majors appears once per major."""
+        return self.lines or tuple(self.by_name.items())
 
     @property
     def nvidia_majors(self) -> frozenset:
-        return frozenset(self.by_name.values())
+        return frozenset(m for _, m in self.pairs)
+
+    def majors_of(self, name: str) -> tuple:
+        return tuple(sorted({m for n, m in self.pairs if n == name}))
 
     def major(self, name: str) -> int | None:
+        """The one major of `name`; None when it is not listed, or listed with several (never guess)."""
         return self.by_name.get(name)
+
+    def ambiguous(self) -> dict:
+        """name -> its majors, for names listed with more than one major."""
+        out = {}
+        for name, _ in self.pairs:
+            majors = self.majors_of(name)
+            if len(majors) > 1:
+                out[name] = majors
+        return out
 
     def frontend(self) -> int | None:
         """The major of /dev/nvidia0 and /dev/nvidiactl (195 on every driver)."""
@@ -45,7 +66,7 @@ class Majors:
         return None
 
     def names_of(self, major: int) -> list:
-        return sorted(n for n, m in self.by_name.items() if m == major)
+        return sorted({n for n, m in self.pairs if m == major})
 
     def __bool__(self) -> bool:
         return bool(self.by_name)
@@ -56,7 +77,7 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
 
     Raises HostFileError (and nothing else) naming the line for malformed input.
     """
-    by_name: dict = {}
+    lines: list = []
     section = None
     seen_char = False
     for lineno, raw in enumerate(text.split("\n"), 1):
@@ -78,10 +99,14 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
             raise HostFileError(path, f"major {_show(parts[0])} out of range 0-{MAX_MAJOR}", lineno)
         name = parts[1].strip()
         if section == "character devices" and name.startswith("nvidia"):
-            by_name[name] = major
+            lines.append((name, major))
     if not seen_char:
         raise HostFileError(path, "no 'Character devices:' section (truncated or not /proc/devices?)")
-    return Majors(by_name)
+    seen: dict = {}
+    for name, major in lines:
+        seen.setdefault(name, set()).add(major)
+    by_name = {name: next(iter(majors)) for name, majors in seen.items() if len(majors) == 1}
+    return Majors(by_name, tuple(lines))
 
 
 def decimal(text: str, hi: int) -> int | None:

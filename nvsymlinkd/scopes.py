@@ -136,7 +136,7 @@ def _map_one(root: HostRoot, spec: str, access: str, majors) -> list | None:
                 return None if major is None else [DeviceRule(True, dev_type, major, None, access)]
             if dev_type == "b":
                 return []  # not an NVIDIA device either way
-            hits = sorted({m for n, m in majors.by_name.items() if fnmatch.fnmatchcase(n, name)})
+            hits = sorted({m for n, m in majors.pairs if fnmatch.fnmatchcase(n, name)})
             return [DeviceRule(True, "c", major, None, access) for major in hits]
     if spec.startswith("/dev/"):
         st = root.stat_resolved(spec)  # systemd stats these at apply time

@@ -283,3 +283,20 @@ def test_scope_device_allow_of_thousands_of_digits_is_unmapped():
     entries = ((f"/dev/char/{HUGE}:0", "rw"), (f"char-{HUGE}", "rw"), ("/dev/char/195:0", "rw"))
     sd = map_entries(HostRoot("/"), ScopeDevices("docker-x.scope", "files", "strict", entries, ()), Majors({}))
     assert [str(r) for r in sd.rules] == ["allow c 195:0 rw"] and len(sd.unmapped) == 2
+
+
+# --- a name listed twice in /proc/devices ---------------------------------------------------------
+
+def test_a_second_major_for_a_name_never_drops_a_link(fakehost, nvsymlinkd_cli):
+    from fakehost import standard_host
+
+    host = standard_host(fakehost.root, names=("nvidia",))
+    nvsymlinkd_cli("--root", host.root, "sync", check=0)
+    before = host.links()
+    assert "195:0" in before and "195:255" in before
+    text = host.path("/proc/devices").read_text()
+    host.write("/proc/devices", text.replace("Block devices:", "300 nvidia\n\nBlock devices:"))
+    proc = nvsymlinkd_cli("--root", host.root, "sync", "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert host.links() == before, proc.stdout
+    assert not [a for a in json.loads(proc.stdout)["actions"] if a["action"] == "remove"], proc.stdout

@@ -91,10 +91,14 @@ def test_proc_devices_parser_raises_only_hostfileerror(text):
 @given(st.lists(st.tuples(st.integers(0, 4095), st.from_regex(r"nvidia[a-z-]{0,20}", fullmatch=True)), max_size=20))
 def test_proc_devices_roundtrip(rows):
     text = "Character devices:\n" + "".join(f"{m:3d} {n}\n" for m, n in rows)
-    expected = {}
+    owned = {}
     for m, n in rows:
-        expected[n] = m  # last one wins, like a dict of the file
-    assert parse_proc_devices(text).by_name == expected
+        owned.setdefault(n, set()).add(m)  # a name listed twice owns both majors: no line re-maps another
+    got = parse_proc_devices(text)
+    assert got.by_name == {n: min(ms) for n, ms in owned.items() if len(ms) == 1}
+    assert got.pairs == tuple((n, m) for m, n in rows)
+    assert got.nvidia_majors == {m for m, _ in rows}
+    assert got.ambiguous() == {n: tuple(sorted(ms)) for n, ms in owned.items() if len(ms) > 1}
 
 
 def test_truncated_proc_devices_prefix_never_crashes():
