@@ -300,3 +300,48 @@ def test_a_second_major_for_a_name_never_drops_a_link(fakehost, nvsymlinkd_cli):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert host.links() == before, proc.stdout
     assert not [a for a in json.loads(proc.stdout)["actions"] if a["action"] == "remove"], proc.stdout
+
+
+# --- the daemon's container side, in process: journal once, count, one file costs one container ---
+
+class RecordingJournal:
+    """The daemon's journal interface, keeping (kind, message, fields) of every event."""
+
+    def __init__(self):
+        self.events, self.lines = [], []
+
+    def event(self, kind, priority, message, **fields):
+        self.events.append((kind, message, fields))
+
+    def log(self, priority, message, kind=None, **fields):
+        self.lines.append(message)
+
+    def __getattr__(self, name):  # warning, debug, notice, ...
+        return lambda message, **fields: self.lines.append(message)
+
+
+def test_daemon_journals_an_unreadable_gpu_container_once_and_counts_it(fakehost, v1_parent):
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.containerwatch import ContainerWatch
+    from nvsymlinkd.hostroot import HostRoot
+    from nvsymlinkd.metrics import Metrics
+
+    h = LostHost(fakehost, v1_parent, "containerd-spec-only")
+    _symlink_to_itself(h, h.spec)
+    # a second container whose state.json is nested 200,000 deep: it costs only itself
+    lay = Layouts(fakehost, next_pid=50000)
+    lay.runc("deep1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "deep1", ["c 195:0 rw", "c 195:255 rw"]))
+    h.put("/run/runc/deep1/state.json", '{"a":' + "[" * DEEP + "]" * DEEP + "}")
+    lay.runc("lost2", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "lost2", ["c 195:0 rw", "c 195:255 rw"]))
+    journal, metrics = RecordingJournal(), Metrics()
+    watch = ContainerWatch(journal, HostRoot(h.root), lambda: Config().with_overrides(repair="off"),
+                           use_bus=False, metrics=metrics)
+    for _ in range(3):
+        report = watch.verify_and_repair("test")
+    assert {c.id: c.verdict for c in report.containers} == {CID: "unknown", "deep1": "unknown", "lost2": "lost"}
+    unknown = [(m, f) for k, m, f in journal.events if k == "container-unknown"]
+    assert sorted(f["container_id"] for _, f in unknown) == sorted([CID, "deep1"]), journal.events
+    assert any(h.spec in m and "symlink" in m for m, _ in unknown), unknown
+    assert any("nested too deeply" in m for m, _ in unknown), unknown
+    assert metrics.containers == {"ok": 0, "at-risk": 0, "lost": 1, "unknown": 2}
+    assert not any("verification failed" in line for line in journal.lines), journal.lines
