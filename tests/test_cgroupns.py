@@ -29,9 +29,10 @@ import pytest
 from conftest import _skip_or_fail
 from runcfixture import CGROUP_V1, device_node, device_rule
 
-from nvsymlinkd import bpfeval, bpfprog
+from nvsymlinkd import bpfeval, bpfprog, cgroupaccess
 from nvsymlinkd.cgroupaccess import mount_relative
 from nvsymlinkd.devicerules import DeviceRule
+from nvsymlinkd.hostroot import HostRoot
 
 UNIFIED = f"{CGROUP_V1}/unified"
 POD_HIERARCHIES = ("devices", "freezer", "unified")
@@ -243,3 +244,42 @@ def test_mount_relative_table(cgroup, mount_root, ns_base, expected):
     rel, why = mount_relative(cgroup, mount_root, ns_base)
     assert rel == expected, why
     assert bool(why) == (expected is None)
+
+
+# --- locating the namespace root on a fake host tree ------------------------------------------
+
+def _fake_pod_tree(tmp_path, monkeypatch, holders):
+    """ROOT/proc/1/mountinfo: the host's devices hierarchy at /sys/fs/cgroup/devices, printed root `/../../..`
+    (three levels above this process's namespace); `holders`: the directories whose cgroup.procs list us."""
+    root = tmp_path / "root"
+    (root / "proc/1").mkdir(parents=True)
+    (root / "proc/1/mountinfo").write_text("36 31 0:33 /../../.. /sys/fs/cgroup/devices rw - cgroup cgroup rw,devices\n")
+    top = root / "sys/fs/cgroup/devices"
+    for d in ("kubepods/pod1/me", "kubepods/pod2/ctr", "other/pod3/x"):
+        (top / d).mkdir(parents=True)
+        (top / d / "cgroup.procs").write_text("1\n")
+        (top / d / "devices.list").write_text("c 195:0 rw\n")
+    for d in holders:
+        (top / d / "cgroup.procs").write_text(f"1\n{os.getpid()}\n")
+    own = tmp_path / "own-cgroup"
+    own.write_text("5:devices:/\n0::/\n")
+    monkeypatch.setattr(cgroupaccess, "OWN_CGROUP", str(own))
+    return HostRoot(str(root))
+
+
+def test_namespace_root_is_where_this_process_is(tmp_path, monkeypatch):
+    root = _fake_pod_tree(tmp_path, monkeypatch, ["kubepods/pod1/me"])
+    mounts = cgroupaccess.find_cgroup_mounts(root)
+    assert (mounts.v1_devices.mountpoint, mounts.v1_devices.ns_base) == ("/sys/fs/cgroup/devices", "/kubepods/pod1/me")
+    policy = cgroupaccess.read_access(root, "/../../pod2/ctr", None)
+    assert policy.check("c", 195, 0, "rw").state == "allow"
+    assert policy.describe() == ["cgroup v1 devices: /sys/fs/cgroup/devices/kubepods/pod2/ctr/devices.list: c 195:0 rw"]
+    for escaping in ("/../../../../etc", "/../../../..", "/../../pod2/../../x"):
+        assert cgroupaccess.read_access(root, escaping, None).check("c", 195, 0, "r").state == "unknown"
+
+
+@pytest.mark.parametrize("holders", [[], ["kubepods/pod1/me", "other/pod3/x"]])
+def test_namespace_root_not_found_or_ambiguous_is_unknown(tmp_path, monkeypatch, holders):
+    root = _fake_pod_tree(tmp_path, monkeypatch, holders)
+    v = cgroupaccess.read_access(root, "/../../pod2/ctr", None).check("c", 195, 0, "rw")
+    assert v.state == "unknown" and "cannot tell where this process's cgroup namespace sits" in v.reason
