@@ -31,7 +31,6 @@ HOST_MOUNTINFO = "/proc/1/mountinfo"
 MOUNTINFO = "/proc/self/mountinfo"  # under the root: a host run without /proc/1 (a fallback)
 OWN_CGROUP = "/proc/self/cgroup"    # this process's own cgroups: read on the real /, never under --root
 V1_DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
-V1_FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
 V2_FALLBACKS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")   # hybrid first, then pure v2
 MAX_NS_SEARCH = 100_000  # cgroup directories looked at to find this process's namespace root
 
@@ -146,8 +145,8 @@ def mount_relative(cgroup: str, mount_root: str, ns_base: Optional[str]) -> tupl
     return "/" + "/".join(base[1][:len(base[1]) - up] + names), ""
 
 
-def _cgroup_dir(mount: Mount, cgroup: str) -> tuple:
-    """(inside path of a cgroup directory, "") or (None, why)."""
+def cgroup_dir_on(mount: Mount, cgroup: str) -> tuple:
+    """(inside path of a cgroup's directory on the mount, "") or (None, why); cgroup as printed for us."""
     rel, why = mount_relative(cgroup, mount.root, mount.ns_base)
     if rel is None:
         return None, why
@@ -374,7 +373,7 @@ class AccessPolicy:
 
 def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V1Source:
     mount = mounts.v1_devices or Mount("/", V1_DEVICES_FALLBACK, "cgroup", ("devices",))
-    cgdir, why = _cgroup_dir(mount, cgroup)
+    cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
         return _V1Source("devices.list", error=f"v1 devices: {why}")
     list_path = cgdir + "/devices.list"
@@ -394,7 +393,7 @@ def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V2Source:
     if mount is None:
         return _V2Source(cgroup, None, error="no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, "
                                              "/sys/fs/cgroup/unified or /sys/fs/cgroup")
-    cgdir, why = _cgroup_dir(mount, cgroup)
+    cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
         return _V2Source(cgroup, None, error=f"cgroup2: {why}")
     for attempt in range(3):

@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
-from nvsymlinkd.cgroupaccess import Mount, find_cgroup_mounts, mount_relative
+from nvsymlinkd.cgroupaccess import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.errors import NvsymlinkdError
-from nvsymlinkd.hostroot import HostRoot, normalize
+from nvsymlinkd.hostroot import HostRoot
 from nvsymlinkd.repairplan import (
     AT_RISK,
     DEFAULT_WINDOW_SECONDS,
@@ -135,10 +135,10 @@ def cgroup_dir(root: HostRoot, controller: str, cgroup: str, fallback: str) -> s
     mounts = find_cgroup_mounts(root)
     mount = mounts.v1_devices if controller == "devices" else mounts.v1_freezer if controller == "freezer" else None
     mount = mount or Mount("/", fallback, "cgroup", (controller,))
-    rel, why = mount_relative(cgroup, mount.root, mount.ns_base)
-    if rel is None:
+    cgdir, why = cgroup_dir_on(mount, cgroup)
+    if cgdir is None:
         raise RepairError(f"refusing the {controller} cgroup path {cgroup!r}: {why}")
-    return normalize(f"{mount.mountpoint}/{rel}")
+    return cgdir
 
 
 def _read(root: HostRoot, inside: str) -> str:
