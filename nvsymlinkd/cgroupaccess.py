@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from nvsymlinkd import bpfeval, bpfprog
@@ -25,9 +25,14 @@ from nvsymlinkd.devicerules import canonical_access, decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.hostroot import HostRoot, normalize
 
-MOUNTINFO = "/proc/self/mountinfo"
+# The host's mount namespace (pid 1): its mount points are paths inside the root. This
+# process's own (a pod's) mounts are neither the host's paths nor, often, the host's trees.
+HOST_MOUNTINFO = "/proc/1/mountinfo"
+MOUNTINFO = "/proc/self/mountinfo"  # under the root: a host run without /proc/1 (a fallback)
+OWN_CGROUP = "/proc/self/cgroup"    # this process's own cgroups: read on the real /, never under --root
 V1_DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
 V2_FALLBACKS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")   # hybrid first, then pure v2
+MAX_NS_SEARCH = 100_000  # cgroup directories looked at to find this process's namespace root
 
 ALLOW, DENY, UNKNOWN = "allow", "deny", "unknown"
 
@@ -42,16 +47,20 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Mount:
-    root: str          # the mount's root inside its filesystem (field 4)
+    root: str          # the mount's root inside its filesystem (field 4), as printed for this process
     mountpoint: str    # inside view
     fstype: str
     superopts: tuple
+    # Where this process's cgroup namespace root sits below `root` ("/kubepods.slice/.../cri-x.scope"),
+    # found on the host when `root` climbs out of the namespace ("/../../.."); None otherwise.
+    ns_base: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class CgroupMounts:
     v1_devices: Optional[Mount]
     v2: Optional[Mount]
+    v1_freezer: Optional[Mount] = None
 
 
 def _unescape(field_text: str) -> str:
@@ -82,16 +91,175 @@ def parse_mountinfo(text: str) -> list:
     return mounts
 
 
-def find_cgroup_mounts(root: HostRoot) -> CgroupMounts:
-    """The v1 devices and the cgroup2 mounts from root's /proc/self/mountinfo (None: not found)."""
+# --- cgroup paths: the kernel prints them relative to the READER's cgroup namespace ------------
+#
+# /proc/<pid>/cgroup and the mount roots of cgroup mounts in mountinfo are both printed relative
+# to the cgroup namespace of the process that reads them (kernel: cgroup_path_ns(), cgroup_show_path()).
+# In a pod with a private cgroup namespace (containerd and Podman on v2) another container reads
+# `0::/../../kubepods-burstable.slice/...` and the host's mount of the hierarchy has root `/../../..`:
+# both in the same frame, so a path is mapped onto the host's mount by where this process's
+# namespace root sits below that mount's root (ns_base), which only the host's tree can tell.
+
+def split_cgroup_path(path: str) -> Optional[tuple]:
+    """(levels climbed, names) of a path as the kernel prints it: "/", "/a/b", "/../../a"; None otherwise.
+
+    Only a leading run of ".." is the kernel's; "." , "//", a ".." after a name or a NUL never are.
+    """
+    if not path.startswith("/") or "\0" in path:
+        return None
+    if path == "/":
+        return 0, []
+    comps = path[1:].split("/")
+    up = 0
+    while up < len(comps) and comps[up] == "..":
+        up += 1
+    names = comps[up:]
+    if any(c in ("", ".", "..") for c in names):
+        return None
+    return up, names
+
+
+def mount_relative(cgroup: str, mount_root: str, ns_base: Optional[str]) -> tuple:
+    """Where a cgroup lies below a cgroup mount's root: ("/x/y", "") or (None, why). Pure.
+
+    cgroup and mount_root are as the kernel prints them for this process (relative to its cgroup
+    namespace); ns_base: the namespace root below the mount's root, when mount_root climbs out of
+    the namespace. A path that climbs above the mount's root is never accepted.
+    """
+    c, m = split_cgroup_path(cgroup), split_cgroup_path(mount_root)
+    if c is None:
+        return None, f"cgroup path {cgroup!r} is not absolute and clean"
+    if m is None or (m[0] and m[1]):
+        return None, f"the cgroup mount's root {mount_root} is not above this process's cgroup namespace"
+    up, names = c
+    if m[0] == 0:  # the mount's root is at or below the namespace root: the same frame
+        if up or names[:len(m[1])] != m[1]:
+            return None, f"cgroup {cgroup} is outside the mount's root {mount_root}"
+        return "/" + "/".join(names[len(m[1]):]), ""
+    base = split_cgroup_path(ns_base) if ns_base is not None else None
+    if base is None or base[0] or len(base[1]) != m[0]:
+        return None, (f"cgroup {cgroup}: cannot tell where this process's cgroup namespace sits in the "
+                      f"host's hierarchy (mount root {mount_root}; this process not found in it)")
+    if up > len(base[1]):
+        return None, f"cgroup {cgroup} climbs above the mount's root"
+    return "/" + "/".join(base[1][:len(base[1]) - up] + names), ""
+
+
+def cgroup_dir_on(mount: Mount, cgroup: str) -> tuple:
+    """(inside path of a cgroup's directory on the mount, "") or (None, why); cgroup as printed for us."""
+    rel, why = mount_relative(cgroup, mount.root, mount.ns_base)
+    if rel is None:
+        return None, why
+    return normalize(mount.mountpoint + "/" + rel), ""
+
+
+def _own_cgroups() -> dict:
+    """This process's cgroups as the kernel prints them for it: {"devices": p, "freezer": p, "": v2 p}."""
     try:
-        mounts = parse_mountinfo(root.read_text(MOUNTINFO))
+        with open(OWN_CGROUP, encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
-        mounts = []
-    v1 = next((m for m in mounts if m.fstype == "cgroup" and "devices" in m.superopts), None)
-    v2_all = [m for m in mounts if m.fstype == "cgroup2"]
-    v2 = next((m for m in v2_all if m.root == "/"), v2_all[0] if v2_all else None)
-    return CgroupMounts(v1, v2)
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for ctrl in (parts[1].split(",") if parts[1] else [""]):
+            out.setdefault(ctrl, parts[2])
+    return out
+
+
+def _holds_us(top: str, rel: str, own: str, pid: str) -> bool:
+    try:
+        with open(normalize(f"{top}/{rel}/{own}") + "/cgroup.procs", encoding="ascii", errors="replace") as f:
+            return pid in f.read().split()
+    except OSError:
+        return False
+
+
+_NS_BASES: dict = {}  # (real mount path, printed root, own path, pid) -> ns_base: a process's namespace never moves
+
+
+def _find_ns_base(root: HostRoot, mount: Mount, own: Optional[str]) -> Optional[str]:
+    """The directory at the printed root's depth below the host's mount that holds this process.
+
+    cgroup.procs is written by the kernel (pids in the reader's pid namespace, hence os.getpid());
+    a process is in exactly one cgroup of a hierarchy, so exactly one directory may match.
+    """
+    parsed = split_cgroup_path(mount.root)
+    mine = split_cgroup_path(own) if own is not None else None
+    if parsed is None or mine is None or mine[0]:
+        return None
+    depth, own_rel = parsed[0], "/".join(mine[1])
+    top, pid = root.path(mount.mountpoint), str(os.getpid())
+    key = (top, mount.root, own, pid)
+    cached = _NS_BASES.get(key)
+    if cached is not None and _holds_us(top, cached, own_rel, pid):
+        return cached
+    level, seen = [""], 0
+    for _ in range(depth):
+        below = []
+        for rel in level:
+            try:
+                with os.scandir(top + rel) as it:
+                    for de in it:
+                        seen += 1
+                        if seen > MAX_NS_SEARCH:
+                            return None
+                        if de.is_dir(follow_symlinks=False):
+                            below.append(f"{rel}/{de.name}")
+            except OSError:
+                continue
+        level = below
+    hits = [rel for rel in level if _holds_us(top, rel, own_rel, pid)]
+    if len(hits) != 1:
+        return None
+    _NS_BASES[key] = hits[0]
+    return hits[0]
+
+
+def _pick(root: HostRoot, mounts: list, own: Optional[str]) -> Optional[Mount]:
+    """The mount of one hierarchy reaching highest (root "/" or above this namespace), located."""
+    ranked = []
+    for m in mounts:
+        parsed = split_cgroup_path(m.root)
+        if parsed is not None and not (parsed[0] and parsed[1]):
+            ranked.append((-parsed[0], len(parsed[1]), m))
+    if not ranked:
+        return mounts[0] if mounts else None
+    best = min(ranked, key=lambda r: r[:2])[2]
+    if best.root.startswith("/.."):
+        return replace(best, ns_base=_find_ns_base(root, best, own))
+    return best
+
+
+def _read_mounts(root: HostRoot) -> list:
+    for source in (HOST_MOUNTINFO, MOUNTINFO):
+        try:
+            mounts = [m for m in parse_mountinfo(root.read_text(source)) if m.fstype in ("cgroup", "cgroup2")]
+        except OSError:
+            continue
+        if mounts:
+            return mounts
+    return []
+
+
+def find_cgroup_mounts(root: HostRoot) -> CgroupMounts:
+    """The host's v1 devices, v1 freezer and cgroup2 mounts (None: not found), located for this process.
+
+    From the host's mount namespace (ROOT/proc/1/mountinfo: mount points inside the root), else
+    ROOT/proc/self/mountinfo (a host run).
+    """
+    mounts = _read_mounts(root)
+    own = _own_cgroups()
+
+    def v1(controller):
+        return _pick(root, [m for m in mounts if m.fstype == "cgroup" and controller in m.superopts],
+                     own.get(controller))
+
+    return CgroupMounts(v1("devices"), _pick(root, [m for m in mounts if m.fstype == "cgroup2"], own.get("")),
+                        v1("freezer"))
 
 
 def _probe_v2(root: HostRoot) -> Optional[Mount]:
@@ -99,21 +267,6 @@ def _probe_v2(root: HostRoot) -> Optional[Mount]:
         if os.path.exists(root.path(candidate + "/cgroup.controllers")):
             return Mount("/", candidate, "cgroup2", ())
     return None
-
-
-def _cgroup_dir(mount: Mount, cgroup: str) -> Optional[str]:
-    """Inside path of a cgroup directory; None when the path is not under the mount's root."""
-    cgroup = normalize(cgroup)
-    if mount.root != "/":
-        if cgroup != mount.root and not cgroup.startswith(mount.root + "/"):
-            return None
-        cgroup = cgroup[len(mount.root):] or "/"
-    return normalize(mount.mountpoint + "/" + cgroup)
-
-
-def _safe_cgroup_path(cgroup: str) -> bool:
-    # /proc/<pid>/cgroup is kernel-written, but a path that climbs out is never a cgroup of ours
-    return cgroup.startswith("/") and ".." not in cgroup.split("/") and "\0" not in cgroup
 
 
 # --- the sources of a policy -------------------------------------------------------------
@@ -220,11 +373,9 @@ class AccessPolicy:
 
 def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V1Source:
     mount = mounts.v1_devices or Mount("/", V1_DEVICES_FALLBACK, "cgroup", ("devices",))
-    if not _safe_cgroup_path(cgroup):
-        return _V1Source("devices.list", error=f"v1 devices cgroup path {cgroup!r} is not absolute and clean")
-    cgdir = _cgroup_dir(mount, cgroup)
+    cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
-        return _V1Source("devices.list", error=f"v1 devices cgroup {cgroup} is outside the mount's root {mount.root}")
+        return _V1Source("devices.list", error=f"v1 devices: {why}")
     list_path = cgdir + "/devices.list"
     try:
         text = root.read_text(list_path)
@@ -238,15 +389,13 @@ def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V1Source:
 
 
 def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V2Source:
-    if not _safe_cgroup_path(cgroup):
-        return _V2Source(cgroup, None, error=f"cgroup2 path {cgroup!r} is not absolute and clean")
     mount = mounts.v2 or _probe_v2(root)
     if mount is None:
-        return _V2Source(cgroup, None, error="no cgroup2 mount in /proc/self/mountinfo, "
+        return _V2Source(cgroup, None, error="no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, "
                                              "/sys/fs/cgroup/unified or /sys/fs/cgroup")
-    cgdir = _cgroup_dir(mount, cgroup)
+    cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
-        return _V2Source(cgroup, None, error=f"cgroup {cgroup} is outside the cgroup2 mount's root {mount.root}")
+        return _V2Source(cgroup, None, error=f"cgroup2: {why}")
     for attempt in range(3):
         try:
             infos = bpfprog.read_cgroup_device_programs(root.path(cgdir))

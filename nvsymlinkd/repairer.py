@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
+from nvsymlinkd.cgroupaccess import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.errors import NvsymlinkdError
-from nvsymlinkd.hostroot import HostRoot, normalize
+from nvsymlinkd.hostroot import HostRoot
 from nvsymlinkd.repairplan import (
     AT_RISK,
     DEFAULT_WINDOW_SECONDS,
@@ -125,31 +126,19 @@ class RepairResult:
 # cgroup v1 files
 
 
-def _mount_of(root: HostRoot, controller: str, fallback: str) -> tuple:
-    """(mount root inside the hierarchy, inside mountpoint) of a v1 controller."""
-    from nvsymlinkd.cgroupaccess import MOUNTINFO, parse_mountinfo
-
-    try:
-        mounts = parse_mountinfo(root.read_text(MOUNTINFO))
-    except OSError:
-        mounts = []
-    for m in mounts:
-        if m.fstype == "cgroup" and controller in m.superopts:
-            return m.root, m.mountpoint
-    return "/", fallback
-
-
 def cgroup_dir(root: HostRoot, controller: str, cgroup: str, fallback: str) -> str:
-    """Inside path of a v1 cgroup directory; RepairError for a path that is not a plain cgroup path."""
-    if not cgroup.startswith("/") or ".." in cgroup.split("/") or "\0" in cgroup:
-        raise RepairError(f"refusing the {controller} cgroup path {cgroup!r}: not an absolute cgroup path")
-    mount_root, mountpoint = _mount_of(root, controller, fallback)
-    cgroup = normalize(cgroup)
-    if mount_root != "/":
-        if cgroup != mount_root and not cgroup.startswith(mount_root + "/"):
-            raise RepairError(f"the {controller} cgroup {cgroup} is outside the mounted hierarchy {mount_root}")
-        cgroup = cgroup[len(mount_root):] or "/"
-    return normalize(f"{mountpoint}/{cgroup}")
+    """Inside path of a v1 cgroup directory on the host's hierarchy; RepairError when it cannot be placed.
+
+    `cgroup` is as /proc/<pid>/cgroup printed it for this process (relative to its cgroup
+    namespace); nvsymlinkd.cgroupaccess maps it onto the host's mount of the hierarchy.
+    """
+    mounts = find_cgroup_mounts(root)
+    mount = mounts.v1_devices if controller == "devices" else mounts.v1_freezer if controller == "freezer" else None
+    mount = mount or Mount("/", fallback, "cgroup", (controller,))
+    cgdir, why = cgroup_dir_on(mount, cgroup)
+    if cgdir is None:
+        raise RepairError(f"refusing the {controller} cgroup path {cgroup!r}: {why}")
+    return cgdir
 
 
 def _read(root: HostRoot, inside: str) -> str:
