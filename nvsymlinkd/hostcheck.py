@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from nvsymlinkd.ocispec import read_bounded
+from nvsymlinkd.summary import plural
 
 MAX_CONFIG_BYTES = 4 << 20
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -157,14 +158,14 @@ def dev_char_findings(snapshot) -> list:
     if wrong:
         what = ", ".join(f"{a.link} ({a.action}: {a.reason})" for a in wrong[:8])
         more = f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""
-        out.append(HostFinding("dev-char", "warn", f"{len(wrong)} /dev/char links missing or wrong: {what}{more}",
+        out.append(HostFinding("dev-char", "warn", f"{plural(len(wrong), '/dev/char link')} missing or wrong: {what}{more}",
                                "nvsymlinkd sync"))
     if conflicts:
         what = ", ".join(f"{a.link}: {a.reason}" for a in conflicts[:8])
-        out.append(HostFinding("dev-char", "warn", f"{len(conflicts)} /dev/char conflicts: {what}",
+        out.append(HostFinding("dev-char", "warn", f"{plural(len(conflicts), '/dev/char conflict')}: {what}",
                                "remove what is in the way, then nvsymlinkd sync"))
     if not out:
-        out.append(HostFinding("dev-char", "ok", f"{len(snapshot.nodes)} NVIDIA nodes, every /dev/char link exact"))
+        out.append(HostFinding("dev-char", "ok", f"{plural(len(snapshot.nodes), 'NVIDIA node')}, every /dev/char link exact"))
     return out
 
 

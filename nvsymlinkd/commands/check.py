@@ -52,6 +52,8 @@ def run(args, root, config) -> int:
 
 
 def human_lines(report) -> list:
+    from nvsymlinkd.summary import plural
+
     rows = [("CONTAINER", "RUNTIME", "STATUS", "MISSING", "FIX")]
     for c in report.containers:
         name = c.short_id
@@ -79,7 +81,7 @@ def human_lines(report) -> list:
             lines.append(f"{c.short_id}: NVIDIA nodes in its /dev the runtime did not create (not trusted): "
                          + ", ".join(c.untrusted_nodes))
     if report.not_gpu:
-        lines.append(f"({report.not_gpu} non-GPU containers not shown)")
+        lines.append(f"({plural(report.not_gpu, 'non-GPU container')} not shown)")
     if report.host:
         lines.append("")
         lines.append("host:")

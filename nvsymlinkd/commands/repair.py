@@ -58,10 +58,9 @@ def run(args, root, config) -> int:
                 print(line)
             for step in r.steps:
                 print(f"  step: {step}")
-        counts = _summary(results)
-        parts = [f"{n} {k}" for k, n in counts.items() if n]
-        head = "repair (dry run)" if args.dry_run else "repair"
-        print(f"{head}: {len(results)} containers with findings" + (": " + ", ".join(parts) if parts else ""))
+        from nvsymlinkd.summary import repair_line
+
+        print(repair_line(results, _summary(results), args.dry_run))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 

@@ -1,0 +1,96 @@
+"""The CLI as an operator meets it: warnings, summaries that match what happened, JSON errors,
+option placement, one wording per error (issue 15, items 5, 6, 8, 9)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from fakehost import FakeHost, standard_host
+
+pytestmark = pytest.mark.root
+
+
+def cli(*argv, check=None, prefix=()):
+    proc = subprocess.run([*prefix, sys.executable, "-m", "nvsymlinkd", *map(str, argv)],
+                          capture_output=True, text=True, timeout=120)
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"exit {proc.returncode} != {check}\nstdout:{proc.stdout}\nstderr:{proc.stderr}")
+    return proc
+
+
+# --- item 5: an empty pass says why ------------------------------------------------------------
+
+
+def test_sync_without_driver_warns_and_exits_0(tmp_path, need_root):
+    host = FakeHost(tmp_path)
+    host.proc_devices({})
+    proc = cli("--root", host.root, "sync", check=0)
+    assert "warning: NVIDIA driver not loaded" in proc.stderr
+    assert proc.stdout.splitlines() == ["sync: 0 NVIDIA nodes; 0 links created, 0 kept"]
+    doc = json.loads(cli("--root", host.root, "sync", "--json", check=0).stdout)
+    assert any("NVIDIA driver not loaded" in w for w in doc["warnings"])
+
+
+def test_sync_with_missing_driver_root_warns_and_exits_0(tmp_path, need_root):
+    host = standard_host(tmp_path)
+    proc = cli("--root", host.root, "sync", "--driver-root", "/run/nvidia/drvier", check=0)
+    assert "warning: driver root /run/nvidia/drvier does not exist" in proc.stderr
+    assert str(host.root) not in proc.stderr
+    # a driver root that is there: no word
+    host.path("/run/nvidia/driver/dev").mkdir(parents=True)
+    proc = cli("--root", host.root, "sync", "--driver-root", "/run/nvidia/driver", check=0)
+    assert "does not exist" not in proc.stderr
+
+
+# --- item 6: summaries count what happened -------------------------------------------------------
+
+
+def test_failed_link_creates_are_not_counted_as_created(tmp_path, need_root):
+    host = standard_host(tmp_path, gpus=1)
+    d = host.path("/dev/char")
+    d.mkdir()
+    os.chown(d, 12345, 12345)  # not root's: without CAP_DAC_OVERRIDE root cannot write here
+    nocaps = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
+    proc = cli("--root", host.root, "sync", check=1, prefix=nocaps)
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "sync: 5 NVIDIA nodes; 0 links created, 0 kept, 5 failed (5 create)"
+    assert "CAP_MKNOD" not in proc.stdout  # links need no CAP_MKNOD
+    assert "FAILED: permission denied (run as root)" in lines[0]
+    doc = json.loads(cli("--root", host.root, "sync", "--json", check=1, prefix=nocaps).stdout)
+    assert doc["summary"]["create"] == 0 and doc["summary"]["error"] == 5
+    assert doc["summary"]["failed"] == {"create": 5}
+
+
+def test_create_nodes_summary_counts_the_nodes_it_made(tmp_path, need_root):
+    host = FakeHost(tmp_path)
+    host.proc_devices({"nvidia": 195})
+    host.gpu("0000:3b:00.0", 0)
+    dry = cli("--root", host.root, "sync", "--create-nodes", "--dry-run", check=1).stdout.splitlines()
+    assert dry[-1] == "sync (dry run): 0 NVIDIA nodes (2 would be created); would create 2 links, 0 kept"
+    out = cli("--root", host.root, "sync", "--create-nodes", check=0).stdout.splitlines()
+    assert out[-1] == "sync: 2 NVIDIA nodes (2 created); 2 links created, 0 kept"
+    again = cli("--root", host.root, "sync", "--create-nodes", check=0).stdout.splitlines()
+    assert again[-1] == "sync: 2 NVIDIA nodes; 0 links created, 2 kept"
+
+
+def test_dry_run_says_would(tmp_path, need_root):
+    host = standard_host(tmp_path, gpus=1)
+    host.symlink("/dev/char/510:0", "../nvidia-uvm-old")
+    out = cli("--root", host.root, "sync", "--dry-run", check=1).stdout.splitlines()
+    assert out[-1] == "sync (dry run): 5 NVIDIA nodes; would create 4 links, would replace 1, 0 kept"
+    host2 = standard_host(tmp_path / "one", gpus=0)
+    for name in os.listdir(host2.path("/dev")):
+        if name != "nvidiactl" and name != "char":
+            os.unlink(host2.path(f"/dev/{name}"))
+    out = cli("--root", host2.root, "sync", "--dry-run", check=1).stdout.splitlines()
+    assert out[-1] == "sync (dry run): 1 NVIDIA node; would create 1 link, 0 kept"
+
+
+def test_check_counts_in_words_that_match(tmp_path, need_root):
+    host = standard_host(tmp_path, gpus=1)
+    cli("--root", host.root, "sync", check=0)
+    os.unlink(host.path("/dev/char/195:0"))
+    out = cli("--root", host.root, "check", "--no-bus", check=1).stdout
+    assert "warn dev-char: 1 /dev/char link missing or wrong: /dev/char/195:0" in out
