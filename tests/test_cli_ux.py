@@ -94,3 +94,49 @@ def test_check_counts_in_words_that_match(tmp_path, need_root):
     os.unlink(host.path("/dev/char/195:0"))
     out = cli("--root", host.root, "check", "--no-bus", check=1).stdout
     assert "warn dev-char: 1 /dev/char link missing or wrong: /dev/char/195:0" in out
+
+
+# --- item 8: --json errors, option placement, hints under --root, one wording ---------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ("sync", "--json"),  # /proc/devices missing: exit 2 from the host read
+    ("check", "--json", "--no-bus", "deadbeef"),  # no such container
+    ("sync", "--json", "--bogus"),  # a usage error
+])
+def test_json_runs_that_fail_print_a_json_error(tmp_path, need_root, argv):
+    host = FakeHost(tmp_path)
+    if argv[0] == "check":
+        host.proc_devices({"nvidia-frontend": 195})
+    proc = cli("--root", host.root, *argv, check=2)
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["error"]
+    assert doc["error"] in proc.stderr
+
+
+def test_global_options_after_the_subcommand(tmp_path, need_root):
+    host = standard_host(tmp_path, gpus=1)
+    before = cli("--root", host.root, "sync", "--dry-run", check=1).stdout
+    after = cli("sync", "--dry-run", "--root", host.root, check=1).stdout
+    assert before == after
+    conf = host.write("/etc/other.toml", 'dev_char_path = "/dev/char2"\n')
+    cli("sync", "--root", host.root, "--config", conf, check=0)
+    assert host.links("/dev/char2")["195:0"] == "../nvidia0"
+    # given after the subcommand, it wins over the one before
+    cli("--root", "/nonexistent-root", "sync", "--root", host.root, check=0)
+
+
+def test_fix_hints_under_root_carry_it(tmp_path, need_root):
+    host = standard_host(tmp_path, gpus=1)
+    out = cli("--root", host.root, "check", "--no-bus", check=1).stdout
+    assert f"fix: nvsymlinkd --root {host.root} sync" in out
+    proc = cli("--root", host.root, "check", "--no-bus", "deadbeef", check=2)
+    assert f"`nvsymlinkd --root {host.root} check` lists them" in proc.stderr
+
+
+def test_check_and_repair_word_an_unknown_container_the_same(tmp_path, need_root):
+    host = standard_host(tmp_path, gpus=1)
+    check = cli("--root", host.root, "check", "--no-bus", "deadbeef", check=2).stderr.strip()
+    repair = cli("--root", host.root, "repair", "deadbeef", check=2).stderr.strip()
+    assert check == repair
+    assert check.startswith("nvsymlinkd: no container matches 'deadbeef' (give an id")
