@@ -140,3 +140,52 @@ def test_check_and_repair_word_an_unknown_container_the_same(tmp_path, need_root
     repair = cli("--root", host.root, "repair", "deadbeef", check=2).stderr.strip()
     assert check == repair
     assert check.startswith("nvsymlinkd: no container matches 'deadbeef' (give an id")
+
+
+# --- item 9: the runc range names this host's version; the distribution's way to install pynvml ---
+
+DPKG = ("Package: runc\nStatus: install ok installed\nVersion: {runc}\n\n"
+        "Package: systemd\nStatus: install ok installed\nVersion: 252.39-1\n\n")
+
+
+@pytest.mark.parametrize("runc, systemd_driver, status", [
+    ("1.1.5+ds1-1+deb12u1", True, "warn"), ("1.1.5+ds1-1+deb12u1", False, "info"),
+    ("1.1.12-0ubuntu3", True, None), ("1.1.7-1", True, None),
+])
+def test_runc_in_the_affected_range_is_a_warning_naming_the_version(tmp_path, need_root, runc, systemd_driver,
+                                                                     status):
+    host = standard_host(tmp_path, gpus=1)
+    cli("--root", host.root, "sync", check=0)
+    host.write("/var/lib/dpkg/status", DPKG.format(runc=runc))
+    host.write("/etc/docker/daemon.json",
+               json.dumps({"exec-opts": [f"native.cgroupdriver={'systemd' if systemd_driver else 'cgroupfs'}"]}))
+    proc = cli("--root", host.root, "check", "--no-bus", "--json", check=1 if status == "warn" else 0)
+    found = [h for h in json.loads(proc.stdout)["host"] if h["kind"] == "runc"]
+    if status is None:
+        assert found == []
+        return
+    (h,) = found
+    assert h["status"] == status
+    assert f"this host's runc {runc} is in 1.1.3-1.1.6" in h["detail"]
+    human = cli("--root", host.root, "check", "--no-bus").stdout
+    assert f"{status:4s} runc: this host's runc {runc}" in human
+
+
+def test_pynvml_advice_is_the_distributions_way(need_root):
+    try:
+        import pynvml  # noqa: F401
+        pytest.skip("pynvml is installed here: no advice to give")
+    except ImportError:
+        pass
+    ids = set()
+    for line in open("/etc/os-release").read().splitlines():
+        key, _, value = line.partition("=")
+        if key in ("ID", "ID_LIKE"):
+            ids |= set(value.strip('"').split())
+    doc = json.loads(cli("check", "--no-bus", "--json").stdout)
+    (nvml,) = [h for h in doc["host"] if h["kind"] == "nvml"]
+    if ids & {"debian", "ubuntu"}:
+        assert "apt install python3-pynvml" in nvml["detail"]
+        assert "pip install" not in nvml["detail"]  # Debian 12 refuses it (externally managed)
+    else:
+        assert "virtualenv" in nvml["detail"]
