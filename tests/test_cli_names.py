@@ -126,3 +126,10 @@ def test_journal_fields_and_metric_labels_name_the_pod(named, tmp_path):
     assert ('nvsymlinkd_gpu_container_findings{container_id="' + K8S[:12] + '",namespace="gpu-team",'
             'pod="trainer-0",container="cuda",status="unknown"} 1') in text
     assert 'container="llm-train"' in text
+
+
+def test_repair_accepts_the_names(named):
+    for wanted in ("llm-train", "gpu-team/trainer-0/cuda", "jupyter"):
+        proc = cli("--root", named.root, "repair", "--dry-run", "--json", wanted)
+        assert proc.returncode != 2, proc.stderr  # found (unknown access is reported by check, not repaired)
+        assert json.loads(proc.stdout)["dry_run"] is True
