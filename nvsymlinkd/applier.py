@@ -51,7 +51,7 @@ def apply_plan(root: HostRoot, plan: Plan) -> list:
         except ChangedUnderUs as exc:
             outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans"))
         except OSError as exc:
-            outcomes.append(Outcome(action, _describe(exc)))
+            outcomes.append(Outcome(action, _describe(exc, action)))
         else:
             outcomes.append(Outcome(action))
     return outcomes
@@ -142,11 +142,13 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def _describe(exc: OSError) -> str:
+def _describe(exc: OSError, action: Action) -> str:
     if exc.errno == errno.EROFS:
         return "read-only file system"
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return "permission denied (run as root with CAP_MKNOD for nodes)"
+        # CAP_MKNOD matters only for mknod; links need write access to the directory
+        need = "root with CAP_MKNOD" if action.action == CREATE_NODE else "root"
+        return f"permission denied (run as {need})"
     return exc.strerror or str(exc)
 
 

@@ -8,39 +8,55 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import re
+import shlex
 import sys
 
 from nvsymlinkd import __version__
-from nvsymlinkd.errors import EXIT_ERROR, NvsymlinkdError
+from nvsymlinkd.errors import NvsymlinkdError, UsageError
 
 # Each name is a module nvsymlinkd.commands.<name> with register(subparsers).
 COMMANDS = ("sync", "run", "render", "check", "repair")
 
 
+class _CommandLineError(UsageError):
+    """argparse's complaint, printed after the usage line as `nvsymlinkd: error: ...`."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors exit 2 with one line, like every other error
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"nvsymlinkd: error: {message}\n")
-        raise SystemExit(EXIT_ERROR)
+        raise _CommandLineError(message)
+
+
+def _global_options(parser, default_root, default_config) -> None:
+    parser.add_argument("--root", default=default_root, metavar="DIR",
+                        help="resolve every host path (/dev, /proc, /sys, /run, /etc) under DIR (default /)")
+    parser.add_argument("--config", default=default_config, metavar="FILE",
+                        help="config file (default /etc/nvsymlinkd/nvsymlinkd.toml inside --root)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.")
     parser.add_argument("--version", action="version", version=f"nvsymlinkd {__version__}")
-    parser.add_argument("--root", default="/", metavar="DIR",
-                        help="resolve every host path (/dev, /proc, /sys, /run, /etc) under DIR (default /)")
-    parser.add_argument("--config", default=None, metavar="FILE",
-                        help="config file (default /etc/nvsymlinkd/nvsymlinkd.toml inside --root)")
+    _global_options(parser, "/", None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f"nvsymlinkd.commands.{name}").register(sub)
+    # the global options are accepted after the subcommand too (`nvsymlinkd sync --root X`);
+    # SUPPRESS: given there, they win; not given, the value from before the subcommand stays
+    for command_parser in sub.choices.values():
+        _global_options(command_parser, argparse.SUPPRESS, argparse.SUPPRESS)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = root = None
     try:
+        args = build_parser().parse_args(argv)
         from nvsymlinkd.config import load_config
         from nvsymlinkd.hostroot import HostRoot
 
@@ -48,9 +64,33 @@ def main(argv=None) -> int:
         config = load_config(root, args.config)
         return args.func(args, root, config)
     except NvsymlinkdError as exc:
-        sys.stderr.write(f"nvsymlinkd: {exc}\n")
+        message = with_root(str(exc), root) if root is not None else str(exc)
+        prefix = "error: " if isinstance(exc, _CommandLineError) else ""
+        sys.stderr.write(f"nvsymlinkd: {prefix}{message}\n")
+        wants_json = getattr(args, "json", False) if args is not None else "--json" in argv
+        if wants_json:  # `... --json | jq` gets a document, not empty input
+            _print_json_error(message, exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _print_json_error(message: str, exit_code: int) -> None:
+    try:
+        json.dump({"ok": False, "error": message, "exit_code": exit_code}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
+_COMMAND_HINT = re.compile(r"\bnvsymlinkd (?=(?:sync|run|render|check|repair)\b)")
+
+
+def with_root(text: str, root) -> str:
+    """A fix hint that names an nvsymlinkd command, with this run's --root put in (so it can be pasted)."""
+    if not text or root.is_real_root:
+        return text
+    return _COMMAND_HINT.sub(f"nvsymlinkd --root {shlex.quote(root.root)} ", text)

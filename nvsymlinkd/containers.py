@@ -7,6 +7,12 @@ Sources, all under --root:
   CRI-O and Podman: /run/containers/storage/overlay-containers/<id>/userdata/config.json
 One container may show in several; they are merged by id (and namespace).
 
+Names, for people (display, the CONTAINER argument, journal fields, metric labels; never for a
+decision): Kubernetes pod namespace/name and container name from the spec's CRI annotations
+(dockershim's labels for Docker), Docker's name from <data-root>/containers/<id>/config.v2.json,
+Podman's from containers/storage's containers.json. Untrusted input: bounded reads, only names
+that look like names are kept, anything else means no name.
+
 Only files the runtimes write as root are read; the container's rootfs is
 never read here (see devnodes for its /dev, read without following links).
 """
@@ -14,11 +20,13 @@ never read here (see devnodes for its /dev, read without following links).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 
+from nvsymlinkd.errors import UsageError
 from nvsymlinkd.hostroot import HostRoot, normalize
 from nvsymlinkd.ocispec import (
     MAX_SMALL_BYTES,
@@ -40,6 +48,19 @@ STORAGE_CONTAINERS = "/run/containers/storage/overlay-containers"
 MAX_ENTRIES = 100_000  # per directory: a safety bound, far above any real node
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}")
 LIVE = ("created", "running")
+# (pod namespace, pod name, container name) annotations: CRI (containerd, CRI-O), then dockershim's labels
+# (Docker copies labels into the spec's annotations; CRI-O sets both).
+K8S_NAME_ANNOTATIONS = (
+    ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.container-name"),
+    ("io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name"),
+)
+DOCKER_DATA_ROOT = "/var/lib/docker"
+DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
+PODMAN_STORAGE_FILES = ("/var/lib/containers/storage/overlay-containers/containers.json",
+                        f"{STORAGE_CONTAINERS}/volatile-containers.json")
+# Docker's and Kubernetes' own name rules (DNS labels, [a-zA-Z0-9][a-zA-Z0-9_.-]*), bounded: a name that
+# does not fit is not shown, so no escape sequence, newline or label-breaking byte reaches an output.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
 
 
 @dataclass
@@ -63,10 +84,17 @@ class Container:
     # The runtime's files that exist but cannot be read or trusted as a whole ("cannot read X: why"):
     # what they would say is unknown, so the container can never be judged ok (nor "not a GPU container").
     unreadable: list = field(default_factory=list)
+    pod_namespace: str | None = None  # Kubernetes only
+    pod_name: str | None = None
+    container_name: str | None = None  # Kubernetes container name, or Docker's / Podman's name
 
     @property
     def live(self) -> bool:
         return self.status in LIVE
+
+    @property
+    def display_name(self) -> str | None:
+        return display_name(self)
 
     @property
     def short_id(self) -> str:
@@ -149,6 +177,7 @@ def discover(root: HostRoot) -> list:
 
     for c in found.values():
         _finish(root, c)
+    _attach_names(root, found.values())
     return sorted(found.values(), key=lambda c: (c.runtime, c.namespace or "", c.id))
 
 
@@ -293,15 +322,117 @@ def _finish(root: HostRoot, c: Container) -> None:
         c.scope = c.state.scope
 
 
-def find(containers: list, wanted: str):
-    """A container by full id, unique id prefix (>= 4 chars) or scope name; None if none or ambiguous."""
+def clean_name(value) -> str | None:
+    """A name as shown to people, or None when it is not a plausible name (untrusted input)."""
+    if isinstance(value, str) and NAME_RE.fullmatch(value):
+        return value
+    return None
+
+
+def display_name(c) -> str | None:
+    """`namespace/pod/container` for Kubernetes, the Docker/Podman name otherwise, None when unknown."""
+    ns, pod, name = (getattr(c, "pod_namespace", None), getattr(c, "pod_name", None),
+                     getattr(c, "container_name", None))
+    if ns and pod:
+        return f"{ns}/{pod}/{name or '?'}"
+    return name
+
+
+def _names_from_annotations(c: Container) -> None:
+    ann = c.spec.annotations if c.spec is not None else {}
+    for ns_key, pod_key, name_key in K8S_NAME_ANNOTATIONS:
+        ns, pod = clean_name(ann.get(ns_key)), clean_name(ann.get(pod_key))
+        if ns and pod:
+            c.pod_namespace, c.pod_name, c.container_name = ns, pod, clean_name(ann.get(name_key))
+            return
+
+
+def _read_small_json(root: HostRoot, inside: str):
+    try:
+        return read_json(root.path(inside))
+    except (OSError, ValueError):
+        return None  # absent, unreadable, too large, not JSON: no name, never an error
+
+
+def _docker_data_root(root: HostRoot) -> str:
+    doc = _read_small_json(root, DOCKER_DAEMON_JSON)
+    value = doc.get("data-root") if doc else None
+    if isinstance(value, str) and value.startswith("/") and len(value) < 4096 and "\0" not in value:
+        return normalize(value)
+    return DOCKER_DATA_ROOT
+
+
+def _podman_names(root: HostRoot) -> dict:
+    """id -> first name, from containers/storage's containers.json ([{"id": ..., "names": [...]}, ...])."""
+    out = {}
+    for inside in PODMAN_STORAGE_FILES:
+        try:
+            doc = json.loads(read_bounded(root.path(inside)).decode("utf-8", "replace"))
+        except (OSError, ValueError, RecursionError):  # deep nesting: no names, never a failed pass
+            continue
+        for entry in doc[:MAX_ENTRIES] if isinstance(doc, list) else ():
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                continue
+            names = entry.get("names")
+            name = clean_name(names[0]) if isinstance(names, list) and names else None
+            if name:
+                out.setdefault(entry["id"], name)
+    return out
+
+
+def _attach_names(root: HostRoot, containers) -> None:
+    docker_root = podman = None
     for c in containers:
-        if wanted in (c.id, c.scope):
-            return c
-    if len(wanted) >= 4:
+        _names_from_annotations(c)
+        if c.pod_name:
+            continue
+        if c.runtime == "docker" and ID_RE.fullmatch(c.id):
+            if docker_root is None:
+                docker_root = _docker_data_root(root)
+            doc = _read_small_json(root, f"{docker_root}/containers/{c.id}/config.v2.json")
+            name = doc.get("Name") if doc else None
+            if isinstance(name, str):
+                c.container_name = clean_name(name[1:] if name.startswith("/") else name)
+        elif c.runtime == "podman":
+            if podman is None:
+                podman = _podman_names(root)
+            c.container_name = podman.get(c.id)
+
+
+def _names_of(c) -> set:
+    out = {x for x in (getattr(c, "container_name", None), getattr(c, "scope", None)) if x}
+    ns, pod = getattr(c, "pod_namespace", None), getattr(c, "pod_name", None)
+    if ns and pod:
+        out.add(f"{ns}/{pod}")  # the pod: unique when it has one GPU container
+        if c.container_name:
+            out.add(f"{ns}/{pod}/{c.container_name}")
+    return out
+
+
+def no_such_container(wanted: str) -> UsageError:
+    """The one wording `check` and `repair` use for a CONTAINER argument that matches nothing."""
+    return UsageError(f"no container matches {wanted!r} (give an id, a unique id prefix of 4+ characters, a scope "
+                      "name, a Docker or Podman name, or namespace/pod/container; `nvsymlinkd check` lists them)")
+
+
+def find(containers: list, wanted: str):
+    """A container (or ContainerReport) by full id, name (see _names_of), scope, or unique id prefix (>= 4 chars).
+
+    None when nothing matches; UsageError listing the candidates when several do.
+    """
+    hits = [c for c in containers if c.id == wanted]
+    if not hits:
+        hits = [c for c in containers if wanted in _names_of(c)]
+    if not hits and len(wanted) >= 4:
         hits = [c for c in containers if c.id.startswith(wanted)]
-        if len(hits) == 1:
-            return hits[0]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        listed = ", ".join(f"{c.id[:12]}" + (f" ({display_name(c)})" if display_name(c) else "")
+                           for c in hits[:10])
+        more = f" and {len(hits) - 10} more" if len(hits) > 10 else ""
+        raise UsageError(f"{wanted!r} matches {len(hits)} containers: {listed}{more}; give more of the id, "
+                         "or namespace/pod/container")
     return None
 
 

@@ -22,6 +22,7 @@ import time
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.notify import Notifier
+from nvsymlinkd.summary import plural
 
 # Wait this long after the first event before a pass (0: just let the loop drain
 # what is already readable). Coalescing comes from "one pass at a time, requests
@@ -161,7 +162,7 @@ class Daemon:
             self._status_handle.cancel()
         self.notifier.stopping("stopping")
         await self._shutdown()
-        self.journal.event("daemon-stopped", INFO, f"stopped after {self.passes} sync passes")
+        self.journal.event("daemon-stopped", INFO, f"stopped after {plural(self.passes, 'sync pass', 'sync passes')}")
         return 0
 
     def stop(self) -> None:
@@ -427,10 +428,11 @@ class Daemon:
             counts = result.plan.summary()
             links = counts["create"] + counts["replace"] + counts["keep"]
             nodes = len(result.snapshot.nodes)
-            head = f"{links} link{'' if links == 1 else 's'} for {nodes} NVIDIA node{'' if nodes == 1 else 's'}"
+            head = f"{plural(links, 'link')} for {plural(nodes, 'NVIDIA node')}"
             if counts["conflict"]:
-                head += f", {counts['conflict']} conflicts"
-        return f"{head}; {self._last_status}; {self.passes} sync passes; system bus {self.bus_state}"
+                head += f", {plural(counts['conflict'], 'conflict')}"
+        passes = plural(self.passes, "sync pass", "sync passes")
+        return f"{head}; {self._last_status}; {passes}; system bus {self.bus_state}"
 
     def _interval_text(self) -> str:
         return f"{self.config.resync_interval:g} s" if self.config.resync_interval > 0 else "never (disabled)"

@@ -12,10 +12,16 @@ import re
 from dataclasses import dataclass
 
 from nvsymlinkd.ocispec import read_bounded
+from nvsymlinkd.summary import plural
 
 MAX_CONFIG_BYTES = 4 << 20
 DPKG_STATUS = "/var/lib/dpkg/status"
 MAX_DPKG_BYTES = 32 << 20
+OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
+# runc 1.1.3 to 1.1.6 leave out of the scope's DeviceAllow= a device rule whose /dev/char/M:m link is
+# missing at container start: the container loses that device at the next daemon-reload (>= 1.1.7 does
+# so only with systemd < 240). An optional dpkg epoch; "1.1.5+ds1-1", "1.1.5-0ubuntu1" all count.
+RUNC_AFFECTED = re.compile(r"(?:\d+:)?1\.1\.([3-6])(?![0-9])")
 
 
 @dataclass(frozen=True)
@@ -157,14 +163,14 @@ def dev_char_findings(snapshot) -> list:
     if wrong:
         what = ", ".join(f"{a.link} ({a.action}: {a.reason})" for a in wrong[:8])
         more = f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""
-        out.append(HostFinding("dev-char", "warn", f"{len(wrong)} /dev/char links missing or wrong: {what}{more}",
+        out.append(HostFinding("dev-char", "warn", f"{plural(len(wrong), '/dev/char link')} missing or wrong: {what}{more}",
                                "nvsymlinkd sync"))
     if conflicts:
         what = ", ".join(f"{a.link}: {a.reason}" for a in conflicts[:8])
-        out.append(HostFinding("dev-char", "warn", f"{len(conflicts)} /dev/char conflicts: {what}",
+        out.append(HostFinding("dev-char", "warn", f"{plural(len(conflicts), '/dev/char conflict')}: {what}",
                                "remove what is in the way, then nvsymlinkd sync"))
     if not out:
-        out.append(HostFinding("dev-char", "ok", f"{len(snapshot.nodes)} NVIDIA nodes, every /dev/char link exact"))
+        out.append(HostFinding("dev-char", "ok", f"{plural(len(snapshot.nodes), 'NVIDIA node')}, every /dev/char link exact"))
     return out
 
 
@@ -174,7 +180,7 @@ def nvml_finding(root, snapshot) -> HostFinding:
     try:
         import pynvml
     except ImportError:
-        return HostFinding("nvml", "info", "not checked (pynvml not installed: pip install nvidia-ml-py)")
+        return HostFinding("nvml", "info", f"not checked (pynvml not installed: {pynvml_install_hint(root)})")
     gpu_nodes = sum(1 for n in snapshot.nodes if n.kind == "gpu")
     try:
         pynvml.nvmlInit()
@@ -198,6 +204,32 @@ def nvml_finding(root, snapshot) -> HostFinding:
     return HostFinding("nvml", "ok", f"NVML initialises; {count} GPUs, matching the nodes")
 
 
+def os_release(root) -> dict:
+    """KEY=value pairs of os-release(5) (quotes removed); {} when there is none."""
+    for inside in OS_RELEASE:
+        text = _read_text(root, inside)
+        if text is None:
+            continue
+        out = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and re.fullmatch(r"[A-Z_]+", key):
+                out[key] = value.strip().strip("\"'")
+        return out
+    return {}
+
+
+def pynvml_install_hint(root) -> str:
+    """The distribution's way to get pynvml: Debian 12 and newer refuse a system-wide `pip install`."""
+    info = os_release(root)
+    ids = {info.get("ID", "")} | set(info.get("ID_LIKE", "").split())
+    if ids & {"debian", "ubuntu"}:
+        return "apt install python3-pynvml (Debian: from contrib)"
+    if ids & {"fedora", "rhel", "centos"}:
+        return "pip install nvidia-ml-py into a virtualenv, or the distribution's pynvml package if it has one"
+    return "the distribution's pynvml package, or pip install nvidia-ml-py into a virtualenv"
+
+
 def check_host(root, config, snapshot=None) -> list:
     if snapshot is None:
         from nvsymlinkd.snapshot import observe
@@ -210,11 +242,14 @@ def check_host(root, config, snapshot=None) -> list:
                                "run nvsymlinkd check as root"))
     version = cgroup_version(root)
     out.append(HostFinding("cgroup-version", "info", f"cgroup {version}"))
+    systemd_driver = False
     for runtime, result in (("docker", docker_driver(root, version)), ("containerd", containerd_driver(root)),
                             ("cri-o", crio_driver(root))):
         if result is None:
             continue
         driver, where = result
+        if "systemd" in driver or driver == "unknown":
+            systemd_driver = True
         if "systemd" in driver:
             out.append(HostFinding("cgroup-driver", "info",
                                    f"{runtime}: {driver} cgroup driver ({where}); containers depend on "
@@ -225,12 +260,16 @@ def check_host(root, config, snapshot=None) -> list:
     if versions:
         text = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
         runc = versions.get("runc", "")
-        m = re.match(r"1\.1\.([3-6])\b", runc)
-        if m:
-            out.append(HostFinding("versions", "info", f"{text}; runc 1.1.3-1.1.6 drops device rules whose "
-                                   "/dev/char link is missing when it uses the systemd driver"))
-        else:
-            out.append(HostFinding("versions", "info", text))
+        out.append(HostFinding("versions", "info", text))
+        if RUNC_AFFECTED.match(runc):
+            affected = (f"this host's runc {runc} is in 1.1.3-1.1.6, which drops a device rule whose /dev/char "
+                        "link is missing at container start when it uses the systemd cgroup driver")
+            if systemd_driver:
+                out.append(HostFinding("runc", "warn", f"{affected}; a runtime here uses that driver",
+                                       "keep /dev/char links exact before containers start (nvsymlinkd-sync.service "
+                                       "at boot, nvsymlinkd.service), or upgrade runc to 1.1.7 or later"))
+            else:
+                out.append(HostFinding("runc", "info", f"{affected}; no runtime here uses that driver"))
     out.extend(dev_char_findings(snapshot))
     out.append(nvml_finding(root, snapshot))
     return out

@@ -60,9 +60,10 @@ MESSAGE_IDS = {
 }
 
 # Fields with a meaning shared beyond nvsymlinkd keep their well-known names
-# (CONTAINER_ID= as Docker's journald driver writes it, UNIT= as systemd does);
-# everything else is NVSYMLINKD_<NAME>.
-PLAIN_FIELDS = {"container_id": "CONTAINER_ID", "unit": "UNIT"}
+# (CONTAINER_ID= and CONTAINER_NAME= as Docker's journald driver writes them, UNIT= as systemd does,
+# POD_NAMESPACE= and POD_NAME= for Kubernetes); everything else is NVSYMLINKD_<NAME>.
+PLAIN_FIELDS = {"container_id": "CONTAINER_ID", "unit": "UNIT", "container_name": "CONTAINER_NAME",
+                "pod_namespace": "POD_NAMESPACE", "pod_name": "POD_NAME"}
 
 
 class Journal:

@@ -36,6 +36,9 @@ LINK_ACTIONS = ("create", "replace", "remove", "create-node")
 CONTAINER_STATUSES = ("ok", "at-risk", "lost", "unknown")  # the verifier's verdicts for GPU containers
 NOT_COUNTED = ("not-gpu", "not-running")
 REPAIR_RESULTS = ("ok", "failed")
+# Per-container series only for containers with findings, and at most this many: the label set stays
+# bounded however many containers a node runs (a healthy node has none).
+MAX_LABELLED_CONTAINERS = 100
 HEARTBEAT_SECONDS = 30.0  # the textfile is rewritten at least this often (liveness)
 MIN_WRITE_GAP = 0.5  # coalesce bursts: at most two writes a second
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -65,6 +68,7 @@ class Metrics:
         self.sync_failures = 0
         self.last_success: float | None = None
         self.containers = {s: 0 for s in CONTAINER_STATUSES}
+        self.container_findings: list = []  # label dicts, one per GPU container with findings
         self.repairs = {r: 0 for r in REPAIR_RESULTS}
         self.reloads = 0
         self.latency_buckets = [0] * len(LATENCY_BUCKETS)
@@ -138,8 +142,10 @@ class Metrics:
             if verdict in NOT_COUNTED:
                 continue
             counts[verdict if verdict in counts else "unknown"] += int(n)
+        labelled = [] if hasattr(report, "items") else _finding_labels(report)
         with self._lock:
             self.containers = counts
+            self.container_findings = labelled
         self._changed()
 
     def on_repair(self, outcome=None, ok: bool = True) -> None:
@@ -178,6 +184,10 @@ class Metrics:
                       "Unix time of the last reconcile pass that read the host.", [({}, self.last_success)])
         fam.gauge("nvsymlinkd_gpu_containers", "Running GPU containers by device-access status.",
                   [({"status": s}, n) for s, n in self.containers.items()])
+        fam.gauge("nvsymlinkd_gpu_container_findings",
+                  "1 per GPU container with findings (lost, at-risk, unknown), named for alerts; "
+                  f"at most {MAX_LABELLED_CONTAINERS}.",
+                  [(labels, 1) for labels in self.container_findings])
         fam.counter("nvsymlinkd_repairs_total", "Container device-access repairs, by result.",
                     [({"result": r}, n) for r, n in self.repairs.items()])
         fam.counter("nvsymlinkd_systemd_reloads_total", "systemd daemon-reloads and re-execs seen.",
@@ -299,6 +309,24 @@ class Metrics:
             pass
         finally:
             writer.close()
+
+
+def _finding_labels(reports) -> list:
+    """Labels of the containers with findings: short id, pod namespace/name, container name, verdict."""
+    out = []
+    for c in reports:
+        verdict = str(_verdict_of(c))
+        if verdict in NOT_COUNTED or verdict == "ok" or not getattr(c, "findings", None):
+            continue
+        cid = str(getattr(c, "id", ""))
+        out.append({"container_id": cid[:12] if len(cid) == 64 else cid,
+                    "namespace": getattr(c, "pod_namespace", None) or "",
+                    "pod": getattr(c, "pod_name", None) or "",
+                    "container": getattr(c, "container_name", None) or "",
+                    "status": verdict if verdict in CONTAINER_STATUSES else "unknown"})
+        if len(out) >= MAX_LABELLED_CONTAINERS:
+            break
+    return out
 
 
 def _verdict_of(item) -> str:

@@ -21,6 +21,12 @@ MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
 FRONTEND_MAJOR = 195  # /dev/nvidia0..N, nvidiactl, nvidia-modeset on every driver branch
 NVIDIA_HOOK = "nvidia-container-runtime-hook"
 CDI_ANNOTATION = "cdi.k8s.io/"
+# besides cdi.k8s.io/*: Podman's marker, and the names containers.py shows (CRI, then dockershim labels)
+KEPT_ANNOTATIONS = frozenset({
+    "io.container.manager",
+    "io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.container-name",
+    "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
+})
 RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule types as Go runes
 
 
@@ -150,7 +156,7 @@ class SpecFacts:
     nodes: tuple = ()  # DeviceNode, linux.devices
     visible_devices: str | None = None  # NVIDIA_VISIBLE_DEVICES from process.env
     hooks: tuple = ()  # hook paths (every hook kind)
-    annotations: dict = field(default_factory=dict)  # cdi.k8s.io/* and io.container.manager only
+    annotations: dict = field(default_factory=dict)  # cdi.k8s.io/* and KEPT_ANNOTATIONS only
     cgroups_path: str | None = None
     root_path: str | None = None
     problems: tuple = ()
@@ -294,7 +300,7 @@ def parse_spec(doc: dict) -> SpecFacts:
     for key, value in (_field(doc, "annotations", dict, "") or {}).items():
         if not isinstance(value, str):
             raise ValueError(f"annotations.{key[:40]} is {_article(_json_type(value))}, not a string")
-        if key.startswith(CDI_ANNOTATION) or key == "io.container.manager":
+        if key.startswith(CDI_ANNOTATION) or key in KEPT_ANNOTATIONS:
             annotations[key[:256]] = value[:1024]
     cgroups_path = _field(linux, "cgroupsPath", str, "linux.")
     root_path = _field(_field(doc, "root", dict, "") or {}, "path", str, "root.")

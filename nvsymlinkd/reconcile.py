@@ -6,11 +6,9 @@ import time
 from dataclasses import dataclass
 
 from nvsymlinkd.applier import Outcome, apply_plan
-from nvsymlinkd.linkplan import ACTIONS, CONFLICT, Plan, plan_sync
+from nvsymlinkd.linkplan import CONFLICT, Plan, plan_sync
 from nvsymlinkd.snapshot import HostSnapshot, observe
-
-PAST = {"create": "created", "replace": "replaced", "remove": "removed", "create-node": "created node",
-        "keep": "kept", "conflict": "conflict"}
+from nvsymlinkd.summary import sync_counts, sync_line
 
 
 @dataclass(frozen=True)
@@ -32,9 +30,7 @@ class SyncResult:
         return not (self.dry_run and self.plan.changes)
 
     def summary(self) -> dict:
-        counts = self.plan.summary()
-        counts["error"] = len(self.errors)
-        return counts
+        return sync_counts(self)
 
     def to_json(self) -> dict:
         items = self.outcomes if self.outcomes else [Outcome(a) for a in self.plan.actions]
@@ -60,12 +56,7 @@ class SyncResult:
             lines.append(f"{verb} {what}{arrow} ({a.device}): {a.reason}{status}")
         for note in self.plan.notes:
             lines.append(f"note: {note}")
-        counts = self.summary()
-        parts = [f"{counts[k]} {PAST[k]}" for k in ACTIONS if counts[k] or k in ("create", "keep")]
-        if counts["error"]:
-            parts.append(f"{counts['error']} failed")
-        head = "sync (dry run)" if self.dry_run else "sync"
-        lines.append(f"{head}: {len(self.snapshot.nodes)} NVIDIA nodes; " + ", ".join(parts))
+        lines.append(sync_line(self))
         return lines
 
 

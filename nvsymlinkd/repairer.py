@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.cgroupaccess import Mount, cgroup_dir_on, find_cgroup_mounts
+from nvsymlinkd.containers import display_name
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.hostroot import HostRoot
 from nvsymlinkd.repairplan import (
@@ -93,12 +94,15 @@ class RepairResult:
         return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": r.kind,
                 "finding": r.reason, "status": self.status, "dry_run": self.dry_run,
                 **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
-                "error": self.error}
+                "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
+                "container_name": r.container_name}
 
     def human_lines(self) -> list:
         r = self.request
         who = r.container_id[:12] if len(r.container_id) == 64 else r.container_id
-        unit = f" ({r.scope})" if r.scope else ""
+        # the workload's name when known (no spaces: node-problem-detector's rules expect "ID (WORD)")
+        name = display_name(r) or r.scope
+        unit = f" ({name})" if name else ""
         devices = ", ".join(g.rule for g in self.plan.grants)
         if self.status == NOTHING:
             head = f"{who}{unit}: nothing to grant"
@@ -384,7 +388,8 @@ def _journal(journal, result: RepairResult) -> None:
     fields = dict(container_id=r.container_id, unit=r.scope, mechanism=result.plan.mechanism,
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
-                  or None, finding=r.kind)
+                  or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
+                  container_name=r.container_name)
     if result.status == REPAIRED:
         journal.event("repair-done", journalmod.NOTICE, "container " + result.human_lines()[0], **fields)
     elif result.status == PREVENTED:
@@ -498,7 +503,8 @@ def requests_from_report(report, cgroup_driver: str | None = None,
         freezer = report.cgroup.get("freezer")
     return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
                          report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
-                         "; ".join(reasons))
+                         "; ".join(reasons), getattr(report, "pod_namespace", None),
+                         getattr(report, "pod_name", None), getattr(report, "container_name", None))
 
 
 def history_path(root: HostRoot, config) -> str:

@@ -79,6 +79,9 @@ class RepairRequest:
     grants: tuple = ()  # Grant: expected devices the container cannot open (lost) or may lose (at-risk)
     kind: str = LOST  # LOST or AT_RISK
     reason: str = ""  # the verifier's one-line finding, for messages
+    pod_namespace: str | None = None  # names for messages only (containers.display_name)
+    pod_name: str | None = None
+    container_name: str | None = None
 
     def to_json(self) -> dict:
         return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,

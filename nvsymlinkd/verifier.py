@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from nvsymlinkd.containers import display_name
 from nvsymlinkd.expected import Expected, device_str
 
 OK = "ok"
@@ -88,10 +89,17 @@ class ContainerReport:
     cgroup: dict = field(default_factory=dict)
     problems: tuple = ()
     baseline: str | None = None  # "recorded", "loaded" or None
+    pod_namespace: str | None = None  # names for people (containers.Container), never for a decision
+    pod_name: str | None = None
+    container_name: str | None = None
 
     @property
     def short_id(self) -> str:
         return self.id[:12] if len(self.id) == 64 else self.id
+
+    @property
+    def display_name(self) -> str | None:
+        return display_name(self)
 
     def to_json(self) -> dict:
         return {
@@ -100,6 +108,7 @@ class ContainerReport:
             "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
             "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
             "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
+            "pod_namespace": self.pod_namespace, "pod_name": self.pod_name, "container_name": self.container_name,
         }
 
 
@@ -161,6 +170,8 @@ def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, sco
         cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2,
                 "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems),
+        pod_namespace=getattr(c, "pod_namespace", None), pod_name=getattr(c, "pod_name", None),
+        container_name=getattr(c, "container_name", None),
     )
     if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be
         report.verdict = NOT_RUNNING
@@ -290,12 +301,15 @@ def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, sco
 def journal_entries(report: ContainerReport) -> list:
     """(journal kind, priority, message, fields) per finding, for Journal.event(kind, priority, message, **fields).
 
-    fields: container_id, unit (the scope), runtime, devices, fix.
+    fields: container_id, unit (the scope), runtime, devices, fix, and the names when known
+    (pod_namespace, pod_name, container_name).
     """
     priority = {LOST: 3, AT_RISK_SCOPE: 4, AT_RISK_NOT_IN_SPEC: 4, AT_RISK_UVM: 4, UNKNOWN: 5}
     # node-problem-detector turns these lines into node conditions (deploy/node-problem-detector):
     # keep "container ID (WHO): GPU device access lost|at risk (KIND)|unknown: DEVICES: DETAIL" stable.
-    who = report.scope or report.runtime
+    # WHO names the pod (namespace/pod/container) or the Docker/Podman name when known, so the node
+    # condition says which workload; names never hold spaces (containers.NAME_RE).
+    who = report.display_name or report.scope or report.runtime
     out = []
     for f in report.findings:
         devices = ", ".join(f.devices) or "-"
@@ -308,7 +322,8 @@ def journal_entries(report: ContainerReport) -> list:
         message = f"container {report.short_id} ({who}): GPU device access {state}: {devices}"
         out.append((JOURNAL_KINDS[f.kind], priority[f.kind], f"{message}: {f.detail}; fix: {f.fix}",
                     {"container_id": report.id, "unit": report.scope, "runtime": report.runtime,
-                     "devices": devices or None, "fix": f.fix}))
+                     "devices": devices or None, "fix": f.fix, "pod_namespace": report.pod_namespace,
+                     "pod_name": report.pod_name, "container_name": report.container_name}))
     return out
 
 

@@ -214,7 +214,7 @@ def test_cli_check_exit_codes_and_json(need_v1, runc_host, nvsymlinkd_cli):
     c.deny("c 195:0 rw")
     out = nvsymlinkd_cli("--root", root, "check", "--no-bus", check=1)
     assert "gpu-cli" in out.stdout and "lost" in out.stdout and "c 195:0" in out.stdout
-    assert f"nvsymlinkd repair {c.id}" in out.stdout
+    assert f"nvsymlinkd --root {root} repair {c.id}" in out.stdout  # a hint that can be pasted
     doc = json.loads(nvsymlinkd_cli("--root", root, "check", "--json", "--no-bus", "gpu-cli", check=1).stdout)
     (finding,) = doc["containers"][0]["findings"]
     assert finding["kind"] == "lost" and finding["devices"] == ["c 195:0"]

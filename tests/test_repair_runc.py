@@ -81,6 +81,8 @@ def test_dry_run_changes_nothing(runc_host, nvsymlinkd_cli):
     assert not (runc_host.root / "run" / "nvsymlinkd" / "repairs.json").exists()  # no rate-limit record
     human = nvsymlinkd_cli("--root", runc_host.root, "repair", "--dry-run", "gpu-dry")
     assert "would grant c 195:0 rw via devices.allow" in human.stdout
+    # counted in words that match (was "1 containers ...: 1 would-repair")
+    assert human.stdout.splitlines()[-1] == "repair (dry run): 1 container with findings: 1 would repair"
 
 
 def test_losing_it_again_right_after_a_repair_is_reported_not_looped(runc_host, nvsymlinkd_cli):

@@ -238,7 +238,7 @@ def test_cli_json_schema_and_exit_codes(tmp_path, need_root, nvsymlinkd_cli):
     host = standard_host(tmp_path)
     proc = nvsymlinkd_cli("--root", host.root, "sync", "--json", check=0)
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"dry_run", "actions", "summary", "notes"}
+    assert set(doc) == {"dry_run", "actions", "summary", "notes", "warnings"}
     assert doc["summary"]["create"] == 6 and doc["summary"]["error"] == 0
     a = next(x for x in doc["actions"] if x["link"] == "/dev/char/195:0")
     assert a == {"action": "create", "link": "/dev/char/195:0", "target": "../nvidia0",
@@ -260,4 +260,4 @@ def test_cli_human_output(tmp_path, need_root, nvsymlinkd_cli):
     assert out[-1].startswith("sync (dry run): 5 NVIDIA nodes; ")
     nvsymlinkd_cli("--root", host.root, "sync", check=0)
     out = nvsymlinkd_cli("--root", host.root, "sync", check=0).stdout.splitlines()
-    assert out == ["sync: 5 NVIDIA nodes; 0 created, 5 kept"]
+    assert out == ["sync: 5 NVIDIA nodes; 0 links created, 5 kept"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK, UsageError
+from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 
 def register(sub) -> None:
@@ -18,11 +18,13 @@ def register(sub) -> None:
                    help="do not ask systemd over D-Bus; read its transient unit files only")
     p.add_argument("--no-host", action="store_true", help="containers only, skip the host findings")
     p.add_argument("container", nargs="?", default=None,
-                   help="only this container (id, unique id prefix or scope name)")
+                   help="only this container: id, unique id prefix, scope name, Docker or Podman name, "
+                        "or Kubernetes namespace/pod/container")
     p.set_defaults(func=run)
 
 
 def run(args, root, config) -> int:
+    from nvsymlinkd.containers import no_such_container
     from nvsymlinkd.verifier import NOT_RUNNING, OK, Report, verify_all, verify_container
 
     use_bus = False if args.no_bus else None
@@ -32,7 +34,7 @@ def run(args, root, config) -> int:
         start = time.perf_counter()
         one = verify_container(root, config, args.container, use_bus=use_bus)
         if one is None:
-            raise UsageError(f"no container {args.container!r} (give an id, a unique id prefix or a scope name)")
+            raise no_such_container(args.container)
         report = Report([one], [], 0, time.perf_counter() - start)
         if not args.no_host:
             from nvsymlinkd.hostcheck import check_host
@@ -40,6 +42,7 @@ def run(args, root, config) -> int:
             report.host = check_host(root, config)
     else:
         report = verify_all(root, config, use_bus=use_bus, with_host=not args.no_host)
+    _hints_with_root(report, root)
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -51,24 +54,39 @@ def run(args, root, config) -> int:
     return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 
-def human_lines(report) -> list:
-    rows = [("CONTAINER", "RUNTIME", "STATUS", "MISSING", "FIX")]
+def _hints_with_root(report, root) -> None:
+    """Fix hints that name an nvsymlinkd command carry this run's --root, so they can be pasted."""
+    from dataclasses import replace
+
+    from nvsymlinkd.cli import with_root
+
+    if root.is_real_root:
+        return
     for c in report.containers:
-        name = c.short_id
+        c.findings = [replace(f, fix=with_root(f.fix, root)) for f in c.findings]
+    report.host = [replace(h, fix=with_root(h.fix, root)) for h in report.host]
+
+
+def human_lines(report) -> list:
+    from nvsymlinkd.summary import plural
+
+    rows = [("CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX")]
+    for c in report.containers:
+        ident = (c.short_id, c.display_name or "-", c.runtime)
         if not c.findings:
-            rows.append((name, c.runtime, c.verdict if c.verdict != "not-running" else f"not-running ({c.status})",
-                         "-", "-"))
+            rows.append(ident + (c.verdict if c.verdict != "not-running" else f"not-running ({c.status})",
+                                 "-", "-"))
             continue
         for i, f in enumerate(c.findings):
-            rows.append((name if i == 0 else "", c.runtime if i == 0 else "", f.kind,
-                         ", ".join(f.devices) or "-", f.fix))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+            rows.append((ident if i == 0 else ("", "", "")) + (f.kind, ", ".join(f.devices) or "-", f.fix))
+    last = len(rows[0]) - 1  # FIX: not padded
+    widths = [max(len(r[i]) for r in rows) for i in range(last)]
     lines = []
     if len(rows) == 1:
         lines.append("no GPU containers found")
     else:
         for r in rows:
-            lines.append("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+            lines.append("  ".join(r[i].ljust(widths[i]) for i in range(last)) + "  " + r[last])
         details = [(c, f) for c in report.containers for f in c.findings]
         if details:
             lines.append("")
@@ -79,7 +97,7 @@ def human_lines(report) -> list:
             lines.append(f"{c.short_id}: NVIDIA nodes in its /dev the runtime did not create (not trusted): "
                          + ", ".join(c.untrusted_nodes))
     if report.not_gpu:
-        lines.append(f"({report.not_gpu} non-GPU containers not shown)")
+        lines.append(f"({plural(report.not_gpu, 'non-GPU container')} not shown)")
     if report.host:
         lines.append("")
         lines.append("host:")

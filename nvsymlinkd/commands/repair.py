@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from nvsymlinkd.errors import EXIT_ERROR, EXIT_NOT_DESIRED, EXIT_OK
+from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 
 def register(sub) -> None:
@@ -13,8 +13,9 @@ def register(sub) -> None:
                        description="Verify GPU containers, then grant back exactly the expected devices each one "
                                    "lost (or whose systemd scope lacks them), by the mechanism the host allows, "
                                    "and verify again. Without CONTAINER_ID: every GPU container with findings.")
-    p.add_argument("containers", nargs="*", metavar="CONTAINER_ID",
-                   help="container id, unique id prefix (4+ characters) or scope name")
+    p.add_argument("containers", nargs="*", metavar="CONTAINER",
+                   help="container id, unique id prefix (4+ characters), scope name, Docker or Podman name, "
+                        "or Kubernetes namespace/pod/container")
     p.add_argument("--dry-run", action="store_true", help="print what would be granted and how; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema in the README)")
     p.set_defaults(func=run)
@@ -41,8 +42,9 @@ def run(args, root, config) -> int:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
                              journal=journal, report=report)
     except KeyError as exc:
-        sys.stderr.write(f"nvsymlinkd: no container matches {exc.args[0]!r} (try `nvsymlinkd check`)\n")
-        return EXIT_ERROR
+        from nvsymlinkd.containers import no_such_container
+
+        raise no_such_container(exc.args[0])
     # A container whose access cannot be judged has nothing to repair that we know of: say so, and
     # never report such a host as fine (exit 1).
     chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
@@ -69,10 +71,9 @@ def run(args, root, config) -> int:
                 print(f"  step: {step}")
         for c in unknown:
             print(f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}")
-        counts = _summary(results)
-        parts = [f"{n} {k}" for k, n in counts.items() if n]
-        head = "repair (dry run)" if args.dry_run else "repair"
-        print(f"{head}: {len(results)} containers with findings" + (": " + ", ".join(parts) if parts else ""))
+        from nvsymlinkd.summary import repair_line
+
+        print(repair_line(results, _summary(results), args.dry_run))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 

@@ -29,12 +29,20 @@ def register(sub) -> None:
 
 def run(args, root, config) -> int:
     from nvsymlinkd.reconcile import reconcile
+    from nvsymlinkd.summary import sync_warnings
 
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                                    create_nodes=args.create_nodes)
     result = reconcile(root, config, dry_run=args.dry_run)
+    # Not errors (exit 0: a CPU node, or a boot before the driver container, has nothing to link),
+    # but never silent: a mistyped --driver-root in a boot unit must show in its log.
+    warnings = sync_warnings(root, result)
+    for w in warnings:
+        sys.stderr.write(f"nvsymlinkd: warning: {w}\n")
     if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=2)
+        doc = result.to_json()
+        doc["warnings"] = warnings
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for line in result.human_lines():
