@@ -133,3 +133,11 @@ def test_repair_accepts_the_names(named):
         proc = cli("--root", named.root, "repair", "--dry-run", "--json", wanted)
         assert proc.returncode != 2, proc.stderr  # found (unknown access is reported by check, not repaired)
         assert json.loads(proc.stdout)["dry_run"] is True
+
+
+def test_deeply_nested_podman_storage_file_means_no_name(named):
+    # containers.json is written by Podman, but anyone who can write /var/lib/containers can make it hostile:
+    # a 200,000-deep array must cost only the name, never the check (RecursionError out of json.loads)
+    named.write("/var/lib/containers/storage/overlay-containers/containers.json", "[" * 200_000 + "]" * 200_000)
+    doc = json.loads(cli("--root", named.root, "check", "--no-bus", "--no-host", "--json", check=1).stdout)
+    assert {c["id"]: c for c in doc["containers"]}[PODMAN]["container_name"] is None
