@@ -22,7 +22,7 @@ def register(sub) -> None:
 
 def run(args, root, config) -> int:
     from nvsymlinkd.journal import Journal
-    from nvsymlinkd.repairer import SUCCESS, history_path, repair_all
+    from nvsymlinkd.repairer import SUCCESS, history_path, recover_frozen, repair_all, thawed_line
     from nvsymlinkd.repairplan import RepairHistory
 
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
@@ -34,6 +34,9 @@ def run(args, root, config) -> int:
     journal = Journal(target="journal")
     if journal.target != "journal":
         journal = None
+    # first, thaw what a repair killed mid-way (SIGKILL, OOM) left frozen, whatever the findings are now
+    thawed = [e for e in recover_frozen(root, config, journal, dry_run=args.dry_run)
+              if e["action"] in ("thawed", "would-thaw")]
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
                              journal=journal)
@@ -49,10 +52,12 @@ def run(args, root, config) -> int:
     ok = all(r.status in SUCCESS for r in results)
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
-               "summary": _summary(results)}
+               "summary": _summary(results), "thawed": thawed}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        for e in thawed:
+            print(thawed_line(e))
         for r in results:
             for line in r.human_lines():
                 print(line)
@@ -72,3 +77,4 @@ def _summary(results) -> dict:
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     return counts
+
