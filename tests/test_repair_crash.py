@@ -28,7 +28,7 @@ from test_daemon_containers import start_daemon, systemd_mock  # noqa: F401  (fi
 from nvsymlinkd.config import Config
 from nvsymlinkd.hostroot import HostRoot
 
-HOLD = 3.0  # seconds the mock keeps a SetUnitProperties reply back (under the repair's 5 s call timeout)
+HOLD = 4.0  # seconds the mock keeps a SetUnitProperties reply back (under the repair's 5 s call timeout)
 # what the scope keeps in DeviceAllow (runc's defaults); it lacks the GPU: the container is at-risk-scope
 KEEP = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
         ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm")]
@@ -166,7 +166,7 @@ def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host
     second = None
     try:
         wait_for(systemd_mock.entered, "the first repair's SetUnitProperties")
-        # both see the container at risk; the second starts while the first holds it frozen
+        # both see the container at risk: the second starts, and verifies, while the first is held (HOLD s)
         second = start_repair(runc_host, systemd_mock, "--json", c.id)
         out1, err1 = first.communicate(timeout=120)
         out2, err2 = second.communicate(timeout=120)
