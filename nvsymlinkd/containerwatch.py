@@ -112,8 +112,12 @@ class ContainerWatch(ContainerHook):
     def verify_and_repair(self, why: str):
         """One verification of every container (blocking; runs in a worker thread)."""
         from nvsymlinkd import verifier
+        from nvsymlinkd.repairer import recover_frozen
 
         config = self.get_config()
+        # thaw what a repair killed mid-way (this daemon's before a restart, or a CLI's) left frozen,
+        # whatever `repair` says: such a container stands still until someone does
+        recover_frozen(self.root, config, self.journal)
         report = verifier.verify_all(self.root, config, update_baseline=True, use_bus=self.use_bus,
                                      with_host=False)
         if any(c.baseline == "recorded" and c.verdict == "at-risk" for c in report.containers):

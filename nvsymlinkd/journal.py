@@ -57,6 +57,7 @@ MESSAGE_IDS = {
     "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
     "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
     "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
+    "repair-thawed": "a34478dd88164b7ca7a9ec41173f126b",
 }
 
 # Fields with a meaning shared beyond nvsymlinkd keep their well-known names

@@ -4,6 +4,9 @@ The decisions are in nvsymlinkd.repairplan (pure); this module only
   - writes `c M:m rw` lines to a v1 cgroup's devices.allow,
   - freezes/thaws a v1 freezer cgroup around systemd's re-apply,
   - calls SetUnitProperties(DeviceAllow) through nvsymlinkd.systemdunits,
+  - holds the host-wide repair lock (STATE_DIR/repair.lock) from freeze to thaw, and records each
+    freeze in STATE_DIR/frozen/ until it is thawed, so a repair killed in between (SIGKILL, OOM) is
+    thawed by the next one to take the lock (recover_frozen: the CLI and every daemon pass),
   - re-reads the cgroup's effective access (nvsymlinkd.cgroupaccess) and,
     from repair_all, re-runs the verifier: a repair that did not take is a
     failure, never a success.
@@ -12,16 +15,21 @@ Entry points (blocking; the daemon runs them in an executor thread):
   repair_container(root, config, request, ...) -> RepairResult
   repair_all(root, config, container_ids=(), ...) -> list of RepairResult
   requests_from_report(report, ...) -> RepairRequest | None  (verifier findings -> request)
+  recover_frozen(root, config, journal=None, ...) -> list of dicts  (thaw what a killed repair froze)
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
+import json
 import os
 import time
 from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
+from nvsymlinkd.atomicfile import write_atomic
 from nvsymlinkd.cgroupaccess import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.containers import display_name
 from nvsymlinkd.errors import NvsymlinkdError
@@ -43,6 +51,12 @@ from nvsymlinkd.repairplan import (
 FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
 DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
 HISTORY_FILE = "repairs.json"  # under config.state_dir
+LOCK_FILE = "repair.lock"  # under config.state_dir: one freeze..thaw at a time on the host, CLI and daemon alike
+FROZEN_DIR = "frozen"  # under config.state_dir: one record per freezer cgroup we froze and have not thawed yet
+MAX_RECORD_BYTES = 64 * 1024
+# How long a repair waits for another one's freeze..thaw (at most about 3 * SETTLE_TIMEOUT) before it
+# fails with "another repair is running"; the daemon waits in its worker thread, never in the event loop.
+LOCK_WAIT = 30.0
 SETTLE_TIMEOUT = 5.0  # seconds to wait for FROZEN, and for systemd's re-apply to show in devices.list
 POLL = 0.002
 
@@ -63,6 +77,7 @@ REPAIR_MESSAGE_IDS = {
     "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
     "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
     "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
+    "repair-thawed": "a34478dd88164b7ca7a9ec41173f126b",
 }
 for _kind, _mid in REPAIR_MESSAGE_IDS.items():
     journalmod.MESSAGE_IDS.setdefault(_kind, _mid)
@@ -70,6 +85,10 @@ for _kind, _mid in REPAIR_MESSAGE_IDS.items():
 
 class RepairError(Exception):
     """A step of a repair failed; the message is one line for the operator."""
+
+
+class RepairBusy(RepairError):
+    """Another repair holds the host's repair lock: nothing was tried."""
 
 
 @dataclass
@@ -188,14 +207,102 @@ def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -
         steps.append(f"devices.allow {g.rule}")
 
 
-class Frozen:
-    """Context manager: the freezer cgroup is FROZEN inside, and thawed after only if we froze it."""
+class RepairLock:
+    """flock() on STATE_DIR/repair.lock, from before a freeze until after its thaw.
 
-    def __init__(self, root: HostRoot, freezer_dir: str, steps: list, timeout: float = SETTLE_TIMEOUT):
+    Two repairs of one container (a CLI and the daemon, or two CLIs) would otherwise interleave: the
+    second finds the first's FROZEN, leaves it "as it is", and the first thaws while systemd still
+    re-applies for the second. The lock dies with its holder, so a record in FROZEN_DIR seen while we
+    hold it belongs to a repair that was killed mid-way: whoever takes the lock thaws those first.
+    """
+
+    def __init__(self, root: HostRoot, config, wait: float = LOCK_WAIT, journal=None, dry_run: bool = False):
+        self.root = root
+        self.config = config
+        self.wait = wait
+        self.journal = journal
+        self.dry_run = dry_run  # report orphaned freezes, thaw nothing
+        self.inside = f"{config.state_dir.rstrip('/')}/{LOCK_FILE}"
+        self.fd = None
+        self.thawed: list = []
+
+    def __enter__(self):
+        real = self.root.path(self.inside)
+        try:
+            os.makedirs(os.path.dirname(real), mode=0o755, exist_ok=True)
+            self.fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise RepairError(f"cannot open the repair lock {self.inside}: {exc.strerror}; not freezing the "
+                              "container (set state_dir to a writable directory)")
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self._holder()
+                    os.close(self.fd)
+                    self.fd = None
+                    raise RepairBusy(f"another repair is running (pid {holder}) and held {self.inside} for "
+                                     f"{self.wait:g} s; nothing was changed, try again")
+                time.sleep(0.05)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        self.thawed = _thaw_orphans(self.root, self.config, self.journal, self.dry_run)
+        return self
+
+    def _holder(self) -> str:
+        try:
+            text = os.pread(self.fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:
+            text = ""
+        return text if text.isdigit() else "unknown"
+
+    def __exit__(self, *exc_info):
+        if self.fd is not None:
+            try:
+                os.ftruncate(self.fd, 0)
+            finally:
+                os.close(self.fd)  # releases the lock
+                self.fd = None
+        return False
+
+
+class FreezeRecord:
+    """STATE_DIR/frozen/<hash>.json: written (atomic, fsync'd) before FROZEN, removed after THAWED."""
+
+    def __init__(self, root: HostRoot, config, request: RepairRequest):
+        self.doc = {"freezer": request.freezer, "container_id": request.container_id, "unit": request.scope,
+                    "pid": os.getpid(), "frozen_at": time.time()}
+        name = hashlib.sha256(request.freezer.encode("utf-8", "replace")).hexdigest()[:32] + ".json"
+        self.inside = f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}/{name}"
+        self.real = root.path(self.inside)
+
+    def write(self) -> None:
+        os.makedirs(os.path.dirname(self.real), mode=0o700, exist_ok=True)
+        write_atomic(self.real, json.dumps(self.doc, sort_keys=True) + "\n", 0o600)
+
+    def drop(self) -> None:
+        try:
+            os.unlink(self.real)
+        except FileNotFoundError:
+            pass
+
+
+class Frozen:
+    """Context manager: the freezer cgroup is FROZEN inside, and thawed after only if we froze it.
+
+    With a FreezeRecord, our freeze is on record from before FROZEN is written until THAWED is.
+    """
+
+    def __init__(self, root: HostRoot, freezer_dir: str, steps: list, timeout: float = SETTLE_TIMEOUT,
+                 record: FreezeRecord | None = None):
         self.root = root
         self.state_file = f"{freezer_dir}/freezer.state"
         self.steps = steps
         self.timeout = timeout
+        self.record = record
         self.froze = False
 
     def _state(self) -> str:
@@ -210,9 +317,16 @@ class Frozen:
             # frozen (or being frozen) by someone else: keep it so, and never thaw it afterwards
             self.steps.append(f"freezer already {before}: left as it is")
             return self
+        if self.record is not None:
+            try:
+                self.record.write()
+            except OSError as exc:
+                raise RepairError(f"cannot record the freeze in {self.record.inside}: {exc.strerror}; not freezing "
+                                  "(a freeze nobody knows of could outlive a crash)")
         try:
             _write(self.root, self.state_file, "FROZEN")
         except OSError as exc:
+            self._drop_record()
             raise RepairError(f"cannot freeze {self.state_file}: {exc.strerror}")
         self.froze = True
         self.steps.append("freeze")
@@ -229,14 +343,139 @@ class Frozen:
         self.steps.append("frozen")
         return self
 
+    def _drop_record(self) -> None:
+        if self.record is not None:
+            self.record.drop()
+
     def _thaw(self) -> None:
-        _write(self.root, self.state_file, "THAWED")
+        _write(self.root, self.state_file, "THAWED")  # if this fails, the record stays: the next lock holder retries
         self.steps.append("thaw")
+        self._drop_record()
 
     def __exit__(self, *exc_info):
         if self.froze:
             self._thaw()
         return False
+
+
+def _thaw_orphans(root: HostRoot, config, journal=None, dry_run: bool = False) -> list:
+    """Thaw each freezer cgroup a FreezeRecord names and drop the record. Only with the repair lock held.
+
+    A record is an orphan then (its repair died before its thaw), so a FROZEN or FREEZING cgroup it
+    names was frozen by us; one that reads THAWED or is gone needs nothing. Returns one dict per record:
+    container, unit, freezer (the cgroup path), freezer_dir (its directory on the host), pid (of the repair
+    that froze it), state (what freezer.state read, "gone" for no cgroup), action (thawed, would-thaw, none,
+    kept: the record stays for the next lock holder).
+    """
+    directory = root.path(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}")
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        real = os.path.join(directory, name)
+        if not name.endswith(".json"):
+            if name.endswith(".tmp") and not dry_run:
+                _unlink(real)  # a record whose writer died before the rename: it never froze anything
+            continue
+        entry = _thaw_one(root, real, journal, dry_run)
+        if entry["action"] != "kept" and not dry_run:
+            _unlink(real)
+        out.append(entry)
+    return out
+
+
+def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
+    from nvsymlinkd.ocispec import read_json
+
+    entry = {"container": None, "unit": None, "freezer": None, "freezer_dir": None, "pid": None, "state": None,
+             "action": "none"}
+    try:
+        doc = read_json(real, MAX_RECORD_BYTES)
+    except OSError as exc:
+        entry["action"] = "kept"
+        if journal is not None:
+            journal.warning(f"cannot read the freeze record {root.inside(real)}: {exc.strerror}; will try again")
+        return entry
+    except ValueError as exc:
+        doc = {"error": str(exc)}
+    entry.update(container=doc.get("container_id"), unit=doc.get("unit"), freezer=doc.get("freezer"),
+                 pid=doc.get("pid"))
+    try:
+        if not isinstance(entry["freezer"], str):
+            raise RepairError(doc.get("error") or "no freezer cgroup path in it")
+        entry["freezer_dir"] = cgroup_dir(root, "freezer", entry["freezer"], FREEZER_FALLBACK)
+    except RepairError as exc:
+        # we never write such a record: without a valid cgroup path there is nothing we may thaw
+        if journal is not None:
+            journal.warning(f"dropping the invalid freeze record {root.inside(real)}: {exc}")
+        return entry
+    state_file = entry["freezer_dir"] + "/freezer.state"
+    try:
+        entry["state"] = _read(root, state_file).strip()
+    except FileNotFoundError:
+        entry["state"] = "gone"  # the container went away meanwhile
+        return entry
+    except OSError as exc:
+        entry["action"] = "kept"
+        if journal is not None:
+            journal.warning(f"cannot read {state_file} named by the freeze record {root.inside(real)}: "
+                            f"{exc.strerror}; will try again")
+        return entry
+    if entry["state"] not in ("FROZEN", "FREEZING"):
+        return entry
+    if dry_run:
+        entry["action"] = "would-thaw"
+        return entry
+    try:
+        _write(root, state_file, "THAWED")
+    except OSError as exc:
+        entry["action"] = "kept" if exc.errno != errno.ENOENT else "none"
+        if journal is not None and entry["action"] == "kept":
+            journal.error(f"cannot thaw {state_file} that an interrupted repair froze: {exc.strerror}; will try "
+                          "again", container_id=entry["container"], unit=entry["unit"])
+        return entry
+    entry["action"] = "thawed"
+    if journal is not None:
+        journal.event("repair-thawed", journalmod.WARNING, thawed_line(entry),
+                      container_id=entry["container"], unit=entry["unit"], freezer=entry["freezer"],
+                      pid=entry["pid"], state=entry["state"])
+    return entry
+
+
+def thawed_line(entry: dict) -> str:
+    """One line for a thawed (or would-thaw) record of _thaw_orphans."""
+    where = entry["freezer_dir"] or entry["freezer"]
+    who = ", ".join(str(x) for x in (entry["container"] and f"container {entry['container']}", entry["unit"]) if x)
+    verb = "would thaw" if entry["action"] == "would-thaw" else "thawed"
+    return f"{verb} {where}{f' ({who})' if who else ''}: a repair (pid {entry['pid']}) froze it and did not finish"
+
+
+def _unlink(real: str) -> None:
+    try:
+        os.unlink(real)
+    except OSError:
+        pass
+
+
+def recover_frozen(root: HostRoot, config, journal=None, dry_run: bool = False, wait: float = 0.0) -> list:
+    """Thaw what an interrupted repair froze (see _thaw_orphans); [] when there is no record.
+
+    Takes the repair lock for at most `wait` seconds: a holder already did this when it took the lock,
+    so a busy lock leaves the records to it (a record of its own is live, not an orphan).
+    """
+    try:
+        if not os.listdir(root.path(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}")):
+            return []
+    except OSError:
+        return []
+    try:
+        # dry run too: only the lock tells an orphan from a live repair's record
+        with RepairLock(root, config, wait, journal, dry_run) as lock:
+            return lock.thawed
+    except RepairError:
+        return []
 
 
 # ---------------------------------------------------------------------------
@@ -317,8 +556,11 @@ def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: lis
             steps.append(f"devices.allow {rule} (restored: systemd's re-apply dropped it)")
 
 
-def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT) -> None:
-    """Carry out one plan; raises RepairError. `steps` records what was done, in order."""
+def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT,
+               journal=None, lock_wait: float = LOCK_WAIT) -> None:
+    """Carry out one plan; raises RepairError (RepairBusy: another repair held the lock, nothing done).
+
+    `steps` records what was done, in order."""
     r = plan.request
     grants = plan.grants
     if plan.mechanism == SYSTEMD:
@@ -339,7 +581,9 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
         write_devices_allow(root, devices_dir, grants, steps)  # the immediate fix
     _ensure_dev_char_links(root, config, grants, steps)
     _unit_known(r.scope, timeout)  # no bus or no such unit: fail before freezing anything
-    with Frozen(root, freezer_dir, steps, timeout):
+    with RepairLock(root, config, lock_wait, journal) as lock, \
+            Frozen(root, freezer_dir, steps, timeout, FreezeRecord(root, config, r)):
+        steps.extend(thawed_line(e) for e in lock.thawed if e["action"] == "thawed")
         before = read_rules(root, devices_dir)
         _systemd_call(r, grants, steps, timeout)
         after = _wait_listed(root, devices_dir, grants, timeout)
@@ -409,7 +653,7 @@ def _journal(journal, result: RepairResult) -> None:
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
                      history: RepairHistory | None = None, clock=time.time, journal=None,
                      window: float = DEFAULT_WINDOW_SECONDS, timeout: float = SETTLE_TIMEOUT,
-                     reverify=None) -> RepairResult:
+                     reverify=None, lock_wait: float = LOCK_WAIT) -> RepairResult:
     """Plan and (unless dry_run) apply one repair, then verify it.
 
     reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
@@ -431,15 +675,19 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         result = RepairResult(plan, WOULD, dry_run=True)
     else:
         result = RepairResult(plan, FAILED)
+        busy = False
         try:
-            apply_plan(root, config, plan, result.steps, timeout)
+            apply_plan(root, config, plan, result.steps, timeout, journal, lock_wait)
+        except RepairBusy as exc:
+            result.error, busy = str(exc), True
         except RepairError as exc:
             result.error = str(exc)
         except OSError as exc:
             result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
         # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
         # attempt (no loops); a successful prevention does not, so a later loss still gets repaired.
-        record_attempt = history is not None
+        # Waiting in vain on another repair's lock is no attempt: the next pass tries again.
+        record_attempt = history is not None and not busy
         result.verification = check_access(root, request, plan.grants)
         if plan.mechanism in (SYSTEMD, DEVICES_ALLOW_SYSTEMD) and result.error is None:
             _check_scope(request, plan.grants, result.verification, timeout)
@@ -513,7 +761,8 @@ def history_path(root: HostRoot, config) -> str:
 
 def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = False,
                history: RepairHistory | None = None, clock=time.time, journal=None,
-               window: float = DEFAULT_WINDOW_SECONDS, report=None, use_bus: bool | None = None) -> list:
+               window: float = DEFAULT_WINDOW_SECONDS, report=None, use_bus: bool | None = None,
+               lock_wait: float = LOCK_WAIT) -> list:
     """Verify, then repair every GPU container with findings (or just the given ids).
 
     config.repair: "off" -> nothing; "report" -> plans only (like dry_run); "auto" -> repair.
@@ -558,5 +807,5 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         if request is None:
             continue
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
-                                        journal=journal, window=window, reverify=reverify))
+                                        journal=journal, window=window, reverify=reverify, lock_wait=lock_wait))
     return results

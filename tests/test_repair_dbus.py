@@ -115,16 +115,61 @@ if not hasattr(self, 'nvs_cfg'):
 self.nvs_cfg[str(args[0])] = json.loads(str(args[1]))
 """
 
+# SetUnitProperties replies asynchronously, so the mock keeps serving other calls while one is held.
+# A scope configured with hold=SECONDS (a slow systemd) logs {"event": "enter", "pid": caller, "freezer": ...}
+# when the call arrives, then does the work (SET_UNIT_PROPERTIES) and replies only when the next
+# SetUnitProperties arrives or SECONDS have passed, whichever comes first: a second repair that calls
+# while the first is still held releases the first (what a real systemd answering in order would do).
 TEMPLATE = f"""
+import json
+
+import dbus
+import dbus.service
+from dbusmock.mockobject import objects
+from gi.repository import GLib
+
 BUS_NAME = {SYSTEMD!r}
 MAIN_OBJ = {SYSTEMD_PATH!r}
 MAIN_IFACE = {MANAGER!r}
 SYSTEM_BUS = True
+WORK = {SET_UNIT_PROPERTIES!r}
+
+
+@dbus.service.method(MAIN_IFACE, in_signature='sba(sv)', out_signature='', sender_keyword='sender',
+                     async_callbacks=('reply', 'error'))
+def SetUnitProperties(self, name, runtime, props, sender=None, reply=None, error=None):
+    cfg = getattr(self, 'nvs_cfg', {{}}).get(str(name)) or {{}}
+    done = []
+
+    def finish():
+        if done:
+            return False
+        done.append(True)
+        try:
+            exec(WORK, {{'objects': objects}}, {{'self': self, 'args': [name, runtime, props]}})
+        except Exception as exc:
+            error(exc)
+        else:
+            reply()
+        return False
+
+    if not cfg.get('hold'):
+        finish()
+        return
+    pid = self.connection.call_blocking('org.freedesktop.DBus', '/org/freedesktop/DBus', 'org.freedesktop.DBus',
+                                        'GetConnectionUnixProcessID', 's', (sender,))
+    with open(cfg['log'], 'a') as f:
+        f.write(json.dumps({{'event': 'enter', 'pid': int(pid),
+                            'freezer': open(cfg['freezer']).read().strip()}}) + '\\n')
+    held = getattr(self, 'nvs_held', [])
+    self.nvs_held = [finish]
+    for earlier in held:
+        earlier()
+    GLib.timeout_add(int(cfg['hold'] * 1000), finish)
 
 
 def load(mock, parameters):
     mock.AddMethod(MAIN_IFACE, 'GetUnit', 's', 'o', {GET_UNIT!r})
-    mock.AddMethod(MAIN_IFACE, 'SetUnitProperties', 'sba(sv)', '', {SET_UNIT_PROPERTIES!r})
     mock.AddMethod(MAIN_IFACE, 'TestConfigure', 'ss', '', {CONFIGURE!r})
 """
 
@@ -214,8 +259,16 @@ class SystemdMock:
     def calls(self) -> list:
         return [list(args) for _, args in self.manager.GetMethodCalls("SetUnitProperties", dbus_interface=MOCK_IFACE)]
 
-    def observed(self) -> list:
+    def log_lines(self) -> list:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def observed(self) -> list:
+        """What each SetUnitProperties saw when it did its work (freezer state, /dev/char links)."""
+        return [e for e in self.log_lines() if "event" not in e]
+
+    def entered(self) -> list:
+        """Held calls as they arrived: {"event": "enter", "pid", "freezer"}."""
+        return [e for e in self.log_lines() if e.get("event") == "enter"]
 
     def device_allow(self, unit: str) -> list:
         path = unit_path(unit)

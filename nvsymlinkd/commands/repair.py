@@ -25,7 +25,7 @@ def run(args, root, config) -> int:
     from nvsymlinkd import verifier
     from nvsymlinkd.containers import find
     from nvsymlinkd.journal import Journal
-    from nvsymlinkd.repairer import SUCCESS, history_path, repair_all
+    from nvsymlinkd.repairer import SUCCESS, history_path, recover_frozen, repair_all, thawed_line
     from nvsymlinkd.repairplan import RepairHistory
 
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
@@ -37,6 +37,9 @@ def run(args, root, config) -> int:
     journal = Journal(target="journal")
     if journal.target != "journal":
         journal = None
+    # first, thaw what a repair killed mid-way (SIGKILL, OOM) left frozen, whatever the findings are now
+    thawed = [e for e in recover_frozen(root, config, journal, dry_run=args.dry_run)
+              if e["action"] in ("thawed", "would-thaw")]
     report = verifier.verify_all(root, config, with_host=False)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
@@ -60,10 +63,12 @@ def run(args, root, config) -> int:
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
-               "summary": _summary(results)}
+               "summary": _summary(results), "thawed": thawed}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        for e in thawed:
+            print(thawed_line(e))
         for r in results:
             for line in r.human_lines():
                 print(line)
@@ -88,3 +93,4 @@ def _summary(results) -> dict:
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     return counts
+
