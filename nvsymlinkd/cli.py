@@ -16,6 +16,15 @@ from nvsymlinkd.errors import EXIT_ERROR, NvsymlinkdError
 # Each name is a module nvsymlinkd.commands.<name> with register(subparsers).
 COMMANDS = ("sync", "run", "render", "check", "repair")
 
+EPILOG = """\
+examples:
+  nvsymlinkd sync --dry-run                     # what the links need; nothing changed
+  nvsymlinkd check                              # are GPU containers about to lose devices?
+  nvsymlinkd repair --dry-run
+  nvsymlinkd COMMAND --help
+
+reference: man nvsymlinkd, man nvsymlinkd-COMMAND, man nvsymlinkd.toml (the config file)"""
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors exit 2 with one line, like every other error
@@ -25,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.")
+    parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"nvsymlinkd {__version__}")
     parser.add_argument("--root", default="/", metavar="DIR",
                         help="resolve every host path (/dev, /proc, /sys, /run, /etc) under DIR (default /)")

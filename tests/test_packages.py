@@ -34,6 +34,7 @@ DEB = {  # Debian bookworm paths (dh_installsystemd and dh_installudev still use
     "entry_point": "usr/bin/nvsymlinkd",
     "catalog": "usr/lib/systemd/catalog/nvsymlinkd.catalog",
     "templates": "usr/lib/python3/dist-packages/nvsymlinkd/templates/nvsymlinkd.service.j2",
+    "completion": "usr/share/bash-completion/completions/nvsymlinkd",
 }
 RPM = {  # Fedora/RHEL paths
     "unit": "/usr/lib/systemd/system/nvsymlinkd.service",
@@ -43,7 +44,10 @@ RPM = {  # Fedora/RHEL paths
     "config": "/etc/nvsymlinkd/nvsymlinkd.toml",
     "entry_point": "/usr/bin/nvsymlinkd",
     "catalog": "/usr/lib/systemd/catalog/nvsymlinkd.catalog",
+    "completion": "/usr/share/bash-completion/completions/nvsymlinkd",
 }
+# man/NAME.SECTION.rst: every page ships, in its section
+MAN_PAGES = sorted(p.name[:-len(".rst")] for p in (REPO / "man").glob("*.rst"))
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +93,10 @@ def test_deb_puts_files_where_debian_expects_them(deb_build):
         assert (tree / rel).is_file(), f"{what}: {rel} missing from the .deb"
     assert os.access(tree / DEB["entry_point"], os.X_OK)
     assert (deb_build["control"] / "conffiles").read_text().split() == ["/" + DEB["config"]]
+    for page in MAN_PAGES:
+        assert (tree / f"usr/share/man/man{page.rsplit('.', 1)[1]}/{page}.gz").is_file(), page
+    assert (tree / "usr/share/doc/nvsymlinkd/docs/troubleshooting.md").is_file() or \
+        (tree / "usr/share/doc/nvsymlinkd/docs/troubleshooting.md.gz").is_file()
 
 
 def test_deb_units_and_rule_are_the_rendered_templates(deb_build):
@@ -206,6 +214,8 @@ def test_rpm_puts_files_where_fedora_expects_them(rpm_build):
         assert path in files, f"{what}: {path} missing from the .rpm"
     assert run(["rpm", "-qpc", rpm_build["rpm"]]).stdout.split() == [RPM["config"]]
     assert "/usr/share/licenses/nvsymlinkd/LICENSE" in files  # %license
+    for page in MAN_PAGES:
+        assert f"/usr/share/man/man{page.rsplit('.', 1)[1]}/{page}" in files, page
     assert any(re.fullmatch(r"/usr/lib/python3[^/]*/(site|dist)-packages/nvsymlinkd/templates/"
                             r"nvsymlinkd\.service\.j2", f) for f in files)
 
