@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+
 from nvsymlinkd.commands.sync import add_link_options
 
 EPILOG = """\
