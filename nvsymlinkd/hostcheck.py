@@ -261,8 +261,8 @@ def link_keepers_finding(root):
     return HostFinding("link-keepers", "info",
                        "; ".join(parts) + ": nvsymlinkd keeps their links (an absolute link to the right node is "
                        "kept), so both can run",
-                       "optional: remove the other keeper to leave one owner of /dev/char "
-                       "(/usr/share/doc/nvsymlinkd/docs/install.md)")
+                       "optional: remove the other keeper to leave one owner of /dev/char (install guide, "
+                       "\"Coming from nvidia-ctk\", in /usr/share/doc/nvsymlinkd/docs)")
 
 
 def check_host(root, config, snapshot=None) -> list:
