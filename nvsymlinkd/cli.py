@@ -19,6 +19,15 @@ from nvsymlinkd.errors import NvsymlinkdError, UsageError
 # Each name is a module nvsymlinkd.commands.<name> with register(subparsers).
 COMMANDS = ("sync", "run", "render", "check", "repair")
 
+EPILOG = """\
+examples:
+  nvsymlinkd sync --dry-run                     # what the links need; nothing changed
+  nvsymlinkd check                              # are GPU containers about to lose devices?
+  nvsymlinkd repair --dry-run
+  nvsymlinkd COMMAND --help
+
+reference: man nvsymlinkd, man nvsymlinkd-COMMAND, man nvsymlinkd.toml (the config file)"""
+
 
 class _CommandLineError(UsageError):
     """argparse's complaint, printed after the usage line as `nvsymlinkd: error: ...`."""
@@ -38,7 +47,8 @@ def _global_options(parser, default_root, default_config) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.")
+    parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"nvsymlinkd {__version__}")
     _global_options(parser, "/", None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

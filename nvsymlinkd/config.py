@@ -95,7 +95,7 @@ def _load_toml(data: bytes, path: str) -> dict:
         m = re.search(r"\(at line (\d+), column \d+\)", msg)
         line = int(m.group(1)) if m else max(1, data.count(b"\n"))
         msg = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", msg)
-        raise ConfigError(f"{path}:{line}: invalid TOML: {msg}; fix that line (see the README's config reference)")
+        raise ConfigError(f"{path}:{line}: invalid TOML: {msg}; fix that line (see man nvsymlinkd.toml)")
 
 
 def _coerce(key: Key, value, where: str):

@@ -1,6 +1,6 @@
 """Error types and the exit codes every command shares.
 
-Exit codes (documented in the README):
+Exit codes (documented in nvsymlinkd(8)):
   0  the host is as desired
   1  the tool ran, but something is not as desired (a conflict, a finding, a failed write)
   2  usage, configuration or unreadable/malformed input error

@@ -26,7 +26,7 @@ RUNC_AFFECTED = re.compile(r"(?:\d+:)?1\.1\.([3-6])(?![0-9])")
 
 @dataclass(frozen=True)
 class HostFinding:
-    kind: str  # cgroup-version, cgroup-driver, versions, dev-char, nvml
+    kind: str  # privilege, cgroup-version, cgroup-driver, versions, dev-char, link-keepers, nvml
     status: str  # ok, warn, info
     detail: str
     fix: str = ""
@@ -230,6 +230,73 @@ def pynvml_install_hint(root) -> str:
     return "the distribution's pynvml package, or pip install nvidia-ml-py into a virtualenv"
 
 
+# Other /dev/char link keepers: nvidia-ctk's create-dev-char-symlinks run from a udev rule (NVIDIA's
+# documented workaround, usually /lib/udev/rules.d/71-nvidia-dev-char.rules) or a systemd unit, and
+# the GPU Operator's validator (which writes its status files to /run/nvidia/validations).
+UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/run/udev/rules.d", "/usr/local/lib/udev/rules.d", "/lib/udev/rules.d",
+                  "/usr/lib/udev/rules.d")
+UNIT_DIRS_ALL = ("/etc/systemd/system", "/run/systemd/system")  # the admin's own units: every one is read
+UNIT_DIRS_NVIDIA = ("/lib/systemd/system", "/usr/lib/systemd/system")  # packaged: only nvidia* names
+CTK_COMMAND = re.compile(r"create-dev-char-symlinks")
+OPERATOR_VALIDATIONS = "/run/nvidia/validations"
+
+
+def _runs_ctk(root, inside: str) -> bool:
+    text = _read_text(root, inside)
+    return text is not None and any(CTK_COMMAND.search(line) for line in text.splitlines()
+                                    if not line.lstrip().startswith(("#", ";")))
+
+
+def _names(root, inside: str) -> list:
+    try:
+        return sorted(os.listdir(root.path(inside)))
+    except OSError:
+        return []
+
+
+def other_link_keepers(root) -> list:
+    """Paths (as seen inside the root) of udev rules and units that run nvidia-ctk's
+    create-dev-char-symlinks, then the GPU Operator's validations directory when present."""
+    found, seen = [], set()
+    for d in UDEV_RULE_DIRS:
+        for name in _names(root, d):
+            # a rule file in /etc or /run masks the one of the same name in /lib or /usr/lib
+            if not name.endswith(".rules") or name in seen or name == "71-nvsymlinkd.rules":
+                continue
+            seen.add(name)
+            if _runs_ctk(root, f"{d}/{name}"):
+                found.append(f"{d}/{name}")
+    for dirs, every in ((UNIT_DIRS_ALL, True), (UNIT_DIRS_NVIDIA, False)):
+        for d in dirs:
+            for name in _names(root, d):
+                if not name.endswith(".service") or name.startswith("nvsymlinkd") or not (every or "nvidia" in name):
+                    continue
+                if _runs_ctk(root, f"{d}/{name}"):
+                    found.append(f"{d}/{name}")
+    if os.path.isdir(root.path(OPERATOR_VALIDATIONS)):
+        found.append(OPERATOR_VALIDATIONS)
+    return found
+
+
+def link_keepers_finding(root):
+    """One info line naming every other link keeper found, or None."""
+    found = other_link_keepers(root)
+    if not found:
+        return None
+    ctk = [p for p in found if p != OPERATOR_VALIDATIONS]
+    parts = []
+    if ctk:
+        parts.append("nvidia-ctk system create-dev-char-symlinks runs from " + ", ".join(ctk))
+    if OPERATOR_VALIDATIONS in found:
+        parts.append(f"the GPU Operator's validator is here ({OPERATOR_VALIDATIONS}; it makes links unless "
+                     "DISABLE_DEV_CHAR_SYMLINK_CREATION=true)")
+    return HostFinding("link-keepers", "info",
+                       "; ".join(parts) + ": nvsymlinkd keeps their links (an absolute link to the right node is "
+                       "kept), so both can run",
+                       "optional: remove the other keeper to leave one owner of /dev/char (install guide, "
+                       "\"Coming from nvidia-ctk\", in /usr/share/doc/nvsymlinkd/docs)")
+
+
 def check_host(root, config, snapshot=None) -> list:
     if snapshot is None:
         from nvsymlinkd.snapshot import observe
@@ -271,5 +338,8 @@ def check_host(root, config, snapshot=None) -> list:
             else:
                 out.append(HostFinding("runc", "info", f"{affected}; no runtime here uses that driver"))
     out.extend(dev_char_findings(snapshot))
+    keepers = link_keepers_finding(root)
+    if keepers is not None:
+        out.append(keepers)
     out.append(nvml_finding(root, snapshot))
     return out

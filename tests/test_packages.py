@@ -9,6 +9,7 @@
 
 import os
 import re
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -33,6 +34,7 @@ DEB = {  # Debian bookworm paths (dh_installsystemd and dh_installudev still use
     "entry_point": "usr/bin/nvsymlinkd",
     "catalog": "usr/lib/systemd/catalog/nvsymlinkd.catalog",
     "templates": "usr/lib/python3/dist-packages/nvsymlinkd/templates/nvsymlinkd.service.j2",
+    "completion": "usr/share/bash-completion/completions/nvsymlinkd",
 }
 RPM = {  # Fedora/RHEL paths
     "unit": "/usr/lib/systemd/system/nvsymlinkd.service",
@@ -42,7 +44,10 @@ RPM = {  # Fedora/RHEL paths
     "config": "/etc/nvsymlinkd/nvsymlinkd.toml",
     "entry_point": "/usr/bin/nvsymlinkd",
     "catalog": "/usr/lib/systemd/catalog/nvsymlinkd.catalog",
+    "completion": "/usr/share/bash-completion/completions/nvsymlinkd",
 }
+# man/NAME.SECTION.rst: every page ships, in its section
+MAN_PAGES = sorted(p.name[:-len(".rst")] for p in (REPO / "man").glob("*.rst"))
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +93,10 @@ def test_deb_puts_files_where_debian_expects_them(deb_build):
         assert (tree / rel).is_file(), f"{what}: {rel} missing from the .deb"
     assert os.access(tree / DEB["entry_point"], os.X_OK)
     assert (deb_build["control"] / "conffiles").read_text().split() == ["/" + DEB["config"]]
+    for page in MAN_PAGES:
+        assert (tree / f"usr/share/man/man{page.rsplit('.', 1)[1]}/{page}.gz").is_file(), page
+    assert (tree / "usr/share/doc/nvsymlinkd/docs/troubleshooting.md").is_file() or \
+        (tree / "usr/share/doc/nvsymlinkd/docs/troubleshooting.md.gz").is_file()
 
 
 def test_deb_units_and_rule_are_the_rendered_templates(deb_build):
@@ -204,6 +213,10 @@ def test_rpm_puts_files_where_fedora_expects_them(rpm_build):
             continue
         assert path in files, f"{what}: {path} missing from the .rpm"
     assert run(["rpm", "-qpc", rpm_build["rpm"]]).stdout.split() == [RPM["config"]]
+    # %license (Debian's rpm macros version the directory, Fedora's do not)
+    assert any(re.fullmatch(r"/usr/share/licenses/nvsymlinkd(-[\d.]+)?/LICENSE", f) for f in files)
+    for page in MAN_PAGES:
+        assert f"/usr/share/man/man{page.rsplit('.', 1)[1]}/{page}" in files, page
     assert any(re.fullmatch(r"/usr/lib/python3[^/]*/(site|dist)-packages/nvsymlinkd/templates/"
                             r"nvsymlinkd\.service\.j2", f) for f in files)
 
@@ -226,10 +239,38 @@ def test_sdist_carries_what_the_package_builds_need(rpm_build):
     prefix = f"nvsymlinkd-{VERSION}/"
     for rel in ("rpm/nvsymlinkd.spec", "man/nvsymlinkd.8.rst", "examples/nvsymlinkd.toml",
                 "rules/71-nvsymlinkd.rules.j2", "units/nvsymlinkd.service.j2", "debian/control",
-                "nvsymlinkd/templates/nvsymlinkd.service.j2"):
+                "nvsymlinkd/templates/nvsymlinkd.service.j2", "LICENSE", "scripts/build-packages",
+                "tests/debbuild.py"):
         assert prefix + rel in names, rel
     if HAS_CATALOG:
         assert prefix + "catalog/nvsymlinkd.catalog" in names
+
+
+# -- scripts/build-packages ------------------------------------------------------------------------
+
+
+def test_build_packages_with_a_foreign_python3_first_in_path(tmp_path):
+    """What a pyenv shim does to a plain `dpkg-buildpackage`: a python3 (and python3.11) first in PATH
+    that lacks Debian's python3-build, docutils and jinja2. debian/rules and the spec pin
+    /usr/bin/python3, so scripts/build-packages still builds every artefact."""
+    for tool in ("dpkg-buildpackage", "dh", "pybuild", "rpmbuild"):
+        need_tool(tool)
+    foreign = tmp_path / "foreign-python"
+    run(["/usr/bin/python3", "-m", "venv", "--without-pip", foreign])
+    assert subprocess.run([foreign / "bin" / "python3", "-c", "import build"], capture_output=True).returncode
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{foreign / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin")
+    proc = subprocess.run([REPO / "scripts" / "build-packages", out, "--no-image"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert sorted(p.name for p in out.iterdir()) == sorted([
+        f"nvsymlinkd_{VERSION}_all.deb", f"nvsymlinkd-{VERSION}.tar.gz", f"nvsymlinkd-{VERSION}-py3-none-any.whl",
+        f"nvsymlinkd-{VERSION}-1.noarch.rpm"])
+
+
+def test_build_packages_usage():
+    proc = subprocess.run([REPO / "scripts" / "build-packages"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage: scripts/build-packages OUTDIR" in proc.stderr
 
 
 # -- no build needed ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ CONFIGS = {
     "metrics-local": Config(metrics_listen="127.0.0.1:9402", metrics_textfile=""),
     "metrics-remote": Config(metrics_listen=":9402"),
 }
-MAX_EXPOSURE = 3.0  # the README quotes the measured figure
+MAX_EXPOSURE = 3.0  # docs/packaging.md quotes the measured figure
 
 
 def rendered_units(tmp_path, name):

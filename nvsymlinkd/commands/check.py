@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
+
+EPILOG = """\
+examples:
+  nvsymlinkd check                              # every GPU container, then the host
+  nvsymlinkd check 0f3c9a1e                     # one container: id, id prefix or scope name
+  nvsymlinkd check --json --no-host
+
+finding kinds, host findings and the JSON schema: man nvsymlinkd-check
+"""
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="verify GPU containers' device access and the host (read-only)",
                        description="Find GPU containers, compare their device cgroup with what their spec, "
                                    "runtime state and baseline expect, predict losses at the next "
-                                   "daemon-reload, and check the host. Exit 0 all ok, 1 findings, 2 error.")
-    p.add_argument("--json", action="store_true", help="print a JSON document (schema in the README)")
+                                   "daemon-reload, and check the host. Exit 0 all ok, 1 findings, 2 error.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-check)")
     p.add_argument("--no-bus", action="store_true",
                    help="do not ask systemd over D-Bus; read its transient unit files only")
     p.add_argument("--no-host", action="store_true", help="containers only, skip the host findings")

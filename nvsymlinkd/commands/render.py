@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
+
+EPILOG = """\
+examples:
+  nvsymlinkd render                             # print the rule and the units
+  nvsymlinkd render --output /root/nvsymlinkd-units
+  cp /root/nvsymlinkd-units/*.service /etc/systemd/system/ && systemctl daemon-reload
+
+what becomes ExecStart= flags and ReadWritePaths=: man nvsymlinkd-render
+"""
 
 
 def register(sub) -> None:
@@ -15,7 +25,8 @@ def register(sub) -> None:
                        description="Render 71-nvsymlinkd.rules, nvsymlinkd.service and nvsymlinkd-sync.service "
                                    "from the templates, with values from the config file and these options. "
                                    "Packaging runs this at build time: use --config /dev/null there so the "
-                                   "build machine's config does not leak in.")
+                                   "build machine's config does not leak in.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default=None, metavar="DIR",
                    help="write the files into DIR (created if missing; taken as given, not under --root); "
                         "default: print them to stdout, each after a '==> NAME <==' line")

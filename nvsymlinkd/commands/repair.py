@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
+
+EPILOG = """\
+examples:
+  nvsymlinkd repair --dry-run                   # what would be granted, and how
+  nvsymlinkd repair 0f3c9a1e2b7d                # one container
+  nvsymlinkd repair --json
+
+mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
+"""
 
 
 def register(sub) -> None:
     p = sub.add_parser("repair", help="re-grant NVIDIA devices GPU containers lost (or are about to lose)",
                        description="Verify GPU containers, then grant back exactly the expected devices each one "
                                    "lost (or whose systemd scope lacks them), by the mechanism the host allows, "
-                                   "and verify again. Without CONTAINER_ID: every GPU container with findings.")
+                                   "and verify again. Without CONTAINER: every GPU container with findings.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("containers", nargs="*", metavar="CONTAINER",
                    help="container id, unique id prefix (4+ characters), scope name, Docker or Podman name, "
                         "or Kubernetes namespace/pod/container")
     p.add_argument("--dry-run", action="store_true", help="print what would be granted and how; change nothing")
-    p.add_argument("--json", action="store_true", help="print a JSON document (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-repair)")
     p.set_defaults(func=run)
 
 

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
+
 from nvsymlinkd.commands.sync import add_link_options
+
+EPILOG = """\
+examples:
+  systemctl status nvsymlinkd                   # the packaged unit runs this command
+  systemctl reload nvsymlinkd                   # SIGHUP: re-read the config file
+  journalctl -x -u nvsymlinkd                   # events, explained by the message catalog
+  nvsymlinkd run --resync-interval 30           # in the foreground, for debugging
+
+event sources, signals, journal MESSAGE_IDs and metrics: man nvsymlinkd-run
+"""
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run the event daemon: keep /dev/char exact as nodes, modules and systemd change",
                        description="Keep DEV_CHAR_PATH exact on every device-node, udev and systemd event, and "
-                                   "notice systemd reloads. Runs until SIGTERM; SIGHUP re-reads the config.")
+                                   "notice systemd reloads. Runs until SIGTERM; SIGHUP re-reads the config.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_link_options(p)
     p.add_argument("--resync-interval", type=float, default=None, metavar="SEC",
                    help="seconds between full resyncs, the safety net (default 60; 0 disables)")

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
+
+EPILOG = """\
+examples:
+  nvsymlinkd sync --dry-run                     # the plan; exit 1 when something would change
+  nvsymlinkd sync                               # make /dev/char exact
+  nvsymlinkd sync --driver-root /run/nvidia/driver   # the GPU Operator's driver container
+  nvsymlinkd sync --create-nodes --json
+
+actions, output and the JSON schema: man nvsymlinkd-sync
+"""
 
 
 def add_link_options(p) -> None:
@@ -20,10 +31,11 @@ def add_link_options(p) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("sync", help="create, fix and remove /dev/char/M:m links for NVIDIA nodes, once",
-                       description="Make DEV_CHAR_PATH/MAJOR:MINOR a relative symlink for every NVIDIA device node.")
+                       description="Make DEV_CHAR_PATH/MAJOR:MINOR a relative symlink for every NVIDIA device node.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_link_options(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
-    p.add_argument("--json", action="store_true", help="print a JSON document (schema in the README)")
+    p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-sync)")
     p.set_defaults(func=run)
 
 
