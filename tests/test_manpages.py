@@ -46,10 +46,14 @@ def subcommands() -> dict:
     return out
 
 
-def documented_names(parser):
-    """(what the page must show, how) for each option and positional argument of a parser."""
+def documented_names(parser, skip=frozenset()):
+    """(what the page must show, how) for each option and positional argument of a parser.
+
+    `skip`: option strings documented elsewhere (the global options a subcommand also accepts)."""
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        if skip.intersection(action.option_strings):
             continue
         if action.option_strings:
             for opt in action.option_strings:
@@ -68,14 +72,17 @@ def test_every_command_has_its_page():
 
 def test_every_cli_option_is_in_its_man_page():
     missing = []
-    for command, parser in subcommands().items():
+    parsers = subcommands()
+    # global options are accepted after the subcommand too, and documented once, in nvsymlinkd(8)
+    global_options = frozenset(o for a in parsers[None]._actions for o in a.option_strings)
+    for command, parser in parsers.items():
         text = read_page(page_of(command))
         synopsis = text.split("SYNOPSIS", 1)[-1].split("DESCRIPTION", 1)[0]
         # definition-list terms: unindented lines of the OPTIONS sections
         body = text.split("DESCRIPTION", 1)[-1]
         terms = "\n".join(line for line in body.splitlines() if line.startswith("*"))
         shown = "nvsymlinkd" + (f" {command}" if command else "")
-        for needle, name in documented_names(parser):
+        for needle, name in documented_names(parser, global_options if command else frozenset()):
             if needle not in terms or needle.split("*")[-3 if needle.startswith("**") else 1] not in synopsis:
                 missing.append(f"man/{page_of(command)}: `{shown} {name}` is not documented: add a '{needle}' "
                                f"entry under {'GLOBAL OPTIONS' if command is None else 'OPTIONS'} (and the SYNOPSIS)")
