@@ -225,3 +225,46 @@ def test_sync_never_steps_outside_the_root(tmp_path, need_root, monkeypatch, cap
         code, text = run_cli(mode, monkeypatch, capsys, [*common, "--create-nodes"])
         assert code == 0 and {a["action"] for a in json.loads(text)["actions"]} == {"keep"}, text
         assert tree_state(out) == before
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporaries_of_killed_syncs_are_removed(tmp_path, need_root, nvsymlinkd_cli):
+    """A sync SIGKILLed between mknod/symlink and rename leaves .nvsymlinkd-tmp-PID-NAME (0600 nodes)."""
+    host = FakeHost(tmp_path / "root")
+    host_info(host)
+    nodes(host, "/dev")
+    dead, alive = dead_pid(), os.getpid()  # this test process is another sync's stand-in: still running
+    stale = [host.node(f"/dev/.nvsymlinkd-tmp-{dead}-nvidia0", 195, 0, mode=0o600),
+             host.node(f"/dev/nvidia-caps/.nvsymlinkd-tmp-{dead}-nvidia-cap1", CAPS, 1, mode=0o600),
+             host.symlink(f"/dev/char/.nvsymlinkd-tmp-{dead}-195:0", "../nvidia0")]
+    live = host.node(f"/dev/.nvsymlinkd-tmp-{alive}-nvidia-uvm", 510, 0, mode=0o600)
+
+    dry = nvsymlinkd_cli("--root", host.root, "sync", "--create-nodes", "--dry-run", check=1)
+    assert all(os.path.lexists(p) for p in stale)
+    assert f"note: stale temporary /dev/.nvsymlinkd-tmp-{dead}-nvidia0 of exited pid {dead}" in dry.stdout
+
+    nvsymlinkd_cli("--root", host.root, "sync", "--create-nodes", check=0)
+    assert not any(os.path.lexists(p) for p in stale)
+    assert os.path.lexists(live)
+    again = nvsymlinkd_cli("--root", host.root, "sync", "--create-nodes", "--json", check=0)
+    assert json.loads(again.stdout)["notes"] == []
+
+
+def test_stale_temporary_in_a_symlinked_dev_is_removed_inside_only(tmp_path, need_root, nvsymlinkd_cli):
+    out = tmp_path / "outside"
+    dead = dead_pid()
+    FakeHost(out).node(f"/dev/.nvsymlinkd-tmp-{dead}-nvidia0", 195, 0, mode=0o600)
+    host = FakeHost(tmp_path / "root")
+    host_info(host)
+    real_dev, _ = dev_absolute(host, out)
+    nodes(host, real_dev)
+    inside = host.node(f"{real_dev}/.nvsymlinkd-tmp-{dead}-nvidia0", 195, 0, mode=0o600)
+    before = tree_state(out)
+    nvsymlinkd_cli("--root", host.root, "sync", check=0)
+    assert not os.path.lexists(inside)
+    assert tree_state(out) == before
