@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from daemonproc import DaemonProcess
 from fakehost import FakeHost
 
 from nvsymlinkd import cli, hostroot, libc
@@ -268,3 +269,28 @@ def test_stale_temporary_in_a_symlinked_dev_is_removed_inside_only(tmp_path, nee
     nvsymlinkd_cli("--root", host.root, "sync", check=0)
     assert not os.path.lexists(inside)
     assert tree_state(out) == before
+
+
+@pytest.mark.parametrize("layout", ["driver-root", "dev-relative"])
+def test_daemon_watches_and_syncs_inside_only(tmp_path, need_root, layout):
+    """`run` reconciles through the same confined paths, and its inotify watch is on the confined dev/."""
+    build, drv, _, _ = LAYOUTS[layout]
+    out = tmp_path / "outside"
+    decoy(out)
+    host = FakeHost(tmp_path / "root")
+    host_info(host)
+    real_dev, _ = build(host, out)
+    nodes(host, real_dev)
+    root = HostRoot(str(host.root))
+    before = tree_state(out)
+    d = DaemonProcess(host.root, "--driver-root", drv, "--resync-interval", "0")
+    try:
+        d.wait_until(lambda: root.stat_resolved("/dev/char/195:255") is not None, "the first sync")
+        host.node(f"{real_dev}/nvidia7", 195, 7)  # seen only through a watch on the confined dev/
+        d.wait_until(lambda: root.stat_resolved("/dev/char/195:7") is not None, "a link for a new node")
+        assert d.stop() == 0
+    finally:
+        if d.proc.poll() is None:
+            d.stop()
+    assert tree_state(out) == before
+    assert not any(x in d.output() for x in DECOYS), d.output()
