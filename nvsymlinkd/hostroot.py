@@ -114,14 +114,17 @@ class HostRoot:
             rest = f"/{name}{rest}"
 
     def stat_resolved(self, inside: str) -> os.stat_result | None:
-        """lstat of the root-confined resolution of `inside`, or None."""
-        resolved = self.resolve(inside)
-        if resolved is None:
-            return None
+        """stat of what `inside` names, resolved confined to the root (the
+        kernel's lookup, so a directory swapped for a link meanwhile cannot
+        lead it out), or None. O_PATH: a device node is not opened."""
         try:
-            return os.lstat(self.path(resolved))
+            fd = self._open(inside, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     def open_dir(self, inside: str) -> int:
         """fd of the directory `inside` names, resolved confined to the root.
@@ -210,6 +213,9 @@ def walk_confined(rootfd: int, inside: str, flags: int) -> int:
             last = not pending
             try:
                 fd = os.open(comp, (flags if last else DIR_FLAGS) | os.O_NOFOLLOW, dir_fd=here)
+                if last and flags & os.O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+                    os.close(fd)  # O_PATH|O_NOFOLLOW opens the link itself instead of failing
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise

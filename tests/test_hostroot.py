@@ -55,7 +55,7 @@ def confined_tree(tmp_path):
     return HostRoot(str(root))
 
 
-PROBES = ["/abs", "/rel", "/climb", "/hop", "/hop/char", "/dotdot", "/abs/../../..", "/rel/./../dev",
+PROBES = ["/file", "/abs2/file", "/abs", "/rel", "/climb", "/hop", "/hop/char", "/dotdot", "/abs/../../..", "/rel/./../dev",
           "/file", "/dangling", "/loop", "/magic", "/", "/real/dev/char", "/nope"]
 
 
@@ -73,6 +73,8 @@ def test_open_dir_agrees_with_resolve(tmp_path, monkeypatch, walk):
     for probe in PROBES:
         resolved = r.resolve(probe)
         want = os.lstat(r.path(resolved)) if resolved is not None else None
+        got = r.stat_resolved(probe)  # any type, links followed confined
+        assert (got.st_dev, got.st_ino) == (want.st_dev, want.st_ino) if want else got is None, probe
         if want is not None and not stat.S_ISDIR(want.st_mode):
             want = None
         try:
