@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import struct
 
 # openat2(2) is 437 in the unified syscall table of every architecture we run
@@ -54,7 +53,7 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> i
     """openat2(2). Raises OSError; ENOSYS where the kernel (< 5.6) or a seccomp
     profile lacks it, which callers answer with their own confined walk."""
     global _openat2_missing
-    nr = SYS_OPENAT2_BY_MACHINE.get(platform.machine())
+    nr = SYS_OPENAT2_BY_MACHINE.get(os.uname().machine)  # not platform: sync's start-up stays light
     if nr is None or _openat2_missing:
         raise OSError(errno.ENOSYS, "openat2 unavailable")
     how = ctypes.create_string_buffer(OPEN_HOW.pack(flags | os.O_CLOEXEC, mode, resolve), OPEN_HOW.size)
