@@ -58,10 +58,13 @@ class HostSnapshot:
 
     def real_path(self, path: str) -> str:
         """A node path under DRIVER_ROOT/dev with that directory's symlinks resolved."""
-        base = dev_dir(self.driver_root)
-        if self.dev_dir_real and self.dev_dir_real != base and path.startswith(base + "/"):
-            return self.dev_dir_real + path[len(base):]
-        return path
+        return _rebase(path, dev_dir(self.driver_root), self.dev_dir_real)
+
+
+def _rebase(path: str, base: str, real: str) -> str:
+    if real and real != base and path.startswith(base + "/"):
+        return real + path[len(base):]
+    return path
 
 
 def is_nvidia_path(path: str) -> bool:
@@ -108,9 +111,7 @@ def observe(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/c
 def _real_paths(nodes: list, driver_root: str, dev_real: str) -> dict:
     """Resolved node path -> (major, minor): what a dev-char link text names lexically."""
     base = dev_dir(driver_root)
-    cut = len(base) if dev_real != base else 0
-    head = dev_real if cut else ""
-    return {head + n.path[cut:]: (n.major, n.minor) for n in nodes}
+    return {_rebase(n.path, base, dev_real): (n.major, n.minor) for n in nodes}
 
 
 def stale_temporaries(paths: list):
