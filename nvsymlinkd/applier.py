@@ -8,20 +8,23 @@
 - create-node: mknod under a temporary name, chown and chmod it, then link(2)
   it to the final name (fails if anything appeared there) and drop the
   temporary name, so no node is ever visible with the wrong owner or mode.
+
+Every syscall acts on a name inside a directory fd opened confined to the
+host root (HostRoot.open_dir), once per directory per pass: a symlinked /dev,
+/dev/char or driver root is followed as if the root were `/`, never out of it.
+Temporaries a killed sync left behind (Plan.stale_temps) are removed first.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import stat
 from dataclasses import dataclass
 
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot
 from nvsymlinkd.linkplan import CREATE, CREATE_NODE, REMOVE, REPLACE, Action, Plan
-
-TMP_PREFIX = ".nvsymlinkd-tmp-"
+from nvsymlinkd.nodes import SUBDIRS, TMP_PREFIX
 
 
 @dataclass(frozen=True)
@@ -42,102 +45,155 @@ class ChangedUnderUs(Exception):
 
 def apply_plan(root: HostRoot, plan: Plan) -> list:
     outcomes = []
-    for action in plan.actions:
-        if not action.changes:
-            outcomes.append(Outcome(action))
-            continue
-        try:
-            _APPLY[action.action](root, action)
-        except ChangedUnderUs as exc:
-            outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans"))
-        except OSError as exc:
-            outcomes.append(Outcome(action, _describe(exc, action)))
-        else:
-            outcomes.append(Outcome(action))
+    dirs = _Dirs(root)
+    try:
+        for path in plan.stale_temps:
+            _remove_stale(dirs, path)
+        for action in plan.actions:
+            if not action.changes:
+                outcomes.append(Outcome(action))
+                continue
+            try:
+                _APPLY[action.action](dirs, action)
+            except ChangedUnderUs as exc:
+                outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans"))
+            except OSError as exc:
+                outcomes.append(Outcome(action, _describe(exc, action)))
+            else:
+                outcomes.append(Outcome(action))
+    finally:
+        dirs.close()
     return outcomes
 
 
-def _ensure_dir(root: HostRoot, inside_dir: str) -> None:
-    real = root.path(inside_dir)
+class _Dirs:
+    """Directory fds of one pass, opened confined to the root, each once."""
+
+    def __init__(self, root: HostRoot):
+        self.root = root
+        self.fds: dict = {}
+
+    def open(self, inside_dir: str) -> int:
+        fd = self.fds.get(inside_dir)
+        if fd is None:
+            fd = self.fds[inside_dir] = self.root.open_dir(inside_dir)
+        return fd
+
+    def make(self, inside_dir: str) -> int:
+        """open(), creating missing directories (mode 0755)."""
+        fd = self.fds.get(inside_dir)
+        if fd is not None:
+            return fd
+        parent, _, name = inside_dir.rpartition("/")
+        if name not in SUBDIRS:
+            try:
+                fd = self.root.make_dirs(inside_dir)
+            except NotADirectoryError as exc:
+                raise ChangedUnderUs(exc.strerror if exc.filename is None else f"{inside_dir} is not a directory")
+        else:
+            # like the node scan, never through a symlinked nvidia-caps/: the nodes would be invisible to it
+            pfd = self.make(parent or "/")
+            try:
+                os.mkdir(name, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+            try:
+                fd = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=pfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise ChangedUnderUs(f"{inside_dir} is not a directory")
+                raise
+        self.fds[inside_dir] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def _split(inside: str) -> tuple:
+    parent, _, name = inside.rpartition("/")
+    return parent or "/", name
+
+
+def _tmp_name(name: str) -> str:
+    return f"{TMP_PREFIX}{os.getpid()}-{name}"
+
+
+def _current_link_text(dirfd: int, name: str) -> str | None:
     try:
-        st = os.lstat(real)
-    except FileNotFoundError:
-        parent = posixpath.dirname(inside_dir)
-        if parent != inside_dir:
-            _ensure_dir(root, parent)
-        try:
-            os.mkdir(real, 0o755)
-        except FileExistsError:
-            pass
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        raise ChangedUnderUs(f"{inside_dir} is not a directory")
-
-
-def _tmp_name(real: str) -> str:
-    d, base = os.path.split(real)
-    return os.path.join(d, f"{TMP_PREFIX}{os.getpid()}-{base}")
-
-
-def _current_link_text(real: str) -> str | None:
-    try:
-        return os.readlink(real)
+        return os.readlink(name, dir_fd=dirfd)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.EINVAL):
             return None
         raise
 
 
-def _create(root: HostRoot, a: Action) -> None:
-    _ensure_dir(root, posixpath.dirname(a.link))
+def _create(dirs: _Dirs, a: Action) -> None:
+    parent, name = _split(a.link)
+    fd = dirs.make(parent)
     try:
-        os.symlink(a.target, root.path(a.link))
+        os.symlink(a.target, name, dir_fd=fd)
     except FileExistsError:
         raise ChangedUnderUs(f"{a.link} appeared")
 
 
-def _replace(root: HostRoot, a: Action) -> None:
-    real = root.path(a.link)
-    if _current_link_text(real) != a.previous:
+def _replace(dirs: _Dirs, a: Action) -> None:
+    parent, name = _split(a.link)
+    fd = dirs.open(parent)
+    if _current_link_text(fd, name) != a.previous:
         raise ChangedUnderUs(f"{a.link} no longer points to {a.previous}")
-    tmp = _tmp_name(real)
-    _unlink_quietly(tmp)
-    os.symlink(a.target, tmp)
+    tmp = _tmp_name(name)
+    _unlink_quietly(fd, tmp)
+    os.symlink(a.target, tmp, dir_fd=fd)
     try:
-        os.replace(tmp, real)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
     except BaseException:
-        _unlink_quietly(tmp)
+        _unlink_quietly(fd, tmp)
         raise
 
 
-def _remove(root: HostRoot, a: Action) -> None:
-    real = root.path(a.link)
-    if _current_link_text(real) != a.previous:
+def _remove(dirs: _Dirs, a: Action) -> None:
+    parent, name = _split(a.link)
+    fd = dirs.open(parent)
+    if _current_link_text(fd, name) != a.previous:
         raise ChangedUnderUs(f"{a.link} no longer points to {a.previous}")
-    os.unlink(real)
+    os.unlink(name, dir_fd=fd)
 
 
-def _create_node(root: HostRoot, a: Action) -> None:
-    _ensure_dir(root, posixpath.dirname(a.target))
-    real = root.path(a.target)
+def _create_node(dirs: _Dirs, a: Action) -> None:
+    parent, name = _split(a.target)
+    fd = dirs.make(parent)
     major, minor = (int(x) for x in a.device.split()[1].split(":"))
-    tmp = _tmp_name(real)
-    _unlink_quietly(tmp)
-    os.mknod(tmp, stat.S_IFCHR | 0o600, os.makedev(major, minor))
+    tmp = _tmp_name(name)
+    _unlink_quietly(fd, tmp)
+    os.mknod(tmp, stat.S_IFCHR | 0o600, os.makedev(major, minor), dir_fd=fd)
     try:
-        os.chown(tmp, a.node_uid, a.node_gid)
-        os.chmod(tmp, a.node_mode)
+        os.chown(tmp, a.node_uid, a.node_gid, dir_fd=fd, follow_symlinks=False)
+        # fchmodat cannot refuse links before Linux 6.6; tmp is ours, in a root-owned directory
+        os.chmod(tmp, a.node_mode, dir_fd=fd)
         try:
-            os.link(tmp, real)
+            os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
         except FileExistsError:
             raise ChangedUnderUs(f"{a.target} appeared")
     finally:
-        _unlink_quietly(tmp)
+        _unlink_quietly(fd, tmp)
 
 
-def _unlink_quietly(path: str) -> None:
+def _remove_stale(dirs: _Dirs, path: str) -> None:
+    parent, name = _split(path)
+    if not name.startswith(TMP_PREFIX):  # only ever our own temporary names
+        return
     try:
-        os.unlink(path)
+        _unlink_quietly(dirs.open(parent), name)
+    except OSError:
+        pass
+
+
+def _unlink_quietly(dirfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dirfd)
     except OSError:
         pass
 

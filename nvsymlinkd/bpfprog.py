@@ -25,6 +25,8 @@ import platform
 import struct
 from dataclasses import dataclass
 
+from nvsymlinkd import libc
+
 # syscall numbers (the bpf syscall is arch-specific)
 SYS_BPF_BY_MACHINE = {"x86_64": 321, "aarch64": 280, "arm64": 280, "i686": 357, "i386": 357,
                       "ppc64le": 361, "ppc64": 361, "s390x": 351, "riscv64": 280, "loongarch64": 280,
@@ -68,9 +70,6 @@ class BpfError(Exception):
         super().__init__(text)
 
 
-_libc = None
-
-
 def _syscall_number() -> int:
     nr = SYS_BPF_BY_MACHINE.get(platform.machine())
     if nr is None:
@@ -79,12 +78,8 @@ def _syscall_number() -> int:
 
 
 def _bpf(cmd: int, attr: ctypes.Array, size: int) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
-    ret = _libc.syscall(ctypes.c_long(_syscall_number()), ctypes.c_long(cmd),
-                        ctypes.c_void_p(ctypes.addressof(attr)), ctypes.c_long(size))
+    ret = libc.syscall(_syscall_number(), ctypes.c_long(cmd), ctypes.c_void_p(ctypes.addressof(attr)),
+                       ctypes.c_long(size))
     if ret < 0:
         raise BpfError(COMMAND_NAMES.get(cmd, f"bpf cmd {cmd}"), ctypes.get_errno())
     return ret

@@ -4,6 +4,8 @@
 - MIG capabilities: /proc/driver/nvidia-caps/mig-minors, `NAME MINOR` lines
 - node owner and mode: /proc/driver/nvidia/params, DeviceFileUID/GID/Mode (decimal)
 - per-capability mode: /proc/driver/nvidia/capabilities/<path>, same keys
+
+All read with paths resolved confined to the host root (HostRoot.read_confined).
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def capability_proc_path(mig_name: str) -> str:
 def read_capability_ownership(root: HostRoot, mig_name: str, fallback: NodeOwnership) -> NodeOwnership:
     path = capability_proc_path(mig_name)
     try:
-        text = root.read_text(path)
+        text = root.read_confined(path)
     except OSError:
         return fallback
     values = parse_key_values(text)
@@ -138,7 +140,7 @@ def read_capability_ownership(root: HostRoot, mig_name: str, fallback: NodeOwner
 
 def _read_optional(root: HostRoot, path: str) -> str | None:
     try:
-        return root.read_text(path)
+        return root.read_confined(path)
     except FileNotFoundError:
         return None
     except NotADirectoryError:
@@ -147,13 +149,24 @@ def _read_optional(root: HostRoot, path: str) -> str | None:
         raise HostFileError(path, f"cannot read: {exc.strerror}")
 
 
+def _list_dir(root: HostRoot, inside: str) -> list | None:
+    """Sorted names in a directory, or None when it cannot be opened."""
+    try:
+        fd = root.open_dir(inside)
+    except OSError:
+        return None
+    try:
+        return sorted(os.listdir(fd))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_driver_info(root: HostRoot) -> DriverInfo:
     gpus = []
-    try:
-        entries = sorted(os.listdir(root.path(GPUS_DIR)))
-    except OSError:
-        entries = []
-    for pci in entries:
+    entries = _list_dir(root, GPUS_DIR)
+    for pci in entries or ():
         path = f"{GPUS_DIR}/{pci}/information"
         text = _read_optional(root, path)
         if text is None:
@@ -166,7 +179,7 @@ def read_driver_info(root: HostRoot) -> DriverInfo:
     mig_text = _read_optional(root, MIG_MINORS)
     mig = parse_mig_minors(mig_text) if mig_text is not None else {}
     caps_own = {}
-    if mig and os.path.isdir(root.path(CAPABILITIES_DIR)):
+    if mig and _list_dir(root, CAPABILITIES_DIR) is not None:
         caps_own = {name: read_capability_ownership(root, name, ownership) for name in mig}
     modules_text = _read_optional(root, PROC_MODULES) or ""
     modules = frozenset(

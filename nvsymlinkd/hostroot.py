@@ -4,19 +4,29 @@
 means `DIR/proc/devices`. Paths shown to the operator are always the inside
 view (`/dev/char/195:0`, never `DIR/dev/char/195:0`).
 
-Symlinks are resolved by hand, confined to the root (like openat2's
-RESOLVE_IN_ROOT): an absolute link target inside a fake tree or a container
-rootfs means the root's own `/`, never the real host's.
+Symlinks are resolved confined to the root: an absolute link target inside a
+fake tree or a container rootfs means the root's own `/`, never the real
+host's, and `..` stops at the root. `resolve()` does it lexically (to name
+paths); `open_dir()` does it with the kernel (openat2 RESOLVE_IN_ROOT, 5.6+) or,
+where that is missing, with an O_NOFOLLOW walk from a root fd, so whoever then
+acts relative to the fd (`dir_fd=`) never reads or changes anything outside the
+root, even when a directory is swapped for a symlink between two syscalls.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import posixpath
 import stat
 
+from nvsymlinkd import libc
+
 MAX_SYMLINK_HOPS = 40
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# RESOLVE_IN_ROOT: `/` and `..` mean the root fd; no /proc/PID/fd-style jumps either
+CONFINED = libc.RESOLVE_IN_ROOT | libc.RESOLVE_NO_MAGICLINKS
 
 
 class HostRoot:
@@ -88,20 +98,145 @@ class HostRoot:
             done.append(comp)
         return "/" + "/".join(done)
 
+    def resolve_prefix(self, inside: str) -> str:
+        """resolve() of the longest existing prefix, the missing rest appended:
+        where a directory the applier creates will be."""
+        inside = normalize(inside)
+        rest = ""
+        while True:
+            resolved = self.resolve(inside)
+            if resolved is not None:
+                return normalize(resolved + rest)
+            if inside == "/":
+                return normalize(rest)
+            inside, _, name = inside.rpartition("/")
+            inside = inside or "/"
+            rest = f"/{name}{rest}"
+
     def stat_resolved(self, inside: str) -> os.stat_result | None:
-        """lstat of the root-confined resolution of `inside`, or None."""
-        resolved = self.resolve(inside)
-        if resolved is None:
-            return None
+        """stat of what `inside` names, resolved confined to the root (the
+        kernel's lookup, so a directory swapped for a link meanwhile cannot
+        lead it out), or None. O_PATH: a device node is not opened."""
         try:
-            return os.lstat(self.path(resolved))
+            fd = self._open(inside, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def open_dir(self, inside: str) -> int:
+        """fd of the directory `inside` names, resolved confined to the root.
+
+        The caller closes it. Raises OSError: ENOENT (a component, or a link's
+        target, is missing), ENOTDIR, ELOOP (more than 40 links).
+        """
+        return self._open(inside, DIR_FLAGS)
+
+    def make_dirs(self, inside: str, mode: int = 0o755) -> int:
+        """open_dir(), creating missing directories (never through a symlink:
+        a link to a missing directory stays an error, its target is not made)."""
+        try:
+            return self.open_dir(inside)
+        except FileNotFoundError:
+            parent, _, name = normalize(inside).rpartition("/")
+            if not name:
+                raise
+        pfd = self.make_dirs(parent or "/", mode)
+        try:
+            try:
+                os.mkdir(name, mode, dir_fd=pfd)
+            except FileExistsError:
+                pass
+            try:
+                return os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=pfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    return self.open_dir(inside)  # a link to an existing directory (made by someone meanwhile)
+                raise
+        except FileNotFoundError:
+            raise NotADirectoryError(errno.ENOTDIR, f"{normalize(inside)} is a symlink to a missing directory")
+        finally:
+            os.close(pfd)
+
+    def read_confined(self, inside: str) -> str:
+        """Read a host file with the path resolved confined to the root."""
+        fd = self._open(inside, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        with open(fd, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def _open(self, inside: str, flags: int) -> int:
+        rootfd = os.open(self.root, DIR_FLAGS)
+        try:
+            return open_confined(rootfd, inside, flags)
+        finally:
+            os.close(rootfd)
 
     def read_text(self, inside: str) -> str:
         """Read a host file (no root-confined resolution; /proc and /sys files)."""
         with open(self.path(inside), encoding="utf-8", errors="replace") as f:
             return f.read()
+
+
+def open_confined(rootfd: int, inside: str, flags: int) -> int:
+    """openat2(rootfd, inside, RESOLVE_IN_ROOT), or the same walk done by hand."""
+    rel = normalize(inside).lstrip("/") or "."
+    try:
+        return libc.openat2(rootfd, rel, flags, CONFINED)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise
+    return walk_confined(rootfd, rel, flags)
+
+
+def walk_confined(rootfd: int, inside: str, flags: int) -> int:
+    """The RESOLVE_IN_ROOT lookup for kernels without openat2 (< 5.6).
+
+    One component at a time with O_NOFOLLOW, so the kernel never follows a
+    link: links are read (readlinkat) and their text pushed back on the path,
+    an absolute one restarting at the root fd, `..` never going above it.
+    """
+    pending = [c for c in inside.split("/") if c]
+    stack: list = []  # fds of the resolved directories below the root
+    hops = 0
+    try:
+        while pending:
+            comp = pending.pop(0)
+            if comp == ".":
+                continue
+            if comp == "..":
+                if stack:
+                    os.close(stack.pop())
+                continue
+            here = stack[-1] if stack else rootfd
+            last = not pending
+            try:
+                fd = os.open(comp, (flags if last else DIR_FLAGS) | os.O_NOFOLLOW, dir_fd=here)
+                if last and flags & os.O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+                    os.close(fd)  # O_PATH|O_NOFOLLOW opens the link itself instead of failing
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                if not stat.S_ISLNK(os.stat(comp, dir_fd=here, follow_symlinks=False).st_mode):
+                    raise
+                hops += 1
+                if hops > MAX_SYMLINK_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), inside)
+                target = os.readlink(comp, dir_fd=here)
+                if target.startswith("/"):
+                    while stack:
+                        os.close(stack.pop())
+                pending = [c for c in target.split("/") if c] + pending
+                continue
+            if last:
+                return fd
+            stack.append(fd)
+        return stack.pop() if stack else os.open(".", flags, dir_fd=rootfd)
+    finally:
+        for fd in stack:
+            os.close(fd)
 
 
 def normalize(path: str) -> str:

@@ -16,12 +16,12 @@ nvidia-caps-imex-channels/, whose watches are added when they appear.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
 
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd import libc
+from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot
 from nvsymlinkd.nodes import SUBDIRS, dev_dir
 
 IN_ATTRIB = 0x00000004
@@ -40,8 +40,10 @@ IN_ISDIR = 0x40000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 
+# No IN_DONT_FOLLOW: the path watched is /proc/self/fd/N of a directory opened
+# confined to the root, and that magic link must be followed to reach it.
 WATCH_MASK = (IN_CREATE | IN_DELETE | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
-              | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+              | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK)
 HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 READ_SIZE = 64 * 1024
 
@@ -51,7 +53,7 @@ _libc = None
 def _lib():
     global _libc
     if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        lib = libc.lib()
         lib.inotify_init1.argtypes = [ctypes.c_int]
         lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -106,13 +108,30 @@ class DevWatch:
         """Watch a directory; re-watch it when the path now names another inode.
 
         A driver container mounting over DRIVER_ROOT, or dev/ being recreated,
-        leaves the old watch on an inode nobody uses any more.
+        leaves the old watch on an inode nobody uses any more. The directory is
+        opened as the node scan opens it: DRIVER_ROOT/dev confined to the root,
+        an NVIDIA subdirectory never through a symlink.
         """
-        real = self.root.path(inside)
         try:
-            st = os.lstat(real)
+            fd = self._open(inside)
         except OSError:
             return False
+        try:
+            return self._watch(inside, fd)
+        finally:
+            os.close(fd)
+
+    def _open(self, inside: str) -> int:
+        if inside == self.base:
+            return self.root.open_dir(inside)
+        parent = self.root.open_dir(self.base)
+        try:
+            return os.open(inside.rpartition("/")[2], DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def _watch(self, inside: str, fd: int) -> bool:
+        st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino)
         for wd, (path, ident) in list(self.watches.items()):
             if path == inside:
@@ -120,7 +139,7 @@ class DevWatch:
                     return True
                 _lib().inotify_rm_watch(self.fd, wd)  # EINVAL if already gone: fine
                 del self.watches[wd]
-        wd = _lib().inotify_add_watch(self.fd, real.encode(), WATCH_MASK)
+        wd = _lib().inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), WATCH_MASK)
         if wd < 0:
             err = ctypes.get_errno()
             if err in (errno.ENOENT, errno.ENOTDIR):

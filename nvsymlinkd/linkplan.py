@@ -63,6 +63,7 @@ class Action(NamedTuple):  # a tuple: thousands are built per sync
 class Plan:
     actions: tuple
     notes: tuple = ()  # human hints (missing modules, stale nodes)
+    stale_temps: tuple = ()  # inside paths of dead syncs' temporaries, removed when applying
 
     @property
     def changes(self) -> list:
@@ -81,24 +82,28 @@ class Plan:
 
 def plan_sync(snap: HostSnapshot, create_nodes: bool = False) -> Plan:
     notes = [f"ignored {i.path}: {i.reason}" for i in snap.ignored]
+    notes += [f"stale temporary {path} of exited pid {pid}: sync removes it" for path, pid in snap.stale_temps]
     node_actions: list = []
     planned_nodes: list = []
     if create_nodes:
         node_actions, planned_nodes, node_notes = plan_nodes(snap)
         notes.extend(node_notes)
     link_actions = plan_links(snap, list(snap.nodes) + planned_nodes)
-    return Plan(tuple(node_actions + link_actions), tuple(notes))
+    return Plan(tuple(node_actions + link_actions), tuple(notes), tuple(path for path, _ in snap.stale_temps))
 
 
 def plan_links(snap: HostSnapshot, nodes: list) -> list:
     dev_char = snap.dev_char_path
+    # link text is computed between where things really are (dev-char dir and nodes
+    # resolved confined to the root), so a symlinked /dev/char still gets links that resolve
+    real_char = snap.dev_char_real or dev_char
     desired: dict = {}
     for node in sorted(nodes, key=_preference):
         desired.setdefault(f"{node.major}:{node.minor}", node)
 
     if snap.dev_char_state == "not-dir":
         return [
-            Action(CONFLICT, f"{dev_char}/{name}", link_target(f"{dev_char}/{name}", n.path), n.device,
+            Action(CONFLICT, f"{dev_char}/{name}", link_target(f"{real_char}/{name}", snap.real_path(n.path)), n.device,
                    f"{dev_char} exists and is not a directory")
             for name, n in sorted(desired.items(), key=_by_rdev)
         ]
@@ -106,7 +111,7 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
     actions = []
     for name, node in sorted(desired.items(), key=_by_rdev):
         link = f"{dev_char}/{name}"
-        want = link_target(link, node.path)
+        want = link_target(f"{real_char}/{name}", snap.real_path(node.path))
         entry = snap.entries.get(name)
         rdev = (node.major, node.minor)
         if entry is None:

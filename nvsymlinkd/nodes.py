@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from nvsymlinkd import procdevices as pd
-from nvsymlinkd.hostroot import HostRoot, normalize
+from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot, normalize
 
 # kind -> (regex on the path relative to DRIVER_ROOT/dev, allowed /proc/devices names)
 KINDS = {
@@ -31,6 +31,9 @@ KINDS = {
     "nvlink": (re.compile(r"nvidia-nvlink"), frozenset({pd.NVLINK})),
 }
 SUBDIRS = ("nvidia-caps", "nvidia-caps-imex-channels")
+# The applier's temporary names (`.nvsymlinkd-tmp-PID-NAME`): a sync killed
+# between mknod/symlink and rename leaves them behind.
+TMP_PREFIX = ".nvsymlinkd-tmp-"
 
 
 class NvidiaNode(NamedTuple):  # a tuple: thousands are built per sync
@@ -72,8 +75,13 @@ def dev_dir(driver_root: str) -> str:
     return normalize(driver_root.rstrip("/") + "/dev")
 
 
-def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors):
-    """NVIDIA char nodes under DRIVER_ROOT/dev -> (nodes, ignored), both sorted by path."""
+def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors, temps: list | None = None):
+    """NVIDIA char nodes under DRIVER_ROOT/dev -> (nodes, ignored), both sorted by path.
+
+    DRIVER_ROOT/dev is opened confined to the root and read through its fd, so
+    a symlinked dev/ (or driver root) is followed as if the root were `/`,
+    never out of it. Inside paths of applier temporaries are added to `temps`.
+    """
     base = dev_dir(driver_root)
     prefix = base if base != "/" else ""
     names_by_major: dict = {}
@@ -81,51 +89,74 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors):
         names_by_major.setdefault(major, []).append(name)
     nodes: list = []
     ignored: list = []
-    for rel, entry in _candidates(root, base):
-        kind = classify(rel)
-        if kind is None:
-            continue
-        inside = f"{prefix}/{rel}"
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISCHR(st.st_mode):
-            ignored.append(IgnoredNode(inside, "not a character device"))
-            continue
-        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        names = names_by_major.get(major)
-        allowed = KINDS[kind][1]
-        if not names:
-            ignored.append(IgnoredNode(inside, f"major {major} is not an NVIDIA major in /proc/devices (stale node?)"))
-            continue
-        if allowed.isdisjoint(names):
-            want = " or ".join(sorted(allowed))
-            have = ", ".join(sorted(names))
-            ignored.append(IgnoredNode(inside, f"major {major} belongs to {have}, not {want} (stale node?)"))
-            continue
-        nodes.append(NvidiaNode(inside, kind, major, minor))
+    fds: list = []
+    try:
+        for rel, entry in _candidates(root, base, fds):
+            if rel.rpartition("/")[2].startswith(TMP_PREFIX):
+                if temps is not None:
+                    temps.append(f"{prefix}/{rel}")
+                continue
+            kind = classify(rel)
+            if kind is None:
+                continue
+            inside = f"{prefix}/{rel}"
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISCHR(st.st_mode):
+                ignored.append(IgnoredNode(inside, "not a character device"))
+                continue
+            major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+            names = names_by_major.get(major)
+            allowed = KINDS[kind][1]
+            if not names:
+                ignored.append(IgnoredNode(inside, f"major {major} is not an NVIDIA major in /proc/devices (stale node?)"))
+                continue
+            if allowed.isdisjoint(names):
+                want = " or ".join(sorted(allowed))
+                have = ", ".join(sorted(names))
+                ignored.append(IgnoredNode(inside, f"major {major} belongs to {have}, not {want} (stale node?)"))
+                continue
+            nodes.append(NvidiaNode(inside, kind, major, minor))
+    finally:
+        for fd in fds:
+            os.close(fd)
     nodes.sort(key=lambda n: n.path)
     ignored.sort(key=lambda n: n.path)
     return nodes, ignored
 
 
-def _candidates(root: HostRoot, base: str):
-    """(path relative to base, DirEntry) of every nvidia* entry, one level into the NVIDIA subdirs."""
+def _candidates(root: HostRoot, base: str, fds: list):
+    """(path relative to base, DirEntry) of every nvidia* entry (and applier temporary),
+    one level into the NVIDIA subdirs. The directory fds go to `fds`: the entries
+    stat through them, so the caller closes them when done."""
     try:
-        top = list(os.scandir(root.path(base)))
+        fd = root.open_dir(base)
+    except OSError:
+        return
+    fds.append(fd)
+    try:
+        with os.scandir(fd) as it:
+            top = list(it)
     except OSError:
         return
     for entry in top:
         name = entry.name
         if not name.startswith("nvidia"):
+            if name.startswith(TMP_PREFIX):
+                yield name, entry
             continue
         if name in SUBDIRS:
             try:
-                # never descend through a symlinked directory
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                inner = list(os.scandir(entry.path))
+                # never descend through a symlinked directory (O_NOFOLLOW)
+                sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                continue
+            fds.append(sub)
+            try:
+                with os.scandir(sub) as it:
+                    inner = list(it)
             except OSError:
                 continue
             for child in inner:

@@ -16,7 +16,9 @@ from nvsymlinkd import procdevices
 from nvsymlinkd.driverinfo import DriverInfo, read_driver_info
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.hostroot import HostRoot, normalize, target_of
-from nvsymlinkd.nodes import IgnoredNode, NvidiaNode, scan_nodes
+from nvsymlinkd.nodes import TMP_PREFIX, IgnoredNode, NvidiaNode, dev_dir, scan_nodes
+
+MAX_PID = 1 << 22  # PID_MAX_LIMIT: a larger number was never a live process
 
 DEV_CHAR_NAME = re.compile(r"(\d+):(\d+)")
 
@@ -27,7 +29,7 @@ class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
     name: str
     kind: str  # symlink, file, dir, char, block, other
     link_text: str | None = None
-    target: str | None = None  # inside path the link names (lexically)
+    target: str | None = None  # inside path the link names (lexically, from the resolved dev-char dir)
     resolved: tuple | None = None  # (major, minor) of the char device it resolves to
     resolved_kind: str | None = None  # what it resolves to: char, missing, other
 
@@ -48,6 +50,21 @@ class HostSnapshot:
     dev_char_state: str  # dir, missing, not-dir
     entries: dict = field(default_factory=dict)  # name -> DevCharEntry
     existing_paths: frozenset = frozenset()  # inside paths of nodes that exist (any type)
+    # Where DRIVER_ROOT/dev and the dev-char directory really are, symlinks resolved
+    # confined to the root: link text is computed between these, so it resolves.
+    dev_dir_real: str = ""
+    dev_char_real: str = ""
+    stale_temps: tuple = ()  # (inside path, pid) of applier temporaries whose process is gone
+
+    def real_path(self, path: str) -> str:
+        """A node path under DRIVER_ROOT/dev with that directory's symlinks resolved."""
+        return _rebase(path, dev_dir(self.driver_root), self.dev_dir_real)
+
+
+def _rebase(path: str, base: str, real: str) -> str:
+    if real and real != base and path.startswith(base + "/"):
+        return real + path[len(base):]
+    return path
 
 
 def is_nvidia_path(path: str) -> bool:
@@ -57,7 +74,7 @@ def is_nvidia_path(path: str) -> bool:
 
 def read_majors(root: HostRoot) -> procdevices.Majors:
     try:
-        text = root.read_text(procdevices.PROC_DEVICES)
+        text = root.read_confined(procdevices.PROC_DEVICES)
     except OSError as exc:
         raise HostFileError(procdevices.PROC_DEVICES, f"cannot read: {exc.strerror}; is --root right?")
     return procdevices.parse_proc_devices(text)
@@ -68,9 +85,13 @@ def observe(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/c
     driver_root = normalize(driver_root)
     dev_char_path = normalize(dev_char_path)
     majors = read_majors(root)
-    nodes, ignored = scan_nodes(root, driver_root, majors)
+    temps: list = []
+    nodes, ignored = scan_nodes(root, driver_root, majors, temps)
     driver = read_driver_info(root) if with_driver_info else DriverInfo()
-    state, entries = _observe_dev_char(root, dev_char_path, nodes)
+    dev_real = root.resolve_prefix(dev_dir(driver_root))
+    dev_char_real = root.resolve_prefix(dev_char_path)
+    state, entries = _observe_dev_char(root, dev_char_path, dev_char_real, _real_paths(nodes, driver_root, dev_real),
+                                       temps)
     return HostSnapshot(
         majors=majors,
         nodes=tuple(nodes),
@@ -81,41 +102,91 @@ def observe(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/c
         dev_char_state=state,
         entries=entries,
         existing_paths=frozenset(n.path for n in nodes) | frozenset(i.path for i in ignored),
+        dev_dir_real=dev_real,
+        dev_char_real=dev_char_real,
+        stale_temps=tuple(stale_temporaries(temps)),
     )
 
 
-def _observe_dev_char(root: HostRoot, dev_char_path: str, nodes: list):
-    real = root.path(dev_char_path)
+def _real_paths(nodes: list, driver_root: str, dev_real: str) -> dict:
+    """Resolved node path -> (major, minor): what a dev-char link text names lexically."""
+    base = dev_dir(driver_root)
+    return {_rebase(n.path, base, dev_real): (n.major, n.minor) for n in nodes}
+
+
+def stale_temporaries(paths: list):
+    """(path, pid) of `.nvsymlinkd-tmp-PID-NAME` entries whose PID no longer runs.
+
+    Our own PID is never stale; a PID that runs again (reused) keeps its entry
+    until a later pass: removing another sync's live temporary would fail it.
+    """
+    me = os.getpid()
+    for path in sorted(paths):
+        digits = path.rpartition("/")[2][len(TMP_PREFIX):].partition("-")[0]
+        if not digits.isdigit():
+            continue
+        pid = int(digits)
+        if pid == me:
+            continue
+        if 0 < pid < MAX_PID:
+            try:
+                os.kill(pid, 0)
+                continue
+            except ProcessLookupError:
+                pass
+            except OSError:  # EPERM: alive, someone else's
+                continue
+        yield path, pid
+
+
+def _observe_dev_char(root: HostRoot, dev_char_path: str, dev_char_real: str, by_path: dict, temps: list):
     try:
-        st = os.lstat(real)
+        fd = root.open_dir(dev_char_path)
+    except FileNotFoundError:
+        # a symlink to a missing directory is in the way, not missing: never created through
+        return ("not-dir" if _is_dangling(root, dev_char_path) else "missing"), {}
     except OSError:
-        return "missing", {}
-    if not stat.S_ISDIR(st.st_mode):
         return "not-dir", {}
-    by_path = {n.path: (n.major, n.minor) for n in nodes}
     entries = {}
     try:
-        it = os.scandir(real)
+        with os.scandir(fd) as it:
+            for de in it:
+                name = de.name
+                if DEV_CHAR_NAME.fullmatch(name):
+                    entries[name] = _observe_entry(root, fd, dev_char_real, de, by_path)
+                elif name.startswith(TMP_PREFIX):
+                    temps.append(f"{dev_char_path}/{name}")
     except OSError:
         return "missing", {}
-    with it:
-        for de in it:
-            if not DEV_CHAR_NAME.fullmatch(de.name):
-                continue
-            entries[de.name] = _observe_entry(root, dev_char_path, de, by_path)
+    finally:
+        os.close(fd)
     return "dir", entries
 
 
-def _observe_entry(root: HostRoot, dev_char_path: str, de: os.DirEntry, by_path: dict) -> DevCharEntry:
+def _is_dangling(root: HostRoot, inside: str) -> bool:
+    parent, _, name = inside.rpartition("/")
+    try:
+        fd = root.open_dir(parent or "/")
+    except OSError:
+        return False
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _observe_entry(root: HostRoot, dirfd: int, dev_char_real: str, de: os.DirEntry, by_path: dict) -> DevCharEntry:
     name = de.name
     try:
         if not de.is_symlink():
             st = de.stat(follow_symlinks=False)
             return DevCharEntry(name, _kind(st.st_mode))
-        text = os.readlink(de.path)
+        text = os.readlink(name, dir_fd=dirfd)
     except OSError:
         return DevCharEntry(name, "other")
-    link_inside = f"{dev_char_path}/{name}"
+    link_inside = f"{dev_char_real}/{name}"
     target = target_of(link_inside, text)
     if target in by_path:  # fast path: the link names a node we just scanned
         return DevCharEntry(name, "symlink", text, target, by_path[target], "char")

@@ -1,7 +1,11 @@
 """Root-confined path resolution: absolute and `..` link targets never leave the root."""
 
 import os
+import stat
 
+import pytest
+
+from nvsymlinkd import libc
 from nvsymlinkd.hostroot import HostRoot, link_target, normalize, target_of
 
 
@@ -32,3 +36,75 @@ def test_lexical_helpers():
     assert link_target("/dev/char/1:1", "/run/nvidia/driver/dev/nvidia0") == "../../run/nvidia/driver/dev/nvidia0"
     assert target_of("/dev/char/1:1", "../nvidia-caps/nvidia-cap1") == "/dev/nvidia-caps/nvidia-cap1"
     assert target_of("/dev/char/1:1", "/dev/x") == "/dev/x"
+
+
+def confined_tree(tmp_path):
+    """A root full of links that leave it, and a decoy tree beside it."""
+    root = tmp_path / "root"
+    out = tmp_path / "outside"
+    for d in ("root/real/dev/char", "root/outside/dev", f"root{tmp_path}/outside/dev", "outside/dev/char"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    (root / "real/dev/file").write_text("x")
+    links = {
+        "abs": f"{out}/dev", "rel": "../outside/dev", "climb": "../../../../../../real/dev",
+        "hop": "abs2", "abs2": "/real/dev", "dotdot": "real/dev/char/../..", "file": "real/dev/file",
+        "dangling": f"{out}/missing", "loop": "loop", "magic": "/proc/self/root/etc",
+    }
+    for name, text in links.items():
+        os.symlink(text, root / name)
+    return HostRoot(str(root))
+
+
+PROBES = ["/file", "/abs2/file", "/abs", "/rel", "/climb", "/hop", "/hop/char", "/dotdot", "/abs/../../..", "/rel/./../dev",
+          "/file", "/dangling", "/loop", "/magic", "/", "/real/dev/char", "/nope"]
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["openat2", "walk"])
+def test_open_dir_agrees_with_resolve(tmp_path, monkeypatch, walk):
+    """The kernel-confined fd names the directory HostRoot.resolve names, or fails where it gives None."""
+    r = confined_tree(tmp_path)
+    if walk:
+        monkeypatch.setattr(libc, "_openat2_missing", True)
+    else:
+        try:
+            os.close(libc.openat2(os.open("/", os.O_RDONLY), ".", os.O_RDONLY | os.O_DIRECTORY, 0))
+        except OSError as exc:
+            pytest.skip(f"no openat2 here: {exc}")
+    for probe in PROBES:
+        resolved = r.resolve(probe)
+        want = os.lstat(r.path(resolved)) if resolved is not None else None
+        got = r.stat_resolved(probe)  # any type, links followed confined
+        assert (got.st_dev, got.st_ino) == (want.st_dev, want.st_ino) if want else got is None, probe
+        if want is not None and not stat.S_ISDIR(want.st_mode):
+            want = None
+        try:
+            fd = r.open_dir(probe)
+        except OSError:
+            assert want is None, probe
+            continue
+        try:
+            got = os.fstat(fd)
+        finally:
+            os.close(fd)
+        assert want is not None and (got.st_dev, got.st_ino) == (want.st_dev, want.st_ino), probe
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["openat2", "walk"])
+def test_make_dirs_creates_inside_and_never_through_a_dangling_link(tmp_path, monkeypatch, walk):
+    r = confined_tree(tmp_path)
+    if walk:
+        monkeypatch.setattr(libc, "_openat2_missing", True)
+    os.close(r.make_dirs("/abs/char/deeper"))
+    assert os.path.isdir(r.path(f"{tmp_path}/outside/dev/char/deeper"))
+    assert not os.path.exists(tmp_path / "outside/dev/char/deeper")
+    with pytest.raises(NotADirectoryError, match="symlink to a missing directory"):
+        r.make_dirs("/dangling/char")
+    assert not os.path.exists(r.path(f"{tmp_path}/outside/missing"))
+    assert r.read_confined("/abs2/file") == "x"
+
+
+def test_resolve_prefix_appends_what_is_missing(tmp_path):
+    r = confined_tree(tmp_path)
+    assert r.resolve_prefix("/abs/char/x") == f"{tmp_path}/outside/dev/char/x"
+    assert r.resolve_prefix("/rel") == "/outside/dev"
+    assert r.resolve_prefix("/nope/a") == "/nope/a"
