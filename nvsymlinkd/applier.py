@@ -28,6 +28,7 @@ TMP_PREFIX = ".nvsymlinkd-tmp-"
 class Outcome:
     action: Action
     error: str | None = None  # None: applied (or nothing to do)
+    raced: bool = False  # another writer changed the path between planning and applying
 
     def to_json(self) -> dict:
         out = self.action.to_json()
@@ -49,7 +50,7 @@ def apply_plan(root: HostRoot, plan: Plan) -> list:
         try:
             _APPLY[action.action](root, action)
         except ChangedUnderUs as exc:
-            outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans"))
+            outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans", raced=True))
         except OSError as exc:
             outcomes.append(Outcome(action, _describe(exc)))
         else:

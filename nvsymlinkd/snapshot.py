@@ -102,17 +102,21 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, nodes: list):
         for de in it:
             if not DEV_CHAR_NAME.fullmatch(de.name):
                 continue
-            entries[de.name] = _observe_entry(root, dev_char_path, de, by_path)
+            entry = _observe_entry(root, dev_char_path, de, by_path)
+            if entry is not None:
+                entries[de.name] = entry
     return "dir", entries
 
 
-def _observe_entry(root: HostRoot, dev_char_path: str, de: os.DirEntry, by_path: dict) -> DevCharEntry:
+def _observe_entry(root: HostRoot, dev_char_path: str, de: os.DirEntry, by_path: dict) -> DevCharEntry | None:
     name = de.name
     try:
         if not de.is_symlink():
             st = de.stat(follow_symlinks=False)
             return DevCharEntry(name, _kind(st.st_mode))
         text = os.readlink(de.path)
+    except FileNotFoundError:
+        return None  # removed since the directory was read: absent (another writer; its event follows)
     except OSError:
         return DevCharEntry(name, "other")
     link_inside = f"{dev_char_path}/{name}"
