@@ -16,7 +16,14 @@ from fakehost import standard_host
 
 from nvsymlinkd import journal
 from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.inotifywatch import IN_CREATE, IN_ISDIR, IN_Q_OVERFLOW, DevWatch, LinkWatch, parse_events
+from nvsymlinkd.inotifywatch import (
+    IN_CREATE,
+    IN_ISDIR,
+    IN_Q_OVERFLOW,
+    DevWatch,
+    LinkWatch,
+    parse_events,
+)
 from nvsymlinkd.notify import Notifier, send_datagram
 from nvsymlinkd.systemdbus import is_container_scope
 from nvsymlinkd.udevwatch import is_nvidia_event
