@@ -417,7 +417,7 @@ class Daemon:
             entry = foreign.get(where)
             if entry is not None:
                 j.event("link-foreign", WARNING, f"conflict at {where} ({device}): {reason}; "
-                        f"{_resolves_to(entry)}, so systemd {_systemd_gets(entry, where)}",
+                        f"{_resolves_to(entry)}, so {_systemd_gets(entry, where, device)}",
                         link=where, device=device, action="conflict", target=entry.link_text)
             else:
                 j.event("link-conflict", WARNING, f"conflict at {where} ({device}): {reason}",
@@ -523,7 +523,10 @@ def _resolves_to(entry) -> str:
     return "it resolves to no character device"
 
 
-def _systemd_gets(entry, where: str) -> str:
+def _systemd_gets(entry, where: str, device: str) -> str:
+    # runc stat()s /dev/char/M:m before passing DeviceAllow= to systemd; systemd >= 240 parses
+    # the name, older ones stat() it too (REFERENCE: runc with the systemd cgroup driver)
     if entry.resolved is not None:
-        return f"grants that device, not this one, to scopes with DeviceAllow={where}"
-    return f"drops DeviceAllow={where} from every scope at its next reload"
+        return f"whatever stat()s {where} gets that device instead (systemd < 240 for DeviceAllow=)"
+    return (f"runc 1.1.3-1.1.6 (any runc with systemd < 240) leaves {device} out of containers created "
+            "meanwhile, and the next daemon-reload takes it from them")

@@ -177,7 +177,7 @@ class Metrics:
                   [({}, self.conflicts)])
         fam.gauge("nvsymlinkd_foreign_links",
                   "Desired /dev/char paths held by another tool's symlink to another device or to nothing "
-                  "(left untouched; systemd resolves them to the wrong device).",
+                  "(left untouched).",
                   [({}, self.foreign_links)])
         fam.counter("nvsymlinkd_link_changes_total", "Link and node changes made, by action.",
                     [({"action": a}, n) for a, n in self.changes.items()])
