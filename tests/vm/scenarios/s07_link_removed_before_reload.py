@@ -1,23 +1,16 @@
 """Scenario 7: a /dev/char link removed by someone else, then a container and a daemon-reload at once.
 
-systemd >= 240 parses DeviceAllow=/dev/char/M:m without stat(), so a running container whose
-scope already lists the device keeps it through a reload even while the link is missing
-(part A records that, and checks nothing is lost with nvsymlinkd). What the link is needed
-for is the container created while it is missing: runc 1.1.3-1.1.6 (Debian 12 has 1.1.5)
-stat()s /dev/char/M:m and leaves the device out of the scope ("skipping device"), and the next
-daemon-reload takes it from the container (part B).
-
-A poller inside each container (busybox sh, open(O_RDWR) in a loop) records every denied open.
-
-A. a running container lists DeviceAllow=/dev/char/195:0; unlink the link and at once call
-   Manager.Reload() on an already-open bus connection (on the wire within milliseconds), and
-   once `systemctl daemon-reload` as a user types it. With nvsymlinkd: no denied open, the link
-   back. With nvsymlinkd stopped: recorded as a fact (no loss expected with systemd >= 240).
-B. unlink the link and at once start a GPU container, then Manager.Reload():
-   - control, nvsymlinkd stopped: runc skips /dev/char/195:0, the poller sees denied opens
-     after the reload. This is the failure, and proves the poller can see it.
-   - with nvsymlinkd (ROUNDS times): the watch put the link back before runc looked (runc
-     skipped nothing), no denied open across the reload, the link is back.
+systemd >= 240 parses DeviceAllow=/dev/char/M:m without stat(): a running container whose scope
+lists the device keeps it through a reload while the link is missing. The link is needed when a
+container is created: runc 1.1.3-1.1.6 (Debian 12: 1.1.5) stat()s /dev/char/M:m, leaves a
+missing one out of the scope ("skipping device"), and the next reload takes the device.
+A poller in each container (busybox sh, open(O_RDWR) in a loop) records every denied open.
+A. running container; unlink, then at once Manager.Reload() on an open bus connection (3x) and
+   `systemctl daemon-reload` (1x): with nvsymlinkd no denied open and the link back; with it
+   stopped, recorded as a fact (no loss expected with systemd >= 240).
+B. unlink, then at once a new container, then Manager.Reload(). Control, nvsymlinkd stopped: runc
+   skips 195:0, the poller sees denied opens (the failure; proves the poller can see it). With
+   nvsymlinkd (3x): runc skipped nothing, no denied open, the link back.
 """
 # vm: nvsymlinkd=deb timeout=500
 import asyncio
