@@ -241,7 +241,7 @@ class Daemon:
         elif ok:
             self.devwatch.missing_reported = False
 
-    def _on_inotify(self) -> None:
+    def _on_inotify(self, request: bool = True) -> None:
         try:
             changed, overflowed = self.devwatch.poll()
         except OSError as exc:
@@ -249,11 +249,13 @@ class Daemon:
             changed, overflowed = True, False
         if overflowed:
             self.journal.event("event-overflow", NOTICE, "inotify queue overflowed: full resync")
-            self.request("inotify overflow")
+            if request:
+                self.request("inotify overflow")
         elif changed:
             if self._node_event_at is None:
                 self._node_event_at = time.monotonic()
-            self.request("device nodes changed")
+            if request:
+                self.request("device nodes changed")
 
     def _start_linkwatch(self) -> None:
         from nvsymlinkd.inotifywatch import LinkWatch
@@ -286,7 +288,7 @@ class Daemon:
                                     "others come back at the next event or resync")
             return False
 
-    def _on_linkwatch(self) -> None:
+    def _on_linkwatch(self, request: bool = True) -> None:
         try:
             changed, overflowed = self.linkwatch.poll()
         except OSError as exc:
@@ -295,9 +297,21 @@ class Daemon:
         if overflowed:
             self.journal.event("event-overflow", NOTICE, f"inotify queue on {self.linkwatch.path} overflowed: "
                                "full resync")
-            self.request("inotify overflow")
-        elif changed:
+            if request:
+                self.request("inotify overflow")
+        elif changed and request:
             self.request("links changed")
+
+    def _drain_watches(self) -> None:
+        """Read what the inotify queues hold right before a pass observes: that pass answers it.
+
+        Without this, an event the loop had not read yet when the pass started would be
+        answered by the pass and then wake another one for nothing (and its latency be lost).
+        """
+        if self.devwatch is not None:
+            self._on_inotify(request=False)
+        if self.linkwatch is not None:
+            self._on_linkwatch(request=False)
 
     def _start_udev(self) -> None:
         from nvsymlinkd.udevwatch import UdevWatch
@@ -345,6 +359,7 @@ class Daemon:
     async def _pass(self, reasons: dict) -> None:
         from nvsymlinkd.reconcile import reconcile
 
+        self._drain_watches()  # first: it forgets watches on directories that went away, arm re-adds them
         self._arm_devwatch()
         self._arm_linkwatch()
         config = self.config
