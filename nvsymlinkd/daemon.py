@@ -148,6 +148,8 @@ class Daemon:
         if self.use_udev:
             self._start_udev()
         self._spawn(self.metrics.run())
+        if self.use_bus:
+            _preload_bus()
         await self._pass({"startup": 1})
         if self._status_handle is not None:
             self._status_handle.cancel()
@@ -528,6 +530,20 @@ class Daemon:
 
     def _interval_text(self) -> str:
         return f"{self.config.resync_interval:g} s" if self.config.resync_interval > 0 else "never (disabled)"
+
+
+def _preload_bus() -> None:
+    """Import the bus code before READY=1, not on the loop after it.
+
+    On a slow host importing dbus_next takes seconds (measured under qemu TCG), and the
+    container verifier's thread may be importing it at the same time: the loop, and with
+    it the link watch, would stall just after the daemon said it was ready.
+    """
+    try:
+        import dbus_next.aio  # noqa: F401
+    except ImportError:
+        pass  # SystemdWatch says what is missing when it starts
+    import nvsymlinkd.systemdbus  # noqa: F401
 
 
 def _resolves_to(entry) -> str:
