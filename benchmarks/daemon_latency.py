@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Event daemon figures: mknod -> link latency, passes per burst, RSS, idle wakeups, stop time.
+"""Event daemon figures: mknod -> link and unlink -> link-back latency, passes per burst, RSS, idle, stop.
 
 Runs the real `nvsymlinkd run` against a fake root (needs root for mknod):
 
     sudo .venv/bin/python benchmarks/daemon_latency.py [--nodes 1000] [--idle-seconds 60]
 
-Latency is measured from just before mknod(2) to the moment an inotify watch on
-DEV_CHAR_PATH reports the link's creation (CLOCK_MONOTONIC, same clock in every
-process). Prints figures; asserts nothing.
+Latency is measured from just before mknod(2) (or unlink(2) of a link) to the
+moment an inotify watch on DEV_CHAR_PATH reports the link's creation
+(CLOCK_MONOTONIC, same clock in every process). The unlink -> link-back figure
+is printed beside a floor: a bare Python process that reads the inotify event
+and calls symlink(2), nothing else, measured the same way. Prints figures;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +50,22 @@ print(" ".join(map(str, stamps)))
 """
 
 
+# The floor for "a link was removed -> it is back": wake on IN_DELETE, symlink(2) the name back.
+REACTOR = r"""
+import os, select, sys
+sys.path.insert(0, sys.argv[2])
+from nvsymlinkd.inotifywatch import IN_DELETE, _lib, parse_events
+where = sys.argv[1]
+fd = _lib().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+_lib().inotify_add_watch(fd, where.encode(), IN_DELETE)
+print("ready", flush=True)
+while True:
+    select.select([fd], [], [])
+    for _wd, _mask, name in parse_events(os.read(fd, 65536)):
+        os.symlink("../nvidia0", f"{where}/{name}")
+"""
+
+
 class LinkWatch:
     """inotify on the link directory: when did each link appear?"""
 
@@ -72,6 +91,22 @@ class LinkWatch:
                 continue
             for _wd, _mask, name in parse_events(buf):
                 self.seen.setdefault(name, now)
+
+    def relink_latency(self, dev_char: Path, name: str, count: int) -> list:
+        """unlink NAME COUNT times, one at a time; ms until something linked it back each time."""
+        out = []
+        try:  # creations already queued (the first sync's) are not the ones measured here
+            while os.read(self.fd, 1 << 20):
+                pass
+        except BlockingIOError:
+            pass
+        for _ in range(count):
+            self.seen.pop(name, None)
+            start = time.monotonic_ns()
+            os.unlink(dev_char / name)
+            self.wait([name])
+            out.append((self.seen[name] - start) / 1e6)
+        return out
 
 
 class StatusReader(threading.Thread):
@@ -131,6 +166,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--events", type=int, default=10000, help="events for the RSS check")
+    ap.add_argument("--relinks", type=int, default=1000, help="unlink -> link-back rounds (daemon and floor)")
     ap.add_argument("--idle-seconds", type=float, default=60.0)
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                     help="where the fake root goes (default /dev/shm: tmpfs like the real /dev)")
@@ -150,12 +186,13 @@ def main() -> int:
         env = dict(os.environ, NVSYMLINKD_LOG="stderr", NOTIFY_SOCKET=f"{tmp}/notify",
                    DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent")
         env.pop("WATCHDOG_USEC", None)
+        floor = relink_floor(Path(tmp) / "floor", args.relinks)
         links = LinkWatch(host.path("/dev/char"))
         t0 = time.monotonic()
         daemon = subprocess.Popen([sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "run"],
                                   env=env, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            measure(args, host, caps, links, daemon, notify, t0)
+            measure(args, host, caps, links, daemon, notify, t0, floor)
         finally:
             if daemon.poll() is None:  # the benchmark failed or was interrupted: leave nothing behind
                 daemon.kill()
@@ -163,29 +200,60 @@ def main() -> int:
     return 0
 
 
-def measure(args, host, caps, links, daemon, notify, t0) -> None:
+def relink_floor(where: Path, count: int) -> list:
+    """unlink -> link-back latencies against the bare reactor (REACTOR)."""
+    where.mkdir()
+    os.symlink("../nvidia0", where / "195:0")
+    watch = LinkWatch(where)
+    reactor = subprocess.Popen([sys.executable, "-c", REACTOR, str(where), str(REPO)], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        reactor.stdout.readline()
+        return watch.relink_latency(where, "195:0", count)
+    finally:
+        reactor.kill()
+        reactor.wait()
+
+
+def relinks(args, host, links, status, floor, nodes: int) -> None:
+    """A link removed by someone else: unlink -> the daemon links it back (the DEV_CHAR_PATH watch)."""
+    before = status.passes()
+    relink = links.relink_latency(host.path("/dev/char"), "195:0", args.relinks)
+    passes = status.passes()
+    print(f"unlink -> link back ({args.relinks}, one at a time, {nodes} nodes on the host): {fmt(relink)}; "
+          f"{passes - before} sync passes")
+    print(f"  floor (bare Python reactor: inotify read + symlink): {fmt(floor)}; ratio to the floor: "
+          f"p50 {pct(relink, 50) / pct(floor, 50):.0f}x, p99 {pct(relink, 99) / pct(floor, 99):.0f}x")
+
+
+def measure(args, host, caps, links, daemon, notify, t0, floor) -> None:
     status = StatusReader(notify)
     status.start()
     if not status.ready.wait(60):
         raise SystemExit("no READY=1")
     print(f"start to READY=1: {(time.monotonic() - t0) * 1000:.0f} ms (python start + first sync of 6 nodes)")
     rss_start = rss_kib(daemon.pid)
+    relinks(args, host, links, status, floor, 6)
 
     # 1. one node at a time
+    passes = status.passes()
     lat = []
     for i in range(args.nodes):
         start = time.monotonic_ns()
         os.mknod(caps / f"nvidia-cap{i}", 0o20600, os.makedev(CAPS, i))
         links.wait([f"{CAPS}:{i}"])
         lat.append((links.seen[f"{CAPS}:{i}"] - start) / 1e6)
-    passes = status.passes()
-    print(f"single nodes ({args.nodes}, one at a time, 7 to {args.nodes + 6} nodes on the host): {fmt(lat)}; "
-          f"{passes} sync passes in all")
+    passes = status.passes() - passes
+    print(f"mknod -> link, single nodes ({args.nodes}, one at a time, 7 to {args.nodes + 6} nodes on the host): "
+          f"{fmt(lat)}; {passes} sync passes")
     tenth = max(1, args.nodes // 10)
     print(f"  first {tenth} (host has <= {tenth + 6} nodes): {fmt(lat[:tenth])}")
     print(f"  last {tenth} (host has > {args.nodes - tenth + 6} nodes): {fmt(lat[-tenth:])}")
 
+    relinks(args, host, links, status, floor, args.nodes + 6)
+
     # 2. a burst from another process
+    passes = status.passes()
     first = args.nodes
     creator = subprocess.run([sys.executable, "-c", CREATOR, str(caps), str(first), str(args.nodes)],
                              capture_output=True, text=True, check=True)

@@ -31,6 +31,7 @@ from nvsymlinkd.nodes import SUBDIRS, TMP_PREFIX
 class Outcome:
     action: Action
     error: str | None = None  # None: applied (or nothing to do)
+    raced: bool = False  # another writer changed the path between planning and applying
 
     def to_json(self) -> dict:
         out = self.action.to_json()
@@ -56,7 +57,7 @@ def apply_plan(root: HostRoot, plan: Plan) -> list:
             try:
                 _APPLY[action.action](dirs, action)
             except ChangedUnderUs as exc:
-                outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans"))
+                outcomes.append(Outcome(action, f"changed while applying ({exc}); next sync re-plans", raced=True))
             except OSError as exc:
                 outcomes.append(Outcome(action, _describe(exc, action)))
             else:

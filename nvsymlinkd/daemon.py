@@ -1,8 +1,9 @@
 """The event daemon: one asyncio loop, several event sources, one reconciler.
 
 Sources (each optional, each failing alone): inotify on DRIVER_ROOT/dev (the
-fast path), udev module/PCI events, systemd on the system bus, a periodic
-resync. Every source only *requests* a reconcile; a single worker runs
+fast path), inotify on DEV_CHAR_PATH (a link someone removed or rewrote is
+back within milliseconds), udev module/PCI events, systemd on the system bus
+(reload started, reload finished, re-exec), a periodic resync. Every source only *requests* a reconcile; a single worker runs
 `reconcile()` (observe + plan + apply, always the whole picture) in a
 thread, so a burst of 50 mknods costs a handful of passes: the first event
 starts a pass at once (a single node gets its link in about a millisecond on
@@ -21,6 +22,7 @@ import time
 
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
+from nvsymlinkd.linkplan import foreign_links
 from nvsymlinkd.notify import Notifier
 from nvsymlinkd.summary import plural
 
@@ -84,6 +86,7 @@ class Daemon:
         self.use_udev = use_udev
         self.use_bus = use_bus
         self.devwatch = None
+        self.linkwatch = None
         self.udev = None
         self.systemd = None
         self.bus_state = "off"
@@ -116,6 +119,11 @@ class Daemon:
         self._reload_pending = True
         self.request(why)
 
+    def _on_reload_start(self) -> None:
+        # Reloading(true) comes as systemd starts a reload: a pass now may still beat its
+        # re-applying of device policies; Reloading(false) comes after it has applied them.
+        self.request("systemd reload started")
+
     def _on_scope(self, unit: str) -> None:
         self._spawn(self._call_hook("scope_appeared", unit))
 
@@ -137,9 +145,12 @@ class Daemon:
         self.journal.event("daemon-started", INFO, f"starting: driver root {self.config.driver_root}, "
                            f"links in {self.config.dev_char_path}, resync every {self._interval_text()}")
         self._start_devwatch()
+        self._start_linkwatch()
         if self.use_udev:
             self._start_udev()
         self._spawn(self.metrics.run())
+        if self.use_bus:
+            _preload_bus()
         await self._pass({"startup": 1})
         if self._status_handle is not None:
             self._status_handle.cancel()
@@ -155,7 +166,8 @@ class Daemon:
         if self.use_bus:
             from nvsymlinkd.systemdbus import SystemdWatch
 
-            self.systemd = SystemdWatch(self.journal, self._on_reload, self._on_scope, self._on_bus)
+            self.systemd = SystemdWatch(self.journal, self._on_reload, self._on_scope, self._on_bus,
+                                        on_reload_start=self._on_reload_start)
             self._spawn(self.systemd.run())
         await self._stop.wait()
         if self._status_handle is not None:
@@ -180,6 +192,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_devwatch()
+        self._stop_linkwatch()
         if self.udev is not None:
             self._loop.remove_reader(self.udev.fileno())
             self.udev.close()
@@ -231,7 +244,7 @@ class Daemon:
         elif ok:
             self.devwatch.missing_reported = False
 
-    def _on_inotify(self) -> None:
+    def _on_inotify(self, request: bool = True) -> None:
         try:
             changed, overflowed = self.devwatch.poll()
         except OSError as exc:
@@ -239,11 +252,69 @@ class Daemon:
             changed, overflowed = True, False
         if overflowed:
             self.journal.event("event-overflow", NOTICE, "inotify queue overflowed: full resync")
-            self.request("inotify overflow")
+            if request:
+                self.request("inotify overflow")
         elif changed:
             if self._node_event_at is None:
                 self._node_event_at = time.monotonic()
-            self.request("device nodes changed")
+            if request:
+                self.request("device nodes changed")
+
+    def _start_linkwatch(self) -> None:
+        from nvsymlinkd.inotifywatch import LinkWatch
+
+        try:
+            self.linkwatch = LinkWatch(self.root, self.config.dev_char_path)
+        except OSError as exc:
+            self.journal.warning(f"inotify unavailable ({exc.strerror}); links removed by others come back "
+                                 "at the next event or resync")
+            return
+        self._loop.add_reader(self.linkwatch.fileno(), self._on_linkwatch)
+        self._arm_linkwatch()
+
+    def _stop_linkwatch(self) -> None:
+        if self.linkwatch is not None:
+            self._loop.remove_reader(self.linkwatch.fileno())
+            self.linkwatch.close()
+            self.linkwatch = None
+
+    def _arm_linkwatch(self) -> bool:
+        """(Re)add the watches on DEV_CHAR_PATH and its parent -> True when DEV_CHAR_PATH is newly watched."""
+        if self.linkwatch is None:
+            return False
+        try:
+            return self.linkwatch.arm()
+        except OSError as exc:
+            if not self.linkwatch.missing_reported:
+                self.linkwatch.missing_reported = True
+                self.journal.notice(f"cannot watch {self.linkwatch.path} ({exc.strerror}); links removed by "
+                                    "others come back at the next event or resync")
+            return False
+
+    def _on_linkwatch(self, request: bool = True) -> None:
+        try:
+            changed, overflowed = self.linkwatch.poll()
+        except OSError as exc:
+            self.journal.warning(f"reading inotify events failed ({exc.strerror}); resyncing")
+            changed, overflowed = True, False
+        if overflowed:
+            self.journal.event("event-overflow", NOTICE, f"inotify queue on {self.linkwatch.path} overflowed: "
+                               "full resync")
+            if request:
+                self.request("inotify overflow")
+        elif changed and request:
+            self.request("links changed")
+
+    def _drain_watches(self) -> None:
+        """Read what the inotify queues hold right before a pass observes: that pass answers it.
+
+        Without this, an event the loop had not read yet when the pass started would be
+        answered by the pass and then wake another one for nothing (and its latency be lost).
+        """
+        if self.devwatch is not None:
+            self._on_inotify(request=False)
+        if self.linkwatch is not None:
+            self._on_linkwatch(request=False)
 
     def _start_udev(self) -> None:
         from nvsymlinkd.udevwatch import UdevWatch
@@ -291,7 +362,9 @@ class Daemon:
     async def _pass(self, reasons: dict) -> None:
         from nvsymlinkd.reconcile import reconcile
 
+        self._drain_watches()  # first: it forgets watches on directories that went away, arm re-adds them
         self._arm_devwatch()
+        self._arm_linkwatch()
         config = self.config
         self._pass_started = time.monotonic()
         event_at, self._node_event_at = self._node_event_at, None
@@ -309,11 +382,18 @@ class Daemon:
             self._pass_started = None
             self.passes += 1
         self._last_failure = None
+        if self.linkwatch is not None:
+            self.linkwatch.majors = result.snapshot.majors.nvidia_majors
+        if self._arm_linkwatch():
+            # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
+            # before the watch was on is only seen by looking again
+            self.request("links directory watched")
         self._report(result)
         self.metrics.on_reconcile(result)
         if event_at is not None and result.plan.changes:
             self.metrics.on_event_latency(time.monotonic() - event_at)
         why = ", ".join(sorted(reasons))
+        self.journal.debug(f"pass {self.passes} ({why}): {len(result.plan.changes)} changes")
         self._last_status = f"last sync {time.strftime('%H:%M:%S')} ({why})"
         self._result = result
         self._status_soon()
@@ -334,7 +414,11 @@ class Daemon:
         for outcome in result.outcomes:
             a = outcome.action
             where = a.link or a.target
-            if outcome.error is not None:
+            if outcome.raced:
+                # another writer got there between planning and applying: its change raised
+                # an event of its own, and the next pass plans from what it left
+                j.info(f"{a.action} {where} ({a.device}) not done: {outcome.error}")
+            elif outcome.error is not None:
                 j.event("link-failed", ERR, f"failed to {a.action} {where} ({a.device}): {outcome.error}",
                         link=where, device=a.device, action=a.action)
             elif a.action in _CHANGE_EVENTS:
@@ -343,10 +427,19 @@ class Daemon:
                 arrow = f" -> {a.target}" if a.action in ("create", "replace") else ""
                 j.event(kind, priority, f"{text} {where}{arrow} ({a.device}){why}",
                         link=where, device=a.device, action=a.action)
+        foreign = {a.link: entry for a, entry in foreign_links(result.snapshot, result.plan)}
+        self.metrics.on_foreign_links(len(foreign))
+        # once per (path, device, reason): a foreign link's reason names its target, so a new target is news
         conflicts = {(a.link or a.target, a.device, a.reason) for a in result.plan.conflicts}
         for where, device, reason in sorted(conflicts - self._last_conflicts):
-            j.event("link-conflict", WARNING, f"conflict at {where} ({device}): {reason}",
-                    link=where, device=device, action="conflict")
+            entry = foreign.get(where)
+            if entry is not None:
+                j.event("link-foreign", WARNING, f"conflict at {where} ({device}): {reason}; "
+                        f"{_resolves_to(entry)}, so {_systemd_gets(entry, where, device)}",
+                        link=where, device=device, action="conflict", target=entry.link_text)
+            else:
+                j.event("link-conflict", WARNING, f"conflict at {where} ({device}): {reason}",
+                        link=where, device=device, action="conflict")
         self._last_conflicts = conflicts
         notes = set(result.plan.notes)
         for note in sorted(notes - self._last_notes):
@@ -399,6 +492,9 @@ class Daemon:
         if new.driver_root != old.driver_root:
             self._stop_devwatch()
             self._start_devwatch()
+        if new.dev_char_path != old.dev_char_path:
+            self._stop_linkwatch()
+            self._start_linkwatch()
         if new.resync_interval != old.resync_interval:
             self._restart_periodic()
         self.request("config reloaded")
@@ -436,3 +532,34 @@ class Daemon:
 
     def _interval_text(self) -> str:
         return f"{self.config.resync_interval:g} s" if self.config.resync_interval > 0 else "never (disabled)"
+
+
+def _preload_bus() -> None:
+    """Import the bus code before READY=1, not on the loop after it.
+
+    On a slow host importing dbus_next takes seconds (measured under qemu TCG), and the
+    container verifier's thread may be importing it at the same time: the loop, and with
+    it the link watch, would stall just after the daemon said it was ready.
+    """
+    try:
+        import dbus_next.aio  # noqa: F401
+    except ImportError:
+        pass  # SystemdWatch says what is missing when it starts
+    import nvsymlinkd.systemdbus  # noqa: F401
+
+
+def _resolves_to(entry) -> str:
+    if entry.resolved is not None:
+        return f"it resolves to c {entry.resolved[0]}:{entry.resolved[1]}"
+    if entry.resolved_kind == "missing":
+        return "it resolves to nothing"
+    return "it resolves to no character device"
+
+
+def _systemd_gets(entry, where: str, device: str) -> str:
+    # runc stat()s /dev/char/M:m before passing DeviceAllow= to systemd; systemd >= 240 parses
+    # the name, older ones stat() it too (REFERENCE: runc with the systemd cgroup driver)
+    if entry.resolved is not None:
+        return f"whatever stat()s {where} gets that device instead (systemd < 240 for DeviceAllow=)"
+    return (f"runc 1.1.3-1.1.6 (any runc with systemd < 240) leaves {device} out of containers created "
+            "meanwhile, and the next daemon-reload takes it from them")

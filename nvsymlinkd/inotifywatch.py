@@ -1,4 +1,4 @@
-"""inotify on DRIVER_ROOT/dev and its NVIDIA subdirectories: the fast path.
+"""inotify on DRIVER_ROOT/dev, its NVIDIA subdirectories and DEV_CHAR_PATH: the fast path.
 
 NVIDIA nodes are made with mknod by nvidia-modprobe/nvidia-persistenced and
 raise no uevent, so this is how the daemon sees them within milliseconds.
@@ -21,8 +21,9 @@ import os
 import struct
 
 from nvsymlinkd import libc
-from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot
+from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot, normalize
 from nvsymlinkd.nodes import SUBDIRS, dev_dir
+from nvsymlinkd.snapshot import DEV_CHAR_NAME
 
 IN_ATTRIB = 0x00000004
 IN_MOVED_FROM = 0x00000040
@@ -34,7 +35,6 @@ IN_MOVE_SELF = 0x00000800
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
-IN_DONT_FOLLOW = 0x02000000
 IN_EXCL_UNLINK = 0x04000000
 IN_ISDIR = 0x40000000
 IN_NONBLOCK = os.O_NONBLOCK
@@ -74,18 +74,11 @@ def parse_events(buf: bytes):
     return out
 
 
-class DevWatch:
-    """Watches DRIVER_ROOT/dev (+ NVIDIA subdirectories) of one host root.
+class _Watch:
+    """One inotify fd and its directory watches, each re-added when its path names another inode."""
 
-    `poll()` reads what is queued and returns (changed, overflowed); the
-    caller reconciles on either. `arm()` (re)adds missing watches and is cheap
-    to call before every reconcile, so a driver root that appears late is
-    picked up by the next resync.
-    """
-
-    def __init__(self, root: HostRoot, driver_root: str):
+    def __init__(self, root: HostRoot):
         self.root = root
-        self.base = dev_dir(driver_root)
         lib = _lib()
         fd = lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
@@ -104,42 +97,37 @@ class DevWatch:
             self.fd = -1
             self.watches.clear()
 
-    def _add(self, inside: str) -> bool:
-        """Watch a directory; re-watch it when the path now names another inode.
+    def _add(self, inside: str, mask: int = WATCH_MASK) -> bool | None:
+        """Watch a directory -> True (newly watched), None (already watched), False (not there).
 
-        A driver container mounting over DRIVER_ROOT, or dev/ being recreated,
-        leaves the old watch on an inode nobody uses any more. The directory is
-        opened as the node scan opens it: DRIVER_ROOT/dev confined to the root,
-        an NVIDIA subdirectory never through a symlink.
+        Re-watch it when the path now names another inode: a driver container
+        mounting over DRIVER_ROOT, or a directory being recreated, leaves the
+        old watch on an inode nobody uses any more. The directory is opened
+        confined to the root (as the scans open it) and watched through
+        /proc/self/fd/N, so a symlink never leads the watch outside the root.
         """
         try:
             fd = self._open(inside)
         except OSError:
             return False
         try:
-            return self._watch(inside, fd)
+            return self._watch(inside, fd, mask)
         finally:
             os.close(fd)
 
     def _open(self, inside: str) -> int:
-        if inside == self.base:
-            return self.root.open_dir(inside)
-        parent = self.root.open_dir(self.base)
-        try:
-            return os.open(inside.rpartition("/")[2], DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
-        finally:
-            os.close(parent)
+        return self.root.open_dir(inside)
 
-    def _watch(self, inside: str, fd: int) -> bool:
+    def _watch(self, inside: str, fd: int, mask: int) -> bool | None:
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino)
         for wd, (path, ident) in list(self.watches.items()):
             if path == inside:
                 if ident == identity:
-                    return True
+                    return None
                 _lib().inotify_rm_watch(self.fd, wd)  # EINVAL if already gone: fine
                 del self.watches[wd]
-        wd = _lib().inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), WATCH_MASK)
+        wd = _lib().inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), mask)
         if wd < 0:
             err = ctypes.get_errno()
             if err in (errno.ENOENT, errno.ENOTDIR):
@@ -148,17 +136,9 @@ class DevWatch:
         self.watches[wd] = (inside, identity)
         return True
 
-    def arm(self) -> bool:
-        """Add missing watches; True when DRIVER_ROOT/dev itself is watched."""
-        ok = self._add(self.base)
-        if ok:
-            for sub in SUBDIRS:
-                self._add(f"{self.base.rstrip('/')}/{sub}")
-        return ok
-
-    def poll(self):
-        """Drain the queue -> (changed, overflowed)."""
-        changed = overflowed = False
+    def _events(self):
+        """Drain the queue -> [(wd, mask, name)]; overflow shows as wd -1 with IN_Q_OVERFLOW."""
+        out = []
         while True:
             try:
                 buf = os.read(self.fd, READ_SIZE)
@@ -170,23 +150,121 @@ class DevWatch:
                 raise
             if not buf:
                 break
-            for wd, mask, name in parse_events(buf):
-                if mask & IN_Q_OVERFLOW:
-                    overflowed = True
+            out.extend(parse_events(buf))
+        return out
+
+
+class DevWatch(_Watch):
+    """Watches DRIVER_ROOT/dev (+ NVIDIA subdirectories) of one host root.
+
+    `poll()` reads what is queued and returns (changed, overflowed); the
+    caller reconciles on either. `arm()` (re)adds missing watches and is cheap
+    to call before every reconcile, so a driver root that appears late is
+    picked up by the next resync.
+    """
+
+    def __init__(self, root: HostRoot, driver_root: str):
+        super().__init__(root)
+        self.base = dev_dir(driver_root)
+
+    def _open(self, inside: str) -> int:
+        # DRIVER_ROOT/dev confined to the root; an NVIDIA subdirectory never through a symlink
+        if inside == self.base:
+            return self.root.open_dir(inside)
+        parent = self.root.open_dir(self.base)
+        try:
+            return os.open(inside.rpartition("/")[2], DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def arm(self) -> bool:
+        """Add missing watches; True when DRIVER_ROOT/dev itself is watched."""
+        ok = self._add(self.base) is not False
+        if ok:
+            for sub in SUBDIRS:
+                self._add(f"{self.base.rstrip('/')}/{sub}")
+        return ok
+
+    def poll(self):
+        """Drain the queue -> (changed, overflowed)."""
+        changed = overflowed = False
+        for wd, mask, name in self._events():
+            if mask & IN_Q_OVERFLOW:
+                overflowed = True
+                continue
+            watched = self.watches.get(wd)
+            if watched is None:
+                continue
+            where = watched[0]
+            if mask & IN_IGNORED or mask & (IN_DELETE_SELF | IN_MOVE_SELF):
+                # the directory went away: forget it; arm() re-adds it if it comes back
+                self.watches.pop(wd, None)
+                changed = True
+                continue
+            if where == self.base:
+                if not name.startswith("nvidia"):
                     continue
-                watched = self.watches.get(wd)
-                if watched is None:
+                if mask & IN_ISDIR and name in SUBDIRS and mask & (IN_CREATE | IN_MOVED_TO):
+                    self._add(f"{self.base.rstrip('/')}/{name}")
+            changed = True
+        return changed, overflowed
+
+
+class LinkWatch(_Watch):
+    """Watches DEV_CHAR_PATH, and its parent for the directory itself going or being replaced.
+
+    Whatever removes or rewrites a link (an admin, a cleanup script, another
+    tool) is seen within milliseconds instead of at the next resync: a
+    daemon-reload that lands while a link is missing drops the device from
+    every scope that lists it.
+
+    Only `M:m` names wake the daemon, and only for majors in `majors` (the
+    NVIDIA majors of the last pass; None: every major), so udev's links for
+    other devices and our own temporary names (applier.TMP_PREFIX) cost
+    nothing. The daemon's own link writes do raise events: each costs one
+    pass that finds nothing to change (the fixed point), never a loop.
+    """
+
+    DIR_MASK = (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF
+                | IN_ONLYDIR | IN_EXCL_UNLINK)
+
+    def __init__(self, root: HostRoot, dev_char_path: str):
+        super().__init__(root)
+        self.path = normalize(dev_char_path)
+        self.parent, _, self.name = self.path.rpartition("/")
+        self.parent = self.parent or "/"
+        self.majors = None  # frozenset of majors worth a pass, or None for all
+
+    def arm(self) -> bool:
+        """Add missing watches -> True when a watch was newly added on DEV_CHAR_PATH.
+
+        A new watch means events between the last look and now were not seen:
+        the caller runs one more pass.
+        """
+        self._add(self.parent, self.DIR_MASK)
+        return self._add(self.path, self.DIR_MASK) is True
+
+    def poll(self):
+        """Drain the queue -> (changed, overflowed)."""
+        changed = overflowed = False
+        for wd, mask, name in self._events():
+            if mask & IN_Q_OVERFLOW:
+                overflowed = True
+                continue
+            watched = self.watches.get(wd)
+            if watched is None:
+                continue
+            where = watched[0]
+            if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                # removed, renamed away or unmounted: forget it; the pass this asks for re-adds it
+                self.watches.pop(wd, None)
+                changed = changed or where == self.path
+                continue
+            if where == self.path:
+                m = DEV_CHAR_NAME.fullmatch(name)
+                if m is None or (self.majors is not None and int(m.group(1)) not in self.majors):
                     continue
-                where = watched[0]
-                if mask & IN_IGNORED or mask & (IN_DELETE_SELF | IN_MOVE_SELF):
-                    # the directory went away: forget it; arm() re-adds it if it comes back
-                    self.watches.pop(wd, None)
-                    changed = True
-                    continue
-                if where == self.base:
-                    if not name.startswith("nvidia"):
-                        continue
-                    if mask & IN_ISDIR and name in SUBDIRS and mask & (IN_CREATE | IN_MOVED_TO):
-                        self._add(f"{self.base.rstrip('/')}/{name}")
+                changed = True
+            elif name == self.name:  # in the parent: DEV_CHAR_PATH itself created, removed, renamed
                 changed = True
         return changed, overflowed

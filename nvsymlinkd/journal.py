@@ -33,6 +33,7 @@ MESSAGE_IDS = {
     "link-removed": "2aefb048db9248f08bb5b700948ecf4a",
     "node-created": "2e823c12dbc745db8704a1bb2491eafd",
     "link-conflict": "8abe9644993e4d748e0d26afde513558",
+    "link-foreign": "209995f754174c899a02cf97ef0b9d5e",
     "link-failed": "dd9d5168c48d407aadc2896f70f90d63",
     "sync-failed": "3d23c8f20d6a4d66a5b4cca497878af4",
     "reload-seen": "4e6f02d91c174bf6a49a6b04db495c88",

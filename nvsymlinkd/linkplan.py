@@ -6,6 +6,13 @@ Ownership rule: an `M:m` symlink whose target has a component starting with
 `nvidia` is ours to manage. Everything else at a desired path (a foreign
 symlink, a file, a directory, a node) is a conflict: reported, never touched.
 Links to non-NVIDIA devices (`1:3 -> ../null`) are not looked at.
+
+A symlink that resolves to the right character device is kept whatever its
+text: nvidia-ctk's absolute `/dev/char/195:0 -> /dev/nvidia0`, a link to the
+same node under the driver root, or to any other node with that rdev. systemd
+and runc only stat() the link, so it is exact for them, and rewriting it would
+flap against the tool that wrote it. Only an NVIDIA-named link that resolves
+to another device or to nothing is replaced or removed.
 """
 
 from __future__ import annotations
@@ -139,6 +146,22 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
             actions.append(Action(REMOVE, f"{dev_char}/{name}", None, f"c {name}", why,
                                   previous=entry.link_text))
     return actions
+
+
+def foreign_links(snap: HostSnapshot, plan: Plan) -> list:
+    """Conflicts where someone else's symlink holds a desired path -> [(Action, DevCharEntry)].
+
+    systemd resolves DeviceAllow=/dev/char/M:m through that link, so a scope
+    gets the device it points at (or none), not M:m.
+    """
+    out = []
+    if snap.dev_char_state != "dir":
+        return out
+    for a in plan.conflicts:
+        entry = snap.entries.get(a.link.rpartition("/")[2]) if a.link else None
+        if entry is not None and entry.kind == "symlink":
+            out.append((a, entry))
+    return out
 
 
 def plan_nodes(snap: HostSnapshot):

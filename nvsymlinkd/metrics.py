@@ -62,6 +62,7 @@ class Metrics:
         self.nodes = 0
         self.links_managed = 0
         self.conflicts = 0
+        self.foreign_links = 0
         self.changes = {a: 0 for a in LINK_ACTIONS}
         self.change_failures = {a: 0 for a in LINK_ACTIONS}
         self.syncs = 0
@@ -100,6 +101,14 @@ class Metrics:
             if not result.dry_run:
                 self.last_success = self.clock()
         self._changed()
+
+    def on_foreign_links(self, count: int) -> None:
+        """Desired paths held by someone else's symlink after the last pass (a subset of the conflicts)."""
+        with self._lock:
+            changed = self.foreign_links != count
+            self.foreign_links = count
+        if changed:
+            self._changed()
 
     def on_sync_failed(self) -> None:
         """A pass that raised (unreadable /proc/devices, ...): counted, no success time."""
@@ -172,6 +181,10 @@ class Metrics:
         fam.gauge("nvsymlinkd_link_conflicts",
                   "Desired /dev/char paths held by something nvsymlinkd does not own (left untouched).",
                   [({}, self.conflicts)])
+        fam.gauge("nvsymlinkd_foreign_links",
+                  "Desired /dev/char paths held by another tool's symlink to another device or to nothing "
+                  "(left untouched).",
+                  [({}, self.foreign_links)])
         fam.counter("nvsymlinkd_link_changes_total", "Link and node changes made, by action.",
                     [({"action": a}, n) for a, n in self.changes.items()])
         fam.counter("nvsymlinkd_link_change_failures_total", "Link and node changes that failed, by action.",

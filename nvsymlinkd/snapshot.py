@@ -153,7 +153,9 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, dev_char_real: str, by
             for de in it:
                 name = de.name
                 if DEV_CHAR_NAME.fullmatch(name):
-                    entries[name] = _observe_entry(root, fd, dev_char_real, de, by_path)
+                    entry = _observe_entry(root, fd, dev_char_real, de, by_path)
+                    if entry is not None:
+                        entries[name] = entry
                 elif name.startswith(TMP_PREFIX):
                     temps.append(f"{dev_char_path}/{name}")
     except OSError:
@@ -177,13 +179,16 @@ def _is_dangling(root: HostRoot, inside: str) -> bool:
         os.close(fd)
 
 
-def _observe_entry(root: HostRoot, dirfd: int, dev_char_real: str, de: os.DirEntry, by_path: dict) -> DevCharEntry:
+def _observe_entry(root: HostRoot, dirfd: int, dev_char_real: str, de: os.DirEntry,
+                   by_path: dict) -> DevCharEntry | None:
     name = de.name
     try:
         if not de.is_symlink():
             st = de.stat(follow_symlinks=False)
             return DevCharEntry(name, _kind(st.st_mode))
         text = os.readlink(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None  # removed since the directory was read: absent (another writer; its event follows)
     except OSError:
         return DevCharEntry(name, "other")
     link_inside = f"{dev_char_real}/{name}"

@@ -50,14 +50,17 @@ class SystemdWatch:
     """Calls back into the daemon; every callback is a plain function that must not block.
 
     on_reload(why): a reload or re-exec finished ("reload", "reexec").
+    on_reload_start(): systemd announced a daemon-reload (Reloading(true)).
     on_scope(unit): a container scope appeared (once per unit until it is removed).
     on_bus(state): "connected", "lost" (for the status line).
     """
 
     def __init__(self, journal, on_reload, on_scope, on_bus=None,
-                 backoff_start: float = 0.5, backoff_max: float = 60.0, connect_timeout: float = 10.0):
+                 backoff_start: float = 0.5, backoff_max: float = 60.0, connect_timeout: float = 10.0,
+                 on_reload_start=None):
         self.journal = journal
         self.on_reload = on_reload
+        self.on_reload_start = on_reload_start or (lambda: None)
         self.on_scope = on_scope
         self.on_bus = on_bus or (lambda state: None)
         self.backoff_start = backoff_start
@@ -166,7 +169,8 @@ class SystemdWatch:
             return None
         if msg.member == "Reloading" and msg.signature == "b":
             if msg.body[0]:
-                self.journal.debug("systemd reload started")
+                self.journal.debug("systemd reload started: resyncing links")
+                self.on_reload_start()
             else:
                 self.journal.event("reload-seen", 6, "systemd finished a daemon-reload: resyncing links",
                                    action="reload")

@@ -189,3 +189,23 @@ def test_no_bus_at_start_is_logged_once(host, tmp_path):
         assert sum("not reachable" in line for line in d.lines) == 1, d.output()
     finally:
         d.stop()
+
+
+def test_reload_start_resyncs_at_once(bus, host, tmp_path):
+    """Reloading(true) starts a pass: it may still beat systemd to re-applying device policies."""
+    conn = bus.start_mock()
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = DaemonProcess(host.root, config=cfg,
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
+        d.wait_until(lambda: len(links(host) or {}) == 6, "the first full sync")
+        mark = d.mark()
+        bus.emit(conn, "Reloading", "b", [True])  # no Reloading(false) follows
+        d.wait_for_line(r"systemd reload started: resyncing links", after=mark)
+        d.wait_for_line(r"pass \d+ \(systemd reload started\)", after=mark)
+        assert not any("finished a daemon-reload" in line for line in d.lines[mark:]), d.output()
+        assert d.stop() == 0
+    finally:
+        d.stop()

@@ -16,7 +16,14 @@ from fakehost import standard_host
 
 from nvsymlinkd import journal
 from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.inotifywatch import IN_CREATE, IN_ISDIR, IN_Q_OVERFLOW, DevWatch, parse_events
+from nvsymlinkd.inotifywatch import (
+    IN_CREATE,
+    IN_ISDIR,
+    IN_Q_OVERFLOW,
+    DevWatch,
+    LinkWatch,
+    parse_events,
+)
 from nvsymlinkd.notify import Notifier, send_datagram
 from nvsymlinkd.systemdbus import is_container_scope
 from nvsymlinkd.udevwatch import is_nvidia_event
@@ -89,6 +96,40 @@ def test_devwatch_driver_root_appearing_later(tmp_path):
         (tmp_path / "run/nvidia/driver/dev/nvidia1").write_text("")
         assert watch.poll() == (True, False)
         assert [p for p, _ in watch.watches.values()] == ["/run/nvidia/driver/dev"]
+    finally:
+        watch.close()
+
+
+def test_linkwatch_wakes_for_nvidia_links_and_the_directory_only(tmp_path):
+    watch = LinkWatch(HostRoot(str(tmp_path)), "/dev/char")
+    try:
+        assert not watch.arm()  # neither /dev nor /dev/char yet
+        (tmp_path / "dev").mkdir()
+        assert not watch.arm()  # the parent is watched now, DEV_CHAR_PATH is not there
+        (tmp_path / "dev" / "char").mkdir()
+        assert watch.poll() == (True, False)  # the directory appeared
+        assert watch.arm()  # newly watched: the caller looks once more
+        assert not watch.arm()
+        watch.majors = frozenset({195})
+        d = tmp_path / "dev" / "char"
+        os.symlink("../tty0", d / "4:0")  # udev's link for another device
+        os.symlink("../nvidia0", d / ".nvsymlinkd-tmp-1-195:0")  # our temporary name
+        (tmp_path / "dev" / "ttyS9").write_text("")  # elsewhere in the parent
+        assert watch.poll() == (False, False)
+        os.rename(d / ".nvsymlinkd-tmp-1-195:0", d / "195:0")
+        assert watch.poll() == (True, False)
+        os.unlink(d / "195:0")
+        assert watch.poll() == (True, False)
+        # the directory replaced: the old watch goes, the new directory is watched after arm()
+        os.rename(d, tmp_path / "dev" / "char.old")
+        d.mkdir()
+        assert watch.poll() == (True, False)
+        assert watch.arm()
+        os.symlink("../nvidia1", d / "195:1")
+        assert watch.poll() == (True, False)
+        os.unlink(tmp_path / "dev" / "char.old" / "4:0")
+        assert watch.poll() == (False, False)
+        assert sorted(p for p, _ in watch.watches.values()) == ["/dev", "/dev/char"]
     finally:
         watch.close()
 

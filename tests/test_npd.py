@@ -122,13 +122,15 @@ def daemon_entries(tmp_path) -> list:
     entries: list = []
     try:
         (dev_char / "195:1").write_text("something else's file")
+        os.symlink("../null", dev_char / "195:0")  # another tool's link to another device
         subprocess.run(["mount", "-o", "remount,ro", str(dev_char)], check=True)
 
         async def scenario():
             daemon = Daemon(HostRoot(str(host.root)), Config(resync_interval=0, metrics_textfile=""),
                             journal=recording_journal(entries), use_udev=False, use_bus=False)
             task = asyncio.ensure_future(daemon.run())
-            await _wait(lambda: {"link-conflict", "link-failed"} <= _kinds(entries), "conflict and failure", entries)
+            await _wait(lambda: {"link-conflict", "link-foreign", "link-failed"} <= _kinds(entries),
+                        "conflicts and failure", entries)
             subprocess.run(["umount", str(dev_char)], check=True)
             host.node("/dev/nvidia3", 195, 3)
             await _wait(lambda: "link-created" in _kinds(entries), "created links", entries)
@@ -185,6 +187,7 @@ def repair_entries(runc_host, monkeypatch) -> list:
 # Which rule must fire for which journal kind (MESSAGE_ID); every other entry fires nothing.
 EXPECTED = {
     "link-conflict": "NVIDIADevCharConflict",
+    "link-foreign": "NVIDIADevCharConflict",
     "link-failed": "NVIDIADevCharLinkFailed",
     "sync-failed": "NVSymlinkdSyncFailed",
     "repair-reported": "GPUDeviceRepairWithheld",

@@ -1,0 +1,170 @@
+"""The real daemon keeps DEV_CHAR_PATH itself exact: links removed, replaced, the directory swapped.
+
+Every daemon here runs with the periodic resync disabled and no bus, so only the
+watch on DEV_CHAR_PATH can explain a link coming back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+
+import pytest
+from daemonproc import DaemonProcess
+from fakehost import standard_host
+from test_daemon import CAPS_MAJOR, STANDARD_LINKS, links
+
+PASS_LINE = r"pass \d+ \("
+
+
+@pytest.fixture
+def host(tmp_path, need_root):
+    h = standard_host(tmp_path / "root")
+    h.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS_MAJOR})
+    h.node("/dev/null", 1, 3)
+    return h
+
+
+@pytest.fixture
+def daemon(host, tmp_path):
+    cfg = tmp_path / "nvsymlinkd.toml"
+    host.path("/metrics").mkdir()
+    cfg.write_text('resync_interval = 0\nmetrics_textfile = "/metrics/nvsymlinkd.prom"\n')
+    d = DaemonProcess(host.root, config=cfg, env={"NVSYMLINKD_DEBUG": "1"})
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    yield d
+    d.stop()
+
+
+def swap_link(host, name: str, target: str, dev_char: str = "/dev/char") -> None:
+    """Put a symlink at NAME atomically, as a careful tool does (temp name + rename)."""
+    tmp = host.path(f"{dev_char}/.other-tool-tmp")
+    os.symlink(target, tmp)
+    os.rename(tmp, host.path(f"{dev_char}/{name}"))
+
+
+def settled(d, quiet: float = 0.5, timeout: float = 30.0) -> int:
+    """Wait until the daemon ran no pass for QUIET seconds; a daemon that spins never gets there."""
+    end = time.monotonic() + timeout
+    count = len(re.findall(PASS_LINE, d.output()))
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < quiet:
+        if time.monotonic() > end:
+            raise AssertionError(f"the daemon kept running passes for {timeout} s:\n" + d.output()[-4000:])
+        time.sleep(0.05)
+        now = len(re.findall(PASS_LINE, d.output()))
+        if now != count:
+            count, quiet_since = now, time.monotonic()
+    return count
+
+
+def metric(host, name: str) -> float:
+    text = host.path("/metrics/nvsymlinkd.prom").read_text()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, f"{name} not in\n{text}"
+    return float(m.group(1))
+
+
+def test_removed_link_comes_back(host, daemon):
+    os.unlink(host.path("/dev/char/195:0"))
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "the removed link to come back")
+    daemon.wait_for_line(r"created link /dev/char/195:0 -> \.\./nvidia0 \(c 195:0\)")
+    # all of them at once, too
+    for name in STANDARD_LINKS:
+        os.unlink(host.path(f"/dev/char/{name}"))
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "six removed links to come back")
+    settled(daemon)
+    assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("target", ["../nvidia9", "../nvidia1", "/dev/nvidia-uvm"],
+                         ids=["dangling", "other-gpu", "absolute-other-node"])
+def test_link_replaced_by_a_wrong_nvidia_one_is_put_back(host, daemon, target):
+    mark = daemon.mark()
+    swap_link(host, "195:0", target)
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, f"195:0 -> {target} to be replaced")
+    daemon.wait_for_line(r"replaced link /dev/char/195:0 -> \.\./nvidia0 \(c 195:0\)", after=mark)
+    assert daemon.stop() == 0
+
+
+def test_directory_replaced_or_removed(host, daemon):
+    dev_char = host.path("/dev/char")
+    os.rename(dev_char, host.path("/dev/char.old"))
+    dev_char.mkdir()
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "links in the new, empty directory")
+    # the new directory is watched in its turn
+    os.unlink(dev_char / "195:1")
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "a link removed from the new directory")
+    shutil.rmtree(dev_char)
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "the directory and links after rm -rf")
+    os.unlink(dev_char / "195:255")
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "a link removed from the recreated directory")
+    # the old directory is nobody's business any more
+    os.unlink(host.path("/dev/char.old/195:0"))
+    settled(daemon)
+    assert sorted(os.listdir(host.path("/dev/char.old"))) == sorted(set(STANDARD_LINKS) - {"195:0"})
+    assert daemon.stop() == 0
+
+
+def test_foreign_link_left_alone_reported_once(host, daemon):
+    mark = daemon.mark()
+    swap_link(host, "195:0", "../null")
+    daemon.wait_for_line(r"conflict at /dev/char/195:0 \(c 195:0\): foreign symlink to \.\./null .*"
+                         r"resolves to c 1:3", after=mark)
+    daemon.wait_until(lambda: metric(host, "nvsymlinkd_foreign_links") == 1, "the foreign-link gauge")
+    # the same link again (rewritten by its owner) and an unrelated change: no second warning
+    swap_link(host, "195:0", "../null")
+    os.unlink(host.path("/dev/char/195:1"))
+    daemon.wait_until(lambda: (links(host) or {}).get("195:1") == "../nvidia1", "195:1 to come back")
+    settled(daemon)
+    assert len(re.findall(r"conflict at /dev/char/195:0", daemon.output())) == 1
+    assert links(host)["195:0"] == "../null"
+    # another foreign target is news
+    swap_link(host, "195:0", "../nowhere")
+    daemon.wait_for_line(r"conflict at /dev/char/195:0 \(c 195:0\): foreign symlink to \.\./nowhere .*"
+                         r"resolves to nothing", after=mark)
+    # its owner takes it away: ours again, the gauge drops
+    os.unlink(host.path("/dev/char/195:0"))
+    daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "195:0 once the foreign link is gone")
+    daemon.wait_until(lambda: metric(host, "nvsymlinkd_foreign_links") == 0, "the gauge back to 0")
+    assert daemon.stop() == 0
+
+
+def test_coexists_with_nvidia_ctk_absolute_links(host, daemon):
+    """A writer keeps putting nvidia-ctk's absolute links in place while the daemon runs.
+
+    Both kinds of writer: one that replaces (temp + rename), and one like nvidia-ctk
+    that only creates (unlink, then symlink; EEXIST ignored, as nvidia-ctk only logs it).
+    An absolute link to the right node is as good as ours: never rewritten.
+    """
+    start = daemon.mark()
+    for i in range(400):
+        name = ("195:0", "195:1", "195:255")[i % 3]
+        target = {"195:0": "/dev/nvidia0", "195:1": "/dev/nvidia1", "195:255": "/dev/nvidiactl"}[name]
+        if i % 2:
+            swap_link(host, name, target)
+        else:
+            try:
+                os.unlink(host.path(f"/dev/char/{name}"))
+            except FileNotFoundError:
+                pass
+            try:
+                os.symlink(target, host.path(f"/dev/char/{name}"))
+            except FileExistsError:
+                pass
+    for name, target in (("195:0", "/dev/nvidia0"), ("195:1", "/dev/nvidia1"), ("195:255", "/dev/nvidiactl")):
+        swap_link(host, name, target)
+    settled(daemon)
+    end_state = links(host)
+    want = dict(STANDARD_LINKS, **{"195:0": "/dev/nvidia0", "195:1": "/dev/nvidia1", "195:255": "/dev/nvidiactl"})
+    assert end_state == want
+    said = "\n".join(daemon.lines[start:])
+    assert "replaced link" not in said and "failed to" not in said and "conflict" not in said, said
+    # stable: a quiet daemon stays quiet and leaves the end state alone
+    passes = settled(daemon)
+    time.sleep(0.5)
+    assert len(re.findall(PASS_LINE, daemon.output())) == passes
+    assert links(host) == want
+    assert daemon.stop() == 0
