@@ -216,7 +216,7 @@ def test_failed_link_write_is_counted(tmp_path, need_root):
 def test_flush_writes_atomically_under_root_with_mode_0644(tmp_path):
     root = tmp_path / "root"
     (root / "var/lib/node_exporter/textfile_collector").mkdir(parents=True)
-    metrics = m.Metrics(HostRoot(str(root)), Config())
+    metrics = m.Metrics(HostRoot(str(root)), Config(metrics_textfile=TEXTFILE))
     old = os.umask(0o077)
     try:
         assert metrics.flush()
