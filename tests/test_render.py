@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd.config import Config, parse_config
+from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.render import RULES, RenderOptions, render_all, systemd_word
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -123,6 +124,9 @@ def test_odd_paths_are_quoted_and_escaped():
     assert systemd_word("/opt/100%") == '"/opt/100%%"'
     assert systemd_word("/opt/$x") == '"/opt/$$x"'
     assert systemd_word('/a"b') == '"/a\\"b"'
+    # config refuses control characters first; a Config built in code still cannot inject a line
+    with pytest.raises(NvsymlinkdError, match="control character"):
+        render_all(Config(state_dir="/run/x\nExecStartPre=/bin/true"))
     files = render_all(Config(dev_char_path="/srv/dev char"), RenderOptions(bindir="/opt/nv %i"))
     assert 'ExecStart="/opt/nv %%i/nvsymlinkd" run --dev-char-path "/srv/dev char"\n' in files["nvsymlinkd.service"]
 
