@@ -24,7 +24,8 @@ class Key:
     default: object
     help: str
     choices: tuple = ()
-    minimum: float | None = None
+    minimum: float | None = None  # seconds: 0 (off) or a value within [minimum, maximum]
+    maximum: float | None = None
 
 
 KEYS = (
@@ -33,15 +34,18 @@ KEYS = (
     Key("dev_char_path", "path", "/dev/char", "Directory of the MAJOR:MINOR symlinks systemd and runc look up."),
     Key("create_nodes", "bool", False, "Create missing device nodes the driver says should exist, with owner and mode "
         "from /proc/driver/nvidia/params."),
-    Key("resync_interval", "seconds", 60.0, "Daemon: seconds between full resyncs (the safety net); 0 disables.",
-        minimum=0),
-    Key("watchdog_sec", "seconds", 30.0, "Rendered unit: WatchdogSec= of nvsymlinkd.service; 0 disables.", minimum=0),
+    # below 1 s a resync is a busy loop (each pass re-reads /proc and every container)
+    Key("resync_interval", "seconds", 60.0, "Daemon: seconds between full resyncs (the safety net), 1 to 86400; "
+        "0 disables.", minimum=1, maximum=86400),
+    # the daemon pings at half the period; under 5 s a slow pass on a loaded node gets it killed
+    Key("watchdog_sec", "seconds", 30.0, "Rendered unit: WatchdogSec= of nvsymlinkd.service, 5 to 3600; "
+        "0 disables.", minimum=5, maximum=3600),
     Key("repair", "choice", "auto", "What to do about GPU containers that lost or are about to lose devices.",
         choices=("off", "report", "auto")),
     Key("state_dir", "path", "/run/nvsymlinkd", "Where the daemon keeps container baselines (tmpfs: gone at reboot)."),
-    Key("metrics_textfile", "optional_path", "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom",
-        "Daemon: Prometheus metrics file for node-exporter's textfile collector, replaced atomically; "
-        "\"\" disables."),
+    Key("metrics_textfile", "optional_path", "",
+        "Daemon: Prometheus metrics file for node-exporter's textfile collector, replaced atomically, e.g. "
+        "\"/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom\"; \"\" (default) writes none."),
     Key("metrics_listen", "listen", "", "Daemon: HOST:PORT to serve Prometheus metrics on (GET /metrics), "
         "e.g. \"127.0.0.1:9402\"; \"\" (default) serves nothing."),
 )
@@ -57,7 +61,7 @@ class Config:
     watchdog_sec: float = 30.0
     repair: str = "auto"
     state_dir: str = "/run/nvsymlinkd"
-    metrics_textfile: str = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+    metrics_textfile: str = ""
     metrics_listen: str = ""
     source: str | None = None  # the file it came from, for messages
 
@@ -98,9 +102,20 @@ def _load_toml(data: bytes, path: str) -> dict:
         raise ConfigError(f"{path}:{line}: invalid TOML: {msg}; fix that line (see man nvsymlinkd.toml)")
 
 
+# C0, DEL and C1: a newline in a value would start a new line in a rendered unit
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def has_control_character(text: str) -> bool:
+    return _CONTROL.search(text) is not None
+
+
 def _coerce(key: Key, value, where: str):
     def bad(what: str):
         return ConfigError(f"{where}: key '{key.name}' must be {what}, got {value!r}")
+
+    if isinstance(value, str) and has_control_character(value):
+        raise bad("free of control characters (newline, tab, ...)")
 
     if key.kind == "bool":
         if not isinstance(value, bool):
@@ -121,8 +136,8 @@ def _coerce(key: Key, value, where: str):
     if key.kind == "seconds":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise bad("a number of seconds")
-        if key.minimum is not None and value < key.minimum:
-            raise bad(f"a number of seconds >= {key.minimum:g}")
+        if value != 0 and not key.minimum <= value <= key.maximum:
+            raise bad(f"0 (off) or a number of seconds from {key.minimum:g} to {key.maximum:g}")
         return float(value)
     if key.kind == "choice":
         if value not in key.choices:

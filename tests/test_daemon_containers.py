@@ -377,7 +377,7 @@ def test_hook_grant_is_at_risk_once_baselined_and_repaired_from_the_baseline(run
 def test_findings_are_journaled_once_across_periodic_passes(runc_host, systemd_bus, start_daemon):
     c = runc_host.run("gpu-periodic", **gpu0())
     c.deny("c 195:0 rw")
-    d = start_daemon(systemd_bus, "--resync-interval", "0.2", config_text='repair = "report"\n')
+    d = start_daemon(systemd_bus, "--resync-interval", "1", config_text='repair = "report"\n')
     d.wait_entry("container-lost", c.id)
     d.wait_until(lambda: d.passes("periodic resync") >= 5, "five periodic verifications")
     assert len(d.entries(kind="container-lost")) == 1, d.output()

@@ -216,7 +216,7 @@ def test_failed_link_write_is_counted(tmp_path, need_root):
 def test_flush_writes_atomically_under_root_with_mode_0644(tmp_path):
     root = tmp_path / "root"
     (root / "var/lib/node_exporter/textfile_collector").mkdir(parents=True)
-    metrics = m.Metrics(HostRoot(str(root)), Config())
+    metrics = m.Metrics(HostRoot(str(root)), Config(metrics_textfile=TEXTFILE))
     old = os.umask(0o077)
     try:
         assert metrics.flush()
@@ -264,7 +264,7 @@ def test_flush_disabled_and_missing_directory(tmp_path):
 def test_config_keys():
     c = parse_config(b'metrics_textfile = ""\nmetrics_listen = "[::1]:9402"\n', "t.toml")
     assert c.metrics_textfile == "" and c.metrics_listen == "[::1]:9402"
-    assert Config().metrics_textfile == TEXTFILE and Config().metrics_listen == ""
+    assert Config().metrics_textfile == "" and Config().metrics_listen == ""  # off unless asked for
     for bad in (b'metrics_textfile = "relative.prom"', b'metrics_listen = "9402"', b'metrics_listen = "h:0"',
                 b"metrics_listen = 9402"):
         with pytest.raises(Exception, match="metrics_"):
@@ -407,10 +407,10 @@ def test_daemon_writes_the_textfile_and_counts_move(tmp_path, need_root):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = tmp_path / "nvsymlinkd.toml"
-    config.write_text(f'metrics_listen = "127.0.0.1:{port}"\n')
+    config.write_text(f'metrics_listen = "127.0.0.1:{port}"\nmetrics_textfile = "{TEXTFILE}"\n')
     d = DaemonProcess(host.root, "--resync-interval", "0", config=config)
     try:
-        # the daemon's default metrics_textfile, resolved under --root
+        # metrics_textfile, resolved under --root
         d.wait_until(lambda: value("nvsymlinkd_link_changes_total", action="create") == 6,
                      "6 created links in the metrics textfile (is the daemon wired to nvsymlinkd.metrics?)")
         assert value("nvsymlinkd_links_managed") == 6

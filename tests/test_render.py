@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd.config import Config, parse_config
-from nvsymlinkd.render import RenderOptions, render_all, systemd_word
+from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.render import RULES, RenderOptions, render_all, systemd_word
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).parent.parent
@@ -53,8 +54,7 @@ def test_driver_container_values_reach_the_units(tmp_path, nvsymlinkd_cli):
     assert "ExecStart=/usr/local/bin/nvsymlinkd sync --driver-root /run/nvidia/driver --create-nodes\n" in sync
     assert "WatchdogSec" not in service.replace("# watchdog_sec = 0", "")
     # nodes are created under the driver root, outside /dev: it must be writable under ProtectSystem=strict
-    assert ("ReadWritePaths=/sys/fs/cgroup -/run/nvidia/driver/dev "
-            "-/var/lib/node_exporter/textfile_collector\n") in service
+    assert "ReadWritePaths=/sys/fs/cgroup -/run/nvidia/driver/dev\n" in service
     assert "ReadWritePaths=-/run/nvidia/driver/dev\n" in sync
 
 
@@ -66,11 +66,56 @@ def test_defaults_pass_no_flags_so_the_config_file_decides():
     assert "RuntimeDirectory=nvsymlinkd\n" in files["nvsymlinkd.service"]
 
 
-def test_state_dir_outside_run_becomes_writable():
-    files = render_all(Config(state_dir="/var/lib/nvsymlinkd", metrics_textfile=""))
-    assert "RuntimeDirectory" not in files["nvsymlinkd.service"]
-    assert "ReadWritePaths=/sys/fs/cgroup -/var/lib/nvsymlinkd\n" in files["nvsymlinkd.service"]
-    assert "ReadWritePaths=\n" not in files["nvsymlinkd-sync.service"]
+def test_state_dir_under_var_lib_is_made_by_systemd(tmp_path, nvsymlinkd_cli):
+    """Issue 12.13: under ProtectSystem=strict the daemon cannot create /var/lib/X itself."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('state_dir = "/var/lib/nvsymlinkd-test"\n')
+    service = nvsymlinkd_cli("--config", cfg, "render", check=0).stdout
+    assert "\nStateDirectory=nvsymlinkd-test\n" in service
+    assert "ReadWritePaths=/sys/fs/cgroup\n" in service and "RuntimeDirectory" not in service
+    cache = render_all(Config(state_dir="/var/cache/nv/state"))["nvsymlinkd.service"]
+    assert "\nCacheDirectory=nv/state\n" in cache
+
+
+def test_state_dir_elsewhere_must_exist():
+    service = render_all(Config(state_dir="/srv/nvsymlinkd"))["nvsymlinkd.service"]
+    # no "-": a missing directory fails the start instead of silently losing every baseline
+    assert "ReadWritePaths=/sys/fs/cgroup /srv/nvsymlinkd\n" in service
+    assert "Directory=" not in service
+    assert "StateDirectory" not in render_all(Config(state_dir="/var/lib/../etc"))["nvsymlinkd.service"]
+
+
+def test_seconds_are_plain_decimals(tmp_path, nvsymlinkd_cli):
+    """Issue 12.8: systemd ignores WatchdogSec=1e+07; and %g cut 1234.5678 to 1234.57."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("watchdog_sec = 2048.125\nresync_interval = 1234.5678\n")
+    service = nvsymlinkd_cli("--config", cfg, "render", check=0).stdout
+    assert "\nWatchdogSec=2048.125\n" in service
+    assert "run --resync-interval 1234.5678\n" in service
+    for value in (5, 3600):
+        assert f"\nWatchdogSec={value}\n" in render_all(Config(watchdog_sec=value))["nvsymlinkd.service"]
+
+
+def test_metrics_textfile_is_off_by_default(tmp_path, nvsymlinkd_cli):
+    """Issue 15.10: no node-exporter path in the packaged unit, no 'cannot write metrics' on every start."""
+    service = nvsymlinkd_cli("--config", "/dev/null", "render", check=0).stdout
+    assert "node_exporter" not in service
+    assert "ReadWritePaths=/sys/fs/cgroup\n" in service
+
+
+def test_daemon_says_nothing_about_metrics_nobody_asked_for(tmp_path, need_root):
+    from daemonproc import DaemonProcess
+    from fakehost import standard_host
+
+    host = standard_host(tmp_path / "root")
+    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
+    d = DaemonProcess(host.root, "--resync-interval", "0", config="/dev/null")
+    try:
+        d.wait_for_line(r"created link")
+    finally:
+        assert d.stop() == 0, d.output()
+    assert "metrics" not in d.output(), d.output()
+    assert not os.path.exists(host.path("/var/lib/node_exporter"))
 
 
 def test_odd_paths_are_quoted_and_escaped():
@@ -79,6 +124,9 @@ def test_odd_paths_are_quoted_and_escaped():
     assert systemd_word("/opt/100%") == '"/opt/100%%"'
     assert systemd_word("/opt/$x") == '"/opt/$$x"'
     assert systemd_word('/a"b') == '"/a\\"b"'
+    # config refuses control characters first; a Config built in code still cannot inject a line
+    with pytest.raises(NvsymlinkdError, match="control character"):
+        render_all(Config(state_dir="/run/x\nExecStartPre=/bin/true"))
     files = render_all(Config(dev_char_path="/srv/dev char"), RenderOptions(bindir="/opt/nv %i"))
     assert 'ExecStart="/opt/nv %%i/nvsymlinkd" run --dev-char-path "/srv/dev char"\n' in files["nvsymlinkd.service"]
 
@@ -142,3 +190,73 @@ def test_missing_template_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setitem(render.TEMPLATES, "extra.rules", "no-such-template.j2")
     with pytest.raises(NvsymlinkdError, match=r"^nvsymlinkd/templates/no-such-template\.j2: missing .*reinstall"):
         render.render_all(Config())
+
+
+# -- drop-ins (issue 15.4) ---------------------------------------------------------------------------------
+
+DROP_IN_CASES = {
+    "drop-ins-driver-container": CASES["driver-container"],
+    "drop-ins-everything": ('driver_root = "/run/nvidia/driver"\ncreate_nodes = true\n'
+                            'state_dir = "/var/lib/nvsymlinkd-test"\nmetrics_listen = ":9402"\n'
+                            'metrics_textfile = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"\n', []),
+}
+DROP_IN_FILES = ["nvsymlinkd-sync.service.d/50-nvsymlinkd-config.conf",
+                 "nvsymlinkd.service.d/50-nvsymlinkd-config.conf"]
+
+
+def render_drop_in_case(tmp_path, nvsymlinkd_cli, name):
+    text, options = DROP_IN_CASES[name]
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(text)
+    out = tmp_path / name
+    nvsymlinkd_cli("--config", cfg, "render", "--drop-ins", out, *options, check=0)
+    return {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", sorted(DROP_IN_CASES))
+def test_drop_in_golden(tmp_path, nvsymlinkd_cli, name):
+    files = render_drop_in_case(tmp_path, nvsymlinkd_cli, name)
+    assert sorted(files) == DROP_IN_FILES
+    golden_dir = GOLDEN / name
+    if os.environ.get("NVSYMLINKD_REGEN_GOLDEN") == "1":
+        for fname, text in files.items():
+            (golden_dir / fname).parent.mkdir(parents=True, exist_ok=True)
+            (golden_dir / fname).write_text(text)
+    for fname, text in files.items():
+        assert text == (golden_dir / fname).read_text(), f"{name}/{fname} differs from tests/golden"
+
+
+def test_drop_ins_hold_only_the_changed_settings(tmp_path, nvsymlinkd_cli):
+    files = render_drop_in_case(tmp_path, nvsymlinkd_cli, "drop-ins-driver-container")
+    service = files["nvsymlinkd.service.d/50-nvsymlinkd-config.conf"]
+    settings = [ln for ln in service.splitlines() if ln and not ln.startswith("#")]
+    assert settings == ["[Service]", "ExecStart=",
+                        "ExecStart=/usr/local/bin/nvsymlinkd run --driver-root /run/nvidia/driver --create-nodes "
+                        "--resync-interval 20",
+                        "WatchdogSec=0", "ReadWritePaths=-/run/nvidia/driver/dev"]
+
+
+def test_default_config_needs_no_drop_in_and_removes_a_stale_one(tmp_path, nvsymlinkd_cli):
+    out = tmp_path / "etc-systemd-system"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("create_nodes = true\n")
+    nvsymlinkd_cli("--config", cfg, "render", "--drop-ins", out, check=0)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.conf")) == DROP_IN_FILES
+    (out / "nvsymlinkd.service.d" / "90-admin.conf").write_text("[Service]\nNice=5\n")
+    cfg.write_text("")  # back to the packaged defaults
+    nvsymlinkd_cli("--config", cfg, "render", "--drop-ins", out, check=0)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.conf")) == ["nvsymlinkd.service.d/90-admin.conf"]
+    assert not (out / RULES).exists() and not (out / "nvsymlinkd.service").exists()
+
+
+def test_output_and_drop_ins_exclude_each_other(tmp_path, nvsymlinkd_cli):
+    proc = nvsymlinkd_cli("--config", "/dev/null", "render", "--output", tmp_path / "a", "--drop-ins", tmp_path / "b")
+    assert proc.returncode == 2 and "not allowed with" in proc.stderr
+
+
+def test_udev_rule_does_not_depend_on_the_config():
+    """So --drop-ins never has a rule to write (udev reads /etc/udev/rules.d, not a systemd directory)."""
+    changed = Config(driver_root="/run/nvidia/driver", dev_char_path="/srv/char", create_nodes=True,
+                     resync_interval=5, watchdog_sec=0, state_dir="/srv/state", metrics_listen=":9402",
+                     metrics_textfile="/srv/m.prom")
+    assert render_all(changed, RenderOptions(bindir="/opt/bin"))[RULES] == render_all(Config())[RULES]

@@ -17,6 +17,12 @@ CONFIGS = {
     "odd-paths": Config(dev_char_path="/srv/dev char%", state_dir="/var/lib/nv symlinkd"),
     "metrics-local": Config(metrics_listen="127.0.0.1:9402", metrics_textfile=""),
     "metrics-remote": Config(metrics_listen=":9402"),
+    # issue 12.8: the bounds of watchdog_sec render as values systemd takes
+    "watchdog-min": Config(watchdog_sec=5, resync_interval=1),
+    "watchdog-max": Config(watchdog_sec=3600, resync_interval=86400),
+    # issue 12.13: state_dir outside /run
+    "state-var-lib": Config(state_dir="/var/lib/nvsymlinkd-test"),
+    "textfile": Config(metrics_textfile="/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"),
 }
 MAX_EXPOSURE = 3.0  # docs/packaging.md quotes the measured figure
 
@@ -96,3 +102,42 @@ def test_metrics_listen_opens_only_what_it_needs():
     remote = render_all(CONFIGS["metrics-remote"])["nvsymlinkd.service"]
     assert "IPAddressDeny" not in remote and "AF_INET6" in remote
     assert "IPAddressDeny=any\n" in render_all(Config())["nvsymlinkd.service"]
+
+
+def test_state_dir_outside_run_gets_state_directory():
+    service = render_all(CONFIGS["state-var-lib"])["nvsymlinkd.service"]
+    assert "\nStateDirectory=nvsymlinkd-test\n" in service
+    assert "\nProtectSystem=strict\n" in service
+
+
+@pytest.mark.parametrize("name", ["driver-container", "state-var-lib", "metrics-remote", "odd-paths"])
+def test_packaged_unit_plus_drop_in_verifies(tmp_path, name):
+    """What `render --drop-ins` writes, on top of the packaged units, is accepted by systemd."""
+    from nvsymlinkd.render import render_drop_ins
+
+    tool = need_tool("systemd-analyze")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvsymlinkd").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "nvsymlinkd").chmod(0o755)
+    packaged = render_all(Config(), RenderOptions(bindir=str(bindir)))
+    drop_ins = render_drop_ins(CONFIGS[name], RenderOptions(bindir=str(bindir)))
+    out = tmp_path / "system"
+    out.mkdir()
+    for unit in ("nvsymlinkd.service", "nvsymlinkd-sync.service"):
+        (out / unit).write_text(packaged[unit])
+    for rel, text in drop_ins.items():
+        if text is not None:
+            (out / rel).parent.mkdir(exist_ok=True)
+            (out / rel).write_text(text)
+    assert any(drop_ins.values())
+    for unit in ("nvsymlinkd.service", "nvsymlinkd-sync.service"):
+        proc = subprocess.run([tool, "verify", "--man=no", str(out / unit)], capture_output=True, text=True,
+                              timeout=120, cwd=out)
+        assert proc.returncode == 0 and proc.stderr == "", f"{unit} + drop-in ({name}):\n{proc.stderr}"
+    # not vacuous: verify reads the drop-in next to the unit
+    conf = out / "nvsymlinkd.service.d" / "50-nvsymlinkd-config.conf"
+    conf.write_text(conf.read_text() + "WatchdogSec=soon\n")
+    proc = subprocess.run([tool, "verify", "--man=no", str(out / "nvsymlinkd.service")], capture_output=True,
+                          text=True, timeout=120, cwd=out)
+    assert "soon" in proc.stderr, proc.stderr

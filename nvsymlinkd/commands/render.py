@@ -6,13 +6,15 @@ import argparse
 import os
 import sys
 
+from nvsymlinkd.config import has_control_character
 from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
 
 EPILOG = """\
 examples:
   nvsymlinkd render                             # print the rule and the units
-  nvsymlinkd render --output /root/nvsymlinkd-units
-  cp /root/nvsymlinkd-units/*.service /etc/systemd/system/ && systemctl daemon-reload
+  nvsymlinkd render --drop-ins /etc/systemd/system && systemctl daemon-reload
+                                                # after changing /etc/nvsymlinkd/nvsymlinkd.toml
+  nvsymlinkd render --config /dev/null --output build/units    # packaging
 
 what becomes ExecStart= flags and ReadWritePaths=: man nvsymlinkd-render
 """
@@ -27,9 +29,16 @@ def register(sub) -> None:
                                    "Packaging runs this at build time: use --config /dev/null there so the "
                                    "build machine's config does not leak in.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", default=None, metavar="DIR",
-                   help="write the files into DIR (created if missing; taken as given, not under --root); "
-                        "default: print them to stdout, each after a '==> NAME <==' line")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--output", default=None, metavar="DIR",
+                       help="write the complete files into DIR (created if missing; taken as given, not under "
+                            "--root), e.g. for packaging; default: print them to stdout, each after a "
+                            "'==> NAME <==' line")
+    where.add_argument("--drop-ins", default=None, metavar="DIR",
+                       help="write DIR/nvsymlinkd.service.d/50-nvsymlinkd-config.conf and the sync unit's with "
+                            "exactly the settings that differ from the packaged units (a stale one is removed "
+                            "when nothing differs); for operators: --drop-ins /etc/systemd/system, then "
+                            "systemctl daemon-reload. The udev rule does not depend on the config.")
     add_link_options(p)
     p.add_argument("--resync-interval", type=float, default=None, metavar="SEC",
                    help="daemon resync interval passed to `nvsymlinkd run` (default 60; 0 disables)")
@@ -43,7 +52,7 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd.render import DEFAULT_BINDIR, RenderOptions, render_all
+    from nvsymlinkd.render import DEFAULT_BINDIR, RenderOptions, render_all, render_drop_ins
 
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                                    create_nodes=args.create_nodes, resync_interval=args.resync_interval,
@@ -51,6 +60,16 @@ def run(args, root, config) -> int:
     bindir = args.bindir or DEFAULT_BINDIR
     if not bindir.startswith("/"):
         raise UsageError(f"--bindir {bindir}: must be an absolute path (ExecStart= needs one)")
+    if has_control_character(bindir):
+        raise UsageError(f"--bindir {bindir!r}: must be free of control characters (newline, tab, ...)")
+    if args.drop_ins is not None:
+        for name, text in render_drop_ins(config, RenderOptions(bindir=bindir)).items():
+            path = os.path.join(args.drop_ins, name)
+            if text is not None:
+                write_file(path, text)
+            else:
+                remove_file(path)
+        return EXIT_OK
     files = render_all(config, RenderOptions(bindir=bindir))
     if args.output is None:
         for i, (name, text) in enumerate(files.items()):
@@ -71,3 +90,13 @@ def write_file(path: str, text: str) -> None:
     except OSError as exc:
         raise NvsymlinkdError(f"{exc.filename or path}: cannot write: {exc.strerror}; "
                               "check --output (an existing, writable directory or a path that can be created)")
+
+
+def remove_file(path: str) -> None:
+    """Remove a drop-in an earlier render wrote, now that the packaged unit is right again."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise NvsymlinkdError(f"{path}: cannot remove the stale drop-in: {exc.strerror}")

@@ -82,7 +82,7 @@ def test_daemon_scenarios_install_the_deb():
     modes = {name: vmhost.scenario_options(name)["nvsymlinkd"] for name in SCENARIOS}
     for name, mode in modes.items():
         assert mode in ("off", "deb", "source"), (name, mode)
-        if name[:3] in ("s02", "s03", "s04", "s05", "s06", "s07"):
+        if name[:3] in ("s02", "s03", "s04", "s05", "s06", "s07", "s08"):
             assert mode == "deb", f"{name} runs nvsymlinkd={mode}, not the .deb"
 
 
