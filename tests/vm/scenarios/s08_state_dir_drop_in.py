@@ -1,4 +1,4 @@
-"""Scenario 7: a non-default state_dir through `render --drop-ins` (issues 12.13 and 15.4).
+"""Scenario 8: a non-default state_dir through `render --drop-ins` (issues 12.13 and 15.4).
 
 The .deb is installed; the operator sets state_dir = "/var/lib/nvsymlinkd-test" in the packaged
 config file and follows its advice: `nvsymlinkd render --drop-ins /etc/systemd/system`,
