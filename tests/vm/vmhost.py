@@ -32,12 +32,13 @@ VM_DIR = Path(__file__).resolve().parent
 REPO = VM_DIR.parent.parent
 IMAGE_DIR = VM_DIR / "image"
 MODULES_SRC = VM_DIR / "modules"
+POLLER_SRC = VM_DIR / "poller"
 SCENARIOS_DIR = VM_DIR / "scenarios"
 CACHE = Path(os.environ.get("NVSYMLINKD_VM_CACHE", REPO / ".cache" / "vm"))
 SUITE = "bookworm"
 # Bump when the build recipe below changes in a way the hashed files do not show.
 RECIPE = 1
-IMAGE_SIZE = "1G"
+IMAGE_SIZE = "2G"
 BOOT_BUDGET_S = 150     # qemu start to the runner starting; measured 16-45 s under TCG
 BOOT_ATTEMPTS = 2       # a boot that hangs before any scenario code ran is retried once
 KEEP_RUNS = 30          # run directories (console, journal, results) kept under CACHE/runs
@@ -296,10 +297,12 @@ def build_image(force: bool = False) -> Image:
 
 
 def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
-    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel, cached like the image."""
+    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel and the static in-container poller
+    (gpupoll, tests/vm/poller), cached like the image."""
     kernel = kernel or guest_kernel()
     h = hashlib.sha256(f"{kernel.abi} {kernel.version}".encode())
     _hash_tree(h, MODULES_SRC)
+    _hash_tree(h, POLLER_SRC)
     key = h.hexdigest()[:16]
     final = CACHE / f"modules-{key}"
     with _CacheLock():
@@ -314,12 +317,16 @@ def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
             raise VmError(f"building the fake modules against {kernel.headers} failed "
                           f"(gcc, make, linux-headers-{kernel.abi} installed?):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         names = ["nvidia.ko", "nvidia-uvm.ko"]
+        proc = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", "-o", str(tmp / "gpupoll"),
+                               str(POLLER_SRC / "gpupoll.c")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VmError(f"building the static poller failed (gcc, libc6-dev installed?):\n{proc.stderr[-2000:]}")
         for name in names:
             vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(tmp / name)],
                                       capture_output=True, text=True).stdout
             if not vermagic.startswith(kernel.abi + " "):
                 raise VmError(f"{name} has vermagic {vermagic!r}, guest kernel is {kernel.abi}")
-        _write_manifest(tmp, names, {"kernel_abi": kernel.abi})
+        _write_manifest(tmp, names + ["gpupoll"], {"kernel_abi": kernel.abi})
         _publish(tmp, final, "modules-")
         return final
 
@@ -467,7 +474,7 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
         shutil.rmtree(stale, ignore_errors=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name}-", dir=out_root))
     (run_dir / "modules").mkdir()
-    for ko in modules.glob("*.ko"):
+    for ko in list(modules.glob("*.ko")) + [modules / "gpupoll"]:
         shutil.copy(ko, run_dir / "modules" / ko.name)
     (run_dir / "scenarios.txt").write_text(name + "\n")
     if opts["nvsymlinkd"] == "deb":
