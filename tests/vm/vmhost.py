@@ -377,8 +377,11 @@ def build_package() -> Package:
 def scenario_options(name: str) -> Dict[str, str]:
     """'# vm: key=value ...' lines at the top of a scenario script. nvsymlinkd=off|deb|source:
     not installed, the freshly built .deb installed with dpkg -i, or run from the 9p source tree
-    with its rendered units (quick iteration: no package build)."""
-    opts = {"nvsymlinkd": "off", "timeout": "300"}
+    with its rendered units (quick iteration: no package build). hierarchies=v2,v1: the cgroup
+    hierarchies the scenario runs on (default v2; v1 boots systemd.unified_cgroup_hierarchy=0,
+    listed as NAME@v1). matrix=full: only with NVSYMLINKD_VM_MATRIX=full (the default run keeps a
+    representative subset)."""
+    opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default"}
     for line in scenario_path(name).read_text().splitlines()[:20]:
         if line.startswith("# vm:"):
             for word in line[len("# vm:"):].split():
@@ -388,14 +391,32 @@ def scenario_options(name: str) -> Dict[str, str]:
 
 
 def scenario_path(name: str) -> Path:
-    path = SCENARIOS_DIR / f"{name}.py"
+    path = SCENARIOS_DIR / f"{name.split('@', 1)[0]}.py"
     if not path.is_file():
         raise VmError(f"no scenario {path}; available: {', '.join(list_scenarios())}")
     return path
 
 
-def list_scenarios() -> List[str]:
-    return sorted(p.stem for p in SCENARIOS_DIR.glob("s*.py"))
+def scenario_hierarchy(name: str) -> str:
+    """v2 (unified, the default boot) or v1 (NAME@v1: legacy, systemd.unified_cgroup_hierarchy=0)."""
+    hierarchy = name.split("@", 1)[1] if "@" in name else "v2"
+    if hierarchy not in ("v1", "v2"):
+        raise VmError(f"{name}: the cgroup hierarchy after '@' must be v1 or v2")
+    return hierarchy
+
+
+def list_scenarios(matrix: Optional[str] = None) -> List[str]:
+    """Scenario names, one per hierarchy each runs on; matrix 'full' (default: the environment's
+    NVSYMLINKD_VM_MATRIX) includes the ones marked matrix=full."""
+    full = (matrix or os.environ.get("NVSYMLINKD_VM_MATRIX", "")) == "full"
+    names = []
+    for stem in sorted(p.stem for p in SCENARIOS_DIR.glob("s*.py")):
+        opts = scenario_options(stem)
+        if opts["matrix"] == "full" and not full:
+            continue
+        for hierarchy in opts["hierarchies"].split(","):
+            names.append(stem if hierarchy == "v2" else f"{stem}@{hierarchy}")
+    return names
 
 
 @dataclass
@@ -472,7 +493,8 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     out_root.mkdir(parents=True, exist_ok=True)
     for stale in sorted(out_root.iterdir())[:-KEEP_RUNS]:
         shutil.rmtree(stale, ignore_errors=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name}-", dir=out_root))
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace('@', '-')}-",
+                                    dir=out_root))
     (run_dir / "modules").mkdir()
     for ko in list(modules.glob("*.ko")) + [modules / "gpupoll"]:
         shutil.copy(ko, run_dir / "modules" / ko.name)
@@ -480,7 +502,10 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
     (run_dir / "timeout").write_text(str(int(timeout)))
-    argv = qemu_argv(image, run_dir, f"nvsymlinkd.vm={opts['nvsymlinkd']}")
+    extra = f"nvsymlinkd.vm={opts['nvsymlinkd']}"
+    if scenario_hierarchy(name) == "v1":
+        extra += " systemd.unified_cgroup_hierarchy=0"
+    argv = qemu_argv(image, run_dir, extra)
     (run_dir / "qemu.argv").write_text(json.dumps(argv))
     start = time.monotonic()
     for attempt in range(1, BOOT_ATTEMPTS + 1):
