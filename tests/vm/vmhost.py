@@ -405,6 +405,15 @@ def scenario_hierarchy(name: str) -> str:
     return hierarchy
 
 
+def guest_cmdline(name: str, nvsymlinkd: str) -> str:
+    """Kernel command line words for a scenario: how the runner installs nvsymlinkd, and the
+    legacy (v1) hierarchy for NAME@v1."""
+    words = [f"nvsymlinkd.vm={nvsymlinkd}"]
+    if scenario_hierarchy(name) == "v1":
+        words.append("systemd.unified_cgroup_hierarchy=0")
+    return " ".join(words)
+
+
 def list_scenarios(matrix: Optional[str] = None) -> List[str]:
     """Scenario names, one per hierarchy each runs on; matrix 'full' (default: the environment's
     NVSYMLINKD_VM_MATRIX) includes the ones marked matrix=full."""
@@ -502,10 +511,7 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
     (run_dir / "timeout").write_text(str(int(timeout)))
-    extra = f"nvsymlinkd.vm={opts['nvsymlinkd']}"
-    if scenario_hierarchy(name) == "v1":
-        extra += " systemd.unified_cgroup_hierarchy=0"
-    argv = qemu_argv(image, run_dir, extra)
+    argv = qemu_argv(image, run_dir, guest_cmdline(name, opts["nvsymlinkd"]))
     (run_dir / "qemu.argv").write_text(json.dumps(argv))
     start = time.monotonic()
     for attempt in range(1, BOOT_ATTEMPTS + 1):
