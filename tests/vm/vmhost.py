@@ -380,8 +380,8 @@ def scenario_options(name: str) -> Dict[str, str]:
     with its rendered units (quick iteration: no package build). hierarchies=v2,v1: the cgroup
     hierarchies the scenario runs on (default v2; v1 boots systemd.unified_cgroup_hierarchy=0,
     listed as NAME@v1). matrix=full: only with NVSYMLINKD_VM_MATRIX=full (the default run keeps a
-    representative subset)."""
-    opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default"}
+    representative subset); full=v1: hierarchies added only with NVSYMLINKD_VM_MATRIX=full."""
+    opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default", "full": ""}
     for line in scenario_path(name).read_text().splitlines()[:20]:
         if line.startswith("# vm:"):
             for word in line[len("# vm:"):].split():
@@ -423,7 +423,8 @@ def list_scenarios(matrix: Optional[str] = None) -> List[str]:
         opts = scenario_options(stem)
         if opts["matrix"] == "full" and not full:
             continue
-        for hierarchy in opts["hierarchies"].split(","):
+        hierarchies = opts["hierarchies"].split(",") + (opts["full"].split(",") if full and opts["full"] else [])
+        for hierarchy in hierarchies:
             names.append(stem if hierarchy == "v2" else f"{stem}@{hierarchy}")
     return names
 
