@@ -3,7 +3,7 @@ and nvsymlinkd running: the container is prevented, `check --json` lists it ok a
 containerd in cri-containerd-<id>.scope, and through 20 daemon-reloads, 2 daemon-reexecs, 10
 task updates (kubelet CPU manager's path) and a containerd restart gpupoll sees zero denied opens.
 """
-# vm: nvsymlinkd=deb timeout=600 matrix=full
+# vm: nvsymlinkd=deb timeout=600
 import os
 
 from stacks import Containerd, install_nvidia_toolkit, prove_prevention
