@@ -176,6 +176,10 @@ def discover(root: HostRoot) -> list:
             _attach_bundle(root, c, bundle, None)
 
     for c in found.values():
+        # Podman keeps its bundle in the graphroot (/var/lib/containers/...), not under
+        # STORAGE_CONTAINERS: found through crun's or runc's state, its spec still names it.
+        if c.runtime in ("runc", "crun") and c.spec and c.spec.annotations.get("io.container.manager") == "libpod":
+            c.runtime = "podman"
         _finish(root, c)
     _attach_names(root, found.values())
     return sorted(found.values(), key=lambda c: (c.runtime, c.namespace or "", c.id))

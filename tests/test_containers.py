@@ -82,6 +82,21 @@ def test_podman_with_crun_nested_leaf(fakehost, layouts):
     assert c.scope == f"libpod-{CID}.scope"
 
 
+@pytest.mark.parametrize("oci_runtime", ["crun", "runc"])
+def test_podman_bundle_in_graphroot_is_podman(fakehost, layouts, oci_runtime):
+    """Real Podman 4.3 (VM s15): config.json only in the graphroot, so the container is found
+    through crun's or runc's state; its spec's io.container.manager=libpod still names it podman."""
+    pid = layouts.podman_graphroot(CID, GPU_SPEC, oci_runtime=oci_runtime)
+    c = one(fakehost, id=CID)
+    assert (c.runtime, c.status, c.init_pid) == ("podman", "running", pid)
+    assert c.scope == f"libpod-{CID}.scope"
+    assert c.spec is not None and c.spec.visible_devices == "GPU-1234"
+    out = subprocess.run([sys.executable, "-m", "nvsymlinkd", "--root", str(fakehost.root), "check", "--json"],
+                         capture_output=True, text=True)
+    listed = {x["id"]: x["runtime"] for x in json.loads(out.stdout)["containers"]}
+    assert listed == {CID: "podman"}, out.stderr[-500:]
+
+
 def test_plain_crun(fakehost, layouts):
     layouts.crun("job1", GPU_SPEC)
     c = one(fakehost, id="job1")

@@ -112,3 +112,24 @@ def test_image_key_follows_inputs(monkeypatch):
     changed = vmhost.image_key(kernel)
     monkeypatch.undo()
     assert changed != vmhost.image_key(kernel)
+
+
+def test_hierarchies_and_matrix_select_scenarios(tmp_path, monkeypatch):
+    """'# vm: hierarchies=v2,v1' lists NAME and NAME@v1 (booted systemd.unified_cgroup_hierarchy=0);
+    'matrix=full' scenarios, and 'full=v1' hierarchies, run only with NVSYMLINKD_VM_MATRIX=full."""
+    (tmp_path / "s90_both.py").write_text("# vm: nvsymlinkd=off hierarchies=v2,v1\n")
+    (tmp_path / "s91_full_only.py").write_text("# vm: nvsymlinkd=deb matrix=full hierarchies=v1\n")
+    (tmp_path / "s92_plain.py").write_text('"""doc"""\n')
+    (tmp_path / "s93_v1_in_full.py").write_text("# vm: nvsymlinkd=deb full=v1\n")
+    monkeypatch.setattr(vmhost, "SCENARIOS_DIR", tmp_path)
+    monkeypatch.delenv("NVSYMLINKD_VM_MATRIX", raising=False)
+    assert vmhost.list_scenarios() == ["s90_both", "s90_both@v1", "s92_plain", "s93_v1_in_full"]
+    monkeypatch.setenv("NVSYMLINKD_VM_MATRIX", "full")
+    assert vmhost.list_scenarios() == ["s90_both", "s90_both@v1", "s91_full_only@v1", "s92_plain",
+                                       "s93_v1_in_full", "s93_v1_in_full@v1"]
+    assert vmhost.scenario_path("s90_both@v1") == tmp_path / "s90_both.py"
+    assert [vmhost.scenario_hierarchy(n) for n in ("s90_both", "s90_both@v1")] == ["v2", "v1"]
+    with pytest.raises(vmhost.VmError):
+        vmhost.scenario_hierarchy("s90_both@v3")
+    assert vmhost.guest_cmdline("s90_both", "off") == "nvsymlinkd.vm=off"
+    assert vmhost.guest_cmdline("s90_both@v1", "deb") == "nvsymlinkd.vm=deb systemd.unified_cgroup_hierarchy=0"

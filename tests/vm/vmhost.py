@@ -32,12 +32,13 @@ VM_DIR = Path(__file__).resolve().parent
 REPO = VM_DIR.parent.parent
 IMAGE_DIR = VM_DIR / "image"
 MODULES_SRC = VM_DIR / "modules"
+POLLER_SRC = VM_DIR / "poller"
 SCENARIOS_DIR = VM_DIR / "scenarios"
 CACHE = Path(os.environ.get("NVSYMLINKD_VM_CACHE", REPO / ".cache" / "vm"))
 SUITE = "bookworm"
 # Bump when the build recipe below changes in a way the hashed files do not show.
 RECIPE = 1
-IMAGE_SIZE = "1G"
+IMAGE_SIZE = "2G"
 BOOT_BUDGET_S = 150     # qemu start to the runner starting; measured 16-45 s under TCG
 BOOT_ATTEMPTS = 2       # a boot that hangs before any scenario code ran is retried once
 KEEP_RUNS = 30          # run directories (console, journal, results) kept under CACHE/runs
@@ -296,10 +297,12 @@ def build_image(force: bool = False) -> Image:
 
 
 def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
-    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel, cached like the image."""
+    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel and the static in-container poller
+    (gpupoll, tests/vm/poller), cached like the image."""
     kernel = kernel or guest_kernel()
     h = hashlib.sha256(f"{kernel.abi} {kernel.version}".encode())
     _hash_tree(h, MODULES_SRC)
+    _hash_tree(h, POLLER_SRC)
     key = h.hexdigest()[:16]
     final = CACHE / f"modules-{key}"
     with _CacheLock():
@@ -314,12 +317,16 @@ def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
             raise VmError(f"building the fake modules against {kernel.headers} failed "
                           f"(gcc, make, linux-headers-{kernel.abi} installed?):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         names = ["nvidia.ko", "nvidia-uvm.ko"]
+        proc = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", "-o", str(tmp / "gpupoll"),
+                               str(POLLER_SRC / "gpupoll.c")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VmError(f"building the static poller failed (gcc, libc6-dev installed?):\n{proc.stderr[-2000:]}")
         for name in names:
             vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(tmp / name)],
                                       capture_output=True, text=True).stdout
             if not vermagic.startswith(kernel.abi + " "):
                 raise VmError(f"{name} has vermagic {vermagic!r}, guest kernel is {kernel.abi}")
-        _write_manifest(tmp, names, {"kernel_abi": kernel.abi})
+        _write_manifest(tmp, names + ["gpupoll"], {"kernel_abi": kernel.abi})
         _publish(tmp, final, "modules-")
         return final
 
@@ -370,8 +377,11 @@ def build_package() -> Package:
 def scenario_options(name: str) -> Dict[str, str]:
     """'# vm: key=value ...' lines at the top of a scenario script. nvsymlinkd=off|deb|source:
     not installed, the freshly built .deb installed with dpkg -i, or run from the 9p source tree
-    with its rendered units (quick iteration: no package build)."""
-    opts = {"nvsymlinkd": "off", "timeout": "300"}
+    with its rendered units (quick iteration: no package build). hierarchies=v2,v1: the cgroup
+    hierarchies the scenario runs on (default v2; v1 boots systemd.unified_cgroup_hierarchy=0,
+    listed as NAME@v1). matrix=full: only with NVSYMLINKD_VM_MATRIX=full (the default run keeps a
+    representative subset); full=v1: hierarchies added only with NVSYMLINKD_VM_MATRIX=full."""
+    opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default", "full": ""}
     for line in scenario_path(name).read_text().splitlines()[:20]:
         if line.startswith("# vm:"):
             for word in line[len("# vm:"):].split():
@@ -381,14 +391,42 @@ def scenario_options(name: str) -> Dict[str, str]:
 
 
 def scenario_path(name: str) -> Path:
-    path = SCENARIOS_DIR / f"{name}.py"
+    path = SCENARIOS_DIR / f"{name.split('@', 1)[0]}.py"
     if not path.is_file():
         raise VmError(f"no scenario {path}; available: {', '.join(list_scenarios())}")
     return path
 
 
-def list_scenarios() -> List[str]:
-    return sorted(p.stem for p in SCENARIOS_DIR.glob("s*.py"))
+def scenario_hierarchy(name: str) -> str:
+    """v2 (unified, the default boot) or v1 (NAME@v1: legacy, systemd.unified_cgroup_hierarchy=0)."""
+    hierarchy = name.split("@", 1)[1] if "@" in name else "v2"
+    if hierarchy not in ("v1", "v2"):
+        raise VmError(f"{name}: the cgroup hierarchy after '@' must be v1 or v2")
+    return hierarchy
+
+
+def guest_cmdline(name: str, nvsymlinkd: str) -> str:
+    """Kernel command line words for a scenario: how the runner installs nvsymlinkd, and the
+    legacy (v1) hierarchy for NAME@v1."""
+    words = [f"nvsymlinkd.vm={nvsymlinkd}"]
+    if scenario_hierarchy(name) == "v1":
+        words.append("systemd.unified_cgroup_hierarchy=0")
+    return " ".join(words)
+
+
+def list_scenarios(matrix: Optional[str] = None) -> List[str]:
+    """Scenario names, one per hierarchy each runs on; matrix 'full' (default: the environment's
+    NVSYMLINKD_VM_MATRIX) includes the ones marked matrix=full."""
+    full = (matrix or os.environ.get("NVSYMLINKD_VM_MATRIX", "")) == "full"
+    names = []
+    for stem in sorted(p.stem for p in SCENARIOS_DIR.glob("s*.py")):
+        opts = scenario_options(stem)
+        if opts["matrix"] == "full" and not full:
+            continue
+        hierarchies = opts["hierarchies"].split(",") + (opts["full"].split(",") if full and opts["full"] else [])
+        for hierarchy in hierarchies:
+            names.append(stem if hierarchy == "v2" else f"{stem}@{hierarchy}")
+    return names
 
 
 @dataclass
@@ -465,15 +503,16 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     out_root.mkdir(parents=True, exist_ok=True)
     for stale in sorted(out_root.iterdir())[:-KEEP_RUNS]:
         shutil.rmtree(stale, ignore_errors=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name}-", dir=out_root))
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace('@', '-')}-",
+                                    dir=out_root))
     (run_dir / "modules").mkdir()
-    for ko in modules.glob("*.ko"):
+    for ko in list(modules.glob("*.ko")) + [modules / "gpupoll"]:
         shutil.copy(ko, run_dir / "modules" / ko.name)
     (run_dir / "scenarios.txt").write_text(name + "\n")
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
     (run_dir / "timeout").write_text(str(int(timeout)))
-    argv = qemu_argv(image, run_dir, f"nvsymlinkd.vm={opts['nvsymlinkd']}")
+    argv = qemu_argv(image, run_dir, guest_cmdline(name, opts["nvsymlinkd"]))
     (run_dir / "qemu.argv").write_text(json.dumps(argv))
     start = time.monotonic()
     for attempt in range(1, BOOT_ATTEMPTS + 1):

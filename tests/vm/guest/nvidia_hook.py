@@ -1,12 +1,22 @@
-"""A createRuntime hook that grants devices the way the legacy NVIDIA hook (libnvidia-container)
-does on cgroup v2: allow blocks prepended to the device program runc attached to the
-container's cgroup, the new program attached, the old one detached. The devices are in neither
-the spec's rules nor the scope's DeviceAllow, so a systemd reload takes them (failure 2).
+"""The NVIDIA container hook's shape, for the guest (libnvidia-container's legacy mode).
 
-    python3 nvidia_hook.py c:195:0:rw [...]     (runc passes the container state on stdin)
+    python3 nvidia_hook.py c:195:0:rw [...]     createRuntime hook: grant exactly these devices
+    python3 nvidia_hook.py prestart             prestart hook, as /usr/bin/nvidia-container-runtime-hook:
+                                                grant what NVIDIA_VISIBLE_DEVICES in the spec asks for
+
+The runtime passes the container state on stdin. The grant is the way libnvidia-container makes
+it: cgroup v2, allow blocks prepended to the device program the runtime attached to the
+container's cgroup (the new program attached, the old one detached); cgroup v1, `c M:m rw`
+written to the container's devices.allow. In prestart mode the device nodes are also created in
+the container's /dev (before or after pivot_root: runc runs prestart hooks before it, crun may
+run them after). None of this is in the spec's rules or the scope's DeviceAllow, so a systemd
+reload takes it (failure 2), which is what the scenarios prove nvsymlinkd prevents.
 """
+import ctypes
 import json
 import os
+import re
+import stat
 import sys
 
 sys.path[:0] = ["/mnt/src/tests", "/mnt/src"]
@@ -16,22 +26,36 @@ from bpfasm import nvidia_prepend  # noqa: E402  (tests/bpfasm.py: libnvidia-con
 from nvsymlinkd import bpfeval, bpfprog  # noqa: E402
 from nvsymlinkd.devicerules import DeviceRule  # noqa: E402
 
+CLONE_NEWNS = 0x00020000
+# /dev/nvidia<N> for the GPUs asked for, then the control nodes every GPU container gets.
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+LOG = "/run/vmtest/nvidia-hook.log"
 
-def container_cgroup(pid: int) -> str:
+
+def log(msg: str) -> None:
+    os.makedirs(os.path.dirname(LOG), exist_ok=True)
+    with open(LOG, "a") as f:
+        f.write(msg + "\n")
+
+
+def unified() -> bool:
+    return os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+def proc_cgroups(pid: int) -> dict:
+    """controller (or '' for the v2 line) -> path, from /proc/PID/cgroup."""
+    out = {}
     with open(f"/proc/{pid}/cgroup") as f:
         for line in f:
-            if line.startswith("0::"):
-                return "/sys/fs/cgroup" + line.strip()[3:]
-    raise RuntimeError(f"no cgroup v2 entry in /proc/{pid}/cgroup")
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in controllers.split(",") if controllers else [""]:
+                out[c] = path
+    return out
 
 
-def main() -> None:
-    state = json.load(sys.stdin)
-    rules = []
-    for arg in sys.argv[1:]:
-        dev_type, major, minor, access = arg.split(":")
-        rules.append((DeviceRule(dev_type, int(major), int(minor), access), True))
-    fd = bpfprog.open_cgroup_dir(container_cgroup(state["pid"]))
+def grant_v2(pid: int, rules) -> None:
+    path = "/sys/fs/cgroup" + proc_cgroups(pid)[""]
+    fd = bpfprog.open_cgroup_dir(path)
     try:
         for prog_id in bpfprog.query_device_program_ids(fd, effective=False):
             old = bpfprog.read_program(prog_id)
@@ -44,6 +68,83 @@ def main() -> None:
             os.close(new_fd)
     finally:
         os.close(fd)
+    log(f"pid {pid}: v2 grant {[str(r) for r, _ in rules]} on {path}")
+
+
+def grant_v1(pid: int, rules) -> None:
+    path = "/sys/fs/cgroup/devices" + proc_cgroups(pid)["devices"]
+    for rule, _ in rules:
+        with open(os.path.join(path, "devices.allow"), "w") as f:
+            f.write(str(rule))     # "c 195:0 rw"
+    log(f"pid {pid}: v1 devices.allow {[str(r) for r, _ in rules]} on {path}")
+
+
+def grant(pid: int, rules) -> None:
+    (grant_v2 if unified() else grant_v1)(pid, rules)
+
+
+def requested_nodes(env: list) -> list:
+    """Host device nodes NVIDIA_VISIBLE_DEVICES (all, none, void, 0,1,...) asks for."""
+    value = None
+    for item in env:
+        if item.startswith("NVIDIA_VISIBLE_DEVICES="):
+            value = item.split("=", 1)[1]
+    if value is None or value in ("", "none", "void"):
+        return []
+    if value == "all":
+        gpus = sorted((n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)), key=lambda n: int(n[6:]))
+    else:
+        gpus = [f"nvidia{i.strip()}" for i in value.split(",") if i.strip().isdigit()]
+    return [f"/dev/{n}" for n in gpus if os.path.exists(f"/dev/{n}")] + [p for p in CONTROL_NODES if os.path.exists(p)]
+
+
+def make_nodes(pid: int, rootfs: str, nodes: list) -> None:
+    """mknod the nodes inside the container's mount namespace (last: setns is one-way)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    if libc.setns(fd, CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), f"setns into pid {pid}'s mount namespace")
+    os.close(fd)
+    # Before pivot_root the rootfs is still a path in the namespace; after it, it is /.
+    base = rootfs if os.path.isdir(os.path.join(rootfs, "dev")) else "/"
+    for path, st in nodes:
+        target = os.path.join(base, path.lstrip("/"))
+        if os.path.lexists(target):
+            continue
+        os.mknod(target, 0o666 | stat.S_IFCHR, st.st_rdev)
+        os.chmod(target, 0o666)
+
+
+def prestart(state: dict) -> None:
+    bundle = state["bundle"]
+    with open(os.path.join(bundle, "config.json")) as f:
+        spec = json.load(f)
+    paths = requested_nodes(spec.get("process", {}).get("env", []))
+    if not paths:
+        log(f"{state['id']}: no NVIDIA_VISIBLE_DEVICES: nothing to do")
+        return
+    nodes = [(p, os.stat(p)) for p in paths]
+    rules = [(DeviceRule("c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
+    grant(state["pid"], rules)
+    rootfs = spec.get("root", {}).get("path", "rootfs")
+    log(f"{state['id']}: making {paths} in the container")
+    make_nodes(state["pid"], os.path.join(bundle, rootfs), nodes)
+
+
+def main() -> None:
+    state = json.load(sys.stdin)
+    try:
+        if sys.argv[1:] == ["prestart"]:
+            prestart(state)
+            return
+        rules = []
+        for arg in sys.argv[1:]:
+            dev_type, major, minor, access = arg.split(":")
+            rules.append((DeviceRule(dev_type, int(major), int(minor), access), True))
+        grant(state["pid"], rules)
+    except Exception as e:
+        log(f"{state.get('id')}: FAILED {e!r}")
+        raise
 
 
 if __name__ == "__main__":

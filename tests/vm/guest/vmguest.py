@@ -61,7 +61,7 @@ class Scenario:
     """Collects checks and timings, writes <results>/<name>.json on exit (also on a crash)."""
 
     def __init__(self, name: Optional[str] = None):
-        self.name = name or os.path.splitext(os.path.basename(sys.argv[0]))[0]
+        self.name = name or os.environ.get("VM_SCENARIO") or os.path.splitext(os.path.basename(sys.argv[0]))[0]
         self.checks: List[dict] = []
         self.timings: Dict[str, object] = {}
         self.facts: Dict[str, object] = {}

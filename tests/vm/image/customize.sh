@@ -22,6 +22,13 @@ for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.tim
     ln -sf /dev/null "$root/etc/systemd/system/$unit"
 done
 
+# Container daemons start only in the scenarios that test them (boot stays fast for the rest).
+for link in "$root"/etc/systemd/system/*.wants/*; do
+    case "$(basename "$link")" in
+        docker.*|containerd.*|podman*) rm -f "$link" ;;
+    esac
+done
+
 # Drop kernel modules a headless virtio guest never loads: halves the image.
 for kdir in "$root"/usr/lib/modules/*; do
     for sub in sound drivers/gpu drivers/media drivers/net/wireless drivers/net/ethernet \

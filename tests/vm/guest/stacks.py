@@ -1,0 +1,480 @@
+"""The container stacks users run, in the guest: Docker 20.10, containerd 1.6 (ctr), Podman 4.3,
+with the NVIDIA container toolkit's shape (issue 13). Everything is offline: the image is a
+busybox rootfs (plus the static poller tests/vm/poller/gpupoll.c, built on the host) imported into
+each stack, nothing is pulled.
+
+    from stacks import install_nvidia_toolkit, Docker
+    install_nvidia_toolkit()
+    docker = Docker(); docker.start()
+    ctr = docker.run_gpu("gpu-docker")          # docker run --gpus all ... gpupoll /dev/nvidia0
+    ...; poll = ctr.poll_log(); poll.denied == []
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from vmguest import MODULES, SRC, WORK, sh, wait_for
+
+HOOK = "/usr/bin/nvidia-container-runtime-hook"
+TOOLKIT = "/usr/bin/nvidia-container-toolkit"      # the same binary under the name the OCI hook uses
+RUNTIME = "/usr/bin/nvidia-container-runtime"
+OCI_HOOK = "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json"
+CDI_SPEC = "/etc/cdi/nvidia.json"
+DOCKER_CONFIG = "/etc/docker/daemon.json"
+IMAGE = "vmtest/busybox:latest"
+ROOTFS_TAR = os.path.join(WORK, "busybox-rootfs.tar")
+OCI_TAR = os.path.join(WORK, "busybox-oci.tar")
+POLL_LOG = "/tmp/gpupoll.log"
+APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "mknod", "stat")
+GUEST_DIR = os.path.join(SRC, "tests", "vm", "guest")
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
+def install_nvidia_toolkit(gpus: int = 1) -> None:
+    """nvidia-container-runtime-hook, nvidia-container-runtime, Podman's OCI hook and a CDI spec,
+    at the paths the NVIDIA container toolkit installs them (before any daemon starts: Docker looks
+    the hook up once, at start, to offer --gpus)."""
+    _write(HOOK, f"#!/bin/sh\nexec /usr/bin/python3 {GUEST_DIR}/nvidia_hook.py \"$@\"\n", 0o755)
+    if not os.path.lexists(TOOLKIT):
+        os.symlink(os.path.basename(HOOK), TOOLKIT)
+    _write(RUNTIME, f"#!/bin/sh\nexec /usr/bin/python3 {GUEST_DIR}/nvidia_runtime.py \"$@\"\n", 0o755)
+    # The shape of the toolkit's oci-nvidia-hook.json (Podman, CRI-O).
+    _write(OCI_HOOK, json.dumps({
+        "version": "1.0.0",
+        "hook": {"path": TOOLKIT, "args": ["nvidia-container-toolkit", "prestart"],
+                 "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},
+        "when": {"always": True, "commands": [".*"]},
+        "stages": ["prestart"]}, indent=1))
+    # CDI (nvidia-ctk cdi generate's shape, cut down): the devices land in the spec itself.
+    _write(CDI_SPEC, json.dumps({
+        "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+        "devices": [{"name": str(i), "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{i}"}]}}
+                    for i in range(gpus)] + [{"name": "all", "containerEdits": {"deviceNodes": [
+                        {"path": f"/dev/nvidia{i}"} for i in range(gpus)]}}],
+        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}]}},
+        indent=1))
+
+
+# ---------------------------------------------------------------- the image
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def build_rootfs_tar() -> str:
+    """busybox-static (the guest's /bin/busybox) + gpupoll as a plain rootfs tarball."""
+    if os.path.exists(ROOTFS_TAR):
+        return ROOTFS_TAR
+    os.makedirs(WORK, exist_ok=True)
+    with tarfile.open(ROOTFS_TAR + ".tmp", "w", format=tarfile.GNU_FORMAT) as tar:
+        for d in ("bin", "dev", "proc", "sys", "tmp", "etc", "run"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755, 0
+            tar.addfile(info)
+        with open("/bin/busybox", "rb") as f:
+            _add_file(tar, "bin/busybox", f.read(), 0o755)
+        with open(os.path.join(MODULES, "gpupoll"), "rb") as f:
+            _add_file(tar, "bin/gpupoll", f.read(), 0o755)
+        for applet in APPLETS:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, "busybox", 0o777, 0
+            tar.addfile(info)
+        _add_file(tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n", 0o644)
+        _add_file(tar, "etc/group", b"root:x:0:\n", 0o644)
+    os.rename(ROOTFS_TAR + ".tmp", ROOTFS_TAR)
+    return ROOTFS_TAR
+
+
+def build_oci_archive(name: str = "docker.io/" + IMAGE) -> str:
+    """The rootfs as a one-layer OCI image layout tar, for `ctr images import`."""
+    if os.path.exists(OCI_TAR):
+        return OCI_TAR
+    with open(build_rootfs_tar(), "rb") as f:
+        layer = f.read()
+    blobs = {}
+
+    def blob(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"digest": digest, "size": len(data)}
+
+    layer_desc = dict(blob(layer), mediaType="application/vnd.oci.image.layer.v1.tar")
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]}}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": dict(blob(config), mediaType="application/vnd.oci.image.config.v1+json"),
+                           "layers": [layer_desc]}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [dict(
+        blob(manifest), mediaType="application/vnd.oci.image.manifest.v1+json",
+        platform={"architecture": "amd64", "os": "linux"},
+        annotations={"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "latest"})]}).encode()
+    with tarfile.open(OCI_TAR + ".tmp", "w") as tar:
+        _add_file(tar, "oci-layout", b'{"imageLayoutVersion": "1.0.0"}', 0o644)
+        _add_file(tar, "index.json", index, 0o644)
+        for digest, data in blobs.items():
+            _add_file(tar, "blobs/sha256/" + digest.split(":", 1)[1], data, 0o644)
+    os.rename(OCI_TAR + ".tmp", OCI_TAR)
+    return OCI_TAR
+
+
+# ---------------------------------------------------------------- the poller
+
+@dataclass
+class PollLog:
+    """What gpupoll saw: denied opens (realtime stamps), closed denial windows, open count."""
+    started: Optional[float] = None
+    denied: List[tuple] = field(default_factory=list)       # (t, errno name)
+    windows: List[tuple] = field(default_factory=list)      # (first denied t, seconds, denied opens)
+    open_window: Optional[float] = None                     # first denied t of a window still open
+    opens: int = 0
+    last_alive: Optional[float] = None
+
+    @classmethod
+    def parse(cls, text: str) -> PollLog:
+        log = cls()
+        run_start = None        # first DENIED not yet closed by a WINDOW line (the next OK open)
+        for line in text.splitlines():
+            w = line.split()
+            if w and w[0] == "START":
+                log.started = float(w[1])
+            elif w and w[0] == "DENIED" and len(w) == 3:
+                log.denied.append((float(w[1]), w[2]))
+                run_start = run_start or float(w[1])
+            elif w and w[0] == "WINDOW" and len(w) == 5 and w[2] != "OPEN":
+                log.windows.append((float(w[1]), float(w[3]), int(w[4])))
+                run_start = None
+            elif w and w[0] == "ALIVE" and len(w) == 4:
+                log.last_alive, log.opens = float(w[1]), int(w[2])
+        log.open_window = run_start
+        return log
+
+    @property
+    def worst_window_s(self) -> float:
+        worst = max((d for _, d, _ in self.windows), default=0.0)
+        if self.open_window is not None:
+            worst = max(worst, time.time() - self.open_window)
+        return worst
+
+    def summary(self) -> str:
+        return (f"{self.opens} opens, {len(self.denied)} denied "
+                f"({', '.join(sorted({e for _, e in self.denied})) or '-'}), "
+                f"{len(self.windows)} closed windows, worst {self.worst_window_s:.3f} s"
+                + (" (one still open)" if self.open_window is not None else ""))
+
+
+# ---------------------------------------------------------------- containers
+
+class StackContainer:
+    """A GPU container of one stack whose PID 1 is gpupoll on /dev/nvidia0."""
+
+    def __init__(self, stack: Stack, name: str, cid: str, needs_prevention: bool = True):
+        self.stack, self.name, self.id = stack, name, cid
+        # False where a reload cannot take the grant (crun's device program sits on <scope>/container,
+        # s14): nvsymlinkd then rightly leaves the scope alone and check says ok from the start.
+        self.needs_prevention = needs_prevention
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    def exec(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return self.stack.exec(self, *argv, timeout=timeout)
+
+    def poll_log(self) -> PollLog:
+        return PollLog.parse(self.exec("/bin/cat", POLL_LOG).stdout)
+
+    def wait_polling(self, timeout: float = 30) -> PollLog:
+        log, _ = wait_for(lambda: (lambda p: p if p.last_alive else None)(self.poll_log()),
+                          timeout=timeout, interval=0.5)
+        return log or self.poll_log()
+
+    def scope(self) -> str:
+        return self.stack.scope_of(self)
+
+    def init_pid(self) -> int:
+        return self.stack.init_pid(self)
+
+    def cgroup(self) -> str:
+        with open(f"/proc/{self.init_pid()}/cgroup") as f:
+            return f.read()
+
+
+class Stack:
+    name = "?"
+    unit: Optional[str] = None
+
+    def start(self) -> float:
+        start = time.monotonic()
+        sh("systemctl", "start", self.unit, timeout=180)
+        self.ready()
+        self.import_image()
+        return time.monotonic() - start
+
+    def ready(self) -> None:
+        pass
+
+    def restart(self) -> float:
+        start = time.monotonic()
+        sh("systemctl", "restart", self.unit, timeout=180)
+        self.ready()
+        return time.monotonic() - start
+
+    def scope_of(self, ctr: StackContainer) -> str:
+        m = re.search(r"/([^/]+\.scope)", ctr.cgroup())
+        return m.group(1) if m else "?"
+
+    def remove_all(self) -> None:
+        pass
+
+
+class Docker(Stack):
+    name = "docker"
+    unit = "docker.service"
+
+    def __init__(self, live_restore: bool = True):
+        self.live_restore = live_restore
+
+    def configure(self) -> None:
+        # systemd cgroup driver (what the seeds run), no networking at all (the guest has no NIC),
+        # the nvidia runtime as the toolkit documents it, containers kept across a dockerd restart.
+        _write(DOCKER_CONFIG, json.dumps({
+            "exec-opts": ["native.cgroupdriver=systemd"], "iptables": False, "ip-masq": False,
+            "bridge": "none", "live-restore": self.live_restore,
+            "runtimes": {"nvidia": {"path": RUNTIME, "runtimeArgs": []}}}, indent=1))
+
+    def start(self) -> float:
+        self.configure()
+        return super().start()
+
+    def ready(self) -> None:
+        ok, _ = wait_for(lambda: sh("docker", "info", check=False, timeout=60).returncode == 0, timeout=90,
+                         interval=0.5)
+        if not ok:
+            raise RuntimeError("dockerd did not answer `docker info` within 90 s")
+
+    def import_image(self) -> None:
+        sh("docker", "import", build_rootfs_tar(), IMAGE, timeout=120)
+
+    def run_gpu(self, name: str, gpus: bool = True, runtime: Optional[str] = None,
+                devices: List[str] = (), env: List[str] = ()) -> StackContainer:
+        argv = ["docker", "run", "-d", "--name", name, "--network", "none"]
+        if gpus:
+            argv += ["--gpus", "all"]
+        if runtime:
+            argv += ["--runtime", runtime]
+        for d in devices:
+            argv += ["--device", d]
+        for e in env:
+            argv += ["-e", e]
+        cid = sh(*argv, IMAGE, "/bin/gpupoll", "/dev/nvidia0", POLL_LOG, timeout=120).stdout.strip()
+        return StackContainer(self, name, cid)
+
+    def exec(self, ctr, *argv, timeout=60):
+        return sh("docker", "exec", ctr.id, *argv, check=False, timeout=timeout)
+
+    def init_pid(self, ctr) -> int:
+        return int(sh("docker", "inspect", "-f", "{{.State.Pid}}", ctr.id).stdout)
+
+    def update(self, ctr, cpus: str) -> None:
+        sh("docker", "update", "--cpuset-cpus", cpus, ctr.id, timeout=60)
+
+    def remove_all(self) -> None:
+        ids = sh("docker", "ps", "-aq", check=False).stdout.split()
+        if ids:
+            sh("docker", "rm", "-f", *ids, check=False, timeout=120)
+
+
+class Containerd(Stack):
+    """containerd 1.6 driven with ctr in the k8s.io namespace the way the CRI plugin runs
+    containers: runc shim v2, systemd cgroup driver, cgroupsPath <slice>:cri-containerd:<id>;
+    the GPU through nvidia-container-runtime as the runc binary (legacy mode)."""
+    name = "containerd"
+    unit = "containerd.service"
+    ns = "k8s.io"
+
+    def ctr(self, *argv, check=True, timeout=120):
+        return sh("ctr", "-n", self.ns, *argv, check=check, timeout=timeout)
+
+    def ready(self) -> None:
+        ok, _ = wait_for(lambda: self.ctr("version", check=False, timeout=30).returncode == 0, timeout=60,
+                         interval=0.5)
+        if not ok:
+            raise RuntimeError("containerd did not answer `ctr version` within 60 s")
+
+    def import_image(self) -> None:
+        self.ctr("images", "import", "--platform", "linux/amd64", build_oci_archive())
+
+    def run_gpu(self, name: str, nvidia: bool = True, slice_: str = "system.slice") -> StackContainer:
+        argv = ["run", "-d", "--runc-systemd-cgroup", "--cgroup", f"{slice_}:cri-containerd:{name}"]
+        if nvidia:
+            argv += ["--runc-binary", RUNTIME, "--env", "NVIDIA_VISIBLE_DEVICES=all"]
+        self.ctr(*argv, "docker.io/" + IMAGE, name, "/bin/gpupoll", "/dev/nvidia0", POLL_LOG)
+        return StackContainer(self, name, name)
+
+    def exec(self, ctr, *argv, timeout=60):
+        self._execs = getattr(self, "_execs", 0) + 1
+        return self.ctr("task", "exec", "--exec-id", f"vm{self._execs}", ctr.id, *argv, check=False,
+                        timeout=timeout)
+
+    def init_pid(self, ctr) -> int:
+        with open(f"/run/containerd/io.containerd.runtime.v2.task/{self.ns}/{ctr.id}/init.pid") as f:
+            return int(f.read())
+
+    def update(self, ctr, cpus: str) -> None:
+        # The CRI plugin's UpdateContainerResources (kubelet's CPU manager) ends in the shim running
+        # `runc --root /run/containerd/runc/<ns> --systemd-cgroup update` (ctr 1.6 has no task update).
+        sh("runc", "--root", f"/run/containerd/runc/{self.ns}", "--systemd-cgroup", "update",
+           "--cpuset-cpus", cpus, ctr.id, timeout=60)
+
+    def remove_all(self) -> None:
+        for cid in self.ctr("containers", "ls", "-q", check=False).stdout.split():
+            self.ctr("task", "kill", "-s", "KILL", cid, check=False)
+            wait_for(lambda cid=cid: self.ctr("task", "delete", cid, check=False).returncode == 0, timeout=20,
+                     interval=0.3)
+            self.ctr("containers", "delete", cid, check=False)
+
+
+class Podman(Stack):
+    """Podman 4.3 as root (no daemon): systemd cgroup manager, libpod-<id>.scope; the GPU through
+    the OCI hook (hooks.d, NVIDIA_VISIBLE_DEVICES) or CDI (--device nvidia.com/gpu=0)."""
+    name = "podman"
+
+    def __init__(self, runtime: str = "crun"):
+        self.runtime = runtime
+
+    def start(self) -> float:
+        start = time.monotonic()
+        self.import_image()
+        return time.monotonic() - start
+
+    def restart(self) -> float:
+        return 0.0
+
+    def import_image(self) -> None:
+        sh("podman", "import", build_rootfs_tar(), IMAGE, timeout=120)
+
+    def run_gpu(self, name: str, how: str = "hook") -> StackContainer:
+        argv = ["podman", "--runtime", self.runtime, "run", "-d", "--name", name, "--network", "none"]
+        if how == "hook":
+            argv += ["-e", "NVIDIA_VISIBLE_DEVICES=all"]
+        elif how == "cdi":
+            argv += ["--device", "nvidia.com/gpu=0"]
+        cid = sh(*argv, IMAGE, "/bin/gpupoll", "/dev/nvidia0", POLL_LOG, timeout=120).stdout.strip()
+        return StackContainer(self, name, cid, needs_prevention=self.runtime != "crun" and how == "hook")
+
+    def exec(self, ctr, *argv, timeout=60):
+        return sh("podman", "exec", ctr.id, *argv, check=False, timeout=timeout)
+
+    def init_pid(self, ctr) -> int:
+        return int(sh("podman", "inspect", "-f", "{{.State.Pid}}", ctr.id).stdout)
+
+    def update(self, ctr, cpus: str) -> None:
+        sh("podman", "update", "--cpuset-cpus", cpus, ctr.id, timeout=60)
+
+    def remove_all(self) -> None:
+        sh("podman", "rm", "-f", "-a", "-t", "0", check=False, timeout=120)
+
+
+def journal_since(ts_usec: int, unit: str) -> List[dict]:
+    out = sh("journalctl", "-b", "--no-pager", "-o", "json", "-u", unit, check=False).stdout
+    return [e for e in (json.loads(line) for line in out.splitlines() if line.strip())
+            if int(e.get("__REALTIME_TIMESTAMP", 0)) >= ts_usec]
+
+
+def wait_prevented(ctr: StackContainer, timeout: float = 60) -> Optional[dict]:
+    """nvsymlinkd's repair-prevented journal entry naming the container (full or short id)."""
+    from nvsymlinkd.journal import MESSAGE_IDS
+
+    def find():
+        for e in journal_since(0, "nvsymlinkd.service"):
+            msg = str(e.get("MESSAGE", ""))
+            if e.get("MESSAGE_ID") == MESSAGE_IDS["repair-prevented"] and (ctr.short_id in msg or ctr.id in msg):
+                return e
+        return None
+    entry, _ = wait_for(find, timeout=timeout, interval=0.5)
+    return entry
+
+
+def check_json() -> dict:
+    from vmguest import nvsymlinkd
+    proc = nvsymlinkd("check", "--json")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"error": f"exit {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-500:]}"}
+
+
+def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name: str,
+                     reloads: int = 20, reexecs: int = 2, updates: int = 10, restart: bool = True) -> None:
+    """With nvsymlinkd running: each GPU container is prevented (journal), `check --json` lists it
+    ok under the right runtime, id and scope, and through reloads, re-execs, resource updates and a
+    restart of the runtime daemon gpupoll never sees a denied open."""
+    from vmguest import daemon_reexec, daemon_reload
+    for ctr in ctrs:
+        log = ctr.wait_polling()
+        sc.check(f"{ctr.name}: gpupoll opens /dev/nvidia0 at start", bool(log.last_alive) and not log.denied,
+                 log.summary())
+        if not ctr.needs_prevention:
+            continue
+        entry = wait_prevented(ctr)
+        sc.check(f"{ctr.name}: nvsymlinkd journaled repair-prevented for it", entry is not None,
+                 str((entry or {}).get("MESSAGE", ""))[:300])
+        if entry and log.started:
+            sc.timing(f"{ctr.name}_prevented_after_start_s",
+                      int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - log.started)
+    report = check_json()
+    listed = {c.get("id"): c for c in report.get("containers", [])}
+    for ctr in ctrs:
+        got = listed.get(ctr.id, {})
+        want = {"runtime": runtime_name, "scope": ctr.scope(), "verdict": "ok"}
+        have = {k: got.get(k) for k in want}
+        sc.check(f"{ctr.name}: check --json lists {ctr.short_id} as {want}", have == want,
+                 f"{have}; listed ids {[(c.get('id', '')[:12], c.get('runtime')) for c in report.get('containers', [])]}"
+                 if have != want else "")
+    sc.fact("check_summary", report.get("summary", report.get("error")))
+    times = []
+    for i in range(reloads):
+        times.append(daemon_reload())
+        if i == reloads // 2:
+            for _ in range(reexecs):
+                daemon_reexec()
+    sc.timing("reload_mean_s", sum(times) / max(1, len(times)))
+    for i in range(updates):
+        for ctr in ctrs:
+            stack.update(ctr, "0" if i % 2 == 0 else "0-1")
+        daemon_reload()
+    if restart and stack.unit:
+        sc.timing(f"{stack.unit}_restart_s", stack.restart())
+        if stack.unit == "docker.service":
+            sc.timing("containerd.service_restart_s", Containerd().restart())
+        daemon_reload()
+    time.sleep(0.5)
+    for ctr in ctrs:
+        log = ctr.poll_log()
+        sc.check(f"{ctr.name}: zero denied opens through {reloads} reloads, {reexecs} re-execs, "
+                 f"{updates} updates{', a runtime daemon restart' if restart and stack.unit else ''}",
+                 bool(log.last_alive) and not log.denied, log.summary())
+        sc.timing(f"{ctr.name}_worst_denial_window_s", log.worst_window_s)
+        sc.fact(f"{ctr.name}_opens", log.opens)
+    report = check_json()
+    verdicts = {c.get("id"): c.get("verdict") for c in report.get("containers", [])}
+    sc.check("check --json after it all: every GPU container ok",
+             all(verdicts.get(c.id) == "ok" for c in ctrs), str(verdicts))

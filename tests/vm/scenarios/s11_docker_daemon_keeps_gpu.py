@@ -1,0 +1,32 @@
+"""Scenario 11: Docker 20.10 as users run it, with the .deb installed and nvsymlinkd running.
+
+Same stack as s10 (systemd cgroup driver, `--gpus all` and `--runtime=nvidia`, the GPU granted by
+the prestart hook behind systemd's back). nvsymlinkd sees each container, journals
+repair-prevented, and `check --json` lists it ok as runtime docker with its docker-<id>.scope.
+Then 20 daemon-reloads, 2 daemon-reexecs, 10 `docker update --cpuset-cpus`, a restart of dockerd
+(live-restore) and of containerd: gpupoll in each container (open every 10 ms) sees zero
+denied opens.
+"""
+# vm: nvsymlinkd=deb timeout=600
+import os
+
+from stacks import Docker, install_nvidia_toolkit, prove_prevention
+from vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+
+with Scenario() as sc:
+    expect_nvsymlinkd(sc)
+    majors = load_fake_driver(uvm=True)
+    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
+             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
+    for node in nodes:
+        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
+        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    install_nvidia_toolkit()
+    docker = Docker()
+    sc.timing("dockerd_start_and_import_s", docker.start())
+    try:
+        ctrs = [docker.run_gpu("gpu-gpus"),
+                docker.run_gpu("gpu-legacy", gpus=False, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"])]
+        prove_prevention(sc, docker, ctrs, "docker")
+    finally:
+        docker.remove_all()

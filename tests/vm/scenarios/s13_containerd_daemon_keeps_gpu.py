@@ -1,0 +1,26 @@
+"""Scenario 13: containerd 1.6 as the CRI plugin drives it (s12's stack), with the .deb installed
+and nvsymlinkd running: the container is prevented, `check --json` lists it ok as runtime
+containerd in cri-containerd-<id>.scope, and through 20 daemon-reloads, 2 daemon-reexecs, 10
+task updates (kubelet CPU manager's path) and a containerd restart gpupoll sees zero denied opens.
+"""
+# vm: nvsymlinkd=deb timeout=600
+import os
+
+from stacks import Containerd, install_nvidia_toolkit, prove_prevention
+from vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+
+with Scenario() as sc:
+    expect_nvsymlinkd(sc)
+    majors = load_fake_driver(uvm=True)
+    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
+             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
+    for node in nodes:
+        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
+        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    install_nvidia_toolkit()
+    stack = Containerd()
+    sc.timing("containerd_start_and_import_s", stack.start())
+    try:
+        prove_prevention(sc, stack, [stack.run_gpu("gpu-ctr")], "containerd")
+    finally:
+        stack.remove_all()

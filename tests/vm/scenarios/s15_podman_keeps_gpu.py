@@ -1,0 +1,27 @@
+"""Scenario 15: Podman 4.3 (s14's containers: the NVIDIA OCI hook with crun and with runc, and
+CDI) with the .deb installed and nvsymlinkd running: each GPU container is prevented or ok from
+the start, `check --json` lists it ok as runtime podman in libpod-<id>.scope, and through 20
+daemon-reloads, 2 daemon-reexecs and 10 `podman update --cpuset-cpus` gpupoll sees zero denied
+opens (Podman has no daemon to restart).
+"""
+# vm: nvsymlinkd=deb timeout=600 matrix=full
+import os
+
+from stacks import Podman, install_nvidia_toolkit, prove_prevention
+from vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+
+with Scenario() as sc:
+    expect_nvsymlinkd(sc)
+    majors = load_fake_driver(uvm=True)
+    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
+             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
+    for node in nodes:
+        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
+        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    install_nvidia_toolkit()
+    crun, runc = Podman("crun"), Podman("runc")
+    sc.timing("podman_import_s", crun.start())
+    try:
+        prove_prevention(sc, crun, [crun.run_gpu("hook-crun"), runc.run_gpu("hook-runc")], "podman")
+    finally:
+        crun.remove_all()
