@@ -1,3 +1,3 @@
-"""Verification: compares each container's expected devices (containers/) with its effective access
-(access/) and its /dev nodes into a Report of findings; hostcheck does the host-wide checks.
-Pure deciding over observed facts; repair/ acts on its Report."""
+"""Verification: each container's expected devices (containers/) against its effective access
+(access/), its /dev nodes and its scope, into a Report of findings (evaluate decides, pure);
+hostcheck does the host-wide checks. repair/ acts on the Report."""
