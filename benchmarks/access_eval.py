@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import bpfasm  # noqa: E402
 
-from nvsymlinkd import bpfeval, bpfprog  # noqa: E402
-from nvsymlinkd.cgroupaccess import find_cgroup_mounts, read_access  # noqa: E402
-from nvsymlinkd.devicerules import DeviceRule  # noqa: E402
-from nvsymlinkd.hostroot import HostRoot  # noqa: E402
+from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
+from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access  # noqa: E402
+from nvsymlinkd.access.rules import DeviceRule  # noqa: E402
+from nvsymlinkd.host.root import HostRoot  # noqa: E402
 
 UVM = 508
 RULES = bpfasm.SYSTEMD_STATIC + [

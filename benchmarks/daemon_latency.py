@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from fakehost import standard_host  # noqa: E402
 
-from nvsymlinkd.inotifywatch import IN_CREATE, _lib, parse_events  # noqa: E402
+from nvsymlinkd.daemon.inotify import IN_CREATE, _lib, parse_events  # noqa: E402
 
 CAPS = 509
 
@@ -54,7 +54,7 @@ print(" ".join(map(str, stamps)))
 REACTOR = r"""
 import os, select, sys
 sys.path.insert(0, sys.argv[2])
-from nvsymlinkd.inotifywatch import IN_DELETE, _lib, parse_events
+from nvsymlinkd.daemon.inotify import IN_DELETE, _lib, parse_events
 where = sys.argv[1]
 fd = _lib().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
 _lib().inotify_add_watch(fd, where.encode(), IN_DELETE)

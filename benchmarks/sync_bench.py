@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fakehost import standard_host  # noqa: E402
 
 from nvsymlinkd.config import Config  # noqa: E402
-from nvsymlinkd.hostroot import HostRoot  # noqa: E402
-from nvsymlinkd.reconcile import reconcile  # noqa: E402
+from nvsymlinkd.devchar.reconcile import reconcile  # noqa: E402
+from nvsymlinkd.host.root import HostRoot  # noqa: E402
 
 CAPS_MAJOR = 236
 

@@ -32,8 +32,8 @@ from fakehost import FakeHost  # noqa: E402
 from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule  # noqa: E402
 
 from nvsymlinkd.config import Config  # noqa: E402
-from nvsymlinkd.hostroot import HostRoot  # noqa: E402
-from nvsymlinkd.verifier import verify_all  # noqa: E402
+from nvsymlinkd.host.root import HostRoot  # noqa: E402
+from nvsymlinkd.verify.verifier import verify_all  # noqa: E402
 
 V1 = Path("/sys/fs/cgroup/devices")
 GPUS = 8

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         from nvsymlinkd.config import load_config
-        from nvsymlinkd.hostroot import HostRoot
+        from nvsymlinkd.host.root import HostRoot
 
         root = HostRoot(args.root)
         config = load_config(root, args.config)

@@ -79,7 +79,7 @@ class Metrics:
     # -- updates from the daemon -------------------------------------------
 
     def on_reconcile(self, result) -> None:
-        """A finished pass (nvsymlinkd.reconcile.SyncResult)."""
+        """A finished pass (nvsymlinkd.devchar.reconcile.SyncResult)."""
         with self._lock:
             self.syncs += 1
             counts = result.plan.summary()
@@ -225,7 +225,7 @@ class Metrics:
         if path is None:
             return True
         # imported here: the Kubernetes probe imports this module and nothing else of the project
-        from nvsymlinkd.atomicfile import write_atomic
+        from nvsymlinkd.host.atomicfile import write_atomic
 
         try:
             write_atomic(path, self.render())

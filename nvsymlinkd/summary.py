@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from nvsymlinkd.linkplan import ACTIONS, CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE
+from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

@@ -21,9 +21,9 @@ import os
 import random
 import stat
 
-from nvsymlinkd import bpfeval as be
-from nvsymlinkd.bpfeval import Insn
-from nvsymlinkd.devicerules import DeviceRule
+from nvsymlinkd.access import bpfeval as be
+from nvsymlinkd.access.bpfeval import Insn
+from nvsymlinkd.access.rules import DeviceRule
 
 ACC_BITS = {"r": be.ACC_READ, "w": be.ACC_WRITE, "m": be.ACC_MKNOD}
 TYPE_BITS = {"c": be.DEV_CHAR, "b": be.DEV_BLOCK}

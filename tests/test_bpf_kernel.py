@@ -19,11 +19,11 @@ import pytest
 from bpfasm import CgroupDirs, kernel_probe, make_nodes
 from conftest import _skip_or_fail
 
-from nvsymlinkd import bpfeval as be
-from nvsymlinkd import bpfprog
-from nvsymlinkd.cgroupaccess import find_cgroup_mounts, read_access
-from nvsymlinkd.devicerules import DeviceRule
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.access import bpfeval as be
+from nvsymlinkd.access import bpfprog
+from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access
+from nvsymlinkd.access.rules import DeviceRule
+from nvsymlinkd.host.root import HostRoot
 
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261122"))
 ACCESSES = ("r", "w", "rw", "m")

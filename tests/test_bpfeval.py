@@ -9,11 +9,11 @@ from bpfasm import alu, exit_, ja, jmp, ldx, mov32, mov64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvsymlinkd import bpfeval as be
-from nvsymlinkd.bpfeval import Insn
-from nvsymlinkd.bpfprog import DeviceProgram
-from nvsymlinkd.cgroupaccess import AccessPolicy, _Program, _V1Source, _V2Source
-from nvsymlinkd.devicerules import DeviceRule, decide, parse_devices_list
+from nvsymlinkd.access import bpfeval as be
+from nvsymlinkd.access.bpfeval import Insn
+from nvsymlinkd.access.bpfprog import DeviceProgram
+from nvsymlinkd.access.cgroup import AccessPolicy, _Program, _V1Source, _V2Source
+from nvsymlinkd.access.rules import DeviceRule, decide, parse_devices_list
 
 ACCESS = st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"])
 REQUEST_ACCESS = st.sampled_from(["r", "w", "m", "rw"])

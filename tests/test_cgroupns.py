@@ -29,10 +29,11 @@ import pytest
 from conftest import _skip_or_fail
 from runcfixture import CGROUP_V1, device_node, device_rule
 
-from nvsymlinkd import bpfeval, bpfprog, cgroupaccess
-from nvsymlinkd.cgroupaccess import mount_relative
-from nvsymlinkd.devicerules import DeviceRule
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.access import bpfeval, bpfprog
+from nvsymlinkd.access import cgroup as cgroupaccess
+from nvsymlinkd.access.cgroup import mount_relative
+from nvsymlinkd.access.rules import DeviceRule
+from nvsymlinkd.host.root import HostRoot
 
 UNIFIED = f"{CGROUP_V1}/unified"
 POD_HIERARCHIES = ("devices", "freezer", "unified")

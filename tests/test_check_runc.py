@@ -16,7 +16,7 @@ from conftest import IN_CI, need_tool
 from runcfixture import RuncHost, device_node, device_rule
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.host.root import HostRoot
 
 
 def _v1_devices_available() -> bool:
@@ -56,7 +56,7 @@ def gpu0(**kw):
 
 
 def verify(host, cid, **kw):
-    from nvsymlinkd.verifier import verify_container
+    from nvsymlinkd.verify.verifier import verify_container
 
     report = verify_container(HostRoot(str(host.root)), Config(), cid, use_bus=False, **kw)
     assert report is not None, f"container {cid} not discovered"
@@ -130,7 +130,7 @@ def test_node_made_inside_the_container_is_not_expected(runc_host):
 
 
 def test_baseline_makes_a_hook_grant_expected(need_v1, runc_host):
-    from nvsymlinkd.verifier import verify_all
+    from nvsymlinkd.verify.verifier import verify_all
 
     root = HostRoot(str(runc_host.root))
     c = runc_host.run("gpu-base", rules=[device_rule(195, 0)],
@@ -179,7 +179,7 @@ def test_scope_device_allow_lacks_device(runc_host):
 
 
 def test_container_still_in_its_hooks_is_not_baselined(runc_host):
-    from nvsymlinkd.verifier import verify_all
+    from nvsymlinkd.verify.verifier import verify_all
 
     root = HostRoot(str(runc_host.root))
     c, proc = runc_host.create_async("gpu-hooks", hooks={"prestart": [{"path": "/bin/sleep", "args": ["sleep", "2"]}]},

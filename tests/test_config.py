@@ -9,7 +9,7 @@ from fakehost import standard_host
 
 from nvsymlinkd.config import Config, load_config, parse_config
 from nvsymlinkd.errors import ConfigError
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.host.root import HostRoot
 
 
 def test_absent_default_file_is_fine(tmp_path):

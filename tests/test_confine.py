@@ -23,8 +23,10 @@ import pytest
 from daemonproc import DaemonProcess
 from fakehost import FakeHost
 
-from nvsymlinkd import cli, hostroot, libc
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd import cli
+from nvsymlinkd.host import libc
+from nvsymlinkd.host import root as hostroot
+from nvsymlinkd.host.root import HostRoot
 
 pytestmark = pytest.mark.root
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from fixtures.runtimes.layouts import NVIDIA_HOOK, Layouts, oci_spec, spec_node, spec_rule
 
-from nvsymlinkd.containers import (
+from nvsymlinkd.containers.discovery import (
     container_dev_nodes,
     discover,
     find,
@@ -18,8 +18,8 @@ from nvsymlinkd.containers import (
     proc_start_time,
     scope_of,
 )
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.ocispec import UnsafeFile, gpu_signs, parse_spec, read_bounded
+from nvsymlinkd.containers.ocispec import UnsafeFile, gpu_signs, parse_spec, read_bounded
+from nvsymlinkd.host.root import HostRoot
 
 CID = "a" * 64
 GPU_SPEC = oci_spec(rules=[spec_rule(195, 0)], nodes=[spec_node("/dev/nvidia0", 195, 0)],

@@ -11,7 +11,7 @@ from conftest import IN_CI, need_tool
 from fakehost import standard_host
 from journalproto import PARSE_SOURCE
 
-from nvsymlinkd import journal
+from nvsymlinkd.daemon import journal
 
 # Runs as root in its own mount namespace with a tmpfs on /run: binds the journal socket
 # where libsystemd sends to, runs the daemon with stderr a pipe (not a terminal), and
@@ -69,7 +69,7 @@ def test_entries_carry_message_id_fields_and_priority(tmp_path, need_root):
     assert first["NVSYMLINKD_ACTION"] == "create"
     assert first["PRIORITY"] == str(journal.INFO)
     assert first["SYSLOG_IDENTIFIER"] == "nvsymlinkd"
-    assert first["CODE_FILE"].endswith("daemon.py") and first["CODE_FUNC"] == "_report"
+    assert first["CODE_FILE"].endswith("daemon/loop.py") and first["CODE_FUNC"] == "_report"
     lost = [e for e in entries if e.get("MESSAGE_ID") == journal.MESSAGE_IDS["bus-lost"]]
     assert len(lost) == 1 and lost[0]["PRIORITY"] == str(journal.WARNING)
     kinds = {e.get("MESSAGE_ID") for e in entries}

@@ -14,9 +14,8 @@ from conftest import need_tool
 from daemonproc import notify_socket
 from fakehost import standard_host
 
-from nvsymlinkd import journal
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.inotifywatch import (
+from nvsymlinkd.daemon import journal
+from nvsymlinkd.daemon.inotify import (
     IN_CREATE,
     IN_ISDIR,
     IN_Q_OVERFLOW,
@@ -24,9 +23,10 @@ from nvsymlinkd.inotifywatch import (
     LinkWatch,
     parse_events,
 )
-from nvsymlinkd.notify import Notifier, send_datagram
-from nvsymlinkd.systemdbus import is_container_scope
-from nvsymlinkd.udevwatch import is_nvidia_event
+from nvsymlinkd.daemon.notify import Notifier, send_datagram
+from nvsymlinkd.daemon.udev import is_nvidia_event
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd.bus import is_container_scope
 
 CATALOG = Path(__file__).resolve().parent.parent / "catalog" / "nvsymlinkd.catalog"
 
@@ -243,7 +243,7 @@ class RecordingHook:
 
 def test_hook_is_swappable(tmp_path, need_root):
     from nvsymlinkd.config import Config
-    from nvsymlinkd.daemon import Daemon
+    from nvsymlinkd.daemon.loop import Daemon
 
     host = standard_host(tmp_path / "root")
     hook = RecordingHook()
@@ -273,8 +273,9 @@ def test_hook_is_swappable(tmp_path, need_root):
 
 def test_module_message_ids_are_registered_centrally():
     # the verifier and repair keep their own tables; journal.MESSAGE_IDS (and so the catalog) must agree
-    from nvsymlinkd import journal as journalmod
-    from nvsymlinkd import repairer, verifier
+    from nvsymlinkd.daemon import journal as journalmod
+    from nvsymlinkd.repair import apply as repairer
+    from nvsymlinkd.verify import verifier
 
     for kind, mid in verifier.JOURNAL_MESSAGE_IDS.items():
         assert journalmod.MESSAGE_IDS[kind] == mid

@@ -13,10 +13,10 @@ from conftest import _skip_or_fail
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvsymlinkd.cgroupaccess import find_cgroup_mounts, parse_mountinfo, read_access
-from nvsymlinkd.devicerules import DeviceRule, decide, parse_devices_list
+from nvsymlinkd.access.cgroup import find_cgroup_mounts, parse_mountinfo, read_access
+from nvsymlinkd.access.rules import DeviceRule, decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.host.root import HostRoot
 
 PATH = "/sys/fs/cgroup/devices/docker/abc/devices.list"
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261122"))

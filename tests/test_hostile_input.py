@@ -171,7 +171,12 @@ def test_unreadable_runc_state_is_unknown_not_stopped(fakehost, v1_parent, nvsym
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from nvsymlinkd.ocispec import loads_object, parse_crun_status, parse_runc_state, parse_spec  # noqa: E402
+from nvsymlinkd.containers.ocispec import (  # noqa: E402
+    loads_object,
+    parse_crun_status,
+    parse_runc_state,
+    parse_spec,
+)
 
 SCALARS = (st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.sampled_from([-1, 1e400]) | st.integers(4400, 5000).map(lambda n: 10 ** n)
            | st.floats(allow_nan=False) | st.text(max_size=20) | st.sampled_from(["c", "a", "rw", "195", "bundle=/x"]))
@@ -259,10 +264,10 @@ def test_devices_list_rule_of_thousands_of_digits(fakehost, nvsymlinkd_cli, wher
 @given(st.integers(1, 6000), st.sampled_from(["c {n}:0 rw", "c 195:{n} rw", "b {n}:{n} m"]),
        st.sampled_from(["{n} nvidia", "{n} x"]), st.sampled_from(["config {n}", "gpu0/gi1/access {n}"]))
 def test_host_file_parsers_refuse_huge_numbers_cleanly(digits, rule, proc_line, mig_line):
-    from nvsymlinkd.devicerules import parse_devices_list
-    from nvsymlinkd.driverinfo import parse_mig_minors, parse_params
+    from nvsymlinkd.access.rules import parse_devices_list
     from nvsymlinkd.errors import HostFileError
-    from nvsymlinkd.procdevices import parse_proc_devices
+    from nvsymlinkd.host.driverinfo import parse_mig_minors, parse_params
+    from nvsymlinkd.host.procdevices import parse_proc_devices
 
     n = "9" * digits
     for parse, text in ((lambda t: parse_devices_list(t, "/x/devices.list"), rule.format(n=n) + "\n"),
@@ -276,9 +281,9 @@ def test_host_file_parsers_refuse_huge_numbers_cleanly(digits, rule, proc_line, 
 
 
 def test_scope_device_allow_of_thousands_of_digits_is_unmapped():
-    from nvsymlinkd.hostroot import HostRoot
-    from nvsymlinkd.procdevices import Majors
-    from nvsymlinkd.scopes import ScopeDevices, map_entries
+    from nvsymlinkd.containers.scopes import ScopeDevices, map_entries
+    from nvsymlinkd.host.procdevices import Majors
+    from nvsymlinkd.host.root import HostRoot
 
     entries = ((f"/dev/char/{HUGE}:0", "rw"), (f"char-{HUGE}", "rw"), ("/dev/char/195:0", "rw"))
     sd = map_entries(HostRoot("/"), ScopeDevices("docker-x.scope", "files", "strict", entries, ()), Majors({}))
@@ -322,8 +327,8 @@ class RecordingJournal:
 
 def test_daemon_journals_an_unreadable_gpu_container_once_and_counts_it(fakehost, v1_parent):
     from nvsymlinkd.config import Config
-    from nvsymlinkd.containerwatch import ContainerWatch
-    from nvsymlinkd.hostroot import HostRoot
+    from nvsymlinkd.daemon.containerwatch import ContainerWatch
+    from nvsymlinkd.host.root import HostRoot
     from nvsymlinkd.metrics import Metrics
 
     h = LostHost(fakehost, v1_parent, "containerd-spec-only")

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from nvsymlinkd import libc
-from nvsymlinkd.hostroot import HostRoot, link_target, normalize, target_of
+from nvsymlinkd.host import libc
+from nvsymlinkd.host.root import HostRoot, link_target, normalize, target_of
 
 
 def test_paths_in_and_out(tmp_path):

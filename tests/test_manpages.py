@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from nvsymlinkd import journal, metrics, repairer, verifier
+from nvsymlinkd import metrics
 from nvsymlinkd.cli import COMMANDS, build_parser
 from nvsymlinkd.config import KEYS
+from nvsymlinkd.daemon import journal
+from nvsymlinkd.repair import apply as repairer
+from nvsymlinkd.verify import verifier
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"

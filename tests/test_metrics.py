@@ -17,8 +17,8 @@ from fakehost import standard_host
 
 from nvsymlinkd import metrics as m
 from nvsymlinkd.config import Config, parse_config
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.journal import Journal
+from nvsymlinkd.daemon.journal import Journal
+from nvsymlinkd.host.root import HostRoot
 
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
 
@@ -152,7 +152,7 @@ def test_containers_repairs_reloads():
 
 
 def test_reconcile_counts_move_with_real_links(tmp_path, need_root):
-    from nvsymlinkd.reconcile import reconcile
+    from nvsymlinkd.devchar.reconcile import reconcile
 
     host = standard_host(tmp_path / "root")
     root = HostRoot(str(host.root))
@@ -190,7 +190,7 @@ def test_reconcile_counts_move_with_real_links(tmp_path, need_root):
 
 
 def test_failed_link_write_is_counted(tmp_path, need_root):
-    from nvsymlinkd.reconcile import reconcile
+    from nvsymlinkd.devchar.reconcile import reconcile
 
     host = standard_host(tmp_path / "root")
     # root ignores directory modes: a read-only mount makes every link write fail (EROFS)
@@ -236,7 +236,7 @@ def test_flush_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     (d / "nvsymlinkd.prom").symlink_to(victim)
-    from nvsymlinkd.atomicfile import write_atomic
+    from nvsymlinkd.host.atomicfile import write_atomic
 
     write_atomic(str(d / "nvsymlinkd.prom"), "x 1\n")
     assert victim.read_text() == "keep me"
@@ -455,9 +455,9 @@ def runc_host(tmp_path, need_root, monkeypatch):
 def test_container_verdicts_and_repairs_from_real_runc_containers(runc_host):
     from runcfixture import device_node, device_rule
 
-    from nvsymlinkd.repairer import SUCCESS, repair_all
-    from nvsymlinkd.repairplan import RepairHistory
-    from nvsymlinkd.verifier import verify_all
+    from nvsymlinkd.repair.apply import SUCCESS, repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
+    from nvsymlinkd.verify.verifier import verify_all
 
     gpu0 = dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
                 env=["NVIDIA_VISIBLE_DEVICES=0"])

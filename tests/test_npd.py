@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from fakehost import standard_host
 
-from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.daemon import journal as journalmod
+from nvsymlinkd.host.root import HostRoot
 
 CONFIG = Path(__file__).parent.parent / "deploy/node-problem-detector/nvsymlinkd-monitor.json"
 DEADLINE = 30.0
@@ -113,7 +113,7 @@ def _kinds(entries) -> set:
 
 def daemon_entries(tmp_path) -> list:
     """Run the real daemon (in-process, no udev, no bus) through conflicts, failed writes, a failed sync."""
-    from nvsymlinkd.daemon import Daemon
+    from nvsymlinkd.daemon.loop import Daemon
 
     host = standard_host(tmp_path / "root")
     dev_char = host.path("/dev/char")
@@ -157,9 +157,9 @@ def gpu0():
 
 def repair_entries(runc_host, monkeypatch) -> list:
     """Real repairs of real runc containers: reported, done, refused (rate limit), failed (parent denies)."""
-    from nvsymlinkd.repairer import repair_all, repair_container, requests_from_report
-    from nvsymlinkd.repairplan import RepairHistory
-    from nvsymlinkd.verifier import verify_container
+    from nvsymlinkd.repair.apply import repair_all, repair_container, requests_from_report
+    from nvsymlinkd.repair.plan import RepairHistory
+    from nvsymlinkd.verify.verifier import verify_container
 
     monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)  # never the machine's own systemd
     entries: list = []

@@ -46,6 +46,8 @@ RPM = {  # Fedora/RHEL paths
     "catalog": "/usr/lib/systemd/catalog/nvsymlinkd.catalog",
     "completion": "/usr/share/bash-completion/completions/nvsymlinkd",
 }
+# every module of the package, subpackages included (setuptools finds them through packages.find)
+MODULES = sorted(str(p.relative_to(REPO)) for p in (REPO / "nvsymlinkd").rglob("*.py"))
 # man/NAME.SECTION.rst: every page ships, in its section
 MAN_PAGES = sorted(p.name[:-len(".rst")] for p in (REPO / "man").glob("*.rst"))
 
@@ -95,6 +97,8 @@ def test_deb_puts_files_where_debian_expects_them(deb_build):
     assert (deb_build["control"] / "conffiles").read_text().split() == ["/" + DEB["config"]]
     for page in MAN_PAGES:
         assert (tree / f"usr/share/man/man{page.rsplit('.', 1)[1]}/{page}.gz").is_file(), page
+    missing = [m for m in MODULES if not (tree / "usr/lib/python3/dist-packages" / m).is_file()]
+    assert not missing, f"modules missing from the .deb: {missing}"
     assert (tree / "usr/share/doc/nvsymlinkd/docs/troubleshooting.md").is_file() or \
         (tree / "usr/share/doc/nvsymlinkd/docs/troubleshooting.md.gz").is_file()
 
@@ -219,6 +223,9 @@ def test_rpm_puts_files_where_fedora_expects_them(rpm_build):
         assert f"/usr/share/man/man{page.rsplit('.', 1)[1]}/{page}" in files, page
     assert any(re.fullmatch(r"/usr/lib/python3[^/]*/(site|dist)-packages/nvsymlinkd/templates/"
                             r"nvsymlinkd\.service\.j2", f) for f in files)
+    packaged = {m.group(1) for f in files if (m := re.fullmatch(r"/usr/lib/python3[^/]*/(?:site|dist)-packages/(.+)", f))}
+    missing = [m for m in MODULES if m not in packaged]
+    assert not missing, f"modules missing from the .rpm: {missing}"
 
 
 def test_rpm_units_requires_and_scripts(rpm_build):

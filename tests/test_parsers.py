@@ -4,14 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvsymlinkd.driverinfo import (
+from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.host.driverinfo import (
     capability_proc_path,
     parse_gpu_information,
     parse_mig_minors,
     parse_params,
 )
-from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.procdevices import parse_proc_devices
+from nvsymlinkd.host.procdevices import parse_proc_devices
 
 PROC_535 = """Character devices:
   1 mem

@@ -26,7 +26,7 @@ from runcfixture import device_node, device_rule
 from test_daemon_containers import start_daemon, systemd_mock  # noqa: F401  (fixtures; F811 on their users)
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.host.root import HostRoot
 
 HOLD = 4.0  # seconds the mock keeps a SetUnitProperties reply back (under the repair's 5 s call timeout)
 # what the scope keeps in DeviceAllow (runc's defaults); it lacks the GPU: the container is at-risk-scope
@@ -195,8 +195,8 @@ def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host
 def test_busy_lock_fails_the_repair_without_freezing(runc_host, systemd_mock, held, monkeypatch):  # noqa: F811
     """Another repair holds the host's repair lock for longer than we wait: a clear failure, nothing frozen,
     and no rate-limit record (nothing was tried)."""
-    from nvsymlinkd.repairer import repair_all
-    from nvsymlinkd.repairplan import RepairHistory
+    from nvsymlinkd.repair.apply import repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
 
     c, scope = held("gpu-busy")
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", systemd_mock.address)

@@ -40,8 +40,8 @@ from privatebus import (
 )
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.repairplan import Grant, RepairHistory, RepairRequest
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair.plan import Grant, RepairHistory, RepairRequest
 
 SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 
@@ -312,7 +312,7 @@ class Journal:
     """nvsymlinkd's Journal with the journald sender replaced by a recorder (same fields as journald gets)."""
 
     def __init__(self):
-        from nvsymlinkd.journal import Journal as Real
+        from nvsymlinkd.daemon.journal import Journal as Real
 
         self.entries = []
         self.real = Real(target="stderr", stream=open(os.devnull, "w"))  # noqa: SIM115
@@ -348,7 +348,7 @@ def v2_cgroup():
 
 
 def test_v2_systemd_exact_call_and_dev_char_link_first(systemd, fake, tmp_path):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     link_cgroups(fake)
     cgdir, cgpath = v2_cgroup()
@@ -387,7 +387,7 @@ def test_v2_systemd_exact_call_and_dev_char_link_first(systemd, fake, tmp_path):
 
 
 def test_no_call_when_nothing_is_missing(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     unit = "docker-nothing.scope"
     systemd.add_scope(unit)
@@ -401,7 +401,7 @@ def test_no_call_when_nothing_is_missing(systemd, fake):
 
 
 def test_dry_run_and_rate_limit_make_no_call(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     unit = "docker-limited.scope"
     systemd.add_scope(unit)
@@ -419,7 +419,7 @@ def test_dry_run_and_rate_limit_make_no_call(systemd, fake):
 
 
 def test_refused_call_is_a_failure(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     link_cgroups(fake)
     req = RepairRequest("ghost", "docker", "docker-ghost.scope", None, "/x", None, "systemd", gpu0())
@@ -445,7 +445,7 @@ def fake_v1(fake, name, freezer_state="THAWED", listed="c 1:3 rwm\n"):
 
 
 def test_v1_systemd_freezes_around_the_call_with_a_fake_freezer(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     dev, frz = fake_v1(fake, "ct1")
     unit = "cri-containerd-ct1.scope"
@@ -464,7 +464,7 @@ def test_v1_systemd_freezes_around_the_call_with_a_fake_freezer(systemd, fake):
 
 
 def test_v1_systemd_already_frozen_is_never_thawed(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     dev, frz = fake_v1(fake, "ct2", freezer_state="FROZEN")
     unit = "cri-containerd-ct2.scope"
@@ -483,7 +483,7 @@ def test_v1_systemd_already_frozen_is_never_thawed(systemd, fake):
 
 
 def test_v1_systemd_thaws_even_when_the_call_fails(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     dev, frz = fake_v1(fake, "ct3")
     unit = "cri-containerd-ct3.scope"
@@ -497,7 +497,7 @@ def test_v1_systemd_thaws_even_when_the_call_fails(systemd, fake):
 
 
 def test_v1_systemd_unknown_unit_fails_before_freezing(systemd, fake):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     dev, frz = fake_v1(fake, "ct4")
     req = RepairRequest("unknown", "containerd", "cri-containerd-unknown.scope", "/ct4", None, "/ct4", "systemd",
@@ -555,7 +555,7 @@ def open_in_cgroup(devices_dir: Path, node: Path) -> str:
 
 
 def test_v1_systemd_real_freezer_and_devices(systemd, fake, real_v1):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     link_cgroups(fake)
     name, dev, frz, node = real_v1
@@ -575,7 +575,7 @@ def test_v1_systemd_real_freezer_and_devices(systemd, fake, real_v1):
 
 
 def test_v1_systemd_restores_what_the_reapply_dropped(systemd, fake, real_v1):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     link_cgroups(fake)
     name, dev, frz, node = real_v1
@@ -595,7 +595,7 @@ def test_v1_systemd_restores_what_the_reapply_dropped(systemd, fake, real_v1):
 
 
 def test_v1_systemd_real_freezer_already_frozen(systemd, fake, real_v1):
-    from nvsymlinkd.repairer import repair_container
+    from nvsymlinkd.repair.apply import repair_container
 
     link_cgroups(fake)
     name, dev, frz, node = real_v1

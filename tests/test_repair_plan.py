@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvsymlinkd.devicerules import parse_devices_list
-from nvsymlinkd.repairplan import (
+from nvsymlinkd.access.rules import parse_devices_list
+from nvsymlinkd.repair.plan import (
     AT_RISK,
     DEVICES_ALLOW,
     DEVICES_ALLOW_SYSTEMD,
@@ -153,8 +153,8 @@ def test_grants_are_always_exact_trusted_and_never_broader(grants):
 
 
 def test_adapter_from_verifier_findings():
-    from nvsymlinkd.repairer import requests_from_report
-    from nvsymlinkd.verifier import ContainerReport, Finding
+    from nvsymlinkd.repair.apply import requests_from_report
+    from nvsymlinkd.verify.verifier import ContainerReport, Finding
 
     report = ContainerReport(
         "abc", "docker", "moby", "running", "lost", "docker-abc.scope", 4242,

@@ -13,7 +13,7 @@ import pytest
 from runcfixture import device_node, device_rule
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.hostroot import HostRoot
+from nvsymlinkd.host.root import HostRoot
 
 
 def gpu0():
@@ -114,8 +114,8 @@ def test_node_made_inside_the_container_is_never_granted(runc_host, nvsymlinkd_c
 
 def test_mknod_grant_is_refused_even_when_passed_in(runc_host):
     """The planner's own guard, below the adapter: a container-dev grant on a real cgroup stays denied."""
-    from nvsymlinkd.repairer import repair_container
-    from nvsymlinkd.repairplan import Grant, RepairRequest
+    from nvsymlinkd.repair.apply import repair_container
+    from nvsymlinkd.repair.plan import Grant, RepairRequest
 
     c = runc_host.run("gpu-guard", env=["NVIDIA_VISIBLE_DEVICES=all"])
     assert c.exec("mknod", "/dev/nvidia0", "c", "195", "0").returncode == 0
@@ -134,8 +134,8 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     exception, which devices.list cannot show: the kernel's EPERM is the answer, and it is a failure."""
     from pathlib import Path
 
-    from nvsymlinkd.repairer import repair_container, requests_from_report
-    from nvsymlinkd.verifier import verify_container
+    from nvsymlinkd.repair.apply import repair_container, requests_from_report
+    from nvsymlinkd.verify.verifier import verify_container
 
     c = runc_host.run("gpu-parent", **gpu0())
     parent = Path("/sys/fs/cgroup/devices") / runc_host.parent.lstrip("/")
@@ -153,8 +153,8 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
 
 def test_daemon_entry_point_honours_the_repair_key_and_its_clock(runc_host):
     """repair_all as the daemon calls it: config.repair off/report/auto, one history, an injected clock."""
-    from nvsymlinkd.repairer import repair_all
-    from nvsymlinkd.repairplan import RepairHistory
+    from nvsymlinkd.repair.apply import repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
 
     c = runc_host.run("gpu-daemon", **gpu0())
     root = HostRoot(str(runc_host.root))

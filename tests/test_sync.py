@@ -8,8 +8,8 @@ import pytest
 from fakehost import FakeHost, standard_host
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.reconcile import reconcile
+from nvsymlinkd.devchar.reconcile import reconcile
+from nvsymlinkd.host.root import HostRoot
 
 pytestmark = pytest.mark.root
 

@@ -13,17 +13,22 @@ import pytest
 from conftest import IN_CI
 from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
-from nvsymlinkd import baseline as baselinemod
-from nvsymlinkd import hostcheck
 from nvsymlinkd.config import Config
-from nvsymlinkd.containers import Container
-from nvsymlinkd.expected import candidate_devices, expected_access, rules_access
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.nodes import NvidiaNode
-from nvsymlinkd.ocispec import DeviceRule, parse_spec
-from nvsymlinkd.procdevices import Majors
-from nvsymlinkd.scopes import ScopeDevices, map_entries, parse_unit_text, read_scope_files
-from nvsymlinkd.verifier import MESSAGE_IDS, HostDevices, evaluate
+from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.containers.discovery import Container
+from nvsymlinkd.containers.expected import candidate_devices, expected_access, rules_access
+from nvsymlinkd.containers.ocispec import DeviceRule, parse_spec
+from nvsymlinkd.containers.scopes import (
+    ScopeDevices,
+    map_entries,
+    parse_unit_text,
+    read_scope_files,
+)
+from nvsymlinkd.host.nodes import NvidiaNode
+from nvsymlinkd.host.procdevices import Majors
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.verify import hostcheck
+from nvsymlinkd.verify.verifier import MESSAGE_IDS, HostDevices, evaluate
 
 MAJORS = frozenset({195, 510})
 HOST = HostDevices((NvidiaNode("/dev/nvidia0", "gpu", 195, 0), NvidiaNode("/dev/nvidia1", "gpu", 195, 1),
@@ -38,7 +43,7 @@ class V:
 
 
 class TablePolicy:
-    """Stand-in for cgroupaccess.AccessPolicy in the pure tests: (major, minor) -> allowed letters."""
+    """Stand-in for access.cgroup.AccessPolicy in the pure tests: (major, minor) -> allowed letters."""
 
     def __init__(self, allowed: dict, unknown=(), split=()):
         self.allowed, self.unknown, self.split = allowed, set(unknown), set(split)
@@ -273,7 +278,7 @@ def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
 
 
 def test_verify_all_over_fixtures(fakehost, v1_parent):
-    from nvsymlinkd.verifier import verify_all
+    from nvsymlinkd.verify.verifier import verify_all
 
     fakehost.proc_devices({"nvidia-frontend": 195})
     fakehost.node("/dev/nvidia0", 195, 0)
@@ -339,7 +344,7 @@ def systemd_bus(tmp_path, need_root, monkeypatch):
 
 
 def test_scopes_from_dbus_then_files(systemd_bus, fakehost):
-    from nvsymlinkd.scopes import bus_allowed, read_scopes
+    from nvsymlinkd.containers.scopes import bus_allowed, read_scopes
 
     root = HostRoot(str(fakehost.root))
     assert bus_allowed(root)  # an explicit DBUS_SYSTEM_BUS_ADDRESS opts a --root run into the bus
@@ -355,7 +360,7 @@ def test_scopes_from_dbus_then_files(systemd_bus, fakehost):
 
 
 def test_scopes_without_a_bus_fall_back_to_files(fakehost, tmp_path, monkeypatch):
-    from nvsymlinkd.scopes import read_scopes
+    from nvsymlinkd.containers.scopes import read_scopes
 
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-socket")
     fakehost.write("/run/systemd/transient/docker-abc.scope", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
@@ -371,7 +376,7 @@ def test_no_spec_and_no_state_is_unknown_not_at_risk():
 
 
 def test_journal_entries_and_ids():
-    from nvsymlinkd.verifier import JOURNAL_MESSAGE_IDS, journal_entries
+    from nvsymlinkd.verify.verifier import JOURNAL_MESSAGE_IDS, journal_entries
 
     r = run(GPU0, TablePolicy({(195, 255): "rw"}), scope="cri-containerd-c1.scope",
             scope_devices=ScopeDevices("cri-containerd-c1.scope", "files", "auto", (), ()))

@@ -35,8 +35,8 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd.containers import no_such_container
-    from nvsymlinkd.verifier import NOT_RUNNING, OK, Report, verify_all, verify_container
+    from nvsymlinkd.containers.discovery import no_such_container
+    from nvsymlinkd.verify.verifier import NOT_RUNNING, OK, Report, verify_all, verify_container
 
     use_bus = False if args.no_bus else None
     if args.container:
@@ -48,7 +48,7 @@ def run(args, root, config) -> int:
             raise no_such_container(args.container)
         report = Report([one], [], 0, time.perf_counter() - start)
         if not args.no_host:
-            from nvsymlinkd.hostcheck import check_host
+            from nvsymlinkd.verify.hostcheck import check_host
 
             report.host = check_host(root, config)
     else:

@@ -82,7 +82,7 @@ def run(args, root, config) -> int:
 
 def write_file(path: str, text: str) -> None:
     """Replace PATH atomically (a reader never sees half a unit), mode 0644."""
-    from nvsymlinkd.atomicfile import write_atomic
+    from nvsymlinkd.host.atomicfile import write_atomic
 
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -33,11 +33,17 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd import verifier
-    from nvsymlinkd.containers import find
-    from nvsymlinkd.journal import Journal
-    from nvsymlinkd.repairer import SUCCESS, history_path, recover_frozen, repair_all, thawed_line
-    from nvsymlinkd.repairplan import RepairHistory
+    from nvsymlinkd.containers.discovery import find
+    from nvsymlinkd.daemon.journal import Journal
+    from nvsymlinkd.repair.apply import (
+        SUCCESS,
+        history_path,
+        recover_frozen,
+        repair_all,
+        thawed_line,
+    )
+    from nvsymlinkd.repair.plan import RepairHistory
+    from nvsymlinkd.verify import verifier
 
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
@@ -56,7 +62,7 @@ def run(args, root, config) -> int:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
                              journal=journal, report=report)
     except KeyError as exc:
-        from nvsymlinkd.containers import no_such_container
+        from nvsymlinkd.containers.discovery import no_such_container
 
         raise no_such_container(exc.args[0])
     # A container whose access cannot be judged has nothing to repair that we know of: say so, and
@@ -98,7 +104,7 @@ def _unknown_reason(report) -> str:
 
 
 def _summary(results) -> dict:
-    from nvsymlinkd.repairer import CANNOT, FAILED, NOTHING, PREVENTED, REPAIRED, WOULD
+    from nvsymlinkd.repair.apply import CANNOT, FAILED, NOTHING, PREVENTED, REPAIRED, WOULD
 
     counts = {k: 0 for k in (REPAIRED, PREVENTED, NOTHING, WOULD, CANNOT, FAILED)}
     for r in results:

@@ -32,7 +32,7 @@ def run(args, root, config) -> int:
     import asyncio
 
     from nvsymlinkd.config import load_config
-    from nvsymlinkd.daemon import Daemon
+    from nvsymlinkd.daemon.loop import Daemon
 
     overrides = dict(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                      create_nodes=args.create_nodes, resync_interval=args.resync_interval)
@@ -43,8 +43,8 @@ def run(args, root, config) -> int:
         return load_config(root, args.config).with_overrides(**overrides)
 
     async def main() -> int:
-        from nvsymlinkd.containerwatch import ContainerWatch
-        from nvsymlinkd.journal import Journal
+        from nvsymlinkd.daemon.containerwatch import ContainerWatch
+        from nvsymlinkd.daemon.journal import Journal
 
         journal = Journal()
         daemon = Daemon(root, config, reload_config=reload_config, journal=journal)

@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd.reconcile import reconcile
+    from nvsymlinkd.devchar.reconcile import reconcile
     from nvsymlinkd.summary import sync_warnings
 
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,

@@ -23,8 +23,8 @@ sys.path[:0] = ["/mnt/src/tests", "/mnt/src"]
 
 from bpfasm import nvidia_prepend  # noqa: E402  (tests/bpfasm.py: libnvidia-container's shape)
 
-from nvsymlinkd import bpfeval, bpfprog  # noqa: E402
-from nvsymlinkd.devicerules import DeviceRule  # noqa: E402
+from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
+from nvsymlinkd.access.rules import DeviceRule  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
 # /dev/nvidia<N> for the GPUs asked for, then the control nodes every GPU container gets.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from nvsymlinkd.applier import Outcome, apply_plan
-from nvsymlinkd.linkplan import CONFLICT, Plan, plan_sync
-from nvsymlinkd.snapshot import HostSnapshot, observe
+from nvsymlinkd.devchar.apply import Outcome, apply_plan
+from nvsymlinkd.devchar.plan import CONFLICT, Plan, plan_sync
+from nvsymlinkd.devchar.snapshot import HostSnapshot, observe
 from nvsymlinkd.summary import sync_counts, sync_line
 
 

@@ -6,8 +6,8 @@
 The kernel checks a device open/mknod against the v2 BPF_CGROUP_DEVICE programs
 of the process's cgroup2 cgroup (all effective ones must allow) and then against
 the v1 devices controller when that is mounted. So the verdict is the AND of:
-  - v1: the cgroup's devices.list (decided by nvsymlinkd.devicerules);
-  - v2: each effective program, run by nvsymlinkd.bpfeval on the request.
+  - v1: the cgroup's devices.list (decided by nvsymlinkd.access.rules);
+  - v2: each effective program, run by nvsymlinkd.access.bpfeval on the request.
 deny AND anything = deny; allow AND unknown = unknown. A source that cannot be
 read (cgroup gone, no privilege, a program we cannot evaluate) is `unknown`:
 never `allow`. read_access never raises for what it finds on the host.
@@ -20,10 +20,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from nvsymlinkd import bpfeval, bpfprog
-from nvsymlinkd.devicerules import canonical_access, decide, parse_devices_list
+from nvsymlinkd.access import bpfeval, bpfprog
+from nvsymlinkd.access.rules import canonical_access, decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.hostroot import HostRoot, normalize
+from nvsymlinkd.host.root import HostRoot, normalize
 
 # The host's mount namespace (pid 1): its mount points are paths inside the root. This
 # process's own (a pod's) mounts are neither the host's paths nor, often, the host's trees.

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from nvsymlinkd.ocispec import read_bounded
+from nvsymlinkd.containers.ocispec import read_bounded
 from nvsymlinkd.summary import plural
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -152,7 +152,7 @@ def package_versions(root, names=("runc", "systemd", "containerd", "containerd.i
 
 
 def dev_char_findings(snapshot) -> list:
-    from nvsymlinkd.linkplan import plan_sync
+    from nvsymlinkd.devchar.plan import plan_sync
 
     plan = plan_sync(snapshot)
     wrong = [a for a in plan.actions if a.action in ("create", "replace", "remove")]
@@ -299,7 +299,7 @@ def link_keepers_finding(root):
 
 def check_host(root, config, snapshot=None) -> list:
     if snapshot is None:
-        from nvsymlinkd.snapshot import observe
+        from nvsymlinkd.devchar.snapshot import observe
 
         snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
     out = []

@@ -15,10 +15,10 @@ import re
 import time
 from dataclasses import dataclass
 
-from nvsymlinkd.atomicfile import write_atomic
-from nvsymlinkd.expected import device_str, parse_device_str
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.ocispec import read_json
+from nvsymlinkd.containers.expected import device_str, parse_device_str
+from nvsymlinkd.containers.ocispec import read_json
+from nvsymlinkd.host.atomicfile import write_atomic
+from nvsymlinkd.host.root import HostRoot
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 MAX_BASELINE_BYTES = 1 << 20

@@ -1,13 +1,13 @@
 """Doing a repair: the mechanisms, the re-verification, the journal entry.
 
-The decisions are in nvsymlinkd.repairplan (pure); this module only
+The decisions are in nvsymlinkd.repair.plan (pure); this module only
   - writes `c M:m rw` lines to a v1 cgroup's devices.allow,
   - freezes/thaws a v1 freezer cgroup around systemd's re-apply,
-  - calls SetUnitProperties(DeviceAllow) through nvsymlinkd.systemdunits,
+  - calls SetUnitProperties(DeviceAllow) through nvsymlinkd.systemd.units,
   - holds the host-wide repair lock (STATE_DIR/repair.lock) from freeze to thaw, and records each
     freeze in STATE_DIR/frozen/ until it is thawed, so a repair killed in between (SIGKILL, OOM) is
     thawed by the next one to take the lock (recover_frozen: the CLI and every daemon pass),
-  - re-reads the cgroup's effective access (nvsymlinkd.cgroupaccess) and,
+  - re-reads the cgroup's effective access (nvsymlinkd.access.cgroup) and,
     from repair_all, re-runs the verifier: a repair that did not take is a
     failure, never a success.
 
@@ -28,13 +28,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from nvsymlinkd import journal as journalmod
-from nvsymlinkd.atomicfile import write_atomic
-from nvsymlinkd.cgroupaccess import Mount, cgroup_dir_on, find_cgroup_mounts
-from nvsymlinkd.containers import display_name
+from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
+from nvsymlinkd.containers.discovery import display_name
+from nvsymlinkd.daemon import journal as journalmod
 from nvsymlinkd.errors import NvsymlinkdError
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.repairplan import (
+from nvsymlinkd.host.atomicfile import write_atomic
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair.plan import (
     AT_RISK,
     DEFAULT_WINDOW_SECONDS,
     DEVICES_ALLOW,
@@ -153,7 +153,7 @@ def cgroup_dir(root: HostRoot, controller: str, cgroup: str, fallback: str) -> s
     """Inside path of a v1 cgroup directory on the host's hierarchy; RepairError when it cannot be placed.
 
     `cgroup` is as /proc/<pid>/cgroup printed it for this process (relative to its cgroup
-    namespace); nvsymlinkd.cgroupaccess maps it onto the host's mount of the hierarchy.
+    namespace); nvsymlinkd.access.cgroup maps it onto the host's mount of the hierarchy.
     """
     mounts = find_cgroup_mounts(root)
     mount = mounts.v1_devices if controller == "devices" else mounts.v1_freezer if controller == "freezer" else None
@@ -182,14 +182,14 @@ def _write(root: HostRoot, inside: str, text: str) -> None:
 
 
 def read_rules(root: HostRoot, devices_dir: str) -> list:
-    from nvsymlinkd.devicerules import parse_devices_list
+    from nvsymlinkd.access.rules import parse_devices_list
 
     inside = f"{devices_dir}/devices.list"
     return parse_devices_list(_read(root, inside), inside)
 
 
 def _covered(rules, grant: Grant) -> bool:
-    from nvsymlinkd.devicerules import decide
+    from nvsymlinkd.access.rules import decide
 
     return decide(rules, "c", grant.major, grant.minor, grant.access).allowed
 
@@ -387,7 +387,7 @@ def _thaw_orphans(root: HostRoot, config, journal=None, dry_run: bool = False) -
 
 
 def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
-    from nvsymlinkd.ocispec import read_json
+    from nvsymlinkd.containers.ocispec import read_json
 
     entry = {"container": None, "unit": None, "freezer": None, "freezer_dir": None, "pid": None, "state": None,
              "action": "none"}
@@ -495,7 +495,7 @@ def _ensure_dev_char_links(root: HostRoot, config, grants, steps: list) -> None:
     missing = [g for g in grants if not present(g)]
     if not missing or config is None:
         return
-    from nvsymlinkd.reconcile import reconcile
+    from nvsymlinkd.devchar.reconcile import reconcile
 
     reconcile(root, config)
     still = [g for g in missing if not present(g)]
@@ -504,7 +504,7 @@ def _ensure_dev_char_links(root: HostRoot, config, grants, steps: list) -> None:
 
 
 def _systemd_call(request: RepairRequest, grants, steps: list, timeout: float) -> None:
-    from nvsymlinkd.systemdunits import SystemdCallError, set_device_allow
+    from nvsymlinkd.systemd.units import SystemdCallError, set_device_allow
 
     entries = [(g.dev_char, g.access) for g in grants]
     try:
@@ -516,7 +516,7 @@ def _systemd_call(request: RepairRequest, grants, steps: list, timeout: float) -
 
 
 def _unit_known(unit: str, timeout: float) -> None:
-    from nvsymlinkd.systemdunits import SystemdCallError, get_unit
+    from nvsymlinkd.systemd.units import SystemdCallError, get_unit
 
     try:
         get_unit(unit, timeout=timeout)
@@ -544,7 +544,7 @@ def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: lis
     Only rules the cgroup held a moment ago are written back (never broader); they
     are not persistent, which the verifier reports as at-risk.
     """
-    from nvsymlinkd.devicerules import decide
+    from nvsymlinkd.access.rules import decide
 
     if any(r.is_allow_all for r in before):
         return
@@ -593,7 +593,7 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
 
 def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     """The kernel-side view after a repair: each grant's verdict from the cgroup's effective access."""
-    from nvsymlinkd.cgroupaccess import read_access
+    from nvsymlinkd.access.cgroup import read_access
 
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
@@ -605,7 +605,7 @@ def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
 
 def _check_scope(request: RepairRequest, grants, verification: dict, timeout: float) -> None:
     """The systemd-side view: the scope's DeviceAllow must now hold every grant."""
-    from nvsymlinkd.systemdunits import SystemdCallError, get_device_allow
+    from nvsymlinkd.systemd.units import SystemdCallError, get_device_allow
 
     try:
         entries = dict(get_device_allow(request.scope, timeout=timeout))
@@ -717,8 +717,8 @@ def requests_from_report(report, cgroup_driver: str | None = None,
     a LOST request; at-risk-scope (and at-risk-not-in-spec devices the baseline expects) an
     AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
     """
-    from nvsymlinkd.expected import parse_device_str
-    from nvsymlinkd.verifier import AT_RISK_NOT_IN_SPEC, AT_RISK_SCOPE
+    from nvsymlinkd.containers.expected import parse_device_str
+    from nvsymlinkd.verify.verifier import AT_RISK_NOT_IN_SPEC, AT_RISK_SCOPE
 
     wanted, kind, reasons = [], AT_RISK, []
     for f in report.findings:
@@ -769,7 +769,7 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
     `report`: a verifier.Report already at hand (the daemon's), else one is made here.
     Raises KeyError(id) for an id that matches no container.
     """
-    from nvsymlinkd import verifier
+    from nvsymlinkd.verify import verifier
 
     if config.repair == "off":
         return []
@@ -778,7 +778,7 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         report = verifier.verify_all(root, config, use_bus=use_bus, with_host=False)
     chosen = report.containers
     if container_ids:
-        from nvsymlinkd.containers import find
+        from nvsymlinkd.containers.discovery import find
 
         chosen = []
         for wanted in container_ids:

@@ -12,11 +12,11 @@ import stat
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from nvsymlinkd import procdevices
-from nvsymlinkd.driverinfo import DriverInfo, read_driver_info
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.hostroot import HostRoot, normalize, target_of
-from nvsymlinkd.nodes import TMP_PREFIX, IgnoredNode, NvidiaNode, dev_dir, scan_nodes
+from nvsymlinkd.host import procdevices
+from nvsymlinkd.host.driverinfo import DriverInfo, read_driver_info
+from nvsymlinkd.host.nodes import TMP_PREFIX, IgnoredNode, NvidiaNode, dev_dir, scan_nodes
+from nvsymlinkd.host.root import HostRoot, normalize, target_of
 
 MAX_PID = 1 << 22  # PID_MAX_LIMIT: a larger number was never a live process
 

@@ -45,14 +45,14 @@ MESSAGE_IDS = {
     "daemon-started": "4292addf44884482baae0673fe1007c1",
     "daemon-stopped": "e41cd2e590d6418eaa51110fdc36eaf8",
     "event-overflow": "686126523c744885bf7219ece7b7287a",
-    # container verifier (nvsymlinkd.verifier.MESSAGE_IDS, one per finding kind)
+    # container verifier (nvsymlinkd.verify.verifier.MESSAGE_IDS, one per finding kind)
     "container-ok": "b0c3e0dd255749f89757d1b6405543cf",
     "container-lost": "483c260197bb4a5082cbaae3b26d085c",
     "container-at-risk-scope": "dc9a8c0480ee41a0a6a7ec454776bee3",
     "container-at-risk-not-in-spec": "e22f202c38134d758577be98caa78c07",
     "container-at-risk-uvm-missing": "3b40d429af264d4d893899337d991187",
     "container-unknown": "cc6369fb247c43c6a79a190b6d432b93",
-    # repair (nvsymlinkd.repairer.REPAIR_MESSAGE_IDS)
+    # repair (nvsymlinkd.repair.apply.REPAIR_MESSAGE_IDS)
     "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
     "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
     "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",

@@ -20,10 +20,10 @@ import errno
 import os
 import struct
 
-from nvsymlinkd import libc
-from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot, normalize
-from nvsymlinkd.nodes import SUBDIRS, dev_dir
-from nvsymlinkd.snapshot import DEV_CHAR_NAME
+from nvsymlinkd.devchar.snapshot import DEV_CHAR_NAME
+from nvsymlinkd.host import libc
+from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
+from nvsymlinkd.host.root import DIR_FLAGS, HostRoot, normalize
 
 IN_ATTRIB = 0x00000004
 IN_MOVED_FROM = 0x00000040
@@ -220,7 +220,7 @@ class LinkWatch(_Watch):
 
     Only `M:m` names wake the daemon, and only for majors in `majors` (the
     NVIDIA majors of the last pass; None: every major), so udev's links for
-    other devices and our own temporary names (applier.TMP_PREFIX) cost
+    other devices and our own temporary names (host.nodes.TMP_PREFIX) cost
     nothing. The daemon's own link writes do raise events: each costs one
     pass that finds nothing to change (the fixed point), never a loop.
     """

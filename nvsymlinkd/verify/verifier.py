@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from nvsymlinkd.containers import display_name
-from nvsymlinkd.expected import Expected, device_str
+from nvsymlinkd.containers.discovery import display_name
+from nvsymlinkd.containers.expected import Expected, device_str
 
 OK = "ok"
 LOST = "lost"
@@ -33,7 +33,7 @@ MESSAGE_IDS = {
     AT_RISK_UVM: "3b40d429af264d4d893899337d991187",
     UNKNOWN: "cc6369fb247c43c6a79a190b6d432b93",
 }
-# Journal kinds for nvsymlinkd.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
+# Journal kinds for nvsymlinkd.daemon.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
 JOURNAL_KINDS = {kind: f"container-{kind}" for kind in MESSAGE_IDS}
 JOURNAL_MESSAGE_IDS = {JOURNAL_KINDS[kind]: mid for kind, mid in MESSAGE_IDS.items()}
 # Container verdicts, worst first.
@@ -337,7 +337,7 @@ def baseline_devices(report: ContainerReport) -> dict | None:
         return None
     if any(f.kind == UNKNOWN for f in report.findings):
         return None
-    from nvsymlinkd.expected import parse_device_str
+    from nvsymlinkd.containers.expected import parse_device_str
 
     out = {}
     for text, access in report.granted.items():
@@ -383,8 +383,8 @@ class _HostContext:
     """What every container's evaluation shares: majors, host nodes, scopes, the access reader."""
 
     def __init__(self, root, config):
-        from nvsymlinkd.expected import nvidia_majors_of
-        from nvsymlinkd.snapshot import observe
+        from nvsymlinkd.containers.expected import nvidia_majors_of
+        from nvsymlinkd.devchar.snapshot import observe
 
         self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
         majors = self.snapshot.majors
@@ -393,7 +393,7 @@ class _HostContext:
         self.host = HostDevices(self.snapshot.nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
         self.mounts = None  # cgroup mounts, read once for all containers (by the access engine)
         try:
-            from nvsymlinkd.cgroupaccess import find_cgroup_mounts
+            from nvsymlinkd.access.cgroup import find_cgroup_mounts
 
             self.mounts = find_cgroup_mounts(root)
         except ImportError:
@@ -402,7 +402,7 @@ class _HostContext:
 
 def _read_policy(root, c, mounts=None):
     try:
-        from nvsymlinkd.cgroupaccess import read_access
+        from nvsymlinkd.access.cgroup import read_access
     except ImportError as exc:  # the access engine is a separate module
         return None, f"access engine unavailable ({exc})"
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
@@ -416,10 +416,10 @@ def _read_policy(root, c, mounts=None):
 
 
 def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseline: bool) -> ContainerReport:
-    from nvsymlinkd import baseline as baselinemod
-    from nvsymlinkd.containers import container_dev_nodes
-    from nvsymlinkd.expected import candidate_devices, expected_access
-    from nvsymlinkd.ocispec import gpu_signs
+    from nvsymlinkd.containers import baseline as baselinemod
+    from nvsymlinkd.containers.discovery import container_dev_nodes
+    from nvsymlinkd.containers.expected import candidate_devices, expected_access
+    from nvsymlinkd.containers.ocispec import gpu_signs
 
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
     base = baselinemod.load(root, config, c.id, c.init_start) if c.live else None
@@ -449,8 +449,8 @@ def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseli
 def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None = None,
                with_host: bool = True) -> Report:
     """Every container on the host, plus host findings. The daemon passes update_baseline=True."""
-    from nvsymlinkd.containers import discover
-    from nvsymlinkd.scopes import read_scopes
+    from nvsymlinkd.containers.discovery import discover
+    from nvsymlinkd.containers.scopes import read_scopes
 
     start = time.perf_counter()
     ctx = _HostContext(root, config)
@@ -465,11 +465,11 @@ def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None
             reports.append(r)
     host = []
     if with_host:
-        from nvsymlinkd.hostcheck import check_host
+        from nvsymlinkd.verify.hostcheck import check_host
 
         host = check_host(root, config, ctx.snapshot)
     if update_baseline:
-        from nvsymlinkd.baseline import prune
+        from nvsymlinkd.containers.baseline import prune
 
         prune(root, config, [c.id for c in containers if c.status != "stopped"])
     return Report(reports, host, not_gpu, time.perf_counter() - start)
@@ -478,8 +478,8 @@ def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None
 def verify_container(root, config, container_id_or_scope: str, update_baseline: bool = False,
                      use_bus: bool | None = None) -> ContainerReport | None:
     """One container by id, unique id prefix or scope name; None if no such container."""
-    from nvsymlinkd.containers import discover, find
-    from nvsymlinkd.scopes import read_scopes
+    from nvsymlinkd.containers.discovery import discover, find
+    from nvsymlinkd.containers.scopes import read_scopes
 
     ctx = _HostContext(root, config)
     c = find(discover(root), container_id_or_scope)

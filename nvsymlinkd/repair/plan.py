@@ -1,7 +1,7 @@
 """Deciding a repair: which devices a GPU container gets back, and how. Pure: no I/O.
 
 Input is a RepairRequest per container (built from the verifier's findings by
-`nvsymlinkd.repairer.requests_from_report`), output a RepairPlan: one
+`nvsymlinkd.repair.apply.requests_from_report`), output a RepairPlan: one
 mechanism and the exact grants, or "cannot repair automatically: <reason>".
 
 Safety rules, enforced here whatever the caller passes in:
@@ -146,7 +146,7 @@ class RepairHistory:
                     if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)})
 
     def save(self, real_path: str) -> None:
-        from nvsymlinkd.atomicfile import write_atomic
+        from nvsymlinkd.host.atomicfile import write_atomic
 
         os.makedirs(os.path.dirname(real_path), mode=0o755, exist_ok=True)
         write_atomic(real_path, json.dumps({"last": self.last}))
@@ -186,7 +186,7 @@ def _parent_refusal(grant: Grant, parent_rules) -> str | None:
     """v1: a child never gets what its parent denies; writing it would fail with EPERM."""
     if parent_rules is None:
         return None
-    from nvsymlinkd.devicerules import decide
+    from nvsymlinkd.access.rules import decide
 
     decision = decide(list(parent_rules), "c", grant.major, grant.minor, grant.access,
                       source="the parent cgroup's devices.list")
@@ -197,7 +197,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
                 window: float = DEFAULT_WINDOW_SECONDS, parent_rules=None) -> RepairPlan:
     """The plan for one container.
 
-    `parent_rules`: the parsed devices.list of the v1 parent cgroup (devicerules.DeviceRule),
+    `parent_rules`: the parsed devices.list of the v1 parent cgroup (access.rules.DeviceRule),
     None when unknown or not v1. `now` and `history` implement the rate limit.
     """
     grants, refused, seen = [], [], set()

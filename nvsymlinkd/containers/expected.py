@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nvsymlinkd.ocispec import FRONTEND_MAJOR
+from nvsymlinkd.containers.ocispec import FRONTEND_MAJOR
 
 SPEC = "spec"
 RUNTIME_STATE = "runtime-state"

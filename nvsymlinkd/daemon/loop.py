@@ -20,10 +20,10 @@ import asyncio
 import signal
 import time
 
+from nvsymlinkd.daemon.journal import ERR, INFO, NOTICE, WARNING, Journal
+from nvsymlinkd.daemon.notify import Notifier
+from nvsymlinkd.devchar.plan import foreign_links
 from nvsymlinkd.errors import NvsymlinkdError
-from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
-from nvsymlinkd.linkplan import foreign_links
-from nvsymlinkd.notify import Notifier
 from nvsymlinkd.summary import plural
 
 # Wait this long after the first event before a pass (0: just let the loop drain
@@ -164,7 +164,7 @@ class Daemon:
         if interval:
             self._spawn(self._watchdog(interval))
         if self.use_bus:
-            from nvsymlinkd.systemdbus import SystemdWatch
+            from nvsymlinkd.systemd.bus import SystemdWatch
 
             self.systemd = SystemdWatch(self.journal, self._on_reload, self._on_scope, self._on_bus,
                                         on_reload_start=self._on_reload_start)
@@ -212,7 +212,7 @@ class Daemon:
     # -- event sources ----------------------------------------------------
 
     def _start_devwatch(self) -> None:
-        from nvsymlinkd.inotifywatch import DevWatch
+        from nvsymlinkd.daemon.inotify import DevWatch
 
         try:
             self.devwatch = DevWatch(self.root, self.config.driver_root)
@@ -261,7 +261,7 @@ class Daemon:
                 self.request("device nodes changed")
 
     def _start_linkwatch(self) -> None:
-        from nvsymlinkd.inotifywatch import LinkWatch
+        from nvsymlinkd.daemon.inotify import LinkWatch
 
         try:
             self.linkwatch = LinkWatch(self.root, self.config.dev_char_path)
@@ -317,7 +317,7 @@ class Daemon:
             self._on_linkwatch(request=False)
 
     def _start_udev(self) -> None:
-        from nvsymlinkd.udevwatch import UdevWatch
+        from nvsymlinkd.daemon.udev import UdevWatch
 
         try:
             self.udev = UdevWatch()
@@ -360,7 +360,7 @@ class Daemon:
                 await self._call_hook("periodic")
 
     async def _pass(self, reasons: dict) -> None:
-        from nvsymlinkd.reconcile import reconcile
+        from nvsymlinkd.devchar.reconcile import reconcile
 
         self._drain_watches()  # first: it forgets watches on directories that went away, arm re-adds them
         self._arm_devwatch()
@@ -545,7 +545,7 @@ def _preload_bus() -> None:
         import dbus_next.aio  # noqa: F401
     except ImportError:
         pass  # SystemdWatch says what is missing when it starts
-    import nvsymlinkd.systemdbus  # noqa: F401
+    import nvsymlinkd.systemd.bus  # noqa: F401
 
 
 def _resolves_to(entry) -> str:

@@ -22,9 +22,9 @@ import re
 import stat
 from dataclasses import dataclass
 
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.ocispec import MAX_SMALL_BYTES, DeviceRule, read_bounded
-from nvsymlinkd.procdevices import decimal
+from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, DeviceRule, read_bounded
+from nvsymlinkd.host.procdevices import decimal
+from nvsymlinkd.host.root import HostRoot
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"

@@ -43,7 +43,7 @@ async def _connect(timeout: float):
     from dbus_next import BusType
     from dbus_next.aio import MessageBus
 
-    from nvsymlinkd.systemdbus import bus_address
+    from nvsymlinkd.systemd.bus import bus_address
 
     try:
         return await asyncio.wait_for(MessageBus(bus_type=BusType.SYSTEM).connect(), timeout)

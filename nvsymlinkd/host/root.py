@@ -21,7 +21,7 @@ import os
 import posixpath
 import stat
 
-from nvsymlinkd import libc
+from nvsymlinkd.host import libc
 
 MAX_SYMLINK_HOPS = 40
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC

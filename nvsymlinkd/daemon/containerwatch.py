@@ -1,6 +1,6 @@
 """The daemon's container side: verify GPU containers on events, journal findings, repair.
 
-Plugged into nvsymlinkd.daemon.Daemon as its ContainerHook. Every trigger
+Plugged into nvsymlinkd.daemon.loop.Daemon as its ContainerHook. Every trigger
 (start, reload finished, a new container scope, NVIDIA nodes changed, the
 periodic resync) asks for one verification of all containers; requests that
 arrive while one runs are folded into the next. The work (cgroup reads, bpf,
@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from nvsymlinkd import journal as journalmod
-from nvsymlinkd.daemon import ContainerHook
+from nvsymlinkd.daemon import journal as journalmod
+from nvsymlinkd.daemon.loop import ContainerHook
 
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create
 # order); look again once they have had time to finish, then once more for slow hooks.
@@ -111,8 +111,8 @@ class ContainerWatch(ContainerHook):
 
     def verify_and_repair(self, why: str):
         """One verification of every container (blocking; runs in a worker thread)."""
-        from nvsymlinkd import verifier
-        from nvsymlinkd.repairer import recover_frozen
+        from nvsymlinkd.repair.apply import recover_frozen
+        from nvsymlinkd.verify import verifier
 
         config = self.get_config()
         # thaw what a repair killed mid-way (this daemon's before a restart, or a CLI's) left frozen,
@@ -134,7 +134,7 @@ class ContainerWatch(ContainerHook):
         return report
 
     def _journal_changes(self, report, why: str) -> None:
-        from nvsymlinkd import verifier
+        from nvsymlinkd.verify import verifier
 
         live = set()
         at_risk = (verifier.AT_RISK_SCOPE, verifier.AT_RISK_NOT_IN_SPEC, verifier.AT_RISK_UVM)
@@ -179,7 +179,7 @@ class ContainerWatch(ContainerHook):
             del self.problems_said[gone]
 
     def _repair(self, config, report) -> None:
-        from nvsymlinkd.repairer import RepairHistory, repair_all
+        from nvsymlinkd.repair.apply import RepairHistory, repair_all
 
         if self.history is None:
             self.history = RepairHistory()
@@ -191,7 +191,7 @@ class ContainerWatch(ContainerHook):
                 self.metrics.on_repair(r, r.ok)
         if any(r.status in ("repaired", "prevented") for r in results):
             # what changed is worth journaling as the new state; the next trigger would too, later
-            from nvsymlinkd import verifier
+            from nvsymlinkd.verify import verifier
 
             fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
             self._journal_changes(fresh, "after repair")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.procdevices import decimal
+from nvsymlinkd.host.procdevices import decimal
 
 ACCESS_LETTERS = "rwm"
 MAX_U32 = 0xFFFFFFFF

@@ -22,9 +22,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot
-from nvsymlinkd.linkplan import CREATE, CREATE_NODE, REMOVE, REPLACE, Action, Plan
-from nvsymlinkd.nodes import SUBDIRS, TMP_PREFIX
+from nvsymlinkd.devchar.plan import CREATE, CREATE_NODE, REMOVE, REPLACE, Action, Plan
+from nvsymlinkd.host.nodes import SUBDIRS, TMP_PREFIX
+from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 
 @dataclass(frozen=True)

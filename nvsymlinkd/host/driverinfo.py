@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.hostroot import HostRoot
-from nvsymlinkd.procdevices import decimal
+from nvsymlinkd.host.procdevices import decimal
+from nvsymlinkd.host.root import HostRoot
 
 GPUS_DIR = "/proc/driver/nvidia/gpus"
 PARAMS = "/proc/driver/nvidia/params"

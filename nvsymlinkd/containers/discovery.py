@@ -26,9 +26,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from nvsymlinkd.errors import UsageError
-from nvsymlinkd.hostroot import HostRoot, normalize
-from nvsymlinkd.ocispec import (
+from nvsymlinkd.containers.ocispec import (
     MAX_SMALL_BYTES,
     RuntimeState,
     SpecFacts,
@@ -39,6 +37,8 @@ from nvsymlinkd.ocispec import (
     read_bounded,
     read_json,
 )
+from nvsymlinkd.errors import UsageError
+from nvsymlinkd.host.root import HostRoot, normalize
 
 RUNC_ROOTS = (("/run/runc", "runc", None), ("/run/docker/runtime-runc/moby", "docker", "moby"))
 CONTAINERD_RUNC = "/run/containerd/runc"

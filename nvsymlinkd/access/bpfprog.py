@@ -25,7 +25,7 @@ import platform
 import struct
 from dataclasses import dataclass
 
-from nvsymlinkd import libc
+from nvsymlinkd.host import libc
 
 # syscall numbers (the bpf syscall is arch-specific)
 SYS_BPF_BY_MACHINE = {"x86_64": 321, "aarch64": 280, "arm64": 280, "i686": 357, "i386": 357,

@@ -1,6 +1,6 @@
 """Deciding: from a HostSnapshot to the actions that make /dev/char exact.
 
-Pure functions only; nvsymlinkd.applier does the syscalls.
+Pure functions only; nvsymlinkd.devchar.apply does the syscalls.
 
 Ownership rule: an `M:m` symlink whose target has a component starting with
 `nvidia` is ours to manage. Everything else at a desired path (a foreign
@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nvsymlinkd import nodes as nodemod
-from nvsymlinkd.hostroot import link_target
-from nvsymlinkd.snapshot import HostSnapshot, is_nvidia_path
+from nvsymlinkd.devchar.snapshot import HostSnapshot, is_nvidia_path
+from nvsymlinkd.host import nodes as nodemod
+from nvsymlinkd.host.root import link_target
 
 CREATE = "create"
 REPLACE = "replace"

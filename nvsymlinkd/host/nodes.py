@@ -14,8 +14,8 @@ import stat
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nvsymlinkd import procdevices as pd
-from nvsymlinkd.hostroot import DIR_FLAGS, HostRoot, normalize
+from nvsymlinkd.host import procdevices as pd
+from nvsymlinkd.host.root import DIR_FLAGS, HostRoot, normalize
 
 # kind -> (regex on the path relative to DRIVER_ROOT/dev, allowed /proc/devices names)
 KINDS = {

@@ -1,0 +1,3 @@
+"""systemd over D-Bus: the manager signal watch the daemon listens to (bus), and the unit calls
+repair/ makes: GetUnit, DeviceAllow read back and SetUnitProperties (units).
+(containers/scopes reads scope properties over the bus on its own.)"""
