@@ -13,8 +13,8 @@ import sys
 import pytest
 from fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
+from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
-from nvsymlinkd.daemon import journal as journalmod
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.metrics import Metrics
 from nvsymlinkd.verify.verifier import journal_entries, verify_all

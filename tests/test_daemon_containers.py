@@ -30,7 +30,7 @@ from runcfixture import device_node, device_rule
 from test_daemon_dbus import PrivateBus
 from test_repair_dbus import SystemdMock
 
-from nvsymlinkd.daemon.journal import MESSAGE_IDS
+from nvsymlinkd.journal import MESSAGE_IDS
 
 SEP = " || "
 CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"

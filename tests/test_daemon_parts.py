@@ -14,7 +14,7 @@ from conftest import need_tool
 from daemonproc import notify_socket
 from fakehost import standard_host
 
-from nvsymlinkd.daemon import journal
+from nvsymlinkd import journal
 from nvsymlinkd.daemon.inotify import (
     IN_CREATE,
     IN_ISDIR,
@@ -273,7 +273,7 @@ def test_hook_is_swappable(tmp_path, need_root):
 
 def test_module_message_ids_are_registered_centrally():
     # the verifier and repair keep their own tables; journal.MESSAGE_IDS (and so the catalog) must agree
-    from nvsymlinkd.daemon import journal as journalmod
+    from nvsymlinkd import journal as journalmod
     from nvsymlinkd.repair import apply as repairer
     from nvsymlinkd.verify import verifier
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from nvsymlinkd import metrics
+from nvsymlinkd import journal, metrics
 from nvsymlinkd.cli import COMMANDS, build_parser
 from nvsymlinkd.config import KEYS
-from nvsymlinkd.daemon import journal
 from nvsymlinkd.repair import apply as repairer
 from nvsymlinkd.verify import verifier
 

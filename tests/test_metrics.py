@@ -17,8 +17,8 @@ from fakehost import standard_host
 
 from nvsymlinkd import metrics as m
 from nvsymlinkd.config import Config, parse_config
-from nvsymlinkd.daemon.journal import Journal
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.journal import Journal
 
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
 

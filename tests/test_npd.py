@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from fakehost import standard_host
 
+from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
-from nvsymlinkd.daemon import journal as journalmod
 from nvsymlinkd.host.root import HostRoot
 
 CONFIG = Path(__file__).parent.parent / "deploy/node-problem-detector/nvsymlinkd-monitor.json"

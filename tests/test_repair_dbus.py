@@ -312,7 +312,7 @@ class Journal:
     """nvsymlinkd's Journal with the journald sender replaced by a recorder (same fields as journald gets)."""
 
     def __init__(self):
-        from nvsymlinkd.daemon.journal import Journal as Real
+        from nvsymlinkd.journal import Journal as Real
 
         self.entries = []
         self.real = Real(target="stderr", stream=open(os.devnull, "w"))  # noqa: SIM115

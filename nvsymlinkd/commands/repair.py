@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 def run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import find
-    from nvsymlinkd.daemon.journal import Journal
+    from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
         SUCCESS,
         history_path,

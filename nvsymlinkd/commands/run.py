@@ -44,7 +44,7 @@ def run(args, root, config) -> int:
 
     async def main() -> int:
         from nvsymlinkd.daemon.containerwatch import ContainerWatch
-        from nvsymlinkd.daemon.journal import Journal
+        from nvsymlinkd.journal import Journal
 
         journal = Journal()
         daemon = Daemon(root, config, reload_config=reload_config, journal=journal)

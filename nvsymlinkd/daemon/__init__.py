@@ -1,3 +1,3 @@
 """The long-running daemon: the loop that wires the watchers (inotify, udev, systemd signals) to
-devchar/ reconcile and to the container watch (verify/, then repair/), sd_notify, and the journal
-writer that check and repair also log through. The apply side of `nvsymlinkd run`."""
+devchar/ reconcile and to the container watch (verify/, then repair/), and sd_notify. It decides
+nothing itself: every event only asks for a pass."""

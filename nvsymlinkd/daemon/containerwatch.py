@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from nvsymlinkd.daemon import journal as journalmod
+from nvsymlinkd import journal as journalmod
 from nvsymlinkd.daemon.loop import ContainerHook
 
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create

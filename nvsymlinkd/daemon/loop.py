@@ -20,10 +20,10 @@ import asyncio
 import signal
 import time
 
-from nvsymlinkd.daemon.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.daemon.notify import Notifier
 from nvsymlinkd.devchar.plan import foreign_links
 from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.summary import plural
 
 # Wait this long after the first event before a pass (0: just let the loop drain

@@ -28,9 +28,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.containers.discovery import display_name
-from nvsymlinkd.daemon import journal as journalmod
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.host.atomicfile import write_atomic
 from nvsymlinkd.host.root import HostRoot

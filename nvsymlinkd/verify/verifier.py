@@ -33,7 +33,7 @@ MESSAGE_IDS = {
     AT_RISK_UVM: "3b40d429af264d4d893899337d991187",
     UNKNOWN: "cc6369fb247c43c6a79a190b6d432b93",
 }
-# Journal kinds for nvsymlinkd.daemon.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
+# Journal kinds for nvsymlinkd.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
 JOURNAL_KINDS = {kind: f"container-{kind}" for kind in MESSAGE_IDS}
 JOURNAL_MESSAGE_IDS = {JOURNAL_KINDS[kind]: mid for kind, mid in MESSAGE_IDS.items()}
 # Container verdicts, worst first.

@@ -34,7 +34,7 @@ from vmguest import (
     wait_for,
 )
 
-from nvsymlinkd.daemon.journal import MESSAGE_IDS
+from nvsymlinkd.journal import MESSAGE_IDS
 
 ROUNDS = 3
 

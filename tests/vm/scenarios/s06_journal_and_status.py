@@ -21,7 +21,7 @@ from vmguest import (
     wait_for,
 )
 
-from nvsymlinkd.daemon.journal import MESSAGE_IDS
+from nvsymlinkd.journal import MESSAGE_IDS
 
 UNIT = "nvsymlinkd.service"
 KIND_OF = {v: k for k, v in MESSAGE_IDS.items()}

@@ -14,7 +14,7 @@ import time
 from stacks import Podman, install_nvidia_toolkit
 from vmguest import Scenario, daemon_reload, load_fake_driver, make_char_link, mknod, sh
 
-from nvsymlinkd import bpfprog
+from nvsymlinkd.access import bpfprog
 
 with Scenario() as sc:
     majors = load_fake_driver(uvm=True)
