@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE
+from nvsymlinkd.host.procdevices import PROC_DEVICES
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:
@@ -70,6 +71,8 @@ def sync_warnings(root, result) -> list:
     if snap.driver_root != "/" and not os.path.isdir(root.path(snap.driver_root)):
         out.append(f"driver root {snap.driver_root} does not exist (check --driver-root / driver_root; "
                    "with the driver container it appears once the driver is installed)")
+    for lineno, why in snap.majors.skipped:
+        out.append(f"{PROC_DEVICES}:{lineno}: {why}: line skipped (not an NVIDIA driver's)")
     if not snap.majors.nvidia_majors:
         out.append("NVIDIA driver not loaded (no nvidia entry in /proc/devices): no nodes to link")
     return out

@@ -219,18 +219,40 @@ def test_huge_numbers_in_json_text_are_a_valueerror_or_refused():
 HUGE = "1" * 5000
 
 
-def test_proc_devices_major_of_thousands_of_digits_is_one_clean_line(fakehost, nvsymlinkd_cli):
+def test_proc_devices_nvidia_major_of_thousands_of_digits_is_one_clean_line(fakehost, nvsymlinkd_cli):
     from fakehost import standard_host
 
     host = standard_host(fakehost.root)
-    text = host.path("/proc/devices").read_text().replace("Character devices:\n", f"Character devices:\n{HUGE} x\n")
+    text = host.path("/proc/devices").read_text().replace("Character devices:\n",
+                                                          f"Character devices:\n{HUGE} nvidia-uvm\n")
     host.write("/proc/devices", text)
     for argv in (["sync"], ["sync", "--dry-run"], ["check", "--no-host", "--no-bus"], ["repair", "--dry-run"]):
         proc = nvsymlinkd_cli("--root", host.root, *argv)
         assert proc.returncode == 2, (argv, proc.stderr)
         assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("nvsymlinkd: /proc/devices:2: major '111111111"), proc.stderr
-    assert host.links() == {}  # nothing was done on input that cannot be parsed
+    assert host.links() == {}  # nothing was done on input that cannot be parsed where it matters
+
+
+def test_proc_devices_other_drivers_unusable_line_is_skipped_with_a_warning(fakehost, nvsymlinkd_cli):
+    """Another driver's line of 5,000 digits says nothing about NVIDIA's majors: the rest is usable."""
+    from fakehost import standard_host
+
+    host = standard_host(fakehost.root)
+    text = host.path("/proc/devices").read_text().replace("Character devices:\n", f"Character devices:\n{HUGE} x\n")
+    host.write("/proc/devices", text)
+    proc = nvsymlinkd_cli("--root", host.root, "sync", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    warning = "/proc/devices:2: major '111111111"
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"nvsymlinkd: warning: {warning}"), proc.stderr
+    assert "for 'x': line skipped" in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert any(w.startswith(warning) for w in doc["warnings"])
+    assert host.links(), "the NVIDIA nodes are linked all the same"
+    for argv in (["check", "--no-host", "--no-bus"], ["repair", "--dry-run"]):
+        proc = nvsymlinkd_cli("--root", host.root, *argv)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (argv, proc.stderr)
 
 
 def fake_v1(host, parent_rules: str, leaf_rules: str) -> str:

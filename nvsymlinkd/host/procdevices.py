@@ -32,6 +32,7 @@ class Majors:
 
     by_name: dict = field(default_factory=dict)  # name -> major, for names listed with one major only
     lines: tuple = ()  # every (name, major) line, in order; () means by_name's items
+    skipped: tuple = ()  # (line number, why) of other drivers' lines that could not be read
 
     @property
     def pairs(self) -> tuple:
@@ -75,9 +76,14 @@ class Majors:
 def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
     """Parse the text of /proc/devices; only the `Character devices:` section counts.
 
-    Raises HostFileError (and nothing else) naming the line for malformed input.
+    Raises HostFileError (and nothing else) naming the line for malformed input that
+    could matter: anything before a section, a line that is not `MAJOR NAME`, an
+    NVIDIA name with an unusable major. Another driver's line with an unusable major
+    (thousands of digits, above 4095) says nothing about NVIDIA's majors: it is
+    skipped and reported in `skipped`, so the rest of the file still counts.
     """
     lines: list = []
+    skipped: list = []
     section = None
     seen_char = False
     for lineno, raw in enumerate(text.split("\n"), 1):
@@ -95,9 +101,13 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
         if len(parts) != 2 or not parts[0].isdigit() or not parts[0].isascii():
             raise HostFileError(path, f"expected 'MAJOR NAME', got {_show(line)}", lineno)
         major = decimal(parts[0], MAX_MAJOR)
-        if major is None:
-            raise HostFileError(path, f"major {_show(parts[0])} out of range 0-{MAX_MAJOR}", lineno)
         name = parts[1].strip()
+        if major is None:
+            why = f"major {_show(parts[0])} out of range 0-{MAX_MAJOR}"
+            if name.startswith("nvidia"):
+                raise HostFileError(path, why, lineno)
+            skipped.append((lineno, f"{why} for {_show(name)}"))
+            continue
         if section == "character devices" and name.startswith("nvidia"):
             lines.append((name, major))
     if not seen_char:
@@ -106,7 +116,7 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
     for name, major in lines:
         seen.setdefault(name, set()).add(major)
     by_name = {name: next(iter(majors)) for name, majors in seen.items() if len(majors) == 1}
-    return Majors(by_name, tuple(lines))
+    return Majors(by_name, tuple(lines), tuple(skipped))
 
 
 def decimal(text: str, hi: int) -> int | None:
