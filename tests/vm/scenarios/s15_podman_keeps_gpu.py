@@ -4,7 +4,7 @@ the start, `check --json` lists it ok as runtime podman in libpod-<id>.scope, an
 daemon-reloads, 2 daemon-reexecs and 10 `podman update --cpuset-cpus` gpupoll sees zero denied
 opens (Podman has no daemon to restart).
 """
-# vm: nvsymlinkd=deb timeout=600 matrix=full
+# vm: nvsymlinkd=deb timeout=600
 import os
 
 from stacks import Podman, install_nvidia_toolkit, prove_prevention
