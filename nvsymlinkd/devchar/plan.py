@@ -148,17 +148,18 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
     return actions
 
 
-def foreign_links(snap: HostSnapshot, plan: Plan) -> list:
+def foreign_links(dev_char_state: str, entries: dict, conflicts) -> list:
     """Conflicts where someone else's symlink holds a desired path -> [(Action, DevCharEntry)].
 
-    systemd resolves DeviceAllow=/dev/char/M:m through that link, so a scope
-    gets the device it points at (or none), not M:m.
+    From a snapshot's dev_char_state and entries and a plan's conflicts. systemd resolves
+    DeviceAllow=/dev/char/M:m through that link, so a scope gets the device it points at
+    (or none), not M:m.
     """
     out = []
-    if snap.dev_char_state != "dir":
+    if dev_char_state != "dir":
         return out
-    for a in plan.conflicts:
-        entry = snap.entries.get(a.link.rpartition("/")[2]) if a.link else None
+    for a in conflicts:
+        entry = entries.get(a.link.rpartition("/")[2]) if a.link else None
         if entry is not None and entry.kind == "symlink":
             out.append((a, entry))
     return out
