@@ -8,6 +8,7 @@ major is stale, not a uvm node.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -71,6 +72,7 @@ def classify(relpath: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)  # asked for each node when planning
 def dev_dir(driver_root: str) -> str:
     return normalize(driver_root.rstrip("/") + "/dev")
 
