@@ -22,6 +22,7 @@ import time
 
 from nvsymlinkd.daemon.notify import Notifier
 from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.host import libc
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.summary import plural
 
@@ -142,6 +143,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._status_sent = time.monotonic()  # the first status goes out with READY=1
+        libc.malloc_compact(arenas=True)  # before the first worker thread exists: one heap, not one each
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -435,7 +437,10 @@ class Daemon:
         state.nodes_changed = self._last_nodes is not None and nodes != self._last_nodes
         self._last_nodes = nodes
         self.state = state
-        result = state.result(sync.outcomes)
+        outcomes = sync.outcomes
+        del sync, nodes
+        libc.malloc_compact()  # a full pass's thousands of short-lived objects: their pages go back
+        result = state.result(outcomes)
         result.full = True
         return result
 

@@ -49,7 +49,9 @@ class LinkState:
     def __init__(self, root, result: SyncResult):
         snap = result.snapshot
         self.root = root
-        self.base = snap  # majors, driver, paths: what only a full pass re-reads
+        # majors, driver, paths: what only a full pass re-reads (its node and entry lists are
+        # in the dicts below: not kept twice)
+        self.base = dataclasses.replace(snap, nodes=(), ignored=(), entries={}, existing_paths=frozenset())
         self.by_major = names_by_major(snap.majors)
         self.nvidia_majors = snap.majors.nvidia_majors
         self.dev_base = dev_dir(snap.driver_root)
