@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import time
 
 import pytest
@@ -97,7 +98,13 @@ def test_directory_replaced_or_removed(host, daemon):
     # the new directory is watched in its turn
     os.unlink(dev_char / "195:1")
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "a link removed from the new directory")
-    shutil.rmtree(dev_char)
+    # stopped meanwhile: a running daemon puts each link back within a millisecond of its unlink,
+    # faster than rm -rf gets to rmdir (ENOTEMPTY); the events wait in the queue for it
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        shutil.rmtree(dev_char)
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "the directory and links after rm -rf")
     os.unlink(dev_char / "195:255")
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "a link removed from the recreated directory")

@@ -87,6 +87,16 @@ class _Watch:
         self.fd = fd
         self.watches: dict = {}  # wd -> (inside dir path, (st_dev, st_ino))
         self.missing_reported = False
+        # What poll() saw since the last take(): the names events were about, and whether
+        # something (a directory going, appearing or replaced) needs a full pass.
+        self.names: set = set()
+        self.full = False
+
+    def take(self):
+        """-> (names, full) seen since the last take(), and forget them."""
+        names, full = self.names, self.full
+        self.names, self.full = set(), False
+        return names, full
 
     def fileno(self) -> int:
         return self.fd
@@ -186,11 +196,11 @@ class DevWatch(_Watch):
         return ok
 
     def poll(self):
-        """Drain the queue -> (changed, overflowed)."""
+        """Drain the queue -> (changed, overflowed); names go to `names` (relative to DRIVER_ROOT/dev)."""
         changed = overflowed = False
         for wd, mask, name in self._events():
             if mask & IN_Q_OVERFLOW:
-                overflowed = True
+                overflowed = self.full = True
                 continue
             watched = self.watches.get(wd)
             if watched is None:
@@ -199,13 +209,21 @@ class DevWatch(_Watch):
             if mask & IN_IGNORED or mask & (IN_DELETE_SELF | IN_MOVE_SELF):
                 # the directory went away: forget it; arm() re-adds it if it comes back
                 self.watches.pop(wd, None)
-                changed = True
+                changed = self.full = True
                 continue
             if where == self.base:
                 if not name.startswith("nvidia"):
                     continue
-                if mask & IN_ISDIR and name in SUBDIRS and mask & (IN_CREATE | IN_MOVED_TO):
-                    self._add(f"{self.base.rstrip('/')}/{name}")
+                if mask & IN_ISDIR:
+                    if name in SUBDIRS and mask & (IN_CREATE | IN_MOVED_TO):
+                        self._add(f"{self.base.rstrip('/')}/{name}")
+                    self.full = True  # a subdirectory of nodes came or went: everything in it
+                else:
+                    self.names.add(name)
+            elif mask & IN_ISDIR:
+                continue  # nothing of ours is a directory in there
+            else:
+                self.names.add(f"{where.rpartition('/')[2]}/{name}")
             changed = True
         return changed, overflowed
 
@@ -245,11 +263,11 @@ class LinkWatch(_Watch):
         return self._add(self.path, self.DIR_MASK) is True
 
     def poll(self):
-        """Drain the queue -> (changed, overflowed)."""
+        """Drain the queue -> (changed, overflowed); `M:m` names go to `names`."""
         changed = overflowed = False
         for wd, mask, name in self._events():
             if mask & IN_Q_OVERFLOW:
-                overflowed = True
+                overflowed = self.full = True
                 continue
             watched = self.watches.get(wd)
             if watched is None:
@@ -258,13 +276,15 @@ class LinkWatch(_Watch):
             if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
                 # removed, renamed away or unmounted: forget it; the pass this asks for re-adds it
                 self.watches.pop(wd, None)
-                changed = changed or where == self.path
+                if where == self.path:
+                    changed = self.full = True
                 continue
             if where == self.path:
                 m = DEV_CHAR_NAME.fullmatch(name)
                 if m is None or (self.majors is not None and int(m.group(1)) not in self.majors):
                     continue
                 changed = True
+                self.names.add(name)
             elif name == self.name:  # in the parent: DEV_CHAR_PATH itself created, removed, renamed
-                changed = True
+                changed = self.full = True
         return changed, overflowed

@@ -21,8 +21,8 @@ import signal
 import time
 
 from nvsymlinkd.daemon.notify import Notifier
-from nvsymlinkd.devchar.plan import foreign_links
 from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.host import libc
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.summary import plural
 
@@ -30,6 +30,11 @@ from nvsymlinkd.summary import plural
 # what is already readable). Coalescing comes from "one pass at a time, requests
 # made meanwhile fold into the next"; a delay here only adds latency (measured).
 SETTLE_SECONDS = 0.0
+# Reasons a pass may answer with work for the named nodes and links only (devchar.incremental);
+# any other reason (resync, overflow, udev, reload, config) runs the full pass.
+EVENT_REASONS = frozenset({"device nodes changed", "links changed"})
+# An incremental pass for at most this many names runs on the loop itself, more in a thread.
+INLINE_NAMES = 64
 # STATUS= at most this often: the manager's notify queue is short and shared
 STATUS_EVERY = 1.0
 
@@ -99,6 +104,7 @@ class Daemon:
         self._reload_pending = False
         self._pass_started: float | None = None
         self._last_nodes = None
+        self.state = None  # devchar.incremental.LinkState of the last full pass, kept up to date per event
         self._last_conflicts: set = set()
         self._last_notes: set = set()
         self._last_failure: str | None = None
@@ -137,6 +143,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._status_sent = time.monotonic()  # the first status goes out with READY=1
+        libc.malloc_compact(arenas=True)  # before the first worker thread exists: one heap, not one each
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -360,21 +367,25 @@ class Daemon:
                 await self._call_hook("periodic")
 
     async def _pass(self, reasons: dict) -> None:
-        from nvsymlinkd.devchar.reconcile import reconcile
-
         self._drain_watches()  # first: it forgets watches on directories that went away, arm re-adds them
         self._arm_devwatch()
         self._arm_linkwatch()
+        node_names, link_names, full = self._take_names()
         config = self.config
         self._pass_started = time.monotonic()
         event_at, self._node_event_at = self._node_event_at, None
         try:
-            result = await self._loop.run_in_executor(None, reconcile, self.root, config)
+            result = None
+            if not full and self.state is not None and not (reasons.keys() - EVENT_REASONS):
+                result = await self._incremental(node_names, link_names, config)
+            if result is None:
+                result = await self._full(config)
         except NvsymlinkdError as exc:
             self.metrics.on_sync_failed()
             self._failed(str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - keep running; the next event or resync retries
+            self.state = None
             self.metrics.on_sync_failed()
             self._failed(f"unexpected {type(exc).__name__}: {exc}")
             return
@@ -383,24 +394,70 @@ class Daemon:
             self.passes += 1
         self._last_failure = None
         if self.linkwatch is not None:
-            self.linkwatch.majors = result.snapshot.majors.nvidia_majors
+            self.linkwatch.majors = self.state.nvidia_majors
         if self._arm_linkwatch():
             # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
             # before the watch was on is only seen by looking again
             self.request("links directory watched")
         self._report(result)
         self.metrics.on_reconcile(result)
-        if event_at is not None and result.plan.changes:
+        changes = any(o.action.changes for o in result.pass_outcomes)
+        if event_at is not None and changes:
             self.metrics.on_event_latency(time.monotonic() - event_at)
         why = ", ".join(sorted(reasons))
-        self.journal.debug(f"pass {self.passes} ({why}): {len(result.plan.changes)} changes")
+        self.journal.debug(f"pass {self.passes} ({why}): {sum(o.action.changes for o in result.pass_outcomes)} "
+                           f"changes{'' if result.full else ', incremental'}")
         self._last_status = f"last sync {time.strftime('%H:%M:%S')} ({why})"
         self._result = result
         self._status_soon()
-        nodes = frozenset((n.path, n.major, n.minor) for n in result.snapshot.nodes)
-        if self._last_nodes is not None and nodes != self._last_nodes:
+        if self.state.nodes_changed:
+            self.state.nodes_changed = False
             await self._call_hook("nodes_changed", result)
+
+    def _take_names(self):
+        """Names the watches reported since the last pass -> (node names, link names, full pass needed)."""
+        node_names, link_names, full = set(), set(), False
+        if self.devwatch is not None:
+            node_names, full = self.devwatch.take()
+        if self.linkwatch is not None:
+            link_names, full_links = self.linkwatch.take()
+            full = full or full_links
+        return node_names, link_names, full
+
+    async def _full(self, config):
+        from nvsymlinkd.devchar.incremental import LinkState
+        from nvsymlinkd.devchar.reconcile import reconcile
+
+        if self.state is not None:  # what the incremental passes since the last full one made of the nodes
+            self._last_nodes = frozenset(self.state.nodes.values())
+        self.state = None  # a failed pass leaves no picture to build on
+        sync = await self._loop.run_in_executor(None, reconcile, self.root, config)
+        state = LinkState(self.root, sync)
+        nodes = frozenset(sync.snapshot.nodes)
+        state.nodes_changed = self._last_nodes is not None and nodes != self._last_nodes
         self._last_nodes = nodes
+        self.state = state
+        outcomes = sync.outcomes
+        del sync, nodes
+        libc.malloc_compact()  # a full pass's thousands of short-lived objects: their pages go back
+        result = state.result(outcomes)
+        result.full = True
+        return result
+
+    async def _incremental(self, node_names, link_names, config):
+        """Work for the names events were about -> the pass's Picture, or None (a full pass is needed)."""
+        state = self.state
+        if len(node_names) + len(link_names) <= INLINE_NAMES:
+            # a handful of syscalls: cheaper here than the hop to a thread and back
+            delta = state.update(node_names, link_names, config.create_nodes)
+        else:
+            delta = await self._loop.run_in_executor(None, state.update, node_names, link_names,
+                                                     config.create_nodes)
+        if delta is None:
+            return None
+        result = state.result(delta.outcomes)
+        result.full = False
+        return result
 
     def _failed(self, message: str) -> None:
         self._last_status = f"last sync failed: {message}"
@@ -411,7 +468,7 @@ class Daemon:
 
     def _report(self, result) -> None:
         j = self.journal
-        for outcome in result.outcomes:
+        for outcome in result.pass_outcomes:
             a = outcome.action
             where = a.link or a.target
             if outcome.raced:
@@ -427,10 +484,10 @@ class Daemon:
                 arrow = f" -> {a.target}" if a.action in ("create", "replace") else ""
                 j.event(kind, priority, f"{text} {where}{arrow} ({a.device}){why}",
                         link=where, device=a.device, action=a.action)
-        foreign = {a.link: entry for a, entry in foreign_links(result.snapshot, result.plan)}
+        foreign = self.state.foreign()
         self.metrics.on_foreign_links(len(foreign))
         # once per (path, device, reason): a foreign link's reason names its target, so a new target is news
-        conflicts = {(a.link or a.target, a.device, a.reason) for a in result.plan.conflicts}
+        conflicts = {(a.link or a.target, a.device, a.reason) for a in self.state.conflicts.values()}
         for where, device, reason in sorted(conflicts - self._last_conflicts):
             entry = foreign.get(where)
             if entry is not None:

@@ -104,19 +104,23 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
     # link text is computed between where things really are (dev-char dir and nodes
     # resolved confined to the root), so a symlinked /dev/char still gets links that resolve
     real_char = snap.dev_char_real or dev_char
-    desired: dict = {}
-    for node in sorted(nodes, key=_preference):
-        desired.setdefault(f"{node.major}:{node.minor}", node)
+    by_rdev: dict = {}
+    for node in nodes:
+        have = by_rdev.setdefault((node.major, node.minor), node)
+        if have is not node and _preference(node) < _preference(have):
+            by_rdev[(node.major, node.minor)] = node
+    # "M:m" -> node, in device-number order
+    desired = {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
 
     if snap.dev_char_state == "not-dir":
         return [
             Action(CONFLICT, f"{dev_char}/{name}", link_target(f"{real_char}/{name}", snap.real_path(n.path)), n.device,
                    f"{dev_char} exists and is not a directory")
-            for name, n in sorted(desired.items(), key=_by_rdev)
+            for name, n in desired.items()
         ]
 
     actions = []
-    for name, node in sorted(desired.items(), key=_by_rdev):
+    for name, node in desired.items():
         link = f"{dev_char}/{name}"
         want = link_target(f"{real_char}/{name}", snap.real_path(node.path))
         entry = snap.entries.get(name)
@@ -136,8 +140,9 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
                                   f"foreign symlink to {entry.link_text} (not ours, left alone)"))
 
     majors = snap.majors.nvidia_majors
-    for name, entry in sorted(snap.entries.items(), key=_by_rdev):
-        if name in desired or entry.kind != "symlink" or not is_nvidia_path(entry.target):
+    others = [(name, entry) for name, entry in snap.entries.items() if name not in desired]
+    for name, entry in sorted(others, key=_by_rdev):
+        if entry.kind != "symlink" or not is_nvidia_path(entry.target):
             continue
         major = entry.rdev_name[0]
         broken = entry.resolved != entry.rdev_name
@@ -148,17 +153,18 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
     return actions
 
 
-def foreign_links(snap: HostSnapshot, plan: Plan) -> list:
+def foreign_links(dev_char_state: str, entries: dict, conflicts) -> list:
     """Conflicts where someone else's symlink holds a desired path -> [(Action, DevCharEntry)].
 
-    systemd resolves DeviceAllow=/dev/char/M:m through that link, so a scope
-    gets the device it points at (or none), not M:m.
+    From a snapshot's dev_char_state and entries and a plan's conflicts. systemd resolves
+    DeviceAllow=/dev/char/M:m through that link, so a scope gets the device it points at
+    (or none), not M:m.
     """
     out = []
-    if snap.dev_char_state != "dir":
+    if dev_char_state != "dir":
         return out
-    for a in plan.conflicts:
-        entry = snap.entries.get(a.link.rpartition("/")[2]) if a.link else None
+    for a in conflicts:
+        entry = entries.get(a.link.rpartition("/")[2]) if a.link else None
         if entry is not None and entry.kind == "symlink":
             out.append((a, entry))
     return out

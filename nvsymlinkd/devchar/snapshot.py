@@ -152,7 +152,9 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, dev_char_real: str, by
         with os.scandir(fd) as it:
             for de in it:
                 name = de.name
-                if DEV_CHAR_NAME.fullmatch(name):
+                major, colon, minor = name.partition(":")
+                # DEV_CHAR_NAME without the regex: thousands of names per pass
+                if colon and major.isdecimal() and minor.isdecimal() and major.isascii() and minor.isascii():
                     entry = _observe_entry(root, fd, dev_char_real, de, by_path)
                     if entry is not None:
                         entries[name] = entry
@@ -181,14 +183,41 @@ def _is_dangling(root: HostRoot, inside: str) -> bool:
 
 def _observe_entry(root: HostRoot, dirfd: int, dev_char_real: str, de: os.DirEntry,
                    by_path: dict) -> DevCharEntry | None:
-    name = de.name
     try:
         if not de.is_symlink():
-            st = de.stat(follow_symlinks=False)
-            return DevCharEntry(name, _kind(st.st_mode))
-        text = os.readlink(name, dir_fd=dirfd)
+            return DevCharEntry(de.name, _kind(de.stat(follow_symlinks=False).st_mode))
     except FileNotFoundError:
         return None  # removed since the directory was read: absent (another writer; its event follows)
+    except OSError:
+        return DevCharEntry(de.name, "other")
+    return _observe_link(root, dirfd, dev_char_real, de.name, by_path)
+
+
+def observe_entry(root: HostRoot, dev_char_path: str, dev_char_real: str, name: str,
+                  by_path: dict) -> DevCharEntry | None:
+    """A fresh look at one `M:m` name of the dev-char directory (lstat, readlink, what it resolves
+    to) -> DevCharEntry, or None when nothing is there. The daemon's per-name path; the same
+    answers as the full scan's."""
+    fd = root.open_dir(dev_char_path)
+    try:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return DevCharEntry(name, "other")
+        if not stat.S_ISLNK(st.st_mode):
+            return DevCharEntry(name, _kind(st.st_mode))
+        return _observe_link(root, fd, dev_char_real, name, by_path)
+    finally:
+        os.close(fd)
+
+
+def _observe_link(root: HostRoot, dirfd: int, dev_char_real: str, name: str, by_path: dict) -> DevCharEntry | None:
+    try:
+        text = os.readlink(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None  # removed meanwhile: absent (another writer; its event follows)
     except OSError:
         return DevCharEntry(name, "other")
     link_inside = f"{dev_char_real}/{name}"
@@ -216,4 +245,4 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-__all__ = ["DevCharEntry", "HostSnapshot", "IgnoredNode", "NvidiaNode", "observe", "is_nvidia_path"]
+__all__ = ["DevCharEntry", "HostSnapshot", "IgnoredNode", "NvidiaNode", "observe", "observe_entry", "is_nvidia_path"]

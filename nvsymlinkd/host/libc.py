@@ -71,3 +71,19 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> i
             raise OSError(errno.ENOSYS, "openat2 unavailable")
         raise OSError(err, os.strerror(err), path)
     raise OSError(errno.EAGAIN, "openat2: renames kept racing the lookup", path)
+
+
+M_ARENA_MAX = -8  # glibc malloc.h
+
+
+def malloc_compact(arenas: bool = False) -> None:
+    """Give freed heap pages back to the kernel (glibc malloc_trim); with `arenas`, first ask
+    for one malloc arena, not one per thread (a daemon whose passes run in a thread pool
+    otherwise keeps a mostly-empty heap per worker). Not glibc (musl): nothing to do."""
+    try:
+        c = lib()
+        if arenas:
+            c.mallopt(M_ARENA_MAX, 1)
+        c.malloc_trim(0)
+    except (AttributeError, OSError):
+        pass

@@ -8,6 +8,7 @@ major is stale, not a uvm node.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -71,6 +72,7 @@ def classify(relpath: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)  # asked for each node when planning
 def dev_dir(driver_root: str) -> str:
     return normalize(driver_root.rstrip("/") + "/dev")
 
@@ -84,9 +86,7 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors, temps: list 
     """
     base = dev_dir(driver_root)
     prefix = base if base != "/" else ""
-    names_by_major: dict = {}
-    for name, major in majors.pairs:  # every line: a name listed twice owns both majors
-        names_by_major.setdefault(major, []).append(name)
+    by_major = names_by_major(majors)
     nodes: list = []
     ignored: list = []
     fds: list = []
@@ -99,32 +99,74 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors, temps: list 
             kind = classify(rel)
             if kind is None:
                 continue
-            inside = f"{prefix}/{rel}"
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if not stat.S_ISCHR(st.st_mode):
-                ignored.append(IgnoredNode(inside, "not a character device"))
-                continue
-            major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-            names = names_by_major.get(major)
-            allowed = KINDS[kind][1]
-            if not names:
-                ignored.append(IgnoredNode(inside, f"major {major} is not an NVIDIA major in /proc/devices (stale node?)"))
-                continue
-            if allowed.isdisjoint(names):
-                want = " or ".join(sorted(allowed))
-                have = ", ".join(sorted(names))
-                ignored.append(IgnoredNode(inside, f"major {major} belongs to {have}, not {want} (stale node?)"))
-                continue
-            nodes.append(NvidiaNode(inside, kind, major, minor))
+            found = node_from_stat(f"{prefix}/{rel}", kind, st, by_major)
+            (nodes if type(found) is NvidiaNode else ignored).append(found)
     finally:
         for fd in fds:
             os.close(fd)
     nodes.sort(key=lambda n: n.path)
     ignored.sort(key=lambda n: n.path)
     return nodes, ignored
+
+
+def names_by_major(majors: pd.Majors) -> dict:
+    """major -> [/proc/devices names] (every line: a name listed twice owns both majors)."""
+    out: dict = {}
+    for name, major in majors.pairs:
+        out.setdefault(major, []).append(name)
+    return out
+
+
+def node_from_stat(inside: str, kind: str, st: os.stat_result, by_major: dict):
+    """What an lstat of a `kind`-named path makes of it -> NvidiaNode or IgnoredNode.
+
+    The one decider for the full scan and for the daemon's look at a single name."""
+    if not stat.S_ISCHR(st.st_mode):
+        return IgnoredNode(inside, "not a character device")
+    major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    names = by_major.get(major)
+    if not names:
+        return IgnoredNode(inside, f"major {major} is not an NVIDIA major in /proc/devices (stale node?)")
+    allowed = KINDS[kind][1]
+    if allowed.isdisjoint(names):
+        want = " or ".join(sorted(allowed))
+        have = ", ".join(sorted(names))
+        return IgnoredNode(inside, f"major {major} belongs to {have}, not {want} (stale node?)")
+    return NvidiaNode(inside, kind, major, minor)
+
+
+def observe_node(root: HostRoot, driver_root: str, rel: str, by_major: dict):
+    """A fresh lstat of one name under DRIVER_ROOT/dev (`nvidia0`, `nvidia-caps/nvidia-cap5`)
+    -> NvidiaNode, IgnoredNode, or None (absent, or not an NVIDIA node name).
+
+    Through the same confined directory fds as scan_nodes (a subdirectory never through a
+    symlink), and never from anything cached about the inode: a name can be reused by
+    another node at any time.
+    """
+    kind = classify(rel)
+    if kind is None:
+        return None
+    base = dev_dir(driver_root)
+    sub, _, name = rel.rpartition("/")
+    try:
+        fd = root.open_dir(base)
+    except OSError:
+        return None
+    try:
+        if sub:
+            subfd = os.open(sub, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = subfd
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return node_from_stat(f"{base if base != '/' else ''}/{rel}", kind, st, by_major)
 
 
 def _candidates(root: HostRoot, base: str, fds: list):

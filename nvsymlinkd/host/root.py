@@ -258,12 +258,19 @@ def link_target(link_inside: str, target_inside: str) -> str:
 
 def target_of(link_inside: str, link_text: str) -> str:
     """Inside path a symlink's text names (lexically, no resolution)."""
+    return _target_of(link_inside.rpartition("/")[0] or "/", link_text)
+
+
+# The text depends only on the link's directory, and a no-op pass reads the same few
+# thousand texts every time: memoized (bounded: a text is whatever the host holds).
+@functools.lru_cache(maxsize=8192)
+def _target_of(link_dir: str, link_text: str) -> str:
     if link_text.startswith("/"):
         return normalize(link_text)
     text_dir, _, base = link_text.rpartition("/")
     if base in ("", ".", ".."):
-        return normalize(posixpath.join(posixpath.dirname(link_inside), link_text))
-    joined = _joined_dir(link_inside.rpartition("/")[0] or "/", text_dir)
+        return normalize(posixpath.join(link_dir, link_text))
+    joined = _joined_dir(link_dir, text_dir)
     return joined + base if joined.endswith("/") else joined + "/" + base
 
 
