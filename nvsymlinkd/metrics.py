@@ -29,12 +29,14 @@ import threading
 import time
 
 from nvsymlinkd import __version__
+from nvsymlinkd.verify.kinds import Verdict  # standard library only, like this module
 
 # ~1 ms (an inotify event answered at once) to 10 s (a pass behind a slow resync)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LINK_ACTIONS = ("create", "replace", "remove", "create-node")
-CONTAINER_STATUSES = ("ok", "at-risk", "lost", "unknown")  # the verifier's verdicts for GPU containers
-NOT_COUNTED = ("not-gpu", "not-running")
+# the verifier's verdicts for GPU containers (label values, in the order the families list them)
+CONTAINER_STATUSES = tuple(v.value for v in (Verdict.OK, Verdict.AT_RISK, Verdict.LOST, Verdict.UNKNOWN))
+NOT_COUNTED = (Verdict.NOT_GPU.value, Verdict.NOT_RUNNING.value)
 REPAIR_RESULTS = ("ok", "failed")
 # Per-container series only for containers with findings, and at most this many: the label set stays
 # bounded however many containers a node runs (a healthy node has none).
@@ -150,7 +152,7 @@ class Metrics:
             verdict = str(verdict).replace("_", "-")
             if verdict in NOT_COUNTED:
                 continue
-            counts[verdict if verdict in counts else "unknown"] += int(n)
+            counts[verdict if verdict in counts else Verdict.UNKNOWN.value] += int(n)
         labelled = [] if hasattr(report, "items") else _finding_labels(report)
         with self._lock:
             self.containers = counts
@@ -329,14 +331,14 @@ def _finding_labels(reports) -> list:
     out = []
     for c in reports:
         verdict = str(_verdict_of(c))
-        if verdict in NOT_COUNTED or verdict == "ok" or not getattr(c, "findings", None):
+        if verdict in NOT_COUNTED or verdict == Verdict.OK or not getattr(c, "findings", None):
             continue
         cid = str(getattr(c, "id", ""))
         out.append({"container_id": cid[:12] if len(cid) == 64 else cid,
                     "namespace": getattr(c, "pod_namespace", None) or "",
                     "pod": getattr(c, "pod_name", None) or "",
                     "container": getattr(c, "container_name", None) or "",
-                    "status": verdict if verdict in CONTAINER_STATUSES else "unknown"})
+                    "status": verdict if verdict in CONTAINER_STATUSES else Verdict.UNKNOWN.value})
         if len(out) >= MAX_LABELLED_CONTAINERS:
             break
     return out
@@ -344,8 +346,8 @@ def _finding_labels(reports) -> list:
 
 def _verdict_of(item) -> str:
     if isinstance(item, dict):
-        return item.get("verdict", "unknown")
-    return getattr(item, "verdict", "unknown")
+        return item.get("verdict", Verdict.UNKNOWN.value)
+    return getattr(item, "verdict", Verdict.UNKNOWN.value)
 
 
 def _in_loop(loop) -> bool:

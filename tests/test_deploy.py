@@ -284,9 +284,11 @@ def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
                                    text=True, check=True).stdout)
     out = subprocess.run(probe, env=env, cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    # the probe stays cheap: the metrics module pulls in nothing beyond the standard library
+    # the probe stays cheap: the metrics module pulls in nothing beyond the standard library, except the
+    # verifier's words (verify/kinds.py, itself standard library only: anything it imported would show here)
     code = ("import sys; before = set(sys.modules); import nvsymlinkd.metrics; "
             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in "
             "getattr(sys, 'stdlib_module_names', ('sys',))))")
     out = subprocess.run(["python3", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['nvsymlinkd', 'nvsymlinkd.metrics']"
+    assert out.stdout.strip() == ("['nvsymlinkd', 'nvsymlinkd.metrics', 'nvsymlinkd.verify', "
+                                  "'nvsymlinkd.verify.kinds']")

@@ -27,8 +27,9 @@ from nvsymlinkd.containers.scopes import (
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.host.procdevices import Majors
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.journal import MESSAGE_IDS
 from nvsymlinkd.verify import hostcheck
-from nvsymlinkd.verify.verifier import MESSAGE_IDS, HostDevices, evaluate
+from nvsymlinkd.verify.verifier import HostDevices, evaluate
 
 MAJORS = frozenset({195, 510})
 HOST = HostDevices((NvidiaNode("/dev/nvidia0", "gpu", 195, 0), NvidiaNode("/dev/nvidia1", "gpu", 195, 1),
@@ -88,7 +89,7 @@ def test_ok():
 def test_lost_partial_access_counts():
     r = run(GPU0, TablePolicy({(195, 0): "r", (195, 255): "rw"}))
     assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
-    assert r.findings[0].message_id == MESSAGE_IDS["lost"]
+    assert r.findings[0].message_id == MESSAGE_IDS["container-lost"]
 
 
 def test_granted_not_declared_is_at_risk():
@@ -376,14 +377,14 @@ def test_no_spec_and_no_state_is_unknown_not_at_risk():
 
 
 def test_journal_entries_and_ids():
-    from nvsymlinkd.verify.verifier import JOURNAL_MESSAGE_IDS, journal_entries
+    from nvsymlinkd.verify.verifier import journal_entries
 
     r = run(GPU0, TablePolicy({(195, 255): "rw"}), scope="cri-containerd-c1.scope",
             scope_devices=ScopeDevices("cri-containerd-c1.scope", "files", "auto", (), ()))
     ((kind, priority, message, fields),) = journal_entries(r)
     assert (kind, priority) == ("container-lost", 3)
     assert fields["container_id"] == "c1" and fields["unit"] == "cri-containerd-c1.scope"
-    assert "c 195:0" in message and JOURNAL_MESSAGE_IDS[kind] == MESSAGE_IDS["lost"]
+    assert "c 195:0" in message and MESSAGE_IDS[kind] == r.findings[0].message_id
     ids = list(MESSAGE_IDS.values())
     assert len(set(ids)) == len(ids) and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
 

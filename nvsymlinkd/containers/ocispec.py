@@ -16,6 +16,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from nvsymlinkd.errors import UnsafeFile
+
 MAX_JSON_BYTES = 16 << 20  # runc's state.json embeds the seccomp profile: tens of KiB, rarely MiBs
 MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
 FRONTEND_MAJOR = 195  # /dev/nvidia0..N, nvidiactl, nvidia-modeset on every driver branch
@@ -28,10 +30,6 @@ KEPT_ANNOTATIONS = frozenset({
     "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
 })
 RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule types as Go runes
-
-
-class UnsafeFile(OSError):
-    """A file that is not a plain file, or too large: not read."""
 
 
 def read_bounded(real_path: str, limit: int = MAX_JSON_BYTES) -> bytes:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.containers.discovery import display_name
-from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError
 from nvsymlinkd.host.atomicfile import write_atomic
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import (
@@ -45,8 +45,10 @@ from nvsymlinkd.repair.plan import (
     RepairHistory,
     RepairPlan,
     RepairRequest,
+    RepairStatus,
     plan_repair,
 )
+from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
 FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
 DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
@@ -60,41 +62,22 @@ LOCK_WAIT = 30.0
 SETTLE_TIMEOUT = 5.0  # seconds to wait for FROZEN, and for systemd's re-apply to show in devices.list
 POLL = 0.002
 
-# Statuses of a RepairResult; the first three count as success.
-REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
-PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
-NOTHING = "nothing-to-do"
-WOULD = "would-repair"  # --dry-run / repair = "report"
-CANNOT = "cannot-repair"  # the plan says no (reason given)
-FAILED = "failed"  # applied, but an error, or the verification says it did not take
-SUCCESS = (REPAIRED, PREVENTED, NOTHING)
+# Statuses of a RepairResult (repair.plan.RepairStatus); the first three count as success.
+REPAIRED, PREVENTED, NOTHING = RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING
+WOULD, CANNOT, FAILED = RepairStatus.WOULD, RepairStatus.CANNOT, RepairStatus.FAILED
+SUCCESS = tuple(s for s in RepairStatus if s.ok)
 
-# Journal kinds with stable MESSAGE_IDs; journal.MESSAGE_IDS lists them all and
-# catalog/nvsymlinkd.catalog explains each.
-REPAIR_MESSAGE_IDS = {
-    "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
-    "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
-    "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
-    "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
-    "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
-    "repair-thawed": "a34478dd88164b7ca7a9ec41173f126b",
-}
-for _kind, _mid in REPAIR_MESSAGE_IDS.items():
-    journalmod.MESSAGE_IDS.setdefault(_kind, _mid)
-
-
-class RepairError(Exception):
-    """A step of a repair failed; the message is one line for the operator."""
-
-
-class RepairBusy(RepairError):
-    """Another repair holds the host's repair lock: nothing was tried."""
+# Journal kinds of a repair (their MESSAGE_IDs are in journal.MESSAGE_IDS, explained in the catalog).
+JOURNAL_KINDS = {REPAIRED: "repair-done", PREVENTED: "repair-prevented", FAILED: "repair-failed",
+                 CANNOT: "repair-refused", WOULD: "repair-reported"}
+JOURNAL_PRIORITIES = {REPAIRED: journalmod.NOTICE, PREVENTED: journalmod.NOTICE, FAILED: journalmod.ERR,
+                      CANNOT: journalmod.WARNING, WOULD: journalmod.NOTICE}
 
 
 @dataclass
 class RepairResult:
     plan: RepairPlan
-    status: str
+    status: RepairStatus
     steps: list = field(default_factory=list)  # what was done, in order ("devices.allow c 195:0 rw", ...)
     verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
     error: str | None = None
@@ -106,12 +89,12 @@ class RepairResult:
 
     @property
     def ok(self) -> bool:
-        return self.status in SUCCESS
+        return RepairStatus(self.status).ok
 
     def to_json(self) -> dict:
         r = self.request
-        return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": r.kind,
-                "finding": r.reason, "status": self.status, "dry_run": self.dry_run,
+        return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": Verdict(r.kind).value,
+                "finding": r.reason, "status": RepairStatus(self.status).value, "dry_run": self.dry_run,
                 **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
                 "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
                 "container_name": r.container_name}
@@ -634,20 +617,12 @@ def _journal(journal, result: RepairResult) -> None:
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
                   container_name=r.container_name)
-    if result.status == REPAIRED:
-        journal.event("repair-done", journalmod.NOTICE, "container " + result.human_lines()[0], **fields)
-    elif result.status == PREVENTED:
-        journal.event("repair-prevented", journalmod.NOTICE, "container " + result.human_lines()[0],
-                      **fields)
-    elif result.status == FAILED:
-        journal.event("repair-failed", journalmod.ERR, "container " + result.human_lines()[0],
-                      error=result.error, **fields)
-    elif result.status == CANNOT:
-        journal.event("repair-refused", journalmod.WARNING, "container " + result.human_lines()[0],
-                      **fields)
-    elif result.status == WOULD:
-        journal.event("repair-reported", journalmod.NOTICE, "container " + result.human_lines()[0],
-                      **fields)
+    kind = JOURNAL_KINDS.get(result.status)
+    if kind is None:  # nothing to do: nothing changed, nothing to say
+        return
+    if result.status == FAILED:
+        fields["error"] = result.error
+    journal.event(kind, JOURNAL_PRIORITIES[result.status], "container " + result.human_lines()[0], **fields)
 
 
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
@@ -664,7 +639,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         try:
             parent = cgroup_dir(root, "devices", request.v1_devices, DEVICES_FALLBACK).rsplit("/", 1)[0]
             parent_rules = read_rules(root, parent)
-        except (OSError, RepairError, NvsymlinkdError):
+        except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
     plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules)
     if plan.action == "cannot":
@@ -718,13 +693,11 @@ def requests_from_report(report, cgroup_driver: str | None = None,
     AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
     """
     from nvsymlinkd.containers.expected import parse_device_str
-    from nvsymlinkd.verify.verifier import AT_RISK_NOT_IN_SPEC, AT_RISK_SCOPE
-
     wanted, kind, reasons = [], AT_RISK, []
     for f in report.findings:
-        if f.kind == LOST:
+        if f.kind == FindingKind.LOST:
             kind = LOST
-        elif f.kind not in (AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC):
+        elif f.kind not in (FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN_SPEC):
             continue
         reasons.append(f"{f.kind}: {', '.join(f.devices)}")
         for dev in f.devices:
@@ -794,10 +767,10 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         if fresh is None:
             return {g.device: {"state": "unknown", "reason": "the container is gone"} for g in grants}
         for f in fresh.findings:
-            if f.kind in (verifier.LOST, verifier.AT_RISK_SCOPE, verifier.UNKNOWN):
+            if f.kind in (FindingKind.LOST, FindingKind.AT_RISK_SCOPE, FindingKind.UNKNOWN):
                 for dev in f.devices:
                     if any(g.device == dev for g in grants):
-                        out[dev] = {"state": "deny" if f.kind != verifier.UNKNOWN else "unknown",
+                        out[dev] = {"state": "deny" if f.kind != FindingKind.UNKNOWN else "unknown",
                                     "reason": f"verifier still finds {f.kind}: {f.detail}"}
         return out
 

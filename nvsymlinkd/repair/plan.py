@@ -20,6 +20,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from enum import Enum
+
+from nvsymlinkd.verify.kinds import Verdict
 
 # Where a grant's device comes from. Only the first three are grounds to grant.
 TRUSTED_SOURCES = ("spec", "runtime-state", "baseline")
@@ -31,8 +34,28 @@ DEVICES_ALLOW = "devices.allow"  # append to the v1 cgroup's devices.allow (cgro
 DEVICES_ALLOW_SYSTEMD = "devices.allow+systemd"  # both, with the container frozen (v1 + systemd driver)
 MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD)
 
-LOST, AT_RISK = "lost", "at-risk"
+# What a request repairs: a loss, or a device at risk of being lost (the verdict's words).
+LOST, AT_RISK = Verdict.LOST, Verdict.AT_RISK
 DEFAULT_WINDOW_SECONDS = 600.0
+
+
+class RepairStatus(str, Enum):
+    """The outcome of one container's repair (the `status` in the JSON and the summary's counts)."""
+
+    REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
+    PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
+    NOTHING = "nothing-to-do"
+    WOULD = "would-repair"  # --dry-run / repair = "report"
+    CANNOT = "cannot-repair"  # the plan says no (reason given)
+    FAILED = "failed"  # applied, but an error, or the verification says it did not take
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ok(self) -> bool:
+        """The first three count as success."""
+        return self in (RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING)
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,7 @@ class RepairRequest:
     freezer: str | None  # path inside the v1 freezer hierarchy
     cgroup_driver: str  # "systemd" or "cgroupfs"
     grants: tuple = ()  # Grant: expected devices the container cannot open (lost) or may lose (at-risk)
-    kind: str = LOST  # LOST or AT_RISK
+    kind: Verdict = LOST  # LOST or AT_RISK
     reason: str = ""  # the verifier's one-line finding, for messages
     pod_namespace: str | None = None  # names for messages only (containers.display_name)
     pod_name: str | None = None
@@ -86,7 +109,7 @@ class RepairRequest:
     def to_json(self) -> dict:
         return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,
                 "cgroup_v1_devices": self.v1_devices, "cgroup_v2": self.v2_cgroup, "freezer": self.freezer,
-                "cgroup_driver": self.cgroup_driver, "kind": self.kind, "reason": self.reason,
+                "cgroup_driver": self.cgroup_driver, "kind": Verdict(self.kind).value, "reason": self.reason,
                 "grants": [g.to_json() for g in self.grants]}
 
 

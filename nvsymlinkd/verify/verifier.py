@@ -5,7 +5,8 @@ policy + the scope's DeviceAllow + host devices -> a ContainerReport.
 `verify_all()` / `verify_container()` gather those facts from the host (the
 daemon and `nvsymlinkd check` call them).
 
-Finding kinds are stable strings with fixed journal MESSAGE_IDs (MESSAGE_IDS).
+Verdicts and finding kinds are the enums of verify/kinds.py; each finding kind has a fixed journal
+MESSAGE_ID in journal.MESSAGE_IDS (under JOURNAL_KINDS[kind]).
 """
 
 from __future__ import annotations
@@ -14,47 +15,41 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from nvsymlinkd import journal as journalmod
 from nvsymlinkd.containers.discovery import display_name
 from nvsymlinkd.containers.expected import Expected, device_str
+from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_of
 
-OK = "ok"
-LOST = "lost"
-AT_RISK_SCOPE = "at-risk-scope"  # scope DeviceAllow lacks an expected device: next daemon-reload loses it
-AT_RISK_NOT_IN_SPEC = "at-risk-not-in-spec"  # granted but not declared (hook-injected): next reload/update loses it
-AT_RISK_UVM = "at-risk-uvm-missing"  # host has nvidia-uvm, the container was not given it
-UNKNOWN = "unknown"
-KINDS = (LOST, AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC, AT_RISK_UVM, UNKNOWN)
-# Journal MESSAGE_IDs (sd-id128, fixed forever): one per finding kind, plus "ok" for a recovered container.
-MESSAGE_IDS = {
-    OK: "b0c3e0dd255749f89757d1b6405543cf",
-    LOST: "483c260197bb4a5082cbaae3b26d085c",
-    AT_RISK_SCOPE: "dc9a8c0480ee41a0a6a7ec454776bee3",
-    AT_RISK_NOT_IN_SPEC: "e22f202c38134d758577be98caa78c07",
-    AT_RISK_UVM: "3b40d429af264d4d893899337d991187",
-    UNKNOWN: "cc6369fb247c43c6a79a190b6d432b93",
-}
-# Journal kinds for nvsymlinkd.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
-JOURNAL_KINDS = {kind: f"container-{kind}" for kind in MESSAGE_IDS}
-JOURNAL_MESSAGE_IDS = {JOURNAL_KINDS[kind]: mid for kind, mid in MESSAGE_IDS.items()}
+# The words, defined once in verify/kinds.py; these names stay for the callers.
+OK, NOT_GPU, NOT_RUNNING = Verdict.OK, Verdict.NOT_GPU, Verdict.NOT_RUNNING
+LOST = FindingKind.LOST
+AT_RISK_SCOPE = FindingKind.AT_RISK_SCOPE
+AT_RISK_NOT_IN_SPEC = FindingKind.AT_RISK_NOT_IN_SPEC
+AT_RISK_UVM = FindingKind.AT_RISK_UVM
+UNKNOWN = FindingKind.UNKNOWN
+KINDS = tuple(FindingKind)
+# Journal kinds (keys of journal.MESSAGE_IDS): one per finding kind, plus "container-ok" for a recovered container.
+JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 # Container verdicts, worst first.
-VERDICTS = (LOST, "at-risk", UNKNOWN, OK)
-NOT_GPU = "not-gpu"
-NOT_RUNNING = "not-running"
+VERDICTS = GPU_VERDICTS
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str
+    kind: FindingKind
     devices: tuple  # "c M:m" strings
     detail: str
     fix: str
 
+    def __post_init__(self):
+        object.__setattr__(self, "kind", FindingKind(self.kind))
+
     @property
     def message_id(self) -> str:
-        return MESSAGE_IDS[self.kind]
+        return journalmod.MESSAGE_IDS[JOURNAL_KINDS[self.kind]]
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
+        return {"kind": self.kind.value, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
                 "message_id": self.message_id}
 
 
@@ -78,7 +73,7 @@ class ContainerReport:
     runtime: str
     namespace: str | None
     status: str  # the runtime's: created, running, creating, stopped, unknown
-    verdict: str  # ok, lost, at-risk, unknown, not-gpu, not-running
+    verdict: Verdict
     scope: str | None = None
     init_pid: int | None = None
     gpu_signs: tuple = ()
@@ -104,7 +99,7 @@ class ContainerReport:
     def to_json(self) -> dict:
         return {
             "id": self.id, "runtime": self.runtime, "namespace": self.namespace, "status": self.status,
-            "verdict": self.verdict, "scope": self.scope, "init_pid": self.init_pid,
+            "verdict": Verdict(self.verdict).value, "scope": self.scope, "init_pid": self.init_pid,
             "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
             "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
             "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
@@ -112,15 +107,8 @@ class ContainerReport:
         }
 
 
-def _verdict(findings: list) -> str:
-    kinds = {f.kind for f in findings}
-    if LOST in kinds:
-        return LOST
-    if kinds & {AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC, AT_RISK_UVM}:
-        return "at-risk"
-    if UNKNOWN in kinds:
-        return UNKNOWN
-    return OK
+def _verdict(findings: list) -> Verdict:
+    return verdict_of(f.kind for f in findings)
 
 
 def _letters(policy, key: tuple, access: str):
@@ -360,16 +348,17 @@ class Report:
 
     @property
     def problems(self) -> list:
-        return [c for c in self.containers if c.verdict not in (OK, NOT_RUNNING)]
+        return [c for c in self.containers if c.verdict not in (OK, NOT_RUNNING, NOT_GPU)]
 
     @property
     def all_ok(self) -> bool:
         return not self.problems and not any(h.status == "warn" for h in self.host)
 
     def to_json(self) -> dict:
-        counts = {v: 0 for v in VERDICTS + (NOT_RUNNING,)}
+        counts = {v.value: 0 for v in VERDICTS + (NOT_RUNNING,)}
         for c in self.containers:
-            counts[c.verdict] = counts.get(c.verdict, 0) + 1
+            verdict = Verdict(c.verdict).value
+            counts[verdict] = counts.get(verdict, 0) + 1
         return {
             "ok": self.all_ok,
             "containers": [c.to_json() for c in self.containers],
