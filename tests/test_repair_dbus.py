@@ -40,6 +40,7 @@ from privatebus import (
 )
 
 from nvsymlinkd.config import Config
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import Grant, RepairHistory, RepairRequest
 
@@ -329,7 +330,7 @@ def link_cgroups(fake):
 
 
 def gpu0(source="spec"):
-    return (Grant("c", 195, 0, "rw", source, "/dev/nvidia0"),)
+    return (Grant(Device("c", 195, 0), "rw", source, "/dev/nvidia0"),)
 
 
 def v2_cgroup():
