@@ -16,9 +16,28 @@ import time
 from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
-from nvsymlinkd.containers.discovery import Container, display_name
-from nvsymlinkd.containers.expected import Expected
+from nvsymlinkd.access.cgroup import AccessPolicy, CgroupMounts, find_cgroup_mounts, read_access
+from nvsymlinkd.config import Config
+from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.containers.discovery import (
+    Container,
+    container_dev_nodes,
+    discover,
+    display_name,
+    find,
+)
+from nvsymlinkd.containers.expected import (
+    Expected,
+    candidate_devices,
+    expected_access,
+    nvidia_majors_of,
+)
+from nvsymlinkd.containers.ocispec import gpu_signs
+from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
+from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.host.devices import RW, Access, Device
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.verify.hostcheck import check_host
 from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_of
 
 # The words, defined once in verify/kinds.py; these names stay for the callers.
@@ -292,8 +311,8 @@ def _new_report(c: Container, signs, expected: Expected, host: HostDevices, dev_
     )
 
 
-def evaluate(c: Container, signs, expected: Expected, policy, policy_error: str | None, scope_devices,
-             host: HostDevices, dev_nodes=()) -> ContainerReport:
+def evaluate(c: Container, signs, expected: Expected, policy: AccessPolicy | None, policy_error: str | None,
+             scope_devices: ScopeDevices | None, host: HostDevices, dev_nodes=()) -> ContainerReport:
     """Decide one container's verdict: one finding function per kind, in the order they are reported.
 
     policy: an access.cgroup.AccessPolicy or None (then policy_error says why).
@@ -417,29 +436,17 @@ class Report:
 class _HostContext:
     """What every container's evaluation shares: majors, host nodes, scopes, the access reader."""
 
-    def __init__(self, root, config):
-        from nvsymlinkd.containers.expected import nvidia_majors_of
-        from nvsymlinkd.devchar.snapshot import observe
-
+    def __init__(self, root: HostRoot, config: Config):
         self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
         majors = self.snapshot.majors
         self.majors = majors
         self.nvidia_majors = nvidia_majors_of(majors)
         self.host = HostDevices(self.snapshot.nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
-        self.mounts = None  # cgroup mounts, read once for all containers (by the access engine)
-        try:
-            from nvsymlinkd.access.cgroup import find_cgroup_mounts
-
-            self.mounts = find_cgroup_mounts(root)
-        except ImportError:
-            pass
+        self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
 
 
-def _read_policy(root, c, mounts=None):
-    try:
-        from nvsymlinkd.access.cgroup import read_access
-    except ImportError as exc:  # the access engine is a separate module
-        return None, f"access engine unavailable ({exc})"
+def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = None):
+    """(AccessPolicy, None), or (None, why): the why is a finding's detail."""
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
         return None, f"no cgroup known for init pid {c.init_pid}"
     try:
@@ -450,12 +457,8 @@ def _read_policy(root, c, mounts=None):
         return None, str(exc) or exc.__class__.__name__
 
 
-def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseline: bool) -> ContainerReport:
-    from nvsymlinkd.containers import baseline as baselinemod
-    from nvsymlinkd.containers.discovery import container_dev_nodes
-    from nvsymlinkd.containers.expected import candidate_devices, expected_access
-    from nvsymlinkd.containers.ocispec import gpu_signs
-
+def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
+                update_baseline: bool) -> ContainerReport:
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
     base = baselinemod.load(root, config, c.id, c.init_start) if c.live else None
     cands = candidate_devices(ctx.host.nodes, c.spec, c.state, base, ctx.nvidia_majors)
@@ -481,12 +484,9 @@ def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseli
     return report
 
 
-def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None = None,
+def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,
                with_host: bool = True) -> Report:
     """Every container on the host, plus host findings. The daemon passes update_baseline=True."""
-    from nvsymlinkd.containers.discovery import discover
-    from nvsymlinkd.containers.scopes import read_scopes
-
     start = time.perf_counter()
     ctx = _HostContext(root, config)
     containers = discover(root)
@@ -500,22 +500,15 @@ def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None
             reports.append(r)
     host = []
     if with_host:
-        from nvsymlinkd.verify.hostcheck import check_host
-
         host = check_host(root, config, ctx.snapshot)
     if update_baseline:
-        from nvsymlinkd.containers.baseline import prune
-
-        prune(root, config, [c.id for c in containers if c.status != "stopped"])
+        baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     return Report(reports, host, not_gpu, time.perf_counter() - start)
 
 
-def verify_container(root, config, container_id_or_scope: str, update_baseline: bool = False,
+def verify_container(root: HostRoot, config: Config, container_id_or_scope: str, update_baseline: bool = False,
                      use_bus: bool | None = None) -> ContainerReport | None:
     """One container by id, unique id prefix or scope name; None if no such container."""
-    from nvsymlinkd.containers.discovery import discover, find
-    from nvsymlinkd.containers.scopes import read_scopes
-
     ctx = _HostContext(root, config)
     c = find(discover(root), container_id_or_scope)
     if c is None:
