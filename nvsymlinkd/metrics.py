@@ -173,7 +173,7 @@ class Metrics:
             return self._render_locked()
 
     def _render_locked(self) -> str:
-        out = []
+        out: list = []
         fam = Family(out)
         fam.gauge("nvsymlinkd_build_info", "Version of the running nvsymlinkd (always 1).",
                   [({"version": __version__}, 1)])

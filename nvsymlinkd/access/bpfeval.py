@@ -314,7 +314,8 @@ def _alu(insn: Insn, is64: bool, regs, scalar, fail):
         sa, sb = _sext(a, width), _sext(b, width)
         q = _tdiv(sa, sb)
         return (q if op == DIV else sa - q * sb) & mask
-    fail(describe_insn(insn))
+    fail(describe_insn(insn))  # raises
+    raise AssertionError("unreachable")
 
 
 def _condition(insn: Insn, is32: bool, regs, scalar, fail) -> bool:

@@ -161,7 +161,7 @@ def _own_cgroups() -> dict:
             text = f.read()
     except OSError:
         return {}
-    out = {}
+    out: dict = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -281,11 +281,11 @@ class _V1Source:
     def check(self, dev_type, major, minor, access) -> Verdict:
         if self.error is not None:
             return Verdict(UNKNOWN, self.error)
-        d = decide(self.rules, dev_type, major, minor, access)
+        d = decide(self.rules or [], dev_type, major, minor, access)
         return Verdict(ALLOW if d.allowed else DENY, d.reason)
 
     def describe(self) -> list:
-        if self.error is not None:
+        if self.error is not None or self.rules is None:
             return [f"cgroup v1 devices: {self.error}"]
         shown = ", ".join(str(r) for r in self.rules[:8])
         more = f", ... ({len(self.rules)} rules)" if len(self.rules) > 8 else ""
@@ -425,7 +425,7 @@ def policy_of(devices_list: Optional[str] = None, programs=(), where: str = "dev
 
     For table tests and tools; raises HostFileError for a malformed devices.list, like the reader.
     """
-    sources = []
+    sources: list = []
     if devices_list is not None:
         sources.append(_V1Source(where, parse_devices_list(devices_list, where)))
     if programs:
@@ -444,7 +444,7 @@ def read_access(root: HostRoot, v1_devices_cgroup: Optional[str], v2_cgroup: Opt
     mounts: find_cgroup_mounts(root), to share across many cgroups.
     """
     mounts = mounts or find_cgroup_mounts(root)
-    sources = []
+    sources: list = []
     if v1_devices_cgroup is not None:
         sources.append(_read_v1(root, mounts, v1_devices_cgroup))
     if v2_cgroup is not None:

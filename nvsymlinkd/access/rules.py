@@ -15,7 +15,7 @@ covers every requested access letter (the kernel's match_exception; two rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.devices import LETTERS, Access, Device, Rule
@@ -42,7 +42,7 @@ def _number(field: str, what: str, path: str, lineno: int) -> Optional[int]:
     return value
 
 
-def parse_devices_list(text: str, path: str) -> list:
+def parse_devices_list(text: str, path: str) -> list[Rule]:
     """Parse a cgroup v1 devices.list; `path` (inside view) names the file in errors.
 
     Raises HostFileError (and nothing else) naming the line for malformed input.
@@ -74,7 +74,7 @@ class RuleDecision:
     reason: str
 
 
-def decide(rules: list, dev_type: str, major: int, minor: int, access: str,
+def decide(rules: Sequence[Rule], dev_type: str, major: int, minor: int, access: str,
            source: str = "devices.list") -> RuleDecision:
     """Decide one request against parsed devices.list rules (kernel semantics)."""
     access = Access(access)

@@ -52,8 +52,8 @@ def run(args, root, config) -> int:
     history = RepairHistory.load(hist_file)
     # every change to a container's device access is journaled when journald is there (an audit trail);
     # the terminal gets the same facts from the printed report instead
-    journal = Journal(target="journal")
-    if journal.target != "journal":
+    journal: Journal | None = Journal(target="journal")
+    if journal is not None and journal.target != "journal":
         journal = None
     # first, thaw what a repair killed mid-way (SIGKILL, OOM) left frozen, whatever the findings are now
     thawed = [e for e in recover_frozen(root, config, journal, dry_run=args.dry_run)

@@ -62,7 +62,8 @@ def load(root: HostRoot, config, container_id: str, init_start: int | None) -> B
     if doc.get("container_id") != container_id or doc.get("init_start") != init_start:
         return None  # another container that reused the id
     devices = {}
-    raw = doc.get("devices") if isinstance(doc.get("devices"), dict) else {}
+    raw = doc.get("devices")
+    raw = raw if isinstance(raw, dict) else {}
     for text, access in raw.items():
         key = Device.try_parse(text)
         if key is not None and Access.valid(access):
@@ -90,7 +91,7 @@ def record(root: HostRoot, config, container_id: str, init_start: int | None, de
 def prune(root: HostRoot, config, live_ids) -> list:
     """Remove baselines of containers that no longer exist; returns the removed file names."""
     keep = {_file_name(i) for i in live_ids}
-    removed = []
+    removed: list = []
     directory = root.path(baseline_dir(config))
     try:
         names = os.listdir(directory)

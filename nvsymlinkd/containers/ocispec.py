@@ -239,7 +239,7 @@ def _nodes(raw, rune: bool, where: str, problems: list) -> tuple:
 
 def _hook_paths(hooks, where: str) -> tuple:
     """Every hook's path; ValueError when the hooks are not the object of arrays of objects runc reads."""
-    out = []
+    out: list = []
     for kind, items in (hooks or {}).items():
         if items is None:
             continue

@@ -119,7 +119,7 @@ def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
     return ScopeDevices(sd.scope, sd.source, sd.policy, sd.entries, tuple(rules), tuple(unmapped))
 
 
-def _map_one(root: HostRoot, spec: str, access: str, majors) -> list | None:
+def _map_one(root: HostRoot, spec: str, access: Access, majors) -> list | None:
     m = DEV_NUMBER_PATH.fullmatch(spec)
     if m:
         # the kernel's ranges (12-bit major, 20-bit minor); beyond them no device, and no int() of 5,000 digits

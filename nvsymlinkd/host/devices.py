@@ -42,7 +42,7 @@ class Access(str):
         return super().__new__(cls, "".join(letter for letter in LETTERS if letter in letters))
 
     @classmethod
-    def valid(cls, letters) -> bool:
+    def valid(cls, letters: object) -> bool:
         return isinstance(letters, str) and not set(letters) - set(LETTERS)
 
     def union(self, other: str) -> Access:
@@ -103,7 +103,9 @@ class Device(NamedTuple):
         return cls(fields[0], int(major), int(minor))
 
     @classmethod
-    def try_parse(cls, text) -> Optional[Device]:
+    def try_parse(cls, text: object) -> Optional[Device]:
+        if not isinstance(text, str):
+            return None
         try:
             return cls.parse(text)
         except ValueError:
@@ -139,7 +141,7 @@ class Rule:
     minor: Optional[int]
     access: Access
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.type not in ("a", *TYPES):
             raise ValueError(f"device type must be a, c or b, not {self.type!r}")
         object.__setattr__(self, "access", Access(self.access))

@@ -171,7 +171,8 @@ def read_rules(root: HostRoot, devices_dir: str) -> list:
 
 
 def _covered(rules, grant: Grant) -> bool:
-    return decide(rules, *grant.device, grant.access).allowed
+    d = grant.device
+    return decide(rules, d.type, d.major, d.minor, grant.access).allowed
 
 
 def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -> None:
@@ -528,9 +529,10 @@ def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: lis
     if any(r.is_allow_all for r in before):
         return
     for rule in before:
-        if rule.device is None:
+        device = rule.device
+        if device is None:
             continue  # a wildcard line systemd dropped stays dropped: we never write wildcards
-        if not decide(after, *rule.device, rule.access).allowed:
+        if not decide(after, device.type, device.major, device.minor, rule.access).allowed:
             _write(root, f"{devices_dir}/devices.allow", str(rule))
             steps.append(f"devices.allow {rule} (restored: systemd's re-apply dropped it)")
 
@@ -577,7 +579,8 @@ def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
     for g in grants:
-        v = policy.check(*g.device, g.access)
+        d = g.device
+        v = policy.check(d.type, d.major, d.minor, g.access)
         out[str(g.device)] = {"state": v.state, "reason": v.reason}
     return out
 
@@ -673,7 +676,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.error = f"the repair did not take: {d} is {v['state']} ({v['reason']})"
             else:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
-        if record_attempt and result.status != PREVENTED:
+        if history is not None and record_attempt and result.status != PREVENTED:
             history.record(request.container_id, clock())
     _journal(journal, result)
     return result

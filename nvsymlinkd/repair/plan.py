@@ -21,10 +21,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from nvsymlinkd.access.rules import decide
 from nvsymlinkd.host.devices import RW, Access, Device, Rule
 from nvsymlinkd.verify.kinds import FindingKind, Verdict
+
+if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
+    from nvsymlinkd.verify.verifier import ContainerReport
 
 # Where a grant's device comes from. Only the first three are grounds to grant.
 TRUSTED_SOURCES = ("spec", "runtime-state", "baseline")
@@ -73,7 +77,7 @@ class Grant:
     source: str  # one of TRUSTED_SOURCES or UNTRUSTED_SOURCES
     path: str | None = None  # the node path in the container, for messages
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
             raise ValueError(f"access {self.access!r} is not a subset of rwm")
         object.__setattr__(self, "access", Access(self.access))
@@ -84,7 +88,7 @@ class Grant:
         """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
         return Rule.exact(self.device, self.access)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = self.device
         return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
                 "source": self.source, "path": self.path}
@@ -101,14 +105,14 @@ class RepairRequest:
     v2_cgroup: str | None  # path inside the cgroup2 hierarchy
     freezer: str | None  # path inside the v1 freezer hierarchy
     cgroup_driver: str  # "systemd" or "cgroupfs"
-    grants: tuple = ()  # Grant: expected devices the container cannot open (lost) or may lose (at-risk)
+    grants: tuple[Grant, ...] = ()  # expected devices the container cannot open (lost) or may lose (at-risk)
     kind: Verdict = LOST  # LOST or AT_RISK
     reason: str = ""  # the verifier's one-line finding, for messages
     pod_namespace: str | None = None  # names for messages only (containers.display_name)
     pod_name: str | None = None
     container_name: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,
                 "cgroup_v1_devices": self.v1_devices, "cgroup_v2": self.v2_cgroup, "freezer": self.freezer,
                 "cgroup_driver": self.cgroup_driver, "kind": Verdict(self.kind).value, "reason": self.reason,
@@ -119,10 +123,10 @@ class RepairRequest:
 class RepairPlan:
     request: RepairRequest
     mechanism: str | None = None  # one of MECHANISMS, None when nothing is done
-    grants: tuple = ()  # Grant, exactly what will be granted
-    refused: tuple = ()  # (Grant, why), never granted
+    grants: tuple[Grant, ...] = ()  # exactly what will be granted
+    refused: tuple[tuple[Grant, str], ...] = ()  # (grant, why), never granted
     cannot: str | None = None  # "cannot repair automatically" reason
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def action(self) -> str:
@@ -130,7 +134,7 @@ class RepairPlan:
             return "cannot"
         return "repair" if self.grants else "nothing"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "grants": [g.to_json() for g in self.grants],
                 "refused": [{"grant": g.to_json(), "why": why} for g, why in self.refused],
                 "cannot": self.cannot, "notes": list(self.notes)}
@@ -140,7 +144,7 @@ class RepairPlan:
 class RepairHistory:
     """When each container was last repaired (seconds on the injected clock)."""
 
-    last: dict = field(default_factory=dict)  # container id -> time
+    last: dict[str, float] = field(default_factory=dict)  # container id -> time
 
     def record(self, container_id: str, when: float) -> None:
         self.last[container_id] = when
@@ -149,7 +153,7 @@ class RepairHistory:
         when = self.last.get(container_id)
         return None if when is None else now - when
 
-    def forget_except(self, live_ids) -> None:
+    def forget_except(self, live_ids: Iterable[str]) -> None:
         """Drop containers that are gone (the daemon calls this; ids are never reused meaningfully)."""
         keep = set(live_ids)
         for cid in [c for c in self.last if c not in keep]:
@@ -202,18 +206,20 @@ def refusal(grant: Grant) -> str | None:
     return None
 
 
-def _parent_refusal(grant: Grant, parent_rules) -> str | None:
+def _parent_refusal(grant: Grant, parent_rules: Sequence[Rule] | None) -> str | None:
     """v1: a child never gets what its parent denies; writing it would fail with EPERM."""
     if parent_rules is None:
         return None
-    decision = decide(list(parent_rules), *grant.device, grant.access, source="the parent cgroup's devices.list")
+    d = grant.device
+    decision = decide(list(parent_rules), d.type, d.major, d.minor, grant.access,
+                      source="the parent cgroup's devices.list")
     return None if decision.allowed else decision.reason
 
 
-def _accepted(grants) -> tuple:
+def _accepted(grants: Iterable[Grant]) -> tuple[list[Grant], list[tuple[Grant, str]]]:
     """(grants to apply, sorted by device; (grant, why) refused). One grant per device: the narrowest."""
-    accepted: dict = {}
-    refused = []
+    accepted: dict[Device, Grant] = {}
+    refused: list[tuple[Grant, str]] = []
     for g in grants:
         why = refusal(g)
         if why is not None:
@@ -247,7 +253,8 @@ def _wrong_unit(request: RepairRequest) -> str | None:
     return None
 
 
-def _v1_mechanism(request: RepairRequest, grants: list, parent_rules) -> tuple:
+def _v1_mechanism(request: RepairRequest, grants: list[Grant],
+                  parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
     """cgroup v1: (mechanism, notes, None) or (None, (), why not)."""
     for g in grants if parent_rules is not None else ():
         why = _parent_refusal(g, parent_rules)
@@ -265,7 +272,8 @@ def _v1_mechanism(request: RepairRequest, grants: list, parent_rules) -> tuple:
                            "from a spec that lacks the device",), None
 
 
-def _mechanism(request: RepairRequest, grants: list, parent_rules) -> tuple:
+def _mechanism(request: RepairRequest, grants: list[Grant],
+               parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
     """(mechanism, notes, None), or (None, (), why it cannot be repaired automatically)."""
     if request.v1_devices is not None:  # hybrid hosts too: the v1 devices controller decides
         return _v1_mechanism(request, grants, parent_rules)
@@ -280,7 +288,7 @@ def _mechanism(request: RepairRequest, grants: list, parent_rules) -> tuple:
 
 
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
-                window: float = DEFAULT_WINDOW_SECONDS, parent_rules=None) -> RepairPlan:
+                window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
     repair (rate limit, wrong unit, no mechanism), else the mechanism.
 
@@ -291,7 +299,8 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     if not grants:
         return RepairPlan(request, None, (), tuple(refused))
     cannot = _rate_limited(request, now, history, window) or _wrong_unit(request)
-    mechanism, notes = None, ()
+    mechanism: str | None = None
+    notes: tuple[str, ...] = ()
     if cannot is None:
         mechanism, notes, cannot = _mechanism(request, grants, parent_rules)
     if cannot is not None:
@@ -299,7 +308,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes))
 
 
-def requests_from_report(report, cgroup_driver: str | None = None,
+def requests_from_report(report: ContainerReport, cgroup_driver: str | None = None,
                          freezer: str | None = None) -> RepairRequest | None:
     """The adapter: a verifier ContainerReport -> a RepairRequest, or None when there is nothing to repair.
 

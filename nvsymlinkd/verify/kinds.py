@@ -8,6 +8,7 @@ compares equal to its word and `json.dumps` writes the word; `to_json()` still w
 from __future__ import annotations
 
 from enum import Enum
+from typing import Iterable
 
 
 class Verdict(str, Enum):
@@ -46,9 +47,9 @@ AT_RISK_KINDS = frozenset({FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN
 GPU_VERDICTS = (Verdict.LOST, Verdict.AT_RISK, Verdict.UNKNOWN, Verdict.OK)
 
 
-def verdict_of(kinds) -> Verdict:
+def verdict_of(found: Iterable[FindingKind]) -> Verdict:
     """The verdict a set of finding kinds adds up to: the worst of them, ok for none."""
-    kinds = set(kinds)
+    kinds = set(found)
     if FindingKind.LOST in kinds:
         return Verdict.LOST
     if kinds & AT_RISK_KINDS:
