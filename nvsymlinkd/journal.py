@@ -2,8 +2,8 @@
 
 Every kind of event has a stable MESSAGE_ID (documented in
 catalog/nvsymlinkd.catalog), so operators can `journalctl MESSAGE_ID=...` and
-alert on it. Other modules add their own kinds to MESSAGE_IDS (and to the
-catalog) instead of inventing a second logger.
+alert on it. MESSAGE_IDS below is the one table of them: a module with a new
+kind of event adds it here (and to the catalog), never a table of its own.
 
 Where entries go (env NVSYMLINKD_LOG=auto|journal|stderr, default auto):
 - journal: systemd.journal.send (python3-systemd) to the journal socket;
@@ -45,19 +45,20 @@ MESSAGE_IDS = {
     "daemon-started": "4292addf44884482baae0673fe1007c1",
     "daemon-stopped": "e41cd2e590d6418eaa51110fdc36eaf8",
     "event-overflow": "686126523c744885bf7219ece7b7287a",
-    # container verifier (nvsymlinkd.verify.verifier.MESSAGE_IDS, one per finding kind)
+    # container verifier: "container-" + each finding kind, and "container-ok" (verify.verifier.JOURNAL_KINDS)
     "container-ok": "b0c3e0dd255749f89757d1b6405543cf",
     "container-lost": "483c260197bb4a5082cbaae3b26d085c",
     "container-at-risk-scope": "dc9a8c0480ee41a0a6a7ec454776bee3",
     "container-at-risk-not-in-spec": "e22f202c38134d758577be98caa78c07",
     "container-at-risk-uvm-missing": "3b40d429af264d4d893899337d991187",
     "container-unknown": "cc6369fb247c43c6a79a190b6d432b93",
-    # repair (nvsymlinkd.repair.apply.REPAIR_MESSAGE_IDS)
-    "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
-    "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
-    "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
-    "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
-    "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
+    # repair: one per status that changed or would change something (repair.apply.JOURNAL_KINDS), and the
+    # thaw of a freeze a killed repair left behind
+    "repair-done": "b8e8c1987b3d4de0ab6bb48f0e78cba5",
+    "repair-prevented": "5966faec75834084bc2e3bbac11d0823",
+    "repair-failed": "02c9553b34b74c09b4a14ab6b6ce1107",
+    "repair-refused": "3d820b575ee74530a718c2a5d339903b",
+    "repair-reported": "07a882cdd951467dbdf7dcd3e530598f",
     "repair-thawed": "a34478dd88164b7ca7a9ec41173f126b",
 }
 

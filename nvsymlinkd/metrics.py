@@ -27,14 +27,20 @@ import re
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from nvsymlinkd import __version__
+from nvsymlinkd.verify.kinds import Verdict  # standard library only, like this module
+
+if TYPE_CHECKING:  # the probe must not import the verifier
+    from nvsymlinkd.verify.verifier import ContainerReport, Report
 
 # ~1 ms (an inotify event answered at once) to 10 s (a pass behind a slow resync)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LINK_ACTIONS = ("create", "replace", "remove", "create-node")
-CONTAINER_STATUSES = ("ok", "at-risk", "lost", "unknown")  # the verifier's verdicts for GPU containers
-NOT_COUNTED = ("not-gpu", "not-running")
+# the verifier's verdicts for GPU containers (label values, in the order the families list them)
+CONTAINER_STATUSES = tuple(v.value for v in (Verdict.OK, Verdict.AT_RISK, Verdict.LOST, Verdict.UNKNOWN))
+NOT_COUNTED = (Verdict.NOT_GPU.value, Verdict.NOT_RUNNING.value)
 REPAIR_RESULTS = ("ok", "failed")
 # Per-container series only for containers with findings, and at most this many: the label set stays
 # bounded however many containers a node runs (a healthy node has none).
@@ -136,22 +142,19 @@ class Metrics:
             self.reloads += 1
         self._changed()
 
-    def on_containers(self, report) -> None:
-        """GPU containers by verdict, from the verifier; replaces the previous counts.
+    def on_containers(self, report: Report) -> None:
+        """GPU containers by verdict, from a verifier.Report; replaces the previous counts.
 
-        `report`: a verifier.Report, a list of its ContainerReports (their `verdict`),
-        or a mapping verdict -> count. Containers not running or not GPU containers
-        are not counted; an unknown word counts as "unknown".
+        Containers not running or not GPU containers are not counted; a verdict this module does
+        not know counts as "unknown".
         """
-        report = getattr(report, "containers", report)
         counts = {s: 0 for s in CONTAINER_STATUSES}
-        items = report.items() if hasattr(report, "items") else ((_verdict_of(x), 1) for x in report)
-        for verdict, n in items:
-            verdict = str(verdict).replace("_", "-")
+        for c in report.containers:
+            verdict = str(c.verdict)
             if verdict in NOT_COUNTED:
                 continue
-            counts[verdict if verdict in counts else "unknown"] += int(n)
-        labelled = [] if hasattr(report, "items") else _finding_labels(report)
+            counts[verdict if verdict in counts else Verdict.UNKNOWN.value] += 1
+        labelled = _finding_labels(report.containers)
         with self._lock:
             self.containers = counts
             self.container_findings = labelled
@@ -170,7 +173,7 @@ class Metrics:
             return self._render_locked()
 
     def _render_locked(self) -> str:
-        out = []
+        out: list = []
         fam = Family(out)
         fam.gauge("nvsymlinkd_build_info", "Version of the running nvsymlinkd (always 1).",
                   [({"version": __version__}, 1)])
@@ -324,28 +327,21 @@ class Metrics:
             writer.close()
 
 
-def _finding_labels(reports) -> list:
+def _finding_labels(reports: list[ContainerReport]) -> list:
     """Labels of the containers with findings: short id, pod namespace/name, container name, verdict."""
     out = []
     for c in reports:
-        verdict = str(_verdict_of(c))
-        if verdict in NOT_COUNTED or verdict == "ok" or not getattr(c, "findings", None):
+        verdict = str(c.verdict)
+        if verdict in NOT_COUNTED or verdict == Verdict.OK or not c.findings:
             continue
-        cid = str(getattr(c, "id", ""))
-        out.append({"container_id": cid[:12] if len(cid) == 64 else cid,
-                    "namespace": getattr(c, "pod_namespace", None) or "",
-                    "pod": getattr(c, "pod_name", None) or "",
-                    "container": getattr(c, "container_name", None) or "",
-                    "status": verdict if verdict in CONTAINER_STATUSES else "unknown"})
+        out.append({"container_id": c.short_id,
+                    "namespace": c.pod_namespace or "",
+                    "pod": c.pod_name or "",
+                    "container": c.container_name or "",
+                    "status": verdict if verdict in CONTAINER_STATUSES else Verdict.UNKNOWN.value})
         if len(out) >= MAX_LABELLED_CONTAINERS:
             break
     return out
-
-
-def _verdict_of(item) -> str:
-    if isinstance(item, dict):
-        return item.get("verdict", "unknown")
-    return getattr(item, "verdict", "unknown")
 
 
 def _in_loop(loop) -> bool:

@@ -47,8 +47,8 @@ def test_containerd_k8s_io(fakehost, layouts):
     assert c.state_path == f"/run/containerd/runc/k8s.io/{CID}/state.json"
     assert c.scope == f"cri-containerd-{CID}.scope"
     assert c.cgroup_v1_devices == f"/system.slice/cri-containerd-{CID}.scope"
-    assert [str(r) for r in c.spec.rules] == ["deny a *:* rwm", "allow c 195:0 rw"]
-    assert str(c.state.rules[1]) == "allow c 195:0 rw"
+    assert [r.describe() for r in c.spec.rules] == ["deny a *:* rwm", "allow c 195:0 rw"]
+    assert c.state.rules[1].describe() == "allow c 195:0 rw"
     assert c.short_id == CID[:12]
 
 
@@ -192,7 +192,7 @@ def test_parse_spec_skips_malformed_rules():
     doc = oci_spec(rules=[spec_rule(195, 0), {"allow": "yes"}, {"allow": True, "type": "c", "major": -5},
                           {"allow": True, "type": "c", "major": 195, "access": "rwx"}])
     spec = parse_spec(doc)
-    assert [str(r) for r in spec.rules] == ["deny a *:* rwm", "allow c 195:0 rw"]
+    assert [r.describe() for r in spec.rules] == ["deny a *:* rwm", "allow c 195:0 rw"]
     assert len(spec.problems) == 3
     # a field the verdict reads with the wrong JSON type makes the whole spec unreadable (not "no rules")
     with pytest.raises(ValueError, match="linux is a string, not an object"):

@@ -271,15 +271,14 @@ def test_hook_is_swappable(tmp_path, need_root):
     assert sorted(hook.calls[1:]) == [("reload_finished",), ("scope_appeared", "docker-1.scope")]
 
 
-def test_module_message_ids_are_registered_centrally():
-    # the verifier and repair keep their own tables; journal.MESSAGE_IDS (and so the catalog) must agree
+def test_module_journal_kinds_are_in_the_one_table():
+    # the verifier and repair name their journal kinds; journal.MESSAGE_IDS (and so the catalog) holds the IDs
     from nvsymlinkd import journal as journalmod
     from nvsymlinkd.repair import apply as repairer
     from nvsymlinkd.verify import verifier
 
-    for kind, mid in verifier.JOURNAL_MESSAGE_IDS.items():
-        assert journalmod.MESSAGE_IDS[kind] == mid
-    for kind, mid in repairer.REPAIR_MESSAGE_IDS.items():
-        assert journalmod.MESSAGE_IDS[kind] == mid
+    for kind in (*verifier.JOURNAL_KINDS.values(), *repairer.JOURNAL_KINDS.values(), "repair-thawed"):
+        assert kind in journalmod.MESSAGE_IDS
+    assert set(verifier.JOURNAL_KINDS) == {verifier.OK, *verifier.KINDS}
     ids = list(journalmod.MESSAGE_IDS.values())
     assert len(ids) == len(set(ids))

@@ -309,7 +309,7 @@ def test_scope_device_allow_of_thousands_of_digits_is_unmapped():
 
     entries = ((f"/dev/char/{HUGE}:0", "rw"), (f"char-{HUGE}", "rw"), ("/dev/char/195:0", "rw"))
     sd = map_entries(HostRoot("/"), ScopeDevices("docker-x.scope", "files", "strict", entries, ()), Majors({}))
-    assert [str(r) for r in sd.rules] == ["allow c 195:0 rw"] and len(sd.unmapped) == 2
+    assert [r.describe() for r in sd.rules] == ["allow c 195:0 rw"] and len(sd.unmapped) == 2
 
 
 # --- a name listed twice in /proc/devices ---------------------------------------------------------

@@ -20,6 +20,7 @@ from nvsymlinkd import journal, metrics
 from nvsymlinkd.cli import COMMANDS, build_parser
 from nvsymlinkd.config import KEYS
 from nvsymlinkd.repair import apply as repairer
+from nvsymlinkd.repair.plan import RepairStatus
 from nvsymlinkd.verify import verifier
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,15 +121,14 @@ def test_every_metric_is_in_the_run_page():
 
 def test_every_finding_kind_and_repair_status_is_documented():
     check = read_page(page_of("check"))
-    missing = [k for k in (verifier.OK, *verifier.KINDS) if f"**{k}**" not in check
-               or verifier.MESSAGE_IDS[k] not in check]
+    missing = [k.value for k in (verifier.OK, *verifier.KINDS) if f"**{k.value}**" not in check
+               or journal.MESSAGE_IDS[verifier.JOURNAL_KINDS[k]] not in check]
     assert not missing, f"man/{page_of('check')}: add these under FINDING KINDS, with their MESSAGE_ID: {missing}"
     repair = read_page(page_of("repair"))
-    statuses = (repairer.REPAIRED, repairer.PREVENTED, repairer.NOTHING, repairer.WOULD, repairer.CANNOT,
-                repairer.FAILED)
-    missing = [s for s in statuses if f"**{s}**" not in repair]
+    missing = [s.value for s in RepairStatus if f"**{s.value}**" not in repair]
     assert not missing, f"man/{page_of('repair')}: add these under STATUSES: {missing}"
-    missing = [f"{k} {m}" for k, m in repairer.REPAIR_MESSAGE_IDS.items() if f"**{k}** {m}" not in repair]
+    kinds = (*repairer.JOURNAL_KINDS.values(), "repair-thawed")
+    missing = [f"{k} {journal.MESSAGE_IDS[k]}" for k in kinds if f"**{k}** {journal.MESSAGE_IDS[k]}" not in repair]
     assert not missing, f"man/{page_of('repair')}: add these under JOURNAL: {missing}"
 
 

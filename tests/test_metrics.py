@@ -19,6 +19,7 @@ from nvsymlinkd import metrics as m
 from nvsymlinkd.config import Config, parse_config
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import Journal
+from nvsymlinkd.verify.verifier import ContainerReport, Report
 
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
 
@@ -121,13 +122,10 @@ def test_histogram_buckets_are_cumulative():
 def test_containers_repairs_reloads():
     metrics = m.Metrics()
 
-    class C:  # the verifier's ContainerReport: `status` is the runtime's, `verdict` is ours
-        def __init__(self, verdict):
-            self.status = "running"
-            self.verdict = verdict
+    def report(*verdicts):  # `status` is the runtime's, `verdict` is ours
+        return Report([ContainerReport(f"c{i}", "runc", None, "running", v) for i, v in enumerate(verdicts)], [])
 
-    metrics.on_containers([C("ok"), C("ok"), C("at-risk"), {"verdict": "lost"}, C("weird"), C("not-running"),
-                           C("not-gpu")])
+    metrics.on_containers(report("ok", "ok", "at-risk", "lost", "weird", "not-running", "not-gpu"))
     metrics.on_repair("repaired docker-abc.scope", ok=True)
     metrics.on_repair("could not repair", ok=False)
     metrics.on_repair(None, ok=True)
@@ -141,8 +139,8 @@ def test_containers_repairs_reloads():
     assert sample(text, "nvsymlinkd_repairs_total", result="ok") == 2
     assert sample(text, "nvsymlinkd_repairs_total", result="failed") == 1
     assert sample(text, "nvsymlinkd_systemd_reloads_total") == 2
-    # a later report replaces the gauge (containers come and go), a mapping works too
-    metrics.on_containers({"ok": 3, "at_risk": 0})
+    # a later report replaces the gauge (containers come and go)
+    metrics.on_containers(report("ok", "ok", "ok"))
     text = metrics.render()
     assert sample(text, "nvsymlinkd_gpu_containers", status="ok") == 3
     assert sample(text, "nvsymlinkd_gpu_containers", status="lost") == 0
@@ -468,7 +466,7 @@ def test_container_verdicts_and_repairs_from_real_runc_containers(runc_host):
     root = HostRoot(str(runc_host.root))
     metrics = m.Metrics(root, Config())
 
-    metrics.on_containers(verify_all(root, Config(), use_bus=False).containers)
+    metrics.on_containers(verify_all(root, Config(), use_bus=False))
     text = metrics.render()
     assert sample(text, "nvsymlinkd_gpu_containers", status="ok") == 1
     assert sample(text, "nvsymlinkd_gpu_containers", status="lost") == 1
@@ -479,7 +477,7 @@ def test_container_verdicts_and_repairs_from_real_runc_containers(runc_host):
     lost.deny("c 195:0 rw")  # lost again at once: refused by the rate limit, counted as failed
     for r in repair_all(root, Config(), history=history):
         metrics.on_repair(r, ok=r.status in SUCCESS)
-    metrics.on_containers(verify_all(root, Config(), use_bus=False).containers)
+    metrics.on_containers(verify_all(root, Config(), use_bus=False))
     text = metrics.render()
     assert sample(text, "nvsymlinkd_repairs_total", result="ok") == 1
     assert sample(text, "nvsymlinkd_repairs_total", result="failed") == 1

@@ -40,6 +40,7 @@ from privatebus import (
 )
 
 from nvsymlinkd.config import Config
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import Grant, RepairHistory, RepairRequest
 
@@ -329,7 +330,7 @@ def link_cgroups(fake):
 
 
 def gpu0(source="spec"):
-    return (Grant("c", 195, 0, "rw", source, "/dev/nvidia0"),)
+    return (Grant(Device("c", 195, 0), "rw", source, "/dev/nvidia0"),)
 
 
 def v2_cgroup():
@@ -380,7 +381,7 @@ def test_v2_systemd_exact_call_and_dev_char_link_first(systemd, fake, tmp_path):
     assert systemd.device_allow(unit) == [("/dev/null", "rwm"), ("/dev/char/195:0", "rw")]
     # journaled with the ids an operator can filter on
     (entry,) = journal.entries
-    assert entry["MESSAGE_ID"] == "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61"
+    assert entry["MESSAGE_ID"] == "b8e8c1987b3d4de0ab6bb48f0e78cba5"
     assert entry["CONTAINER_ID"] == "abc123" and entry["UNIT"] == unit
     assert entry["NVSYMLINKD_DEVICES"] == "c 195:0:rw" and entry["NVSYMLINKD_MECHANISM"] == "systemd"
     assert entry["NVSYMLINKD_VERIFICATION"] == "c 195:0=allow"

@@ -114,6 +114,7 @@ def test_node_made_inside_the_container_is_never_granted(runc_host, nvsymlinkd_c
 
 def test_mknod_grant_is_refused_even_when_passed_in(runc_host):
     """The planner's own guard, below the adapter: a container-dev grant on a real cgroup stays denied."""
+    from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import repair_container
     from nvsymlinkd.repair.plan import Grant, RepairRequest
 
@@ -121,7 +122,7 @@ def test_mknod_grant_is_refused_even_when_passed_in(runc_host):
     assert c.exec("mknod", "/dev/nvidia0", "c", "195", "0").returncode == 0
     listed = c.devices_list()
     req = RepairRequest("gpu-guard", "runc", None, c.cgroups_path, None, None, "cgroupfs",
-                        (Grant("c", 195, 0, "rw", "container-dev", "/dev/nvidia0"),))
+                        (Grant(Device("c", 195, 0), "rw", "container-dev", "/dev/nvidia0"),))
     res = repair_container(HostRoot(str(runc_host.root)), Config(), req)
     assert res.status == "nothing-to-do" and res.steps == []
     assert "mknod" in res.plan.refused[0][1]

@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
+from nvsymlinkd.errors import CannotEvaluate
+
 # instruction classes
 LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
 # sizes (LD/LDX)
@@ -106,9 +108,6 @@ class _Ptr(NamedTuple):
     off: int
 
 
-class _CannotEvaluate(Exception):
-    pass
-
 
 def _s64(v: int) -> int:
     return v - (1 << 64) if v & (1 << 63) else v
@@ -157,7 +156,7 @@ def evaluate(insns, ctx: bytes) -> EvalResult:
     n = len(insns)
 
     def fail(why: str):
-        raise _CannotEvaluate(f"cannot evaluate insn {pc} ({why})")
+        raise CannotEvaluate(f"cannot evaluate insn {pc} ({why})")
 
     def scalar(reg: int) -> int:
         v = regs[reg]
@@ -170,7 +169,7 @@ def evaluate(insns, ctx: bytes) -> EvalResult:
     try:
         while True:
             if not 0 <= pc < n:
-                raise _CannotEvaluate(f"cannot evaluate: execution left the program at insn {pc}")
+                raise CannotEvaluate(f"cannot evaluate: execution left the program at insn {pc}")
             steps += 1
             if steps > MAX_STEPS:
                 fail("step limit")
@@ -219,7 +218,7 @@ def evaluate(insns, ctx: bytes) -> EvalResult:
                 pc = target
             else:
                 fail(f"{describe_insn(insn)}: writes memory")
-    except _CannotEvaluate as e:
+    except CannotEvaluate as e:
         return EvalResult(None, str(e), steps)
 
 
@@ -315,7 +314,8 @@ def _alu(insn: Insn, is64: bool, regs, scalar, fail):
         sa, sb = _sext(a, width), _sext(b, width)
         q = _tdiv(sa, sb)
         return (q if op == DIV else sa - q * sb) & mask
-    fail(describe_insn(insn))
+    fail(describe_insn(insn))  # raises
+    raise AssertionError("unreachable")
 
 
 def _condition(insn: Insn, is32: bool, regs, scalar, fail) -> bool:

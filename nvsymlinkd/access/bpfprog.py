@@ -25,6 +25,7 @@ import platform
 import struct
 from dataclasses import dataclass
 
+from nvsymlinkd.errors import BpfError
 from nvsymlinkd.host import libc
 
 # syscall numbers (the bpf syscall is arch-specific)
@@ -52,23 +53,6 @@ BPF_F_ALLOW_MULTI = 2
 ATTR_BUFFER = 256        # bigger than any kernel's union bpf_attr: the kernel may write past what we pass
 INFO_LEN = 88            # struct bpf_prog_info through `ifindex` + the gpl_compatible word
 QUERY_SLOTS = 64         # programs per query before we ask again with the count the kernel reported
-
-HINTS = {errno.EPERM: "needs root (CAP_SYS_ADMIN / CAP_BPF)", errno.ENOSYS: "kernel without bpf(2)",
-         errno.EINVAL: "kernel lacks BPF_CGROUP_DEVICE or this attr layout",
-         errno.EBADF: "not a cgroup2 directory", errno.ENOENT: "program went away"}
-
-
-class BpfError(Exception):
-    def __init__(self, command: str, err: int, detail: str = ""):
-        self.command = command
-        self.errno = err
-        name = errno.errorcode.get(err, str(err))
-        hint = None if detail else HINTS.get(err)
-        text = f"{command}: {os.strerror(err)} ({name}{'; ' + hint if hint else ''})"
-        if detail:
-            text += f": {detail}"
-        super().__init__(text)
-
 
 def _syscall_number() -> int:
     nr = SYS_BPF_BY_MACHINE.get(platform.machine())

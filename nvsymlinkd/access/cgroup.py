@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from nvsymlinkd.access import bpfeval, bpfprog
-from nvsymlinkd.access.rules import canonical_access, decide, parse_devices_list
+from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.host.devices import TYPES, Access
 from nvsymlinkd.host.root import HostRoot, normalize
 
 # The host's mount namespace (pid 1): its mount points are paths inside the root. This
@@ -160,7 +161,7 @@ def _own_cgroups() -> dict:
             text = f.read()
     except OSError:
         return {}
-    out = {}
+    out: dict = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -280,11 +281,11 @@ class _V1Source:
     def check(self, dev_type, major, minor, access) -> Verdict:
         if self.error is not None:
             return Verdict(UNKNOWN, self.error)
-        d = decide(self.rules, dev_type, major, minor, access)
+        d = decide(self.rules or [], dev_type, major, minor, access)
         return Verdict(ALLOW if d.allowed else DENY, d.reason)
 
     def describe(self) -> list:
-        if self.error is not None:
+        if self.error is not None or self.rules is None:
             return [f"cgroup v1 devices: {self.error}"]
         shown = ", ".join(str(r) for r in self.rules[:8])
         more = f", ... ({len(self.rules)} rules)" if len(self.rules) > 8 else ""
@@ -346,9 +347,9 @@ class AccessPolicy:
         self.sources = sources
 
     def check(self, dev_type: str, major: int, minor: int, access: str) -> Verdict:
-        if dev_type not in ("c", "b"):
+        if dev_type not in TYPES:
             raise ValueError(f"device type must be 'c' or 'b', not {dev_type!r}")
-        access = canonical_access(access)
+        access = Access(access)
         if not access:
             raise ValueError("access must name at least one of r, w, m")
         verdicts = [s.check(dev_type, major, minor, access) for s in self.sources]
@@ -418,6 +419,22 @@ def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V2Source:
     return _V2Source(cgroup, cgdir, programs)
 
 
+def policy_of(devices_list: Optional[str] = None, programs=(), where: str = "devices.list") -> AccessPolicy:
+    """The same engine on given inputs instead of a live cgroup: v1 devices.list text (None: no v1
+    devices controller) and/or decoded BPF_CGROUP_DEVICE programs (lists of bpfeval.Insn).
+
+    For table tests and tools; raises HostFileError for a malformed devices.list, like the reader.
+    """
+    sources: list = []
+    if devices_list is not None:
+        sources.append(_V1Source(where, parse_devices_list(devices_list, where)))
+    if programs:
+        info = [bpfprog.DeviceProgram(i + 1, "", "", bpfprog.BPF_PROG_TYPE_CGROUP_DEVICE, b"")
+                for i in range(len(programs))]
+        sources.append(_V2Source(where, None, [_Program(inf, list(p), "given") for inf, p in zip(info, programs)]))
+    return AccessPolicy(sources)
+
+
 def read_access(root: HostRoot, v1_devices_cgroup: Optional[str], v2_cgroup: Optional[str],
                 mounts: Optional[CgroupMounts] = None) -> AccessPolicy:
     """Read a cgroup's device access once; check() it for each device.
@@ -427,7 +444,7 @@ def read_access(root: HostRoot, v1_devices_cgroup: Optional[str], v2_cgroup: Opt
     mounts: find_cgroup_mounts(root), to share across many cgroups.
     """
     mounts = mounts or find_cgroup_mounts(root)
-    sources = []
+    sources: list = []
     if v1_devices_cgroup is not None:
         sources.append(_read_v1(root, mounts, v1_devices_cgroup))
     if v2_cgroup is not None:

@@ -15,48 +15,19 @@ covers every requested access letter (the kernel's match_exception; two rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.host.devices import LETTERS, Access, Device, Rule
 from nvsymlinkd.host.procdevices import decimal
 
-ACCESS_LETTERS = "rwm"
+ACCESS_LETTERS = LETTERS
 MAX_U32 = 0xFFFFFFFF
 
 
-@dataclass(frozen=True)
-class DeviceRule:
-    dev_type: str               # "a" (all), "c" or "b"
-    major: Optional[int]        # None = "*"
-    minor: Optional[int]        # None = "*"
-    access: str                 # subset of "rwm", canonical order
-
-    def __str__(self) -> str:
-        major = "*" if self.major is None else str(self.major)
-        minor = "*" if self.minor is None else str(self.minor)
-        return f"{self.dev_type} {major}:{minor} {self.access}"
-
-    @property
-    def is_allow_all(self) -> bool:
-        return self.dev_type == "a"
-
-    def matches(self, dev_type: str, major: int, minor: int) -> bool:
-        if self.dev_type != "a" and self.dev_type != dev_type:
-            return False
-        if self.major is not None and self.major != major:
-            return False
-        return self.minor is None or self.minor == minor
-
-    def covers(self, access: str) -> bool:
-        return all(letter in self.access for letter in access)
-
-
-def canonical_access(access: str) -> str:
-    """'wr' -> 'rw'; raises ValueError for letters outside rwm."""
-    bad = set(access) - set(ACCESS_LETTERS)
-    if bad:
-        raise ValueError(f"access letters must be r, w, m (got {''.join(sorted(bad))!r})")
-    return "".join(letter for letter in ACCESS_LETTERS if letter in access)
+def DeviceRule(dev_type: str, major: Optional[int], minor: Optional[int], access: str) -> Rule:  # noqa: N802
+    """One devices.list line as a Rule (every line of that file is an allow rule)."""
+    return Rule(True, dev_type, major, minor, Access(access))
 
 
 def _number(field: str, what: str, path: str, lineno: int) -> Optional[int]:
@@ -71,7 +42,7 @@ def _number(field: str, what: str, path: str, lineno: int) -> Optional[int]:
     return value
 
 
-def parse_devices_list(text: str, path: str) -> list:
+def parse_devices_list(text: str, path: str) -> list[Rule]:
     """Parse a cgroup v1 devices.list; `path` (inside view) names the file in errors.
 
     Raises HostFileError (and nothing else) naming the line for malformed input.
@@ -91,32 +62,32 @@ def parse_devices_list(text: str, path: str) -> list:
             raise HostFileError(path, f"device type {dev_type!r} is not a, b or c", lineno)
         if not access or any(letter not in ACCESS_LETTERS for letter in access):
             raise HostFileError(path, f"access {access!r} is not a non-empty subset of rwm", lineno)
-        rules.append(DeviceRule(dev_type, _number(major, "major", path, lineno),
-                                _number(minor, "minor", path, lineno),
-                                canonical_access(access)))
+        rules.append(Rule(True, dev_type, _number(major, "major", path, lineno),
+                          _number(minor, "minor", path, lineno), Access(access)))
     return rules
 
 
 @dataclass(frozen=True)
 class RuleDecision:
     allowed: bool
-    rule: Optional[DeviceRule]   # the rule that allowed it, or None
+    rule: Optional[Rule]   # the rule that allowed it, or None
     reason: str
 
 
-def decide(rules: list, dev_type: str, major: int, minor: int, access: str,
+def decide(rules: Sequence[Rule], dev_type: str, major: int, minor: int, access: str,
            source: str = "devices.list") -> RuleDecision:
     """Decide one request against parsed devices.list rules (kernel semantics)."""
-    access = canonical_access(access)
-    request = f"{dev_type} {major}:{minor} {access}"
+    access = Access(access)
+    device = Device(dev_type, major, minor)
+    request = f"{device} {access}"
     for rule in rules:
         if rule.is_allow_all:
             return RuleDecision(True, rule, f"{source} has {rule} (allow-all mode; the kernel "
                                              "does not list deny exceptions of that mode)")
     for rule in rules:
-        if rule.matches(dev_type, major, minor) and rule.covers(access):
+        if rule.covers(device, access):
             return RuleDecision(True, rule, f"{source} has {rule}")
-    partial = [str(r) for r in rules if r.matches(dev_type, major, minor)]
+    partial = [str(r) for r in rules if r.matches(device)]
     if partial:
         return RuleDecision(False, None, f"{source} has no rule covering {request} "
                                          f"(only {', '.join(partial)})")

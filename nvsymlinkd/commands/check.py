@@ -7,6 +7,7 @@ import json
 import sys
 
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
+from nvsymlinkd.verify.kinds import Verdict
 
 EPILOG = """\
 examples:
@@ -36,7 +37,7 @@ def register(sub) -> None:
 
 def run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import no_such_container
-    from nvsymlinkd.verify.verifier import NOT_RUNNING, OK, Report, verify_all, verify_container
+    from nvsymlinkd.verify.verifier import Report, verify_all, verify_container
 
     use_bus = False if args.no_bus else None
     if args.container:
@@ -60,9 +61,7 @@ def run(args, root, config) -> int:
     else:
         for line in human_lines(report):
             print(line)
-    ok = all(c.verdict in (OK, NOT_RUNNING, "not-gpu") for c in report.containers)
-    ok = ok and not any(h.status == "warn" for h in report.host)
-    return EXIT_OK if ok else EXIT_NOT_DESIRED
+    return EXIT_OK if report.all_ok else EXIT_NOT_DESIRED
 
 
 def _hints_with_root(report, root) -> None:
@@ -85,11 +84,12 @@ def human_lines(report) -> list:
     for c in report.containers:
         ident = (c.short_id, c.display_name or "-", c.runtime)
         if not c.findings:
-            rows.append(ident + (c.verdict if c.verdict != "not-running" else f"not-running ({c.status})",
+            verdict = Verdict(c.verdict).value
+            rows.append(ident + (verdict if verdict != Verdict.NOT_RUNNING else f"{verdict} ({c.status})",
                                  "-", "-"))
             continue
         for i, f in enumerate(c.findings):
-            rows.append((ident if i == 0 else ("", "", "")) + (f.kind, ", ".join(f.devices) or "-", f.fix))
+            rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(f.devices) or "-", f.fix))
     last = len(rows[0]) - 1  # FIX: not padded
     widths = [max(len(r[i]) for r in rows) for i in range(last)]
     lines = []

@@ -7,6 +7,8 @@ import json
 import sys
 
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
+from nvsymlinkd.repair.plan import RepairStatus
+from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
 EPILOG = """\
 examples:
@@ -36,7 +38,6 @@ def run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import find
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
-        SUCCESS,
         history_path,
         recover_frozen,
         repair_all,
@@ -51,8 +52,8 @@ def run(args, root, config) -> int:
     history = RepairHistory.load(hist_file)
     # every change to a container's device access is journaled when journald is there (an audit trail);
     # the terminal gets the same facts from the printed report instead
-    journal = Journal(target="journal")
-    if journal.target != "journal":
+    journal: Journal | None = Journal(target="journal")
+    if journal is not None and journal.target != "journal":
         journal = None
     # first, thaw what a repair killed mid-way (SIGKILL, OOM) left frozen, whatever the findings are now
     thawed = [e for e in recover_frozen(root, config, journal, dry_run=args.dry_run)
@@ -69,14 +70,14 @@ def run(args, root, config) -> int:
     # never report such a host as fine (exit 1).
     chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
     repaired = {r.request.container_id for r in results}
-    unknown = [c for c in chosen if c is not None and c.verdict == verifier.UNKNOWN and c.id not in repaired]
+    unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
     if not args.dry_run and any(r.steps for r in results):
         try:
             history.save(hist_file)
         except OSError as exc:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.status in SUCCESS for r in results) and not unknown
+    ok = all(r.ok for r in results) and not unknown
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
@@ -100,14 +101,12 @@ def run(args, root, config) -> int:
 
 
 def _unknown_reason(report) -> str:
-    return next((f.detail for f in report.findings if f.kind == "unknown"), "unknown")
+    return next((f.detail for f in report.findings if f.kind == FindingKind.UNKNOWN), "unknown")
 
 
 def _summary(results) -> dict:
-    from nvsymlinkd.repair.apply import CANNOT, FAILED, NOTHING, PREVENTED, REPAIRED, WOULD
-
-    counts = {k: 0 for k in (REPAIRED, PREVENTED, NOTHING, WOULD, CANNOT, FAILED)}
+    counts = {s.value: 0 for s in RepairStatus}
     for r in results:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        counts[RepairStatus(r.status).value] += 1
     return counts
 

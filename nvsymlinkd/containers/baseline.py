@@ -15,9 +15,9 @@ import re
 import time
 from dataclasses import dataclass
 
-from nvsymlinkd.containers.expected import device_str, parse_device_str
 from nvsymlinkd.containers.ocispec import read_json
 from nvsymlinkd.host.atomicfile import write_atomic
+from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -28,7 +28,7 @@ MAX_BASELINE_BYTES = 1 << 20
 class Baseline:
     container_id: str
     init_start: int | None
-    devices: dict  # ("c", major, minor) -> access
+    devices: dict  # Device -> Access
     recorded_at: float = 0.0
 
     def to_json(self) -> dict:
@@ -36,7 +36,7 @@ class Baseline:
             "container_id": self.container_id,
             "init_start": self.init_start,
             "recorded_at": self.recorded_at,
-            "devices": {device_str(k): v for k, v in sorted(self.devices.items())},
+            "devices": {str(Device(*k)): v for k, v in sorted(self.devices.items())},
         }
 
 
@@ -62,11 +62,12 @@ def load(root: HostRoot, config, container_id: str, init_start: int | None) -> B
     if doc.get("container_id") != container_id or doc.get("init_start") != init_start:
         return None  # another container that reused the id
     devices = {}
-    raw = doc.get("devices") if isinstance(doc.get("devices"), dict) else {}
+    raw = doc.get("devices")
+    raw = raw if isinstance(raw, dict) else {}
     for text, access in raw.items():
-        key = parse_device_str(text) if isinstance(text, str) else None
-        if key is not None and isinstance(access, str) and not set(access) - set("rwm"):
-            devices[key] = access
+        key = Device.try_parse(text)
+        if key is not None and Access.valid(access):
+            devices[key] = Access(access)
     recorded = doc.get("recorded_at")
     return Baseline(container_id, init_start, devices, float(recorded) if isinstance(recorded, (int, float)) else 0.0)
 
@@ -90,7 +91,7 @@ def record(root: HostRoot, config, container_id: str, init_start: int | None, de
 def prune(root: HostRoot, config, live_ids) -> list:
     """Remove baselines of containers that no longer exist; returns the removed file names."""
     keep = {_file_name(i) for i in live_ids}
-    removed = []
+    removed: list = []
     directory = root.path(baseline_dir(config))
     try:
         names = os.listdir(directory)

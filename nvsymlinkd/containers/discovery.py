@@ -368,7 +368,7 @@ def _docker_data_root(root: HostRoot) -> str:
 
 def _podman_names(root: HostRoot) -> dict:
     """id -> first name, from containers/storage's containers.json ([{"id": ..., "names": [...]}, ...])."""
-    out = {}
+    out: dict = {}
     for inside in PODMAN_STORAGE_FILES:
         try:
             doc = json.loads(read_bounded(root.path(inside)).decode("utf-8", "replace"))

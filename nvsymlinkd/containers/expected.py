@@ -7,7 +7,7 @@ nodes in the container's /dev (a container with CAP_MKNOD can make any node)
 and `linux.devices` alone (runc creates those nodes but does not allow them:
 verified with runc 1.1.5, the rule it records for them is `allow: false`).
 
-A device key is ("c", major, minor). Access strings are subsets of "rwm".
+Devices are host.devices.Device, access host.devices.Access.
 """
 
 from __future__ import annotations
@@ -15,56 +15,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nvsymlinkd.containers.ocispec import FRONTEND_MAJOR
+from nvsymlinkd.host.devices import Access, Device
 
 SPEC = "spec"
 RUNTIME_STATE = "runtime-state"
 BASELINE = "baseline"
 
 
-def device_str(key: tuple) -> str:
-    return f"{key[0]} {key[1]}:{key[2]}"
-
-
-def parse_device_str(text: str) -> tuple | None:
-    """'c 195:0' -> ('c', 195, 0); None if malformed."""
-    try:
-        dev_type, numbers = text.split()
-        major, minor = numbers.split(":")
-        if dev_type not in ("c", "b"):
-            return None
-        return (dev_type, int(major), int(minor))
-    except ValueError:
-        return None
-
-
-def rules_access(rules, key: tuple) -> str:
+def rules_access(rules, device: Device) -> Access:
     """Access the rule list grants to one device: for each letter, the last matching rule decides.
 
     Default deny, like runc's device emulator starting from `deny a`.
     """
-    dev_type, major, minor = key
-    granted = set()
+    granted = Access()
     for rule in rules:
-        if not rule.matches(dev_type, major, minor):
-            continue
-        for letter in rule.access:
-            if rule.allow:
-                granted.add(letter)
-            else:
-                granted.discard(letter)
-    return "".join(c for c in "rwm" if c in granted)
+        if rule.matches(device):
+            granted = granted.union(rule.access) if rule.allow else granted.difference(rule.access)
+    return granted
 
 
-def usable(access: str) -> str:
+def usable(access: str) -> Access:
     """The letters an open() needs checked (mknod is not use)."""
-    return "".join(c for c in access if c in "rw")
+    return Access(access).usable
 
 
 @dataclass(frozen=True)
 class Expected:
-    devices: dict = field(default_factory=dict)  # key -> access ("rw", "r", ...): what must be allowed
-    declared: frozenset = frozenset()  # keys the spec/runtime state allows (not baseline-only)
-    sources: dict = field(default_factory=dict)  # key -> tuple of SPEC/RUNTIME_STATE/BASELINE
+    devices: dict = field(default_factory=dict)  # Device -> Access ("rw", "r", ...): what must be allowed
+    declared: frozenset = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
+    sources: dict = field(default_factory=dict)  # Device -> tuple of SPEC/RUNTIME_STATE/BASELINE
 
 
 def nvidia_majors_of(majors) -> frozenset:
@@ -73,19 +52,19 @@ def nvidia_majors_of(majors) -> frozenset:
 
 def candidate_devices(host_nodes, spec, state, baseline, nvidia_majors: frozenset) -> set:
     """NVIDIA devices worth asking about: host nodes, declared nodes, explicitly named rules, baseline."""
-    keys = {("c", n.major, n.minor) for n in host_nodes}
+    keys = {Device.char(n.major, n.minor) for n in host_nodes}
     for facts in (spec, state):
         if facts is None:
             continue
         for node in facts.nodes:
             if node.type == "c" and node.major in nvidia_majors:
-                keys.add(("c", node.major, node.minor))
+                keys.add(node.device)
         for rule in facts.rules or ():
             if rule.allow and rule.type == "c" and rule.major in nvidia_majors and rule.minor is not None:
-                keys.add(("c", rule.major, rule.minor))
+                keys.add(Device.char(rule.major, rule.minor))
     if baseline is not None:
-        keys.update(baseline.devices)
-    return {k for k in keys if k[1] in nvidia_majors}
+        keys.update(Device(*k) for k in baseline.devices)
+    return {k for k in keys if k.major in nvidia_majors}
 
 
 def _relevant(rules, majors: set) -> tuple:
@@ -94,33 +73,34 @@ def _relevant(rules, majors: set) -> tuple:
 
 
 def expected_access(candidates, spec, state, baseline) -> Expected:
-    majors = {k[1] for k in candidates}
+    majors = {k.major for k in candidates}
     spec_rules = _relevant(spec.rules, majors) if spec is not None else None
     state_rules = _relevant(state.rules, majors) if state is not None and state.rules is not None else None
     devices: dict = {}
     declared = set()
     sources: dict = {}
     for key in sorted(candidates):
+        key = Device(*key)
         got = []
-        access = set()
+        access = Access()
         if spec_rules is not None:
             a = usable(rules_access(spec_rules, key))
             if a:
                 got.append(SPEC)
-                access.update(a)
+                access = access.union(a)
         if state_rules is not None:
             a = usable(rules_access(state_rules, key))
             if a:
                 got.append(RUNTIME_STATE)
-                access.update(a)
+                access = access.union(a)
         if got:
             declared.add(key)
         if baseline is not None and key in baseline.devices:
             a = usable(baseline.devices[key])
             if a:
                 got.append(BASELINE)
-                access.update(a)
+                access = access.union(a)
         if got:
-            devices[key] = "".join(c for c in "rw" if c in access)
+            devices[key] = access
             sources[key] = tuple(got)
     return Expected(devices, frozenset(declared), sources)

@@ -16,6 +16,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from nvsymlinkd.errors import UnsafeFile
+from nvsymlinkd.host.devices import RWM, Access, Device, Rule
+
 MAX_JSON_BYTES = 16 << 20  # runc's state.json embeds the seccomp profile: tens of KiB, rarely MiBs
 MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
 FRONTEND_MAJOR = 195  # /dev/nvidia0..N, nvidiactl, nvidia-modeset on every driver branch
@@ -28,10 +31,6 @@ KEPT_ANNOTATIONS = frozenset({
     "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
 })
 RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule types as Go runes
-
-
-class UnsafeFile(OSError):
-    """A file that is not a plain file, or too large: not read."""
 
 
 def read_bounded(real_path: str, limit: int = MAX_JSON_BYTES) -> bytes:
@@ -115,30 +114,6 @@ def _brief_scalar(value) -> str:
 
 
 @dataclass(frozen=True)
-class DeviceRule:
-    """One device cgroup rule; major/minor None means the wildcard `*`."""
-
-    allow: bool
-    type: str  # a, c, b
-    major: int | None
-    minor: int | None
-    access: str  # subset of "rwm"
-
-    def matches(self, dev_type: str, major: int, minor: int) -> bool:
-        if self.type != "a" and self.type != dev_type:
-            return False
-        if self.major is not None and self.major != major:
-            return False
-        return self.minor is None or self.minor == minor
-
-    def __str__(self) -> str:
-        def num(n):
-            return "*" if n is None else str(n)
-        verb = "allow" if self.allow else "deny"
-        return f"{verb} {self.type} {num(self.major)}:{num(self.minor)} {self.access}"
-
-
-@dataclass(frozen=True)
 class DeviceNode:
     """A node the runtime creates inside the container (linux.devices)."""
 
@@ -147,12 +122,16 @@ class DeviceNode:
     major: int
     minor: int
 
+    @property
+    def device(self) -> Device:
+        return Device(self.type, self.major, self.minor)
+
 
 @dataclass(frozen=True)
 class SpecFacts:
     """What an OCI config.json says about devices and GPUs (only what we need)."""
 
-    rules: tuple = ()  # DeviceRule, linux.resources.devices in order
+    rules: tuple = ()  # Rule, linux.resources.devices in order
     nodes: tuple = ()  # DeviceNode, linux.devices
     visible_devices: str | None = None  # NVIDIA_VISIBLE_DEVICES from process.env
     hooks: tuple = ()  # hook paths (every hook kind)
@@ -169,7 +148,7 @@ class RuntimeState:
     init_pid: int | None
     init_start: int | None  # /proc/<pid>/stat field 22, to tell a reused pid
     cgroup_paths: dict = field(default_factory=dict)  # controller -> real path ("" for v2)
-    rules: tuple | None = None  # DeviceRule from config.cgroups.devices (None: crun, not recorded)
+    rules: tuple | None = None  # Rule from config.cgroups.devices (None: crun, not recorded)
     nodes: tuple = ()
     bundle: str | None = None
     hooks: tuple = ()
@@ -184,15 +163,15 @@ def _int(value, lo: int = 0, hi: int = (1 << 32) - 1) -> int | None:
     return value
 
 
-def _access(value) -> str | None:
+def _access(value) -> Access | None:
     if value is None:
-        return "rwm"
-    if not isinstance(value, str) or len(value) > 3 or set(value) - set("rwm"):
+        return RWM
+    if not isinstance(value, str) or len(value) > 3 or not Access.valid(value):
         return None
-    return "".join(c for c in "rwm" if c in value)
+    return Access(value)
 
 
-def parse_spec_rule(item) -> DeviceRule | None:
+def parse_spec_rule(item) -> Rule | None:
     """One linux.resources.devices entry (absent type/major/minor mean wildcard)."""
     if not isinstance(item, dict) or not isinstance(item.get("allow"), bool):
         return None
@@ -207,10 +186,10 @@ def parse_spec_rule(item) -> DeviceRule | None:
     access = _access(item.get("access"))
     if access is None:
         return None
-    return DeviceRule(item["allow"], dev_type, major, minor, access)
+    return Rule(item["allow"], dev_type, major, minor, access)
 
 
-def parse_state_rule(item) -> DeviceRule | None:
+def parse_state_rule(item) -> Rule | None:
     """One libcontainer cgroups.devices entry: type as a rune, -1 for wildcard."""
     if not isinstance(item, dict) or not isinstance(item.get("allow"), bool):
         return None
@@ -223,7 +202,7 @@ def parse_state_rule(item) -> DeviceRule | None:
     access = _access(item.get("permissions") or "")
     if access is None:
         return None
-    return DeviceRule(item["allow"], dev_type, None if major == -1 else major, None if minor == -1 else minor, access)
+    return Rule(item["allow"], dev_type, None if major == -1 else major, None if minor == -1 else minor, access)
 
 
 def _rune(value) -> str | None:
@@ -260,7 +239,7 @@ def _nodes(raw, rune: bool, where: str, problems: list) -> tuple:
 
 def _hook_paths(hooks, where: str) -> tuple:
     """Every hook's path; ValueError when the hooks are not the object of arrays of objects runc reads."""
-    out = []
+    out: list = []
     for kind, items in (hooks or {}).items():
         if items is None:
             continue
@@ -399,11 +378,11 @@ def gpu_signs(spec: SpecFacts | None, state: RuntimeState | None, nvidia_majors:
     nodes = (spec.nodes if spec else ()) + (state.nodes if state else ())
     for node in nodes:
         if node.type == "c" and node.major in majors:
-            signs.append(f"device {node.path} (c {node.major}:{node.minor})")
+            signs.append(f"device {node.path} ({node.device})")
             break
     rules = (spec.rules if spec else ()) + ((state.rules or ()) if state else ())
     for rule in rules:
         if rule.allow and rule.type == "c" and rule.major in majors:
-            signs.append(f"device rule {rule}")
+            signs.append(f"device rule {rule.describe()}")
             break
     return signs

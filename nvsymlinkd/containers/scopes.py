@@ -22,7 +22,8 @@ import re
 import stat
 from dataclasses import dataclass
 
-from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, DeviceRule, read_bounded
+from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
+from nvsymlinkd.host.devices import LETTERS, RWM, Access, Device, Rule
 from nvsymlinkd.host.procdevices import decimal
 from nvsymlinkd.host.root import HostRoot
 
@@ -44,14 +45,14 @@ class ScopeDevices:
     source: str  # "dbus" or "files"
     policy: str  # auto, closed, strict
     entries: tuple  # (specifier, access) as systemd holds them
-    rules: tuple  # DeviceRule (allow) for the entries we could map to numbers
+    rules: tuple  # Rule (allow) for the entries we could map to numbers
     unmapped: tuple = ()  # entries we could not map (plain paths that do not resolve, ...)
 
-    def covers(self, dev_type: str, major: int, minor: int, access: str) -> bool:
+    def covers(self, device: Device, access: str) -> bool:
         """Would systemd's next apply allow this access? (one entry must cover every letter)"""
         if self.policy == "auto" and not self.entries:
             return True  # no device restriction at all
-        return any(r.matches(dev_type, major, minor) and all(c in r.access for c in access) for r in self.rules)
+        return any(r.covers(device, access) for r in self.rules)
 
 
 def parse_unit_text(text: str, entries: list, policy: list) -> None:
@@ -73,7 +74,7 @@ def parse_unit_text(text: str, entries: list, policy: list) -> None:
                 entries.clear()
                 continue
             spec, _, access = value.partition(" ")
-            entries.append((spec, access.strip() or "rwm"))
+            entries.append((spec, access.strip() or RWM))
 
 
 def read_scope_files(root: HostRoot, scope: str) -> ScopeDevices | None:
@@ -109,7 +110,7 @@ def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
     """Turn systemd's device specifiers into numeric allow rules."""
     rules, unmapped = [], []
     for spec, access in sd.entries:
-        access = "".join(c for c in "rwm" if c in access)
+        access = Access("".join(c for c in access if c in LETTERS))  # letters beyond rwm grant nothing
         rule = _map_one(root, spec, access, majors)
         if rule is None:
             unmapped.append(f"{spec} {access}")
@@ -118,32 +119,32 @@ def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
     return ScopeDevices(sd.scope, sd.source, sd.policy, sd.entries, tuple(rules), tuple(unmapped))
 
 
-def _map_one(root: HostRoot, spec: str, access: str, majors) -> list | None:
+def _map_one(root: HostRoot, spec: str, access: Access, majors) -> list | None:
     m = DEV_NUMBER_PATH.fullmatch(spec)
     if m:
         # the kernel's ranges (12-bit major, 20-bit minor); beyond them no device, and no int() of 5,000 digits
         major, minor = decimal(m.group(2), (1 << 12) - 1), decimal(m.group(3), (1 << 20) - 1)
         if major is None or minor is None:
             return None
-        return [DeviceRule(True, "c" if m.group(1) == "char" else "b", major, minor, access)]
+        return [Rule(True, "c" if m.group(1) == "char" else "b", major, minor, access)]
     for prefix, dev_type in (("char-", "c"), ("block-", "b")):
         if spec.startswith(prefix):
             name = spec[len(prefix):]
             if name == "*":
-                return [DeviceRule(True, dev_type, None, None, access)]
+                return [Rule(True, dev_type, None, None, access)]
             if name.isdigit():
                 major = decimal(name, (1 << 12) - 1)
-                return None if major is None else [DeviceRule(True, dev_type, major, None, access)]
+                return None if major is None else [Rule(True, dev_type, major, None, access)]
             if dev_type == "b":
                 return []  # not an NVIDIA device either way
             hits = sorted({m for n, m in majors.pairs if fnmatch.fnmatchcase(n, name)})
-            return [DeviceRule(True, "c", major, None, access) for major in hits]
+            return [Rule(True, "c", major, None, access) for major in hits]
     if spec.startswith("/dev/"):
         st = root.stat_resolved(spec)  # systemd stats these at apply time
         if st is None or not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
             return None
         dev_type = "c" if stat.S_ISCHR(st.st_mode) else "b"
-        return [DeviceRule(True, dev_type, os.major(st.st_rdev), os.minor(st.st_rdev), access)]
+        return [Rule(True, dev_type, os.major(st.st_rdev), os.minor(st.st_rdev), access)]
     return None
 
 

@@ -14,7 +14,6 @@ The decisions are in nvsymlinkd.repair.plan (pure); this module only
 Entry points (blocking; the daemon runs them in an executor thread):
   repair_container(root, config, request, ...) -> RepairResult
   repair_all(root, config, container_ids=(), ...) -> list of RepairResult
-  requests_from_report(report, ...) -> RepairRequest | None  (verifier findings -> request)
   recover_frozen(root, config, journal=None, ...) -> list of dicts  (thaw what a killed repair froze)
 """
 
@@ -30,8 +29,9 @@ from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
+from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.containers.discovery import display_name
-from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError
 from nvsymlinkd.host.atomicfile import write_atomic
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import (
@@ -45,8 +45,11 @@ from nvsymlinkd.repair.plan import (
     RepairHistory,
     RepairPlan,
     RepairRequest,
+    RepairStatus,
     plan_repair,
+    requests_from_report,  # noqa: F401 - the planner's adapter, used here and by callers of this module
 )
+from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
 FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
 DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
@@ -60,41 +63,22 @@ LOCK_WAIT = 30.0
 SETTLE_TIMEOUT = 5.0  # seconds to wait for FROZEN, and for systemd's re-apply to show in devices.list
 POLL = 0.002
 
-# Statuses of a RepairResult; the first three count as success.
-REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
-PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
-NOTHING = "nothing-to-do"
-WOULD = "would-repair"  # --dry-run / repair = "report"
-CANNOT = "cannot-repair"  # the plan says no (reason given)
-FAILED = "failed"  # applied, but an error, or the verification says it did not take
-SUCCESS = (REPAIRED, PREVENTED, NOTHING)
+# Statuses of a RepairResult (repair.plan.RepairStatus); the first three count as success.
+REPAIRED, PREVENTED, NOTHING = RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING
+WOULD, CANNOT, FAILED = RepairStatus.WOULD, RepairStatus.CANNOT, RepairStatus.FAILED
+SUCCESS = tuple(s for s in RepairStatus if s.ok)
 
-# Journal kinds with stable MESSAGE_IDs; journal.MESSAGE_IDS lists them all and
-# catalog/nvsymlinkd.catalog explains each.
-REPAIR_MESSAGE_IDS = {
-    "repair-done": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a61",
-    "repair-prevented": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a62",
-    "repair-failed": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a63",
-    "repair-refused": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a64",
-    "repair-reported": "7d1c0e5a3f2b4d6e9a8b1c2d3e4f5a65",
-    "repair-thawed": "a34478dd88164b7ca7a9ec41173f126b",
-}
-for _kind, _mid in REPAIR_MESSAGE_IDS.items():
-    journalmod.MESSAGE_IDS.setdefault(_kind, _mid)
-
-
-class RepairError(Exception):
-    """A step of a repair failed; the message is one line for the operator."""
-
-
-class RepairBusy(RepairError):
-    """Another repair holds the host's repair lock: nothing was tried."""
+# Journal kinds of a repair (their MESSAGE_IDs are in journal.MESSAGE_IDS, explained in the catalog).
+JOURNAL_KINDS = {REPAIRED: "repair-done", PREVENTED: "repair-prevented", FAILED: "repair-failed",
+                 CANNOT: "repair-refused", WOULD: "repair-reported"}
+JOURNAL_PRIORITIES = {REPAIRED: journalmod.NOTICE, PREVENTED: journalmod.NOTICE, FAILED: journalmod.ERR,
+                      CANNOT: journalmod.WARNING, WOULD: journalmod.NOTICE}
 
 
 @dataclass
 class RepairResult:
     plan: RepairPlan
-    status: str
+    status: RepairStatus
     steps: list = field(default_factory=list)  # what was done, in order ("devices.allow c 195:0 rw", ...)
     verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
     error: str | None = None
@@ -106,12 +90,12 @@ class RepairResult:
 
     @property
     def ok(self) -> bool:
-        return self.status in SUCCESS
+        return RepairStatus(self.status).ok
 
     def to_json(self) -> dict:
         r = self.request
-        return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": r.kind,
-                "finding": r.reason, "status": self.status, "dry_run": self.dry_run,
+        return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": Verdict(r.kind).value,
+                "finding": r.reason, "status": RepairStatus(self.status).value, "dry_run": self.dry_run,
                 **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
                 "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
                 "container_name": r.container_name}
@@ -122,7 +106,7 @@ class RepairResult:
         # the workload's name when known (no spaces: node-problem-detector's rules expect "ID (WORD)")
         name = display_name(r) or r.scope
         unit = f" ({name})" if name else ""
-        devices = ", ".join(g.rule for g in self.plan.grants)
+        devices = ", ".join(str(g.rule) for g in self.plan.grants)
         if self.status == NOTHING:
             head = f"{who}{unit}: nothing to grant"
         elif self.status == CANNOT:
@@ -182,23 +166,20 @@ def _write(root: HostRoot, inside: str, text: str) -> None:
 
 
 def read_rules(root: HostRoot, devices_dir: str) -> list:
-    from nvsymlinkd.access.rules import parse_devices_list
-
     inside = f"{devices_dir}/devices.list"
     return parse_devices_list(_read(root, inside), inside)
 
 
 def _covered(rules, grant: Grant) -> bool:
-    from nvsymlinkd.access.rules import decide
-
-    return decide(rules, "c", grant.major, grant.minor, grant.access).allowed
+    d = grant.device
+    return decide(rules, d.type, d.major, d.minor, grant.access).allowed
 
 
 def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -> None:
     for g in grants:
         inside = f"{devices_dir}/devices.allow"
         try:
-            _write(root, inside, g.rule)
+            _write(root, inside, str(g.rule))
         except OSError as exc:
             if exc.errno == errno.EPERM:
                 raise RepairError(f"the kernel refused '{g.rule}' in {inside} (EPERM): the parent cgroup "
@@ -488,9 +469,10 @@ def _ensure_dev_char_links(root: HostRoot, config, grants, steps: list) -> None:
 
     base = config.dev_char_path if config is not None else "/dev/char"
 
-    def present(g) -> bool:
-        st = root.stat_resolved(f"{base}/{g.major}:{g.minor}")
-        return st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(g.major, g.minor)
+    def present(g: Grant) -> bool:
+        d = g.device
+        st = root.stat_resolved(f"{base}/{d.major}:{d.minor}")
+        return st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(d.major, d.minor)
 
     missing = [g for g in grants if not present(g)]
     if not missing or config is None:
@@ -499,14 +481,14 @@ def _ensure_dev_char_links(root: HostRoot, config, grants, steps: list) -> None:
 
     reconcile(root, config)
     still = [g for g in missing if not present(g)]
-    steps.append("sync /dev/char" + (f" (still missing: {', '.join(g.dev_char for g in still)}; systemd >= 240 "
+    steps.append("sync /dev/char" + (f" (still missing: {', '.join(g.device.dev_path for g in still)}; systemd >= 240 "
                                       "does not need them)" if still else ""))
 
 
 def _systemd_call(request: RepairRequest, grants, steps: list, timeout: float) -> None:
     from nvsymlinkd.systemd.units import SystemdCallError, set_device_allow
 
-    entries = [(g.dev_char, g.access) for g in grants]
+    entries = [(g.device.dev_path, str(g.access)) for g in grants]
     try:
         set_device_allow(request.scope, entries, timeout=timeout)
     except SystemdCallError as exc:
@@ -533,7 +515,7 @@ def _wait_listed(root: HostRoot, devices_dir: str, grants, timeout: float):
             return rules
         if time.monotonic() > deadline:
             raise RepairError(f"{devices_dir}/devices.list does not show "
-                              f"{', '.join(g.rule for g in grants if not _covered(rules, g))} "
+                              f"{', '.join(str(g.rule) for g in grants if not _covered(rules, g))} "
                               f"{timeout:g} s after SetUnitProperties")
         time.sleep(POLL)
 
@@ -544,14 +526,13 @@ def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: lis
     Only rules the cgroup held a moment ago are written back (never broader); they
     are not persistent, which the verifier reports as at-risk.
     """
-    from nvsymlinkd.access.rules import decide
-
     if any(r.is_allow_all for r in before):
         return
     for rule in before:
-        if rule.major is None or rule.minor is None:
+        device = rule.device
+        if device is None:
             continue  # a wildcard line systemd dropped stays dropped: we never write wildcards
-        if not decide(after, rule.dev_type, rule.major, rule.minor, rule.access).allowed:
+        if not decide(after, device.type, device.major, device.minor, rule.access).allowed:
             _write(root, f"{devices_dir}/devices.allow", str(rule))
             steps.append(f"devices.allow {rule} (restored: systemd's re-apply dropped it)")
 
@@ -587,7 +568,7 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
         before = read_rules(root, devices_dir)
         _systemd_call(r, grants, steps, timeout)
         after = _wait_listed(root, devices_dir, grants, timeout)
-        steps.append("devices.list shows " + ", ".join(g.rule for g in grants))
+        steps.append("devices.list shows " + ", ".join(str(g.rule) for g in grants))
         _restore_dropped(root, devices_dir, before, after, steps)
 
 
@@ -598,8 +579,9 @@ def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
     for g in grants:
-        v = policy.check("c", g.major, g.minor, g.access)
-        out[g.device] = {"state": v.state, "reason": v.reason}
+        d = g.device
+        v = policy.check(d.type, d.major, d.minor, g.access)
+        out[str(g.device)] = {"state": v.state, "reason": v.reason}
     return out
 
 
@@ -611,14 +593,14 @@ def _check_scope(request: RepairRequest, grants, verification: dict, timeout: fl
         entries = dict(get_device_allow(request.scope, timeout=timeout))
     except SystemdCallError as exc:
         for g in grants:
-            if verification.get(g.device, {}).get("state") == "allow":
-                verification[g.device] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
+            if verification.get(str(g.device), {}).get("state") == "allow":
+                verification[str(g.device)] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
         return
     for g in grants:
-        have = entries.get(g.dev_char, "")
-        if not all(c in have for c in g.access):
-            verification[g.device] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
-                                      f"{g.dev_char} {g.access} after SetUnitProperties"}
+        path = g.device.dev_path
+        if not all(letter in entries.get(path, "") for letter in g.access):  # systemd's own text, unparsed
+            verification[str(g.device)] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
+                                           f"{path} {g.access} after SetUnitProperties"}
 
 
 # ---------------------------------------------------------------------------
@@ -634,20 +616,12 @@ def _journal(journal, result: RepairResult) -> None:
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
                   container_name=r.container_name)
-    if result.status == REPAIRED:
-        journal.event("repair-done", journalmod.NOTICE, "container " + result.human_lines()[0], **fields)
-    elif result.status == PREVENTED:
-        journal.event("repair-prevented", journalmod.NOTICE, "container " + result.human_lines()[0],
-                      **fields)
-    elif result.status == FAILED:
-        journal.event("repair-failed", journalmod.ERR, "container " + result.human_lines()[0],
-                      error=result.error, **fields)
-    elif result.status == CANNOT:
-        journal.event("repair-refused", journalmod.WARNING, "container " + result.human_lines()[0],
-                      **fields)
-    elif result.status == WOULD:
-        journal.event("repair-reported", journalmod.NOTICE, "container " + result.human_lines()[0],
-                      **fields)
+    kind = JOURNAL_KINDS.get(result.status)
+    if kind is None:  # nothing to do: nothing changed, nothing to say
+        return
+    if result.status == FAILED:
+        fields["error"] = result.error
+    journal.event(kind, JOURNAL_PRIORITIES[result.status], "container " + result.human_lines()[0], **fields)
 
 
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
@@ -664,7 +638,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         try:
             parent = cgroup_dir(root, "devices", request.v1_devices, DEVICES_FALLBACK).rsplit("/", 1)[0]
             parent_rules = read_rules(root, parent)
-        except (OSError, RepairError, NvsymlinkdError):
+        except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
     plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules)
     if plan.action == "cannot":
@@ -702,57 +676,10 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.error = f"the repair did not take: {d} is {v['state']} ({v['reason']})"
             else:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
-        if record_attempt and result.status != PREVENTED:
+        if history is not None and record_attempt and result.status != PREVENTED:
             history.record(request.container_id, clock())
     _journal(journal, result)
     return result
-
-
-def requests_from_report(report, cgroup_driver: str | None = None,
-                         freezer: str | None = None) -> RepairRequest | None:
-    """The adapter: a verifier ContainerReport -> a RepairRequest, or None when there is nothing to repair.
-
-    Grants come only from the report's `expected` map (spec, runtime state, baseline); a device
-    that is merely granted, or seen in the container's /dev, is never a grant. Lost devices make
-    a LOST request; at-risk-scope (and at-risk-not-in-spec devices the baseline expects) an
-    AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
-    """
-    from nvsymlinkd.containers.expected import parse_device_str
-    from nvsymlinkd.verify.verifier import AT_RISK_NOT_IN_SPEC, AT_RISK_SCOPE
-
-    wanted, kind, reasons = [], AT_RISK, []
-    for f in report.findings:
-        if f.kind == LOST:
-            kind = LOST
-        elif f.kind not in (AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC):
-            continue
-        reasons.append(f"{f.kind}: {', '.join(f.devices)}")
-        for dev in f.devices:
-            if dev not in wanted:
-                wanted.append(dev)
-    if not wanted:
-        return None
-    grants = []
-    for dev in wanted:
-        exp = report.expected.get(dev)
-        key = parse_device_str(dev)
-        if key is None:
-            continue
-        if not exp:
-            # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
-            grants.append(Grant(key[0], key[1], key[2], "rw", "unexpected", None))
-            continue
-        sources = list(exp.get("sources") or ())
-        grants.append(Grant(key[0], key[1], key[2], exp.get("access") or "rw",
-                            sources[0] if sources else "unexpected", None))
-    if cgroup_driver is None:
-        cgroup_driver = "systemd" if report.scope else "cgroupfs"
-    if freezer is None:
-        freezer = report.cgroup.get("freezer")
-    return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
-                         report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
-                         "; ".join(reasons), getattr(report, "pod_namespace", None),
-                         getattr(report, "pod_name", None), getattr(report, "container_name", None))
 
 
 def history_path(root: HostRoot, config) -> str:
@@ -792,12 +719,12 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         fresh = verifier.verify_container(root, config, request.container_id, use_bus=use_bus)
         out = {}
         if fresh is None:
-            return {g.device: {"state": "unknown", "reason": "the container is gone"} for g in grants}
+            return {str(g.device): {"state": "unknown", "reason": "the container is gone"} for g in grants}
         for f in fresh.findings:
-            if f.kind in (verifier.LOST, verifier.AT_RISK_SCOPE, verifier.UNKNOWN):
+            if f.kind in (FindingKind.LOST, FindingKind.AT_RISK_SCOPE, FindingKind.UNKNOWN):
                 for dev in f.devices:
-                    if any(g.device == dev for g in grants):
-                        out[dev] = {"state": "deny" if f.kind != verifier.UNKNOWN else "unknown",
+                    if any(str(g.device) == dev for g in grants):
+                        out[dev] = {"state": "deny" if f.kind != FindingKind.UNKNOWN else "unknown",
                                     "reason": f"verifier still finds {f.kind}: {f.detail}"}
         return out
 

@@ -1,7 +1,7 @@
 """Deciding a repair: which devices a GPU container gets back, and how. Pure: no I/O.
 
 Input is a RepairRequest per container (built from the verifier's findings by
-`nvsymlinkd.repair.apply.requests_from_report`), output a RepairPlan: one
+`requests_from_report`), output a RepairPlan: one
 mechanism and the exact grants, or "cannot repair automatically: <reason>".
 
 Safety rules, enforced here whatever the caller passes in:
@@ -20,6 +20,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from nvsymlinkd.access.rules import decide
+from nvsymlinkd.host.devices import RW, Access, Device, Rule
+from nvsymlinkd.verify.kinds import FindingKind, Verdict
+
+if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
+    from nvsymlinkd.verify.verifier import ContainerReport
 
 # Where a grant's device comes from. Only the first three are grounds to grant.
 TRUSTED_SOURCES = ("spec", "runtime-state", "baseline")
@@ -31,37 +40,57 @@ DEVICES_ALLOW = "devices.allow"  # append to the v1 cgroup's devices.allow (cgro
 DEVICES_ALLOW_SYSTEMD = "devices.allow+systemd"  # both, with the container frozen (v1 + systemd driver)
 MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD)
 
-LOST, AT_RISK = "lost", "at-risk"
+# What a request repairs: a loss, or a device at risk of being lost (the verdict's words).
+LOST, AT_RISK = Verdict.LOST, Verdict.AT_RISK
 DEFAULT_WINDOW_SECONDS = 600.0
+
+
+class RepairStatus(str, Enum):
+    """The outcome of one container's repair (the `status` in the JSON and the summary's counts)."""
+
+    REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
+    PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
+    NOTHING = "nothing-to-do"
+    WOULD = "would-repair"  # --dry-run / repair = "report"
+    CANNOT = "cannot-repair"  # the plan says no (reason given)
+    FAILED = "failed"  # applied, but an error, or the verification says it did not take
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ok(self) -> bool:
+        """The first three count as success."""
+        return self in (RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING)
 
 
 @dataclass(frozen=True)
 class Grant:
-    """One device a container should be able to open, and where that expectation comes from."""
+    """One device a container should be able to open, and where that expectation comes from.
 
-    type: str  # "c"
-    major: int | None  # None would be a wildcard: always refused
-    minor: int | None
-    access: str  # the original rule's letters, e.g. "rw" or "rwm"
+    `access` is the original rule's letters (canonical order; a repeated or unknown letter is a
+    ValueError here, so a malformed access never reaches the planner).
+    """
+
+    device: Device  # a wildcard number (None) or a non-char type is refused by the planner
+    access: Access  # e.g. "rw" or "rwm"
     source: str  # one of TRUSTED_SOURCES or UNTRUSTED_SOURCES
     path: str | None = None  # the node path in the container, for messages
 
-    @property
-    def device(self) -> str:
-        return f"{self.type} {_num(self.major)}:{_num(self.minor)}"
+    def __post_init__(self) -> None:
+        if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
+            raise ValueError(f"access {self.access!r} is not a subset of rwm")
+        object.__setattr__(self, "access", Access(self.access))
+        object.__setattr__(self, "device", Device(*self.device))
 
     @property
-    def rule(self) -> str:
-        """The cgroup v1 rule text: `c 195:0 rw`."""
-        return f"{self.device} {self.access}"
+    def rule(self) -> Rule:
+        """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
+        return Rule.exact(self.device, self.access)
 
-    @property
-    def dev_char(self) -> str:
-        """systemd's DeviceAllow path: `/dev/char/195:0`."""
-        return f"/dev/char/{self.major}:{self.minor}"
-
-    def to_json(self) -> dict:
-        return {"type": self.type, "major": self.major, "minor": self.minor, "access": self.access,
+    def to_json(self) -> dict[str, Any]:
+        d = self.device
+        return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
                 "source": self.source, "path": self.path}
 
 
@@ -76,17 +105,17 @@ class RepairRequest:
     v2_cgroup: str | None  # path inside the cgroup2 hierarchy
     freezer: str | None  # path inside the v1 freezer hierarchy
     cgroup_driver: str  # "systemd" or "cgroupfs"
-    grants: tuple = ()  # Grant: expected devices the container cannot open (lost) or may lose (at-risk)
-    kind: str = LOST  # LOST or AT_RISK
+    grants: tuple[Grant, ...] = ()  # expected devices the container cannot open (lost) or may lose (at-risk)
+    kind: Verdict = LOST  # LOST or AT_RISK
     reason: str = ""  # the verifier's one-line finding, for messages
     pod_namespace: str | None = None  # names for messages only (containers.display_name)
     pod_name: str | None = None
     container_name: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,
                 "cgroup_v1_devices": self.v1_devices, "cgroup_v2": self.v2_cgroup, "freezer": self.freezer,
-                "cgroup_driver": self.cgroup_driver, "kind": self.kind, "reason": self.reason,
+                "cgroup_driver": self.cgroup_driver, "kind": Verdict(self.kind).value, "reason": self.reason,
                 "grants": [g.to_json() for g in self.grants]}
 
 
@@ -94,10 +123,10 @@ class RepairRequest:
 class RepairPlan:
     request: RepairRequest
     mechanism: str | None = None  # one of MECHANISMS, None when nothing is done
-    grants: tuple = ()  # Grant, exactly what will be granted
-    refused: tuple = ()  # (Grant, why), never granted
+    grants: tuple[Grant, ...] = ()  # exactly what will be granted
+    refused: tuple[tuple[Grant, str], ...] = ()  # (grant, why), never granted
     cannot: str | None = None  # "cannot repair automatically" reason
-    notes: tuple = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def action(self) -> str:
@@ -105,7 +134,7 @@ class RepairPlan:
             return "cannot"
         return "repair" if self.grants else "nothing"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "grants": [g.to_json() for g in self.grants],
                 "refused": [{"grant": g.to_json(), "why": why} for g, why in self.refused],
                 "cannot": self.cannot, "notes": list(self.notes)}
@@ -115,7 +144,7 @@ class RepairPlan:
 class RepairHistory:
     """When each container was last repaired (seconds on the injected clock)."""
 
-    last: dict = field(default_factory=dict)  # container id -> time
+    last: dict[str, float] = field(default_factory=dict)  # container id -> time
 
     def record(self, container_id: str, when: float) -> None:
         self.last[container_id] = when
@@ -124,7 +153,7 @@ class RepairHistory:
         when = self.last.get(container_id)
         return None if when is None else now - when
 
-    def forget_except(self, live_ids) -> None:
+    def forget_except(self, live_ids: Iterable[str]) -> None:
         """Drop containers that are gone (the daemon calls this; ids are never reused meaningfully)."""
         keep = set(live_ids)
         for cid in [c for c in self.last if c not in keep]:
@@ -146,7 +175,9 @@ class RepairHistory:
                     if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)})
 
     def save(self, real_path: str) -> None:
-        from nvsymlinkd.host.atomicfile import write_atomic
+        from nvsymlinkd.host.atomicfile import (
+            write_atomic,  # the one write of this module: kept off its imports
+        )
 
         os.makedirs(os.path.dirname(real_path), mode=0o755, exist_ok=True)
         write_atomic(real_path, json.dumps({"last": self.last}))
@@ -161,116 +192,159 @@ def refusal(grant: Grant) -> str | None:
         if grant.source == "unexpected":
             return "allowed or wanted now, but expected by no trusted source (spec, runtime state, baseline)"
         return f"untrusted source {grant.source!r}"
-    if grant.type != "c":
-        return f"not a character device ({grant.type!r}): only exact NVIDIA char devices are ever granted"
-    if grant.major is None or grant.minor is None:
+    device = grant.device
+    if device.type != "c":
+        return f"not a character device ({device.type!r}): only exact NVIDIA char devices are ever granted"
+    if not isinstance(device.major, int) or not isinstance(device.minor, int):
         return "a wildcard rule: only exact MAJOR:MINOR devices are ever granted"
-    if not (0 <= grant.major < (1 << 12)) or not (0 <= grant.minor < (1 << 20)):
+    if not device.in_range:
         return "major/minor out of the kernel's range"
-    if not grant.access or set(grant.access) - set("rwm") or len(set(grant.access)) != len(grant.access):
+    if not grant.access:
         return f"access {grant.access!r} is not a subset of rwm"
     if grant.access == "m":
         return "mknod-only access restores nothing a running container needs"
     return None
 
 
-def canonical(grant: Grant) -> Grant:
-    """The grant with access letters in rwm order (the original rule's letters, nothing added)."""
-    access = "".join(c for c in "rwm" if c in grant.access)
-    if access == grant.access:
-        return grant
-    return Grant(grant.type, grant.major, grant.minor, access, grant.source, grant.path)
-
-
-def _parent_refusal(grant: Grant, parent_rules) -> str | None:
+def _parent_refusal(grant: Grant, parent_rules: Sequence[Rule] | None) -> str | None:
     """v1: a child never gets what its parent denies; writing it would fail with EPERM."""
     if parent_rules is None:
         return None
-    from nvsymlinkd.access.rules import decide
-
-    decision = decide(list(parent_rules), "c", grant.major, grant.minor, grant.access,
+    d = grant.device
+    decision = decide(list(parent_rules), d.type, d.major, d.minor, grant.access,
                       source="the parent cgroup's devices.list")
     return None if decision.allowed else decision.reason
 
 
-def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
-                window: float = DEFAULT_WINDOW_SECONDS, parent_rules=None) -> RepairPlan:
-    """The plan for one container.
-
-    `parent_rules`: the parsed devices.list of the v1 parent cgroup (access.rules.DeviceRule),
-    None when unknown or not v1. `now` and `history` implement the rate limit.
-    """
-    grants, refused, seen = [], [], set()
-    for g in request.grants:
+def _accepted(grants: Iterable[Grant]) -> tuple[list[Grant], list[tuple[Grant, str]]]:
+    """(grants to apply, sorted by device; (grant, why) refused). One grant per device: the narrowest."""
+    accepted: dict[Device, Grant] = {}
+    refused: list[tuple[Grant, str]] = []
+    for g in grants:
         why = refusal(g)
         if why is not None:
             refused.append((g, why))
             continue
-        g = canonical(g)
-        key = (g.major, g.minor)
-        if key in seen:  # two trusted sources for one device: keep the first (narrowest wins below)
-            prev = next(x for x in grants if (x.major, x.minor) == key)
-            if len(g.access) < len(prev.access):
-                grants[grants.index(prev)] = g
-            continue
-        seen.add(key)
-        grants.append(g)
-    grants.sort(key=lambda g: (g.major, g.minor))
+        prev = accepted.get(g.device)
+        if prev is None or len(g.access) < len(prev.access):  # two trusted sources: the narrower wins
+            accepted[g.device] = g
+    return sorted(accepted.values(), key=lambda g: g.device), refused
 
-    def cannot(reason: str, mechanism: str | None = None) -> RepairPlan:
-        return RepairPlan(request, mechanism, (), tuple(refused), reason)
 
-    if not grants:
-        return RepairPlan(request, None, (), tuple(refused))
-
+def _rate_limited(request: RepairRequest, now: float, history: RepairHistory | None, window: float) -> str | None:
     since = history.since_last(request.container_id, now) if history is not None else None
-    if since is not None and 0 <= since < window:
-        return cannot(f"the last repair attempt was {since:.0f} s ago (rate limit: one per "
-                      f"{window:.0f} s per container); something keeps taking its devices away: find it "
-                      f"(runc update? a reload with missing /dev/char links?) instead of repairing in a loop")
+    if since is None or not 0 <= since < window:
+        return None
+    return (f"the last repair attempt was {since:.0f} s ago (rate limit: one per {window:.0f} s per container); "
+            "something keeps taking its devices away: find it (runc update? a reload with missing /dev/char "
+            "links?) instead of repairing in a loop")
 
-    v1 = request.v1_devices is not None
-    systemd = request.cgroup_driver == "systemd"
-    notes = []
+
+def _wrong_unit(request: RepairRequest) -> str | None:
     if request.scope is not None and not request.scope.endswith(f"-{request.container_id}.scope"):
         # the scope comes from the init's cgroup path, which a privileged container can move
         # into a sub-cgroup named like another container's scope: never touch a unit not named for it
-        return cannot(f"the scope {request.scope} does not name the container id {request.container_id}; "
-                      "refusing to change the device policy of a unit that may belong to another container")
-    if systemd and request.scope is None:
-        return cannot("the runtime uses the systemd cgroup driver, but no scope unit was found for the "
-                      "container (its cgroup path has no *.scope component), so nothing would make a "
-                      "grant survive the next daemon-reload")
-    if v1:
-        if parent_rules is not None:
-            parent_denied = [(g, _parent_refusal(g, parent_rules)) for g in grants]
-            blocked = [(g, why) for g, why in parent_denied if why]
-            if blocked:
-                g, why = blocked[0]
-                return cannot(f"{g.device} is not allowed to the parent of {request.v1_devices}: {why}; "
+        return (f"the scope {request.scope} does not name the container id {request.container_id}; "
+                "refusing to change the device policy of a unit that may belong to another container")
+    if request.cgroup_driver == "systemd" and request.scope is None:
+        return ("the runtime uses the systemd cgroup driver, but no scope unit was found for the "
+                "container (its cgroup path has no *.scope component), so nothing would make a "
+                "grant survive the next daemon-reload")
+    return None
+
+
+def _v1_mechanism(request: RepairRequest, grants: list[Grant],
+                  parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
+    """cgroup v1: (mechanism, notes, None) or (None, (), why not)."""
+    for g in grants if parent_rules is not None else ():
+        why = _parent_refusal(g, parent_rules)
+        if why:
+            return None, (), (f"{g.device} is not allowed to the parent of {request.v1_devices}: {why}; "
                               "a child cgroup never gets what its parent denies (fix the parent first)")
-        if systemd:
-            mechanism = DEVICES_ALLOW_SYSTEMD
-        else:
-            if request.kind == AT_RISK:
-                return cannot("with the cgroupfs driver on cgroup v1 the only device policy is the cgroup's "
-                              "own, which runc rewrites from the spec on `runc update`; nothing can make a "
-                              "device outside the spec stick (recreate the container with the device in "
-                              "its spec, e.g. the device plugin's PASS_DEVICE_SPECS)")
-            mechanism = DEVICES_ALLOW
-            notes.append("cgroupfs driver: lasts until the runtime rewrites the cgroup (`runc update`) "
-                         "from a spec that lacks the device")
-    elif request.v2_cgroup is not None:
-        if not systemd:
-            return cannot(f"cgroup v2 with the cgroupfs driver: the device policy of {request.v2_cgroup} is "
-                          "the BPF program runc (or the NVIDIA hook) attached, which only the runtime can "
-                          "replace; nvsymlinkd does not replace BPF programs (recreate the container)")
-        mechanism = SYSTEMD
-    else:
-        return cannot("no device cgroup path is known for the container (its init process is gone or "
+    if request.cgroup_driver == "systemd":
+        return DEVICES_ALLOW_SYSTEMD, (), None
+    if request.kind == AT_RISK:
+        return None, (), ("with the cgroupfs driver on cgroup v1 the only device policy is the cgroup's "
+                          "own, which runc rewrites from the spec on `runc update`; nothing can make a "
+                          "device outside the spec stick (recreate the container with the device in "
+                          "its spec, e.g. the device plugin's PASS_DEVICE_SPECS)")
+    return DEVICES_ALLOW, ("cgroupfs driver: lasts until the runtime rewrites the cgroup (`runc update`) "
+                           "from a spec that lacks the device",), None
+
+
+def _mechanism(request: RepairRequest, grants: list[Grant],
+               parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
+    """(mechanism, notes, None), or (None, (), why it cannot be repaired automatically)."""
+    if request.v1_devices is not None:  # hybrid hosts too: the v1 devices controller decides
+        return _v1_mechanism(request, grants, parent_rules)
+    if request.v2_cgroup is not None:
+        if request.cgroup_driver != "systemd":
+            return None, (), (f"cgroup v2 with the cgroupfs driver: the device policy of {request.v2_cgroup} is "
+                              "the BPF program runc (or the NVIDIA hook) attached, which only the runtime can "
+                              "replace; nvsymlinkd does not replace BPF programs (recreate the container)")
+        return SYSTEMD, (), None
+    return None, (), ("no device cgroup path is known for the container (its init process is gone or "
                       "/proc/<pid>/cgroup was unreadable)")
+
+
+def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
+                window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None) -> RepairPlan:
+    """The plan for one container: the grants that pass `refusal`, then the first reason not to
+    repair (rate limit, wrong unit, no mechanism), else the mechanism.
+
+    `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
+    None when unknown or not v1. `now` and `history` implement the rate limit.
+    """
+    grants, refused = _accepted(request.grants)
+    if not grants:
+        return RepairPlan(request, None, (), tuple(refused))
+    cannot = _rate_limited(request, now, history, window) or _wrong_unit(request)
+    mechanism: str | None = None
+    notes: tuple[str, ...] = ()
+    if cannot is None:
+        mechanism, notes, cannot = _mechanism(request, grants, parent_rules)
+    if cannot is not None:
+        return RepairPlan(request, None, (), tuple(refused), cannot)
     return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes))
 
 
-def _num(n) -> str:
-    return "*" if n is None else str(n)
+def requests_from_report(report: ContainerReport, cgroup_driver: str | None = None,
+                         freezer: str | None = None) -> RepairRequest | None:
+    """The adapter: a verifier ContainerReport -> a RepairRequest, or None when there is nothing to repair.
+
+    Grants come only from the report's `expected` map (spec, runtime state, baseline); a device
+    that is merely granted, or seen in the container's /dev, is never a grant. Lost devices make
+    a LOST request; at-risk-scope (and at-risk-not-in-spec devices the baseline expects) an
+    AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
+    """
+    wanted, kind, reasons = [], AT_RISK, []
+    for f in report.findings:
+        if f.kind == FindingKind.LOST:
+            kind = LOST
+        elif f.kind not in (FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN_SPEC):
+            continue
+        reasons.append(f"{f.kind}: {', '.join(f.devices)}")
+        for dev in f.devices:
+            if dev not in wanted:
+                wanted.append(dev)
+    if not wanted:
+        return None
+    grants = []
+    for text in wanted:
+        device = Device.try_parse(text)  # the report's devices are its JSON strings
+        if device is None:
+            continue
+        exp = report.expected.get(text)
+        if not exp:
+            # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
+            grants.append(Grant(device, RW, "unexpected", None))
+            continue
+        sources = list(exp.get("sources") or ())
+        grants.append(Grant(device, exp.get("access") or RW, sources[0] if sources else "unexpected", None))
+    if cgroup_driver is None:
+        cgroup_driver = "systemd" if report.scope else "cgroupfs"
+    if freezer is None:
+        freezer = report.cgroup.get("freezer")
+    return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
+                         report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
+                         "; ".join(reasons), report.pod_namespace, report.pod_name, report.container_name)

@@ -5,7 +5,8 @@ policy + the scope's DeviceAllow + host devices -> a ContainerReport.
 `verify_all()` / `verify_container()` gather those facts from the host (the
 daemon and `nvsymlinkd check` call them).
 
-Finding kinds are stable strings with fixed journal MESSAGE_IDs (MESSAGE_IDS).
+Verdicts and finding kinds are the enums of verify/kinds.py; each finding kind has a fixed journal
+MESSAGE_ID in journal.MESSAGE_IDS (under JOURNAL_KINDS[kind]).
 """
 
 from __future__ import annotations
@@ -14,47 +15,61 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from nvsymlinkd.containers.discovery import display_name
-from nvsymlinkd.containers.expected import Expected, device_str
+from nvsymlinkd import journal as journalmod
+from nvsymlinkd.access.cgroup import AccessPolicy, CgroupMounts, find_cgroup_mounts, read_access
+from nvsymlinkd.config import Config
+from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.containers.discovery import (
+    Container,
+    container_dev_nodes,
+    discover,
+    display_name,
+    find,
+)
+from nvsymlinkd.containers.expected import (
+    Expected,
+    candidate_devices,
+    expected_access,
+    nvidia_majors_of,
+)
+from nvsymlinkd.containers.ocispec import gpu_signs
+from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
+from nvsymlinkd.devchar.snapshot import observe
+from nvsymlinkd.host.devices import RW, Access, Device
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.verify.hostcheck import check_host
+from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_of
 
-OK = "ok"
-LOST = "lost"
-AT_RISK_SCOPE = "at-risk-scope"  # scope DeviceAllow lacks an expected device: next daemon-reload loses it
-AT_RISK_NOT_IN_SPEC = "at-risk-not-in-spec"  # granted but not declared (hook-injected): next reload/update loses it
-AT_RISK_UVM = "at-risk-uvm-missing"  # host has nvidia-uvm, the container was not given it
-UNKNOWN = "unknown"
-KINDS = (LOST, AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC, AT_RISK_UVM, UNKNOWN)
-# Journal MESSAGE_IDs (sd-id128, fixed forever): one per finding kind, plus "ok" for a recovered container.
-MESSAGE_IDS = {
-    OK: "b0c3e0dd255749f89757d1b6405543cf",
-    LOST: "483c260197bb4a5082cbaae3b26d085c",
-    AT_RISK_SCOPE: "dc9a8c0480ee41a0a6a7ec454776bee3",
-    AT_RISK_NOT_IN_SPEC: "e22f202c38134d758577be98caa78c07",
-    AT_RISK_UVM: "3b40d429af264d4d893899337d991187",
-    UNKNOWN: "cc6369fb247c43c6a79a190b6d432b93",
-}
-# Journal kinds for nvsymlinkd.journal (journal.MESSAGE_IDS.update(JOURNAL_MESSAGE_IDS)), same IDs.
-JOURNAL_KINDS = {kind: f"container-{kind}" for kind in MESSAGE_IDS}
-JOURNAL_MESSAGE_IDS = {JOURNAL_KINDS[kind]: mid for kind, mid in MESSAGE_IDS.items()}
+# The words, defined once in verify/kinds.py; these names stay for the callers.
+OK, NOT_GPU, NOT_RUNNING = Verdict.OK, Verdict.NOT_GPU, Verdict.NOT_RUNNING
+LOST = FindingKind.LOST
+AT_RISK_SCOPE = FindingKind.AT_RISK_SCOPE
+AT_RISK_NOT_IN_SPEC = FindingKind.AT_RISK_NOT_IN_SPEC
+AT_RISK_UVM = FindingKind.AT_RISK_UVM
+UNKNOWN = FindingKind.UNKNOWN
+KINDS = tuple(FindingKind)
+# Journal kinds (keys of journal.MESSAGE_IDS): one per finding kind, plus "container-ok" for a recovered container.
+JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 # Container verdicts, worst first.
-VERDICTS = (LOST, "at-risk", UNKNOWN, OK)
-NOT_GPU = "not-gpu"
-NOT_RUNNING = "not-running"
+VERDICTS = GPU_VERDICTS
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str
+    kind: FindingKind
     devices: tuple  # "c M:m" strings
     detail: str
     fix: str
 
+    def __post_init__(self):
+        object.__setattr__(self, "kind", FindingKind(self.kind))
+
     @property
     def message_id(self) -> str:
-        return MESSAGE_IDS[self.kind]
+        return journalmod.MESSAGE_IDS[JOURNAL_KINDS[self.kind]]
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
+        return {"kind": self.kind.value, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
                 "message_id": self.message_id}
 
 
@@ -78,7 +93,7 @@ class ContainerReport:
     runtime: str
     namespace: str | None
     status: str  # the runtime's: created, running, creating, stopped, unknown
-    verdict: str  # ok, lost, at-risk, unknown, not-gpu, not-running
+    verdict: Verdict
     scope: str | None = None
     init_pid: int | None = None
     gpu_signs: tuple = ()
@@ -104,7 +119,7 @@ class ContainerReport:
     def to_json(self) -> dict:
         return {
             "id": self.id, "runtime": self.runtime, "namespace": self.namespace, "status": self.status,
-            "verdict": self.verdict, "scope": self.scope, "init_pid": self.init_pid,
+            "verdict": Verdict(self.verdict).value, "scope": self.scope, "init_pid": self.init_pid,
             "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
             "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
             "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
@@ -112,188 +127,228 @@ class ContainerReport:
         }
 
 
-def _verdict(findings: list) -> str:
-    kinds = {f.kind for f in findings}
-    if LOST in kinds:
-        return LOST
-    if kinds & {AT_RISK_SCOPE, AT_RISK_NOT_IN_SPEC, AT_RISK_UVM}:
-        return "at-risk"
-    if UNKNOWN in kinds:
-        return UNKNOWN
-    return OK
+def _verdict(findings: list) -> Verdict:
+    return verdict_of(f.kind for f in findings)
 
 
-def _letters(policy, key: tuple, access: str):
+def _letters(policy, key: Device, access: Access):
     """(granted letters, unknown reasons, whole access allowed by one check).
 
     The whole access is asked first (one call in the common case); only when
     that is not allowed is each letter asked separately, for the report.
     """
-    v = policy.check(key[0], key[1], key[2], access)
+    v = policy.check(*key, access)
     if v.state == "allow":  # the common case in one call
         return access, [], True
-    granted, unknown = "", []
+    granted, unknown = Access(), []
     for letter in access:
-        v = policy.check(key[0], key[1], key[2], letter)
+        v = policy.check(*key, letter)
         if v.state == "allow":
-            granted += letter
+            granted = granted.union(letter)
         elif v.state != "deny":
             unknown.append(v.reason)
     return granted, unknown, False
 
 
-def _declared_nodes(c) -> set:
-    """(major, minor) of the nodes the runtime itself created (spec linux.devices, runc's config.devices)."""
-    out = set()
-    for facts in (getattr(c, "spec", None), getattr(c, "state", None)):
-        for node in getattr(facts, "nodes", ()) or ():
-            if node.type == "c":
-                out.add((node.major, node.minor))
-    return out
+def _declared_nodes(c: Container) -> set:
+    """The char Devices whose nodes the runtime itself created (spec linux.devices, runc's config.devices)."""
+    return {node.device for facts in (c.spec, c.state) if facts is not None
+            for node in facts.nodes if node.type == "c"}
 
 
-def evaluate(c, signs, expected: Expected, policy, policy_error: str | None, scope_devices, host: HostDevices,
-             dev_nodes=()) -> ContainerReport:
-    """Decide one container's verdict. `c` is a containers.Container (only its fields are read).
+def _devices(keys) -> tuple:
+    return tuple(str(k) for k in keys)
 
-    policy: an AccessPolicy or None (then policy_error says why).
+
+@dataclass
+class _Live:
+    """What the device cgroup allows now, per candidate device."""
+
+    granted: dict = field(default_factory=dict)  # Device -> Access allowed (some letters may be missing)
+    unknown: dict = field(default_factory=dict)  # Device -> why its access cannot be decided
+    together: set = field(default_factory=set)  # Devices whose "rw" one check allowed
+
+
+def _read_live(policy, expected: Expected, host: HostDevices, dev_nodes) -> _Live:
+    candidates = set(expected.devices) | {Device.char(n.major, n.minor) for n in host.nodes}
+    candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
+    live = _Live()
+    for key in sorted(candidates):
+        got, why, whole = _letters(policy, key, RW)
+        if whole:
+            live.together.add(key)
+        if got:
+            live.granted[key] = got
+        if why:
+            live.unknown[key] = why[0]
+    return live
+
+
+def _lost_devices(policy, expected: Expected, live: _Live) -> list:
+    """Expected devices the cgroup denies now; a device whose check is neither joins live.unknown.
+
+    An open asks for all its letters at once, and the v1 kernel wants ONE rule covering them all:
+    judge each expected device by one check of exactly what it needs.
+    """
+    lost = []
+    for k, need in sorted(expected.devices.items()):
+        if k in live.unknown:
+            continue
+        if k in live.together or (len(need) == 1 and need in live.granted.get(k, "")):
+            continue
+        v = policy.check(*k, need)
+        if v.state == "deny":
+            lost.append(k)
+        elif v.state != "allow":
+            live.unknown[k] = v.reason
+    return lost
+
+
+def _unreadable_finding(c: Container, expected: Expected) -> Finding | None:
+    """A runtime file that exists but cannot be read hides what it would say (a GPU sign, an expected
+    device, the init pid): such a container is unknown, never "not a GPU container" nor guessed stopped."""
+    unreadable = list(c.unreadable)
+    if not unreadable or c.status == "stopped":
+        return None
+    return Finding(
+        UNKNOWN, _devices(sorted(expected.devices)),
+        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""),
+        "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
+        "container); until then its device access cannot be judged")
+
+
+def _no_policy_finding(expected: Expected, policy_error: str | None) -> Finding:
+    return Finding(UNKNOWN, _devices(sorted(expected.devices)), f"cannot read the device cgroup: {policy_error}",
+                   "run as root on the host (not in a container); check /proc/<pid>/cgroup and the cgroup mounts")
+
+
+def _lost_finding(lost: list, expected: Expected, who: str) -> list:
+    if not lost:
+        return []
+    sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
+    return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup now",
+                    f"nvsymlinkd repair {who} (or recreate the container)")]
+
+
+def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_devices, who: str) -> list:
+    """Allowed now but declared by neither the spec nor runc's recorded rules: injected by a hook."""
+    not_declared = [k for k in sorted(live.granted) if k not in expected.declared]
+    if not_declared and c.scope and scope_devices is not None:
+        # systemd re-applies what the scope lists (repair adds hook devices there) and runc >= 1.0's
+        # `update` leaves device rules alone: a device the scope covers is no longer at risk
+        not_declared = [k for k in not_declared if not scope_devices.covers(k, live.granted[k])]
+    if not not_declared:
+        return []
+    # Declared vs injected needs the spec or runc's recorded rules; without either, say so.
+    if c.spec is None and (c.state is None or c.state.rules is None):
+        return [Finding(
+            UNKNOWN, _devices(not_declared),
+            "allowed now, but neither the spec nor the runtime's state could be read to tell declared from "
+            "hook-injected devices", "check the problems listed for this container (bundle or state file)")]
+    return [Finding(
+        AT_RISK_NOT_IN_SPEC, _devices(not_declared),
+        "allowed now but not in the container's spec (injected by a hook): "
+        + ("the next daemon-reload or runc update removes it" if c.scope else
+           "the next runc update or re-apply of the spec removes it"),
+        "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate; "
+        f"until then nvsymlinkd repair {who} after each reload")]
+
+
+def _scope_finding(c: Container, expected: Expected, scope_devices, lost: list, who: str) -> list:
+    """Declared devices the scope's DeviceAllow lacks: systemd's next apply takes them away."""
+    if not c.scope:
+        return []
+    if scope_devices is None:
+        return [Finding(UNKNOWN, (), f"cannot read DeviceAllow of {c.scope} (no systemd bus, no transient unit file)",
+                        "run on the host with /run/systemd and the system bus available")]
+    lost_set = set(lost)
+    missing = [k for k, need in sorted(expected.devices.items())
+               if k in expected.declared and k not in lost_set and not scope_devices.covers(k, need)]
+    if not missing:
+        return []
+    return [Finding(
+        AT_RISK_SCOPE, _devices(missing),
+        f"{c.scope} DeviceAllow (from {scope_devices.source}) lacks them: the next systemctl daemon-reload "
+        "removes them",
+        f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}")]
+
+
+def _uvm_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
+    """The host has nvidia-uvm, the container has GPUs but not it."""
+    uvm = host.uvm_node
+    if uvm is None:
+        return []
+    key = Device.char(uvm.major, uvm.minor)
+    has_gpu = any(k.major in host.nvidia_majors and k != key for k in set(live.granted) | set(expected.devices))
+    if not has_gpu or key in live.granted or key in expected.devices or key in live.unknown:
+        return []
+    return [Finding(
+        AT_RISK_UVM, (str(key),),
+        "the host has nvidia-uvm but this container was not given it (device plugin started before "
+        "nvidia-uvm was loaded): CUDA fails or falls back to the CPU",
+        "restart the device plugin after nvidia-uvm is loaded, then recreate this container")]
+
+
+def _undecided_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
+    relevant = [k for k in sorted(live.unknown) if k in expected.devices or k.major in host.nvidia_majors]
+    if not relevant:
+        return []
+    return [Finding(UNKNOWN, _devices(relevant), f"cannot decide access: {live.unknown[relevant[0]]}",
+                    "see the reason; nvsymlinkd reads cgroup v1 devices.list and v2 BPF device programs as root")]
+
+
+def _new_report(c: Container, signs, expected: Expected, host: HostDevices, dev_nodes) -> ContainerReport:
+    declared = _declared_nodes(c)
+    return ContainerReport(
+        c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
+        expected={str(k): {"access": a, "sources": list(expected.sources.get(k, ()))}
+                  for k, a in sorted(expected.devices.items())},
+        untrusted_nodes=tuple(f"{p} ({Device.char(ma, mi)})" for p, ma, mi in dev_nodes
+                              if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
+        cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
+        problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
+        container_name=c.container_name,
+    )
+
+
+def evaluate(c: Container, signs, expected: Expected, policy: AccessPolicy | None, policy_error: str | None,
+             scope_devices: ScopeDevices | None, host: HostDevices, dev_nodes=()) -> ContainerReport:
+    """Decide one container's verdict: one finding function per kind, in the order they are reported.
+
+    policy: an access.cgroup.AccessPolicy or None (then policy_error says why).
     scope_devices: a scopes.ScopeDevices, or None when the scope's DeviceAllow could not be read.
     dev_nodes: (path, major, minor) in the container's /dev, untrusted.
     """
-    who = c.short_id if hasattr(c, "short_id") else c.id
-    report = ContainerReport(
-        c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
-        expected={device_str(k): {"access": a, "sources": list(expected.sources.get(k, ()))}
-                  for k, a in sorted(expected.devices.items())},
-        untrusted_nodes=tuple(f"{p} (c {ma}:{mi})" for p, ma, mi in dev_nodes
-                              if ma in host.nvidia_majors and (ma, mi) not in _declared_nodes(c)),
-        cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2,
-                "freezer": c.cgroup_v1_freezer},
-        problems=tuple(c.problems),
-        pod_namespace=getattr(c, "pod_namespace", None), pod_name=getattr(c, "pod_name", None),
-        container_name=getattr(c, "container_name", None),
-    )
+    report = _new_report(c, signs, expected, host, dev_nodes)
     if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be
         report.verdict = NOT_RUNNING
         return report
     findings = report.findings
-    # A runtime file that exists but cannot be read hides what it would say (a GPU sign, an expected
-    # device, the init pid): such a container is unknown, never "not a GPU container" nor guessed stopped.
-    unreadable = list(getattr(c, "unreadable", ()) or ())
-    if unreadable and c.status != "stopped":
-        findings.append(Finding(
-            UNKNOWN, tuple(device_str(k) for k in sorted(expected.devices)),
-            "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""),
-            "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
-            "container); until then its device access cannot be judged"))
-        if c.status not in ("created", "running") or (not signs and not expected.devices):
+    running = c.status in ("created", "running")
+    unreadable = _unreadable_finding(c, expected)
+    if unreadable is not None:
+        findings.append(unreadable)
+        if not running or (not signs and not expected.devices):
             report.verdict = _verdict(findings)
             return report
     if not signs and not expected.devices:
         report.verdict = NOT_GPU
         return report
-    if c.status not in ("created", "running"):
+    if not running:
         report.verdict = NOT_RUNNING
         return report
     if policy is None:
-        findings.append(Finding(UNKNOWN, tuple(device_str(k) for k in sorted(expected.devices)),
-                                f"cannot read the device cgroup: {policy_error}",
-                                "run as root on the host (not in a container); check /proc/<pid>/cgroup and "
-                                "the cgroup mounts"))
+        findings.append(_no_policy_finding(expected, policy_error))
         report.verdict = _verdict(findings)
         return report
-
-    candidates = set(expected.devices) | {("c", n.major, n.minor) for n in host.nodes}
-    candidates |= {("c", ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
-    granted: dict = {}
-    unknown_keys: dict = {}
-    together = set()  # keys whose "rw" one check allowed
-    for key in sorted(candidates):
-        got, why, whole = _letters(policy, key, "rw")
-        if whole:
-            together.add(key)
-        if got:
-            granted[key] = got
-        if why:
-            unknown_keys[key] = why[0]
-    report.granted = {device_str(k): a for k, a in sorted(granted.items())}
-
-    # An open asks for all its letters at once, and the v1 kernel wants ONE rule covering them all:
-    # judge each expected device by one check of exactly what it needs.
-    lost = []
-    for k, need in sorted(expected.devices.items()):
-        if k in unknown_keys:
-            continue
-        if k in together or (len(need) == 1 and need in granted.get(k, "")):
-            continue
-        v = policy.check(k[0], k[1], k[2], need)
-        if v.state == "deny":
-            lost.append(k)
-        elif v.state != "allow":
-            unknown_keys[k] = v.reason
-    if lost:
-        sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
-        findings.append(Finding(
-            LOST, tuple(device_str(k) for k in lost),
-            f"expected by the {', '.join(sources)} but denied by the device cgroup now",
-            f"nvsymlinkd repair {who} (or recreate the container)"))
-
-    # Declared vs injected needs the spec or runc's recorded rules; without either, say so.
-    declared_known = getattr(c, "spec", None) is not None or getattr(getattr(c, "state", None), "rules", None) is not None
-    not_declared = [k for k in sorted(granted) if k not in expected.declared]
-    if not_declared and c.scope and scope_devices is not None:
-        # systemd re-applies what the scope lists (repair adds hook devices there) and runc >= 1.0's
-        # `update` leaves device rules alone: a device the scope covers is no longer at risk
-        not_declared = [k for k in not_declared if not scope_devices.covers(k[0], k[1], k[2], granted[k])]
-    if not_declared and not declared_known:
-        findings.append(Finding(
-            UNKNOWN, tuple(device_str(k) for k in not_declared),
-            "allowed now, but neither the spec nor the runtime's state could be read to tell declared from "
-            "hook-injected devices", "check the problems listed for this container (bundle or state file)"))
-    elif not_declared:
-        findings.append(Finding(
-            AT_RISK_NOT_IN_SPEC, tuple(device_str(k) for k in not_declared),
-            "allowed now but not in the container's spec (injected by a hook): "
-            + ("the next daemon-reload or runc update removes it" if c.scope else
-               "the next runc update or re-apply of the spec removes it"),
-            "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate; "
-            f"until then nvsymlinkd repair {who} after each reload"))
-
-    if c.scope:
-        if scope_devices is None:
-            findings.append(Finding(
-                UNKNOWN, (), f"cannot read DeviceAllow of {c.scope} (no systemd bus, no transient unit file)",
-                "run on the host with /run/systemd and the system bus available"))
-        else:
-            lost_set = set(lost)
-            missing = [k for k, need in sorted(expected.devices.items())
-                       if k in expected.declared and k not in lost_set
-                       and not scope_devices.covers(k[0], k[1], k[2], need)]
-            if missing:
-                findings.append(Finding(
-                    AT_RISK_SCOPE, tuple(device_str(k) for k in missing),
-                    f"{c.scope} DeviceAllow (from {scope_devices.source}) lacks them: the next "
-                    "systemctl daemon-reload removes them",
-                    f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}"))
-
-    uvm = host.uvm_node
-    if uvm is not None:
-        key = ("c", uvm.major, uvm.minor)
-        has_gpu = any(k[1] in host.nvidia_majors and k != key for k in set(granted) | set(expected.devices))
-        if has_gpu and key not in granted and key not in expected.devices and key not in unknown_keys:
-            findings.append(Finding(
-                AT_RISK_UVM, (device_str(key),),
-                "the host has nvidia-uvm but this container was not given it (device plugin started before "
-                "nvidia-uvm was loaded): CUDA fails or falls back to the CPU",
-                "restart the device plugin after nvidia-uvm is loaded, then recreate this container"))
-
-    relevant = [k for k in sorted(unknown_keys) if k in expected.devices or k[1] in host.nvidia_majors]
-    if relevant:
-        findings.append(Finding(
-            UNKNOWN, tuple(device_str(k) for k in relevant),
-            f"cannot decide access: {unknown_keys[relevant[0]]}",
-            "see the reason; nvsymlinkd reads cgroup v1 devices.list and v2 BPF device programs as root"))
-
+    live = _read_live(policy, expected, host, dev_nodes)
+    report.granted = {str(k): a for k, a in sorted(live.granted.items())}
+    lost = _lost_devices(policy, expected, live)
+    findings += _lost_finding(lost, expected, c.short_id)
+    findings += _not_in_spec_finding(c, expected, live, scope_devices, c.short_id)
+    findings += _scope_finding(c, expected, scope_devices, lost, c.short_id)
+    findings += _uvm_finding(host, expected, live)
+    findings += _undecided_finding(host, expected, live)
     report.verdict = _verdict(findings)
     return report
 
@@ -337,11 +392,9 @@ def baseline_devices(report: ContainerReport) -> dict | None:
         return None
     if any(f.kind == UNKNOWN for f in report.findings):
         return None
-    from nvsymlinkd.containers.expected import parse_device_str
-
     out = {}
     for text, access in report.granted.items():
-        key = parse_device_str(text)
+        key = Device.try_parse(text)
         if key is not None:
             out[key] = access
     return out or None
@@ -360,16 +413,17 @@ class Report:
 
     @property
     def problems(self) -> list:
-        return [c for c in self.containers if c.verdict not in (OK, NOT_RUNNING)]
+        return [c for c in self.containers if c.verdict not in (OK, NOT_RUNNING, NOT_GPU)]
 
     @property
     def all_ok(self) -> bool:
         return not self.problems and not any(h.status == "warn" for h in self.host)
 
     def to_json(self) -> dict:
-        counts = {v: 0 for v in VERDICTS + (NOT_RUNNING,)}
+        counts = {v.value: 0 for v in VERDICTS + (NOT_RUNNING,)}
         for c in self.containers:
-            counts[c.verdict] = counts.get(c.verdict, 0) + 1
+            verdict = Verdict(c.verdict).value
+            counts[verdict] = counts.get(verdict, 0) + 1
         return {
             "ok": self.all_ok,
             "containers": [c.to_json() for c in self.containers],
@@ -382,29 +436,17 @@ class Report:
 class _HostContext:
     """What every container's evaluation shares: majors, host nodes, scopes, the access reader."""
 
-    def __init__(self, root, config):
-        from nvsymlinkd.containers.expected import nvidia_majors_of
-        from nvsymlinkd.devchar.snapshot import observe
-
+    def __init__(self, root: HostRoot, config: Config):
         self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
         majors = self.snapshot.majors
         self.majors = majors
         self.nvidia_majors = nvidia_majors_of(majors)
         self.host = HostDevices(self.snapshot.nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
-        self.mounts = None  # cgroup mounts, read once for all containers (by the access engine)
-        try:
-            from nvsymlinkd.access.cgroup import find_cgroup_mounts
-
-            self.mounts = find_cgroup_mounts(root)
-        except ImportError:
-            pass
+        self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
 
 
-def _read_policy(root, c, mounts=None):
-    try:
-        from nvsymlinkd.access.cgroup import read_access
-    except ImportError as exc:  # the access engine is a separate module
-        return None, f"access engine unavailable ({exc})"
+def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = None):
+    """(AccessPolicy, None), or (None, why): the why is a finding's detail."""
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
         return None, f"no cgroup known for init pid {c.init_pid}"
     try:
@@ -415,12 +457,8 @@ def _read_policy(root, c, mounts=None):
         return None, str(exc) or exc.__class__.__name__
 
 
-def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseline: bool) -> ContainerReport:
-    from nvsymlinkd.containers import baseline as baselinemod
-    from nvsymlinkd.containers.discovery import container_dev_nodes
-    from nvsymlinkd.containers.expected import candidate_devices, expected_access
-    from nvsymlinkd.containers.ocispec import gpu_signs
-
+def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
+                update_baseline: bool) -> ContainerReport:
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
     base = baselinemod.load(root, config, c.id, c.init_start) if c.live else None
     cands = candidate_devices(ctx.host.nodes, c.spec, c.state, base, ctx.nvidia_majors)
@@ -446,12 +484,9 @@ def _verify_one(root, config, ctx: _HostContext, c, scope_devices, update_baseli
     return report
 
 
-def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None = None,
+def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,
                with_host: bool = True) -> Report:
     """Every container on the host, plus host findings. The daemon passes update_baseline=True."""
-    from nvsymlinkd.containers.discovery import discover
-    from nvsymlinkd.containers.scopes import read_scopes
-
     start = time.perf_counter()
     ctx = _HostContext(root, config)
     containers = discover(root)
@@ -465,22 +500,15 @@ def verify_all(root, config, update_baseline: bool = False, use_bus: bool | None
             reports.append(r)
     host = []
     if with_host:
-        from nvsymlinkd.verify.hostcheck import check_host
-
         host = check_host(root, config, ctx.snapshot)
     if update_baseline:
-        from nvsymlinkd.containers.baseline import prune
-
-        prune(root, config, [c.id for c in containers if c.status != "stopped"])
+        baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     return Report(reports, host, not_gpu, time.perf_counter() - start)
 
 
-def verify_container(root, config, container_id_or_scope: str, update_baseline: bool = False,
+def verify_container(root: HostRoot, config: Config, container_id_or_scope: str, update_baseline: bool = False,
                      use_bus: bool | None = None) -> ContainerReport | None:
     """One container by id, unique id prefix or scope name; None if no such container."""
-    from nvsymlinkd.containers.discovery import discover, find
-    from nvsymlinkd.containers.scopes import read_scopes
-
     ctx = _HostContext(root, config)
     c = find(discover(root), container_id_or_scope)
     if c is None:
