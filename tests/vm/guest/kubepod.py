@@ -20,6 +20,7 @@ import copy
 import fnmatch
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -66,7 +67,8 @@ FIELDS: Dict[str, Tuple[str, str, Optional[Callable]]] = {
     "spec/template/metadata/labels/*": ("podman", "pod labels", None),
     "spec/template/spec/serviceAccountName": ("cluster", "no API server; the daemon never calls it", None),
     "spec/template/spec/automountServiceAccountToken": ("podman", "no token mounted (none exists)", _is(False)),
-    "spec/template/spec/hostPID": ("podman", "the pod in the host PID namespace (checked)", _is(True)),
+    # Podman 4.3's kube play drops hostPID: Pod.play sets containers.conf's pidns for the play
+    "spec/template/spec/hostPID": ("harness", "the pod in the host PID namespace (checked)", _is(True)),
     "spec/template/spec/priorityClassName": ("cluster", "scheduling and eviction priority", None),
     "spec/template/spec/nodeSelector/*": ("cluster", "the guest is the GPU node", None),
     "spec/template/spec/tolerations/[]/key": ("cluster", "taints: scheduling", None),
@@ -216,8 +218,8 @@ def pod_info() -> dict:
         return json.load(f)
 
 
-def _sh(*argv, timeout=120, check=True):
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+def _sh(*argv, timeout=120, check=True, env=None):
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-2000:]}")
     return proc
@@ -288,9 +290,29 @@ class Pod:
         argv = ["podman", "kube", "play"]
         if self.network:
             argv += ["--network", self.network]
+        env = None
+        if self.plan.pod["spec"].get("hostPID"):
+            env = dict(os.environ, CONTAINERS_CONF=self._hostpid_conf())
         self.played_at = time.monotonic()
-        _sh(*argv, self.path, timeout=300)
+        _sh(*argv, self.path, timeout=300, env=env)
         return time.monotonic() - self.played_at
+
+    def _hostpid_conf(self) -> str:
+        """containers.conf as Podman reads it, with pidns = "host" (Podman 4.3's kube play ignores
+        hostPID): CONTAINERS_CONF points only this play at it, other containers keep their own."""
+        text = ""
+        for path in ("/usr/share/containers/containers.conf", "/etc/containers/containers.conf"):
+            if os.path.exists(path):
+                with open(path) as f:
+                    text = f.read()
+        if re.search(r"^\[containers\]", text, re.M):
+            text = re.sub(r"^\[containers\]", '[containers]\npidns = "host"', text, count=1, flags=re.M)
+        else:
+            text += '\n[containers]\npidns = "host"\n'
+        path = os.path.join(WORK, "containers-hostpid.conf")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
 
     def stop(self) -> float:
         start = time.monotonic()
