@@ -133,3 +133,39 @@ def test_hierarchies_and_matrix_select_scenarios(tmp_path, monkeypatch):
         vmhost.scenario_hierarchy("s90_both@v3")
     assert vmhost.guest_cmdline("s90_both", "off") == "nvsymlinkd.vm=off"
     assert vmhost.guest_cmdline("s90_both@v1", "deb") == "nvsymlinkd.vm=deb systemd.unified_cgroup_hierarchy=0"
+
+
+def test_pod_image_key_follows_its_inputs(tmp_path, monkeypatch):
+    """The cached DaemonSet image is rebuilt when the Dockerfile, the package or its apt line change,
+    not when a test run leaves bytecode behind."""
+    import shutil
+    for rel in vmhost.IMAGE_INPUTS:
+        src = vmhost.REPO / rel
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, tmp_path / rel)
+    monkeypatch.setattr(vmhost, "REPO", tmp_path)
+    monkeypatch.setattr(vmhost, "KUBE_DIR", tmp_path / "deploy" / "kubernetes")
+    key = vmhost.pod_image_key()
+    (tmp_path / "nvsymlinkd" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "nvsymlinkd" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    assert vmhost.pod_image_key() == key
+    (tmp_path / "nvsymlinkd" / "metrics.py").write_text("# changed\n")
+    changed = vmhost.pod_image_key()
+    assert changed != key
+    dockerfile = tmp_path / "deploy" / "kubernetes" / "Dockerfile"
+    base = vmhost.pod_base_key()
+    dockerfile.write_text(dockerfile.read_text().replace("python3-pyudev", "python3-pyudev \\\n        kmod"))
+    assert "kmod" in vmhost.dockerfile_apt_packages()
+    assert vmhost.pod_base_key() != base and vmhost.pod_image_key() != changed
+
+
+def test_pod_scenarios_default_and_full():
+    """The main pod proof (s20, v2) runs by default; v1, rolling and the overlays in the full matrix."""
+    names = vmhost.list_scenarios("default")
+    assert "s20_pod_keeps_gpu" in names and vmhost.scenario_options("s20_pod_keeps_gpu")["pod"] == "yes"
+    full = vmhost.list_scenarios("full")
+    for name in ("s20_pod_keeps_gpu@v1", "s21_pod_rolling", "s22_pod_report_only", "s23_pod_driver_container"):
+        assert name in full and name not in names, name

@@ -34,6 +34,12 @@ IMAGE_DIR = VM_DIR / "image"
 MODULES_SRC = VM_DIR / "modules"
 POLLER_SRC = VM_DIR / "poller"
 SCENARIOS_DIR = VM_DIR / "scenarios"
+KUBE_DIR = REPO / "deploy" / "kubernetes"
+# kustomize directories a pod scenario gets rendered (run dir kube/<name>.json)
+KUBE_TREES = {"base": KUBE_DIR / "base", "report-only": KUBE_DIR / "overlays" / "report-only",
+              "driver-container": KUBE_DIR / "overlays" / "driver-container"}
+# static programs built beside the modules: the in-container poller, the pod infra's pause
+STATIC_PROGRAMS = ("gpupoll", "pause")
 CACHE = Path(os.environ.get("NVSYMLINKD_VM_CACHE", REPO / ".cache" / "vm"))
 SUITE = "bookworm"
 # Bump when the build recipe below changes in a way the hashed files do not show.
@@ -317,16 +323,17 @@ def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
             raise VmError(f"building the fake modules against {kernel.headers} failed "
                           f"(gcc, make, linux-headers-{kernel.abi} installed?):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         names = ["nvidia.ko", "nvidia-uvm.ko"]
-        proc = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", "-o", str(tmp / "gpupoll"),
-                               str(POLLER_SRC / "gpupoll.c")], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise VmError(f"building the static poller failed (gcc, libc6-dev installed?):\n{proc.stderr[-2000:]}")
+        for prog in STATIC_PROGRAMS:
+            proc = subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", "-o", str(tmp / prog),
+                                   str(POLLER_SRC / f"{prog}.c")], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise VmError(f"building the static {prog} failed (gcc, libc6-dev installed?):\n{proc.stderr[-2000:]}")
         for name in names:
             vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(tmp / name)],
                                       capture_output=True, text=True).stdout
             if not vermagic.startswith(kernel.abi + " "):
                 raise VmError(f"{name} has vermagic {vermagic!r}, guest kernel is {kernel.abi}")
-        _write_manifest(tmp, names + ["gpupoll"], {"kernel_abi": kernel.abi})
+        _write_manifest(tmp, names + list(STATIC_PROGRAMS), {"kernel_abi": kernel.abi})
         _publish(tmp, final, "modules-")
         return final
 
@@ -372,6 +379,132 @@ def build_package() -> Package:
         return Package(final / deb.name, built=True, build_s=elapsed)
 
 
+# ---------------------------------------------------------------- the DaemonSet's image and YAML
+
+# The Dockerfile's build argument BASE in the guest: a bookworm minbase made here, imported there.
+POD_BASE_TAG = "localhost/nvsymlinkd-base:bookworm"
+# what the image is built from: the Dockerfile and what it COPYs from the repository root
+IMAGE_INPUTS = ("deploy/kubernetes/Dockerfile", "deploy/kubernetes/nvsymlinkd.sh", "nvsymlinkd", "rules", "units")
+
+
+def dockerfile_apt_packages() -> List[str]:
+    """The packages the Dockerfile's `apt-get install` line names."""
+    text = (KUBE_DIR / "Dockerfile").read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if "apt-get install" in ln)
+    return [w for w in line.split("apt-get install", 1)[1].split("&&")[0].split() if not w.startswith("-")]
+
+
+def pod_base_argv(target: str) -> List[str]:
+    """A bookworm minbase as the Dockerfile's BASE, with the packages its apt-get line installs
+    already in it and no apt sources: the guest has no network, so the build's `apt-get update`
+    reads no list and `apt-get install` finds each package installed (dpkg's status is its
+    candidate). Documentation trimmed like debian:12-slim's."""
+    excludes = ["/usr/share/man/*", "/usr/share/doc/*", "/usr/share/locale/*", "/usr/share/info/*"]
+    return (["mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
+             "--include=" + ",".join(dockerfile_apt_packages())]
+            + [f"--dpkgopt=path-exclude={p}" for p in excludes]
+            + ['--customize-hook=rm -f "$1/etc/apt/sources.list"; rm -rf "$1"/var/lib/apt/lists/* '
+               '"$1"/var/cache/apt/*.bin',
+               SUITE, target] + apt_sources())
+
+
+def pod_base_key() -> str:
+    return hashlib.sha256(json.dumps({"recipe": RECIPE, "argv": pod_base_argv("TARGET")}).encode()).hexdigest()[:16]
+
+
+def pod_image_key() -> str:
+    """The built image's cache key: its base and every file the build reads (bytecode caches
+    left by test runs excluded)."""
+    h = hashlib.sha256(pod_base_key().encode())
+    for rel in IMAGE_INPUTS:
+        path = REPO / rel
+        files = [path] if path.is_file() else sorted(
+            p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+        for f in files:
+            h.update(str(f.relative_to(REPO)).encode() + b"\0" + oct(f.stat().st_mode & 0o777).encode()
+                     + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def build_pod_base() -> Path:
+    """The BASE rootfs tarball (mmdebstrap on this host, cached under CACHE/podbase-<key>)."""
+    key = pod_base_key()
+    final = CACHE / f"podbase-{key}"
+    with _CacheLock():
+        if cache_entry_ok(final):
+            return final / "base.tar"
+        _remove_stale_tmp("podbase")
+        tmp = CACHE / f".tmp-podbase-{key}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        start = time.monotonic()
+        with open(tmp / "mmdebstrap.log", "w") as out:
+            proc = subprocess.run(pod_base_argv(str(tmp / "base.tar")), stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise VmError(f"the image base (mmdebstrap) failed with exit {proc.returncode}: is the Debian "
+                          f"mirror reachable? log {tmp / 'mmdebstrap.log'}")
+        _write_manifest(tmp, ["base.tar"], {"key": key, "build_s": round(time.monotonic() - start, 1)})
+        _publish(tmp, final, "podbase-")
+        log(f"image base {final} made in {time.monotonic() - start:.0f} s")
+        return final / "base.tar"
+
+
+def render_kube(out: Path) -> Dict[str, str]:
+    """`kubectl kustomize` of base and each overlay, as the cluster would get them, into
+    out/<name>.json (the rendered documents as a JSON list: the guest has no YAML parser).
+    Returns the image reference the rendered DaemonSet runs."""
+    import yaml
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise VmError("kubectl is missing (its built-in kustomize renders deploy/kubernetes)")
+    out.mkdir(parents=True, exist_ok=True)
+    images = {}
+    for name, tree in KUBE_TREES.items():
+        proc = subprocess.run([kubectl, "kustomize", str(tree)], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise VmError(f"kubectl kustomize {tree} failed: {proc.stderr.strip()}")
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        (out / f"{name}.yaml").write_text(proc.stdout)
+        (out / f"{name}.json").write_text(json.dumps(docs, indent=1))
+        for d in docs:
+            if d.get("kind") == "DaemonSet":
+                images[name] = d["spec"]["template"]["spec"]["containers"][0]["image"]
+    return images
+
+
+def stage_pod(run_dir: Path) -> dict:
+    """What a pod scenario gets in its run dir: the rendered YAML, and the image: the cached
+    build (podimage.tar, `podman load`) or the base to build it from (podbase.tar)."""
+    images = render_kube(run_dir / "kube")
+    key = pod_image_key()
+    cached = CACHE / f"podimage-{key}"
+    info = {"image": images["base"], "images": images, "key": key, "base_tag": POD_BASE_TAG,
+            "cached": cache_entry_ok(cached)}
+    if info["cached"]:
+        os.link(cached / "image.tar", run_dir / "podimage.tar")
+    else:
+        os.link(build_pod_base(), run_dir / "podbase.tar")
+    (run_dir / "pod.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def keep_pod_image(run_dir: Path, info: dict) -> None:
+    """The image the guest built (run dir podimage-built/image.tar), cached under its inputs' key."""
+    built = run_dir / "podimage-built" / "image.tar"
+    if info.get("cached") or not built.is_file():
+        return
+    final = CACHE / f"podimage-{info['key']}"
+    with _CacheLock():
+        _remove_stale_tmp("podimage")
+        tmp = CACHE / f".tmp-podimage-{info['key']}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        os.rename(built, tmp / "image.tar")
+        _write_manifest(tmp, ["image.tar"], {"key": info["key"], "image": info["image"]})
+        _publish(tmp, final, "podimage-")
+    log(f"pod image cached in {final}")
+
+
 # ---------------------------------------------------------------- run
 
 def scenario_options(name: str) -> Dict[str, str]:
@@ -379,9 +512,11 @@ def scenario_options(name: str) -> Dict[str, str]:
     not installed, the freshly built .deb installed with dpkg -i, or run from the 9p source tree
     with its rendered units (quick iteration: no package build). hierarchies=v2,v1: the cgroup
     hierarchies the scenario runs on (default v2; v1 boots systemd.unified_cgroup_hierarchy=0,
-    listed as NAME@v1). matrix=full: only with NVSYMLINKD_VM_MATRIX=full (the default run keeps a
+    listed as NAME@v1). pod=yes: the run dir gets deploy/kubernetes rendered and the DaemonSet's
+    image (stage_pod). matrix=full: only with NVSYMLINKD_VM_MATRIX=full (the default run keeps a
     representative subset); full=v1: hierarchies added only with NVSYMLINKD_VM_MATRIX=full."""
-    opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default", "full": ""}
+    opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default", "full": "",
+            "pod": "no"}
     for line in scenario_path(name).read_text().splitlines()[:20]:
         if line.startswith("# vm:"):
             for word in line[len("# vm:"):].split():
@@ -506,12 +641,13 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace('@', '-')}-",
                                     dir=out_root))
     (run_dir / "modules").mkdir()
-    for ko in list(modules.glob("*.ko")) + [modules / "gpupoll"]:
+    for ko in list(modules.glob("*.ko")) + [modules / prog for prog in STATIC_PROGRAMS]:
         shutil.copy(ko, run_dir / "modules" / ko.name)
     (run_dir / "scenarios.txt").write_text(name + "\n")
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
     (run_dir / "timeout").write_text(str(int(timeout)))
+    pod = stage_pod(run_dir) if opts["pod"] == "yes" else None
     argv = qemu_argv(image, run_dir, guest_cmdline(name, opts["nvsymlinkd"]))
     (run_dir / "qemu.argv").write_text(json.dumps(argv))
     start = time.monotonic()
@@ -526,6 +662,10 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
         os.rename(run_dir / "console.log", run_dir / f"console.hung-{attempt}.log")
         log(f"{name}: boot hung (no runner after {BOOT_BUDGET_S} s), attempt {attempt} of {BOOT_ATTEMPTS}")
     wall = time.monotonic() - start
+    if pod is not None:
+        keep_pod_image(run_dir, pod)
+        for staged in ("podimage.tar", "podbase.tar"):
+            (run_dir / staged).unlink(missing_ok=True)
     result = RunResult(name, run_dir, wall, outcome != "done", code, boot_attempts=attempt)
     results = run_dir / "results"
     try:

@@ -393,18 +393,22 @@ class Podman(Stack):
         sh("podman", "rm", "-f", "-a", "-t", "0", check=False, timeout=120)
 
 
-def journal_since(ts_usec: int, unit: str) -> List[dict]:
-    out = sh("journalctl", "-b", "--no-pager", "-o", "json", "-u", unit, check=False).stdout
+def journal_since(ts_usec: int, unit: Optional[str]) -> List[dict]:
+    """Entries of one unit, or (unit None) of nvsymlinkd wherever it runs: in a pod its unit is the
+    container's scope, its SYSLOG_IDENTIFIER is the same."""
+    match = ["-u", unit] if unit else ["SYSLOG_IDENTIFIER=nvsymlinkd"]
+    out = sh("journalctl", "-b", "--no-pager", "-o", "json", *match, check=False).stdout
     return [e for e in (json.loads(line) for line in out.splitlines() if line.strip())
             if int(e.get("__REALTIME_TIMESTAMP", 0)) >= ts_usec]
 
 
-def wait_prevented(ctr: StackContainer, timeout: float = 60) -> Optional[dict]:
+def wait_prevented(ctr: StackContainer, timeout: float = 60,
+                   unit: Optional[str] = "nvsymlinkd.service") -> Optional[dict]:
     """nvsymlinkd's repair-prevented journal entry naming the container (full or short id)."""
     from nvsymlinkd.journal import MESSAGE_IDS
 
     def find():
-        for e in journal_since(0, "nvsymlinkd.service"):
+        for e in journal_since(0, unit):
             msg = str(e.get("MESSAGE", ""))
             if e.get("MESSAGE_ID") == MESSAGE_IDS["repair-prevented"] and (ctr.short_id in msg or ctr.id in msg):
                 return e
@@ -423,10 +427,12 @@ def check_json() -> dict:
 
 
 def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name: str,
-                     reloads: int = 20, reexecs: int = 2, updates: int = 10, restart: bool = True) -> None:
+                     reloads: int = 20, reexecs: int = 2, updates: int = 10, restart: bool = True,
+                     unit: Optional[str] = "nvsymlinkd.service", check_json=check_json) -> None:
     """With nvsymlinkd running: each GPU container is prevented (journal), `check --json` lists it
     ok under the right runtime, id and scope, and through reloads, re-execs, resource updates and a
-    restart of the runtime daemon gpupoll never sees a denied open."""
+    restart of the runtime daemon gpupoll never sees a denied open. unit, check_json: where the
+    daemon journals (None: any unit, e.g. a pod) and how `check --json` runs (e.g. in the pod)."""
     from vmguest import daemon_reexec, daemon_reload
     for ctr in ctrs:
         log = ctr.wait_polling()
@@ -434,7 +440,7 @@ def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name:
                  log.summary())
         if not ctr.needs_prevention:
             continue
-        entry = wait_prevented(ctr)
+        entry = wait_prevented(ctr, unit=unit)
         sc.check(f"{ctr.name}: nvsymlinkd journaled repair-prevented for it", entry is not None,
                  str((entry or {}).get("MESSAGE", ""))[:300])
         if entry and log.started:

@@ -1,0 +1,135 @@
+"""Scenario 20: the DaemonSet's pod on the node it guards (issue 14), no host package installed.
+
+The image is built offline from deploy/kubernetes/Dockerfile (podman build --pull=never, BASE a
+bookworm minbase made on the host; cached on the host after the first build), the pod is the
+rendered base DaemonSet's template run with `podman kube play` (tests/vm/guest/kubepod.py: every
+field honoured or the run fails). On cgroup v2 Podman gives it a private cgroup namespace, as
+containerd gives pods. Judged on the host: the pod keeps /dev/char links (also for a late
+nvidia-uvm), sees Docker's and Podman's GPU containers ok (not unknown), prevents their loss
+through 10 daemon-reloads each with zero denied opens, writes the metrics textfile on the host,
+its probes pass, and its journal entries reach the host's journal with MESSAGE_IDs that the
+node-problem-detector config's patterns match.
+"""
+# vm: nvsymlinkd=off pod=yes timeout=1500 full=v1
+import json
+import os
+import re
+
+from kubepod import Pod, image_ready, install_pause, load_rendered, translate
+from stacks import Docker, Podman, install_nvidia_toolkit, prove_prevention
+from vmguest import MODULES, SRC, Scenario, load_fake_driver, load_fake_uvm, mknod, sh, wait_for
+
+from nvsymlinkd.journal import MESSAGE_IDS
+
+TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+NPD = os.path.join(SRC, "deploy", "node-problem-detector", "nvsymlinkd-monitor.json")
+
+
+def link_ok(node) -> bool:
+    return os.path.realpath(node.char_link) == node.path
+
+
+def ns(pid, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
+with Scenario() as sc:
+    v1 = not os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    sc.fact("cgroup", "v1" if v1 else "v2")
+    install_pause(MODULES)
+    image_ready(sc)
+    plan = translate(load_rendered("base"))
+    counts = {}
+    for how in plan.how.values():
+        counts[how] = counts.get(how, 0) + 1
+    sc.fact("daemonset_fields", counts)
+    majors = load_fake_driver()
+    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255)]
+    pod = Pod(plan)
+    try:
+        sc.timing("kube_play_s", pod.play())
+    except RuntimeError as e:
+        # the guest has no NIC; the daemon opens no network socket: run without the pod network
+        sc.fact("pod_network", f"none (default pod network failed: {str(e)[-200:]})")
+        pod.down()
+        pod = Pod(plan, network="none")
+        sc.timing("kube_play_s", pod.play())
+    try:
+        ready, seconds, out = pod.wait_ready()
+        sc.check("pod READY (startupProbe, then readinessProbe, from the rendered YAML)", ready, out[-300:])
+        sc.timing("pod_start_to_ready_s", seconds)
+        pid = pod.pid()
+        sc.check("pod runs in the host PID namespace (hostPID)", ns(pid, "pid") == ns(1, "pid"))
+        private = ns(pid, "cgroup") != ns(1, "cgroup")
+        sc.fact("pod_cgroupns", "private" if private else "host")
+        if not v1:
+            sc.check("pod has a private cgroup namespace (Podman's default on v2, as containerd's pods)",
+                     private, ns(pid, "cgroup"))
+        caps = next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("CapEff:")).split()[1]
+        sc.check("pod is privileged (all capabilities)", int(caps, 16) >= 0x1ffffffffff, caps)
+        for node in nodes:
+            ok, t = wait_for(lambda node=node: link_ok(node), timeout=30)
+            sc.check(f"pod made {node.char_link} -> {node.path} on the host", bool(ok), f"{t:.1f} s")
+        uvm = mknod("/dev/nvidia-uvm", load_fake_uvm(), 0)
+        ok, t = wait_for(lambda: link_ok(uvm), timeout=90)
+        sc.check(f"late nvidia-uvm: pod made {uvm.char_link} -> {uvm.path}", bool(ok), f"{t:.1f} s")
+        sc.timing("late_uvm_link_s", t)
+
+        base_cmd = [w for w in plan.container["command"] if w != "run"]
+
+        def check_in_pod() -> dict:
+            proc = pod.exec(*base_cmd, "check", "--json")
+            try:
+                return json.loads(proc.stdout)
+            except ValueError:
+                return {"error": f"exit {proc.returncode}: {proc.stdout[-400:]} {proc.stderr[-400:]}"}
+
+        install_nvidia_toolkit()
+        docker = Docker()
+        sc.timing("dockerd_start_and_import_s", docker.start())
+        podman = Podman(runtime="runc")
+        podman.import_image()
+        try:
+            dctrs = [docker.run_gpu("gpu-docker")]
+            prove_prevention(sc, docker, dctrs, "docker", reloads=10, reexecs=0, updates=0, restart=False,
+                             unit=None, check_json=check_in_pod)
+            pctrs = [podman.run_gpu("gpu-podman", "hook")]
+            prove_prevention(sc, podman, pctrs, "podman", reloads=10, reexecs=0, updates=0, restart=False,
+                             unit=None, check_json=check_in_pod)
+            report = check_in_pod()
+            unknown = [c.get("id", "")[:12] for c in report.get("containers", []) if c.get("verdict") == "unknown"]
+            sc.check("check --json in the pod: no container unknown", not unknown and "error" not in report,
+                     str(unknown or report.get("error", "")))
+        finally:
+            docker.remove_all()
+            for ctr in ("gpu-podman",):
+                sh("podman", "rm", "-f", "-t", "0", ctr, check=False, timeout=120)
+
+        sc.check(f"metrics textfile on the host: {TEXTFILE}", os.path.exists(TEXTFILE))
+        for kind in ("startup", "liveness", "readiness"):
+            ok, secs, out = pod.run_probe(kind)
+            sc.check(f"{kind}Probe passes", ok, out[-200:])
+            sc.timing(f"{kind}_probe_s", secs)
+        entries = [json.loads(ln) for ln in sh("journalctl", "-b", "--no-pager", "-o", "json",
+                                                "SYSLOG_IDENTIFIER=nvsymlinkd", check=False).stdout.splitlines()
+                   if ln.strip()]
+        ids = {v: k for k, v in MESSAGE_IDS.items()}
+        named = sorted({ids[e["MESSAGE_ID"]] for e in entries if e.get("MESSAGE_ID") in ids})
+        sc.check("the host's journal has the pod's entries with MESSAGE_IDs", "repair-prevented" in named,
+                 ", ".join(named))
+        from_pod = [e for e in entries if e.get("_PID") == str(pid)]
+        sc.check("entries come from the pod's process (host PID)", bool(from_pod),
+                 f"units {sorted({e.get('_SYSTEMD_UNIT', '?') for e in entries})}")
+        with open(NPD) as f:
+            rules = json.load(f)["rules"]
+        prevented = [str(e.get("MESSAGE")) for e in entries if e.get("MESSAGE_ID") == MESSAGE_IDS["repair-prevented"]]
+        matched = [r["reason"] for r in rules for m in prevented[:1] if re.match(r["pattern"], m)]
+        sc.check("node-problem-detector's pattern matches the real repair-prevented line",
+                 "GPUDeviceAccessLossPrevented" in matched, (prevented or ["none"])[0][:200])
+        rss = next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("VmRSS:")).split()[1]
+        sc.fact("pod_rss_mib", round(int(rss) / 1024, 1))
+    finally:
+        logs = pod.logs()
+        with open(os.path.join(os.environ.get("VM_RESULTS", "/mnt/run/results"), "pod.log"), "w") as f:
+            f.write(logs)
+        pod.down()
