@@ -297,16 +297,16 @@ def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
 # The import contract: a pure planner reaches no module that does I/O (no HostRoot, no ctypes, no
 # cgroup or systemd client), so it runs, and is table-tested, anywhere. Pure nvsymlinkd modules:
 PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.devices", "nvsymlinkd.host.procdevices",
+        "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes",
         "nvsymlinkd.access", "nvsymlinkd.access.rules", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
-        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.plan"}
+        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
+        "nvsymlinkd.devchar.plan"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
 
 
 @pytest.mark.parametrize("module", [
     "nvsymlinkd.repair.plan", "nvsymlinkd.host.devices", "nvsymlinkd.verify.kinds",
-    pytest.param("nvsymlinkd.devchar.plan", marks=pytest.mark.xfail(
-        strict=True, reason="devchar/plan imports devchar/snapshot (its input types), which imports host/root "
-                            "and host/libc: move the snapshot types apart, then drop this mark")),
+    "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes", "nvsymlinkd.devchar.model", "nvsymlinkd.devchar.plan",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "

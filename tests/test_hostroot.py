@@ -6,7 +6,8 @@ import stat
 import pytest
 
 from nvsymlinkd.host import libc
-from nvsymlinkd.host.root import HostRoot, link_target, normalize, target_of
+from nvsymlinkd.host.paths import link_target, normalize, target_of
+from nvsymlinkd.host.root import HostRoot
 
 
 def test_paths_in_and_out(tmp_path):

@@ -24,7 +24,8 @@ from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.devices import TYPES, Access
-from nvsymlinkd.host.root import HostRoot, normalize
+from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.host.root import HostRoot
 
 # The host's mount namespace (pid 1): its mount points are paths inside the root. This
 # process's own (a pod's) mounts are neither the host's paths nor, often, the host's trees.

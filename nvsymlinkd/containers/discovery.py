@@ -38,7 +38,8 @@ from nvsymlinkd.containers.ocispec import (
     read_json,
 )
 from nvsymlinkd.errors import UsageError
-from nvsymlinkd.host.root import HostRoot, normalize
+from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.host.root import HostRoot
 
 RUNC_ROOTS = (("/run/runc", "runc", None), ("/run/docker/runtime-runc/moby", "docker", "moby"))
 CONTAINERD_RUNC = "/run/containerd/runc"

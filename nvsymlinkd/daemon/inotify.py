@@ -20,10 +20,11 @@ import errno
 import os
 import struct
 
-from nvsymlinkd.devchar.snapshot import DEV_CHAR_NAME
+from nvsymlinkd.devchar.model import DEV_CHAR_NAME
 from nvsymlinkd.host import libc
 from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
-from nvsymlinkd.host.root import DIR_FLAGS, HostRoot, normalize
+from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 IN_ATTRIB = 0x00000004
 IN_MOVED_FROM = 0x00000040

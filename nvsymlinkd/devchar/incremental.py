@@ -7,7 +7,7 @@ entries, the plan per link name) and `update()` answers an event for a few
 names with work for those names only:
 
 - each node name is looked at afresh (one lstat through the confined directory
-  fds, host.nodes.observe_node): never decided from anything cached about its
+  fds, host.nodescan.observe_node): never decided from anything cached about its
   inode, so a name reused by another node (rm + mknod with another rdev) is
   seen for what it is now;
 - the link names that can depend on it (its old and new `M:m`, any link whose
@@ -31,10 +31,12 @@ import dataclasses
 import time
 
 from nvsymlinkd.devchar.apply import Outcome, apply_plan
+from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, KEEP, Action, Plan, foreign_links, plan_links
 from nvsymlinkd.devchar.reconcile import SyncResult
-from nvsymlinkd.devchar.snapshot import HostSnapshot, observe_entry
-from nvsymlinkd.host.nodes import IgnoredNode, NvidiaNode, dev_dir, names_by_major, observe_node
+from nvsymlinkd.devchar.snapshot import observe_entry
+from nvsymlinkd.host.nodes import IgnoredNode, NvidiaNode, dev_dir, names_by_major
+from nvsymlinkd.host.nodescan import observe_node
 
 LINKED = ("create", "replace", KEEP)
 

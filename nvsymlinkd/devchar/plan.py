@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nvsymlinkd.devchar.snapshot import HostSnapshot, is_nvidia_path
+from nvsymlinkd.devchar.model import HostSnapshot, is_nvidia_path
 from nvsymlinkd.host import nodes as nodemod
-from nvsymlinkd.host.root import link_target
+from nvsymlinkd.host.paths import link_target
 
 CREATE = "create"
 REPLACE = "replace"

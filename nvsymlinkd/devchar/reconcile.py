@@ -6,8 +6,9 @@ import time
 from dataclasses import dataclass
 
 from nvsymlinkd.devchar.apply import Outcome, apply_plan
+from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import CONFLICT, Plan, plan_sync
-from nvsymlinkd.devchar.snapshot import HostSnapshot, observe
+from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.summary import sync_counts, sync_line
 
 

@@ -1,76 +1,24 @@
 """Observe the host once: majors, NVIDIA nodes, driver info, /dev/char entries.
 
 Everything the planner needs is read here, so planning is a pure function of
-a HostSnapshot and can be tested without a filesystem.
+a HostSnapshot (devchar/model.py) and can be tested without a filesystem.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import stat
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.driverinfo import DriverInfo, read_driver_info
-from nvsymlinkd.host.nodes import TMP_PREFIX, IgnoredNode, NvidiaNode, dev_dir, scan_nodes
-from nvsymlinkd.host.root import HostRoot, normalize, target_of
+from nvsymlinkd.host.nodes import TMP_PREFIX, dev_dir
+from nvsymlinkd.host.nodescan import scan_nodes
+from nvsymlinkd.host.paths import normalize, target_of
+from nvsymlinkd.host.root import HostRoot
 
 MAX_PID = 1 << 22  # PID_MAX_LIMIT: a larger number was never a live process
-
-DEV_CHAR_NAME = re.compile(r"(\d+):(\d+)")
-
-
-class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
-    """One `M:m` entry of the dev-char directory."""
-
-    name: str
-    kind: str  # symlink, file, dir, char, block, other
-    link_text: str | None = None
-    target: str | None = None  # inside path the link names (lexically, from the resolved dev-char dir)
-    resolved: tuple | None = None  # (major, minor) of the char device it resolves to
-    resolved_kind: str | None = None  # what it resolves to: char, missing, other
-
-    @property
-    def rdev_name(self) -> tuple:
-        m = DEV_CHAR_NAME.fullmatch(self.name)
-        return (int(m.group(1)), int(m.group(2)))
-
-
-@dataclass(frozen=True)
-class HostSnapshot:
-    majors: procdevices.Majors
-    nodes: tuple  # NvidiaNode
-    ignored: tuple  # IgnoredNode
-    driver: DriverInfo
-    driver_root: str
-    dev_char_path: str
-    dev_char_state: str  # dir, missing, not-dir
-    entries: dict = field(default_factory=dict)  # name -> DevCharEntry
-    existing_paths: frozenset = frozenset()  # inside paths of nodes that exist (any type)
-    # Where DRIVER_ROOT/dev and the dev-char directory really are, symlinks resolved
-    # confined to the root: link text is computed between these, so it resolves.
-    dev_dir_real: str = ""
-    dev_char_real: str = ""
-    stale_temps: tuple = ()  # (inside path, pid) of applier temporaries whose process is gone
-
-    def real_path(self, path: str) -> str:
-        """A node path under DRIVER_ROOT/dev with that directory's symlinks resolved."""
-        return _rebase(path, dev_dir(self.driver_root), self.dev_dir_real)
-
-
-def _rebase(path: str, base: str, real: str) -> str:
-    if real and real != base and path.startswith(base + "/"):
-        return real + path[len(base):]
-    return path
-
-
-def is_nvidia_path(path: str) -> bool:
-    """A link target we consider NVIDIA's: some component starts with `nvidia`."""
-    return any(part.startswith("nvidia") for part in path.split("/"))
-
 
 def read_majors(root: HostRoot) -> procdevices.Majors:
     try:
@@ -245,4 +193,4 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-__all__ = ["DevCharEntry", "HostSnapshot", "IgnoredNode", "NvidiaNode", "observe", "observe_entry", "is_nvidia_path"]
+__all__ = ["observe", "observe_entry"]

@@ -1,0 +1,124 @@
+"""Finding the NVIDIA device nodes on the host: the scan of DRIVER_ROOT/dev and the fresh look at
+one name, both through directory fds opened confined to the root. What a node is (names, kinds,
+the majors each must carry) is decided in host/nodes.py, which stays pure.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvsymlinkd.host import procdevices as pd
+from nvsymlinkd.host.nodes import (
+    SUBDIRS,
+    TMP_PREFIX,
+    NvidiaNode,
+    classify,
+    dev_dir,
+    names_by_major,
+    node_from_stat,
+)
+from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
+
+
+def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors, temps: list | None = None):
+    """NVIDIA char nodes under DRIVER_ROOT/dev -> (nodes, ignored), both sorted by path.
+
+    DRIVER_ROOT/dev is opened confined to the root and read through its fd, so
+    a symlinked dev/ (or driver root) is followed as if the root were `/`,
+    never out of it. Inside paths of applier temporaries are added to `temps`.
+    """
+    base = dev_dir(driver_root)
+    prefix = base if base != "/" else ""
+    by_major = names_by_major(majors)
+    nodes: list = []
+    ignored: list = []
+    fds: list = []
+    try:
+        for rel, entry in _candidates(root, base, fds):
+            if rel.rpartition("/")[2].startswith(TMP_PREFIX):
+                if temps is not None:
+                    temps.append(f"{prefix}/{rel}")
+                continue
+            kind = classify(rel)
+            if kind is None:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            found = node_from_stat(f"{prefix}/{rel}", kind, st, by_major)
+            (nodes if type(found) is NvidiaNode else ignored).append(found)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    nodes.sort(key=lambda n: n.path)
+    ignored.sort(key=lambda n: n.path)
+    return nodes, ignored
+
+
+def observe_node(root: HostRoot, driver_root: str, rel: str, by_major: dict):
+    """A fresh lstat of one name under DRIVER_ROOT/dev (`nvidia0`, `nvidia-caps/nvidia-cap5`)
+    -> NvidiaNode, IgnoredNode, or None (absent, or not an NVIDIA node name).
+
+    Through the same confined directory fds as scan_nodes (a subdirectory never through a
+    symlink), and never from anything cached about the inode: a name can be reused by
+    another node at any time.
+    """
+    kind = classify(rel)
+    if kind is None:
+        return None
+    base = dev_dir(driver_root)
+    sub, _, name = rel.rpartition("/")
+    try:
+        fd = root.open_dir(base)
+    except OSError:
+        return None
+    try:
+        if sub:
+            subfd = os.open(sub, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = subfd
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return node_from_stat(f"{base if base != '/' else ''}/{rel}", kind, st, by_major)
+
+
+def _candidates(root: HostRoot, base: str, fds: list):
+    """(path relative to base, DirEntry) of every nvidia* entry (and applier temporary),
+    one level into the NVIDIA subdirs. The directory fds go to `fds`: the entries
+    stat through them, so the caller closes them when done."""
+    try:
+        fd = root.open_dir(base)
+    except OSError:
+        return
+    fds.append(fd)
+    try:
+        with os.scandir(fd) as it:
+            top = list(it)
+    except OSError:
+        return
+    for entry in top:
+        name = entry.name
+        if not name.startswith("nvidia"):
+            if name.startswith(TMP_PREFIX):
+                yield name, entry
+            continue
+        if name in SUBDIRS:
+            try:
+                # never descend through a symlinked directory (O_NOFOLLOW)
+                sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                continue
+            fds.append(sub)
+            try:
+                with os.scandir(sub) as it:
+                    inner = list(it)
+            except OSError:
+                continue
+            for child in inner:
+                yield f"{name}/{child.name}", child
+        else:
+            yield name, entry
