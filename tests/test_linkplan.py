@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from nvsymlinkd.devchar.plan import CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE, plan_sync
-from nvsymlinkd.devchar.snapshot import DevCharEntry, HostSnapshot
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot
 from nvsymlinkd.host.driverinfo import GPU, DriverInfo
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.host.procdevices import Majors
