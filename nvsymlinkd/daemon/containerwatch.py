@@ -28,9 +28,10 @@ from nvsymlinkd.daemon.loop import ContainerHook
 # verifies as soon as runc has written state.json, which it does once the hooks are done).
 SCOPE_RECHECK_DELAYS = (1.0, 5.0)
 RUNTIME_REASON = "runtime state written"
-# Passes asked for only by runtime state events wait, after the previous pass, as long as
-# that pass took: many containers starting at once keep the verifier busy half the time at
-# most, and each pass answers every container whose state landed meanwhile.
+# A pass asked for only by runtime state events, right after another such pass, waits as
+# long as that one took: many containers starting at once keep the verifier busy half the
+# time at most, and each pass answers every container whose state landed meanwhile. A lone
+# start (after a pass for any other reason) is not delayed.
 RUNTIME_DUTY = 1.0
 # Containers named in a reason (the journal's "check triggered by"); more are counted.
 REASON_NAMES = 3
@@ -78,6 +79,7 @@ class ContainerWatch(ContainerHook):
         self._task = None
         self._last_end = 0.0  # loop time the last verification ended
         self._last_seconds = 0.0  # and how long it ran
+        self._last_runtime_only = False  # whether it was asked for by runtime state events alone
 
     # -- triggers (ContainerHook) -------------------------------------------
 
@@ -119,7 +121,8 @@ class ContainerWatch(ContainerHook):
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            if all(r.startswith(RUNTIME_REASON) for r in self._pending):
+            runtime_only = all(r.startswith(RUNTIME_REASON) for r in self._pending)
+            if runtime_only and self._last_runtime_only:
                 rest = self._last_end + RUNTIME_DUTY * self._last_seconds - loop.time()
                 if rest > 0:
                     await asyncio.sleep(rest)  # a burst of starts: what lands meanwhile joins this pass
@@ -132,6 +135,7 @@ class ContainerWatch(ContainerHook):
                 self.journal.log(journalmod.ERR, f"container verification failed: {type(exc).__name__}: {exc}")
             self._last_end = loop.time()
             self._last_seconds = self._last_end - started
+            self._last_runtime_only = runtime_only
 
     def verify_and_repair(self, why: str):
         """One verification of every container (blocking; runs in a worker thread)."""
