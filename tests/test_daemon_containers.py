@@ -451,3 +451,56 @@ def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"  # kept: it was in DeviceAllow before the reload
     assert [m for m, f in d.entries(mark) if "CONTAINER_ID" in f] == [], d.output()  # nothing to say
     assert len(systemd_mock.observed()) == 1
+
+
+# A prestart hook doing what the NVIDIA hook does: grant a device outside the spec (devices.allow).
+# It also links the container's init into the fake root's /proc (runc_host.link_proc's job, done
+# here so that it is there before runc writes state.json). runc gives hooks the state on stdin.
+GRANT_HOOK = r"""
+import json, os, sys
+root, devices, rule = sys.argv[1:4]
+pid = json.load(sys.stdin)["pid"]
+os.makedirs(root + "/proc", exist_ok=True)
+os.symlink("/proc/%d" % pid, "%s/proc/%d" % (root, pid))
+with open(devices + "/devices.allow", "w") as f:
+    f.write(rule + "\n")
+"""
+
+
+def grant_hook(runc_host, cgroups_path: str, rule: str) -> dict:
+    devices = Path("/sys/fs/cgroup/devices") / cgroups_path.lstrip("/")
+    return {"prestart": [{"path": sys.executable,
+                          "args": [sys.executable, "-c", GRANT_HOOK, str(runc_host.root), str(devices), rule]}]}
+
+
+def test_new_hook_granted_container_is_prevented_once_runc_wrote_its_state(runc_host, systemd_mock, start_daemon):
+    """No scope signal, no resync: the daemon learns that the hooks are done from runc's state.json landing."""
+    scope = "runc-gpu-new.scope"
+    keep = [("/dev/char/1:3", "rwm"), ("/dev/char/5:0", "rwm")]
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    cgroups_path = f"{runc_host.parent}/{scope}"
+    freezer = f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=f"/sys/fs/cgroup/devices{cgroups_path}",
+                           freezer=freezer)
+    mark = d.mark()
+    c, proc = runc_host.create_async("gpu-new", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+                                     nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)],
+                                     env=["NVIDIA_VISIBLE_DEVICES=0,1"],
+                                     hooks=grant_hook(runc_host, cgroups_path, "c 195:1 rw"))
+    assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()
+    runc_host.link_proc(c)
+    message, _ = d.wait_entry("container-at-risk-not-in-spec", c.id, mark)
+    assert "GPU device access at risk (at-risk-not-in-spec): c 195:1" in message
+    assert "(check triggered by: runtime state written: gpu-new)" in message, d.output()
+    message, fields = d.wait_entry("repair-prevented", c.id, mark)
+    assert "verified: prevented" in message and fields["UNIT"] == scope
+    d.wait_entry("container-ok", c.id, mark)
+    allowed = systemd_mock.device_allow(scope)
+    assert ("/dev/char/195:0", "rw") in allowed and ("/dev/char/195:1", "rw") in allowed, allowed
+    (seen,) = systemd_mock.observed()
+    assert seen["freezer"] == "FROZEN"
+    # the baseline holds the hook's grant: taken once runc's state said created, not during the hook
+    saved = json.loads((runc_host.root / "run/nvsymlinkd/baselines/gpu-new.json").read_text())
+    assert saved["devices"]["c 195:1"] == "rw"
+    assert (runc_host.state_root / c.id / "exec.fifo").exists()  # created, never started: prevented before it ran
+    assert d.passes("periodic resync") == 0 and not any("new scope" in line for line in d.lines)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvsymlinkd.devchar.plan import CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE, plan_sync
 from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot
+from nvsymlinkd.devchar.plan import CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE, plan_sync
 from nvsymlinkd.host.driverinfo import GPU, DriverInfo
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.host.procdevices import Majors

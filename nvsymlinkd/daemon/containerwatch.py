@@ -1,9 +1,10 @@
 """The daemon's container side: verify GPU containers on events, journal findings, repair.
 
 Plugged into nvsymlinkd.daemon.loop.Daemon as its ContainerHook. Every trigger
-(start, reload finished, a new container scope, NVIDIA nodes changed, the
-periodic resync) asks for one verification of all containers; requests that
-arrive while one runs are folded into the next. The work (cgroup reads, bpf,
+(start, reload finished, a runtime's state file written, a new container
+scope, NVIDIA nodes changed, the periodic resync) asks for one verification
+of all containers; requests that arrive while one runs are folded into the
+next. The work (cgroup reads, bpf,
 D-Bus calls, freezer writes) runs in a worker thread so the event loop keeps
 serving inotify and systemd signals.
 
@@ -23,7 +24,17 @@ from nvsymlinkd.daemon.loop import ContainerHook
 
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create
 # order); look again once they have had time to finish, then once more for slow hooks.
+# The fallback for runtimes whose state the daemon does not watch (the runtime watch
+# verifies as soon as runc has written state.json, which it does once the hooks are done).
 SCOPE_RECHECK_DELAYS = (1.0, 5.0)
+RUNTIME_REASON = "runtime state written"
+# A pass asked for only by runtime state events, right after another such pass, waits as
+# long as that one took: many containers starting at once keep the verifier busy half the
+# time at most, and each pass answers every container whose state landed meanwhile. A lone
+# start (after a pass for any other reason) is not delayed.
+RUNTIME_DUTY = 1.0
+# Containers named in a reason (the journal's "check triggered by"); more are counted.
+REASON_NAMES = 3
 # Repair outcomes that change nothing: said once while the container's findings stay the same,
 # not at every pass (a "report" config or an impossible repair would otherwise repeat each resync).
 QUIET_REPEATS = ("repair-reported", "repair-refused", "repair-failed")
@@ -66,6 +77,9 @@ class ContainerWatch(ContainerHook):
         self._pending: set = set()
         self._wake = asyncio.Event()
         self._task = None
+        self._last_end = 0.0  # loop time the last verification ended
+        self._last_seconds = 0.0  # and how long it ran
+        self._last_runtime_only = False  # whether it was asked for by runtime state events alone
 
     # -- triggers (ContainerHook) -------------------------------------------
 
@@ -79,6 +93,11 @@ class ContainerWatch(ContainerHook):
         self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
         for delay in SCOPE_RECHECK_DELAYS:
             asyncio.get_running_loop().call_later(delay, self._request, f"new scope {unit}")
+
+    async def runtime_state_written(self, containers: list) -> None:
+        names = [c.rpartition("/")[2] for c in containers]
+        more = f" and {len(names) - REASON_NAMES} more" if len(names) > REASON_NAMES else ""
+        self._request(f"{RUNTIME_REASON}: {', '.join(names[:REASON_NAMES])}{more}")
 
     async def nodes_changed(self, result) -> None:
         self._request("NVIDIA nodes changed")
@@ -102,12 +121,21 @@ class ContainerWatch(ContainerHook):
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
+            runtime_only = all(r.startswith(RUNTIME_REASON) for r in self._pending)
+            if runtime_only and self._last_runtime_only:
+                rest = self._last_end + RUNTIME_DUTY * self._last_seconds - loop.time()
+                if rest > 0:
+                    await asyncio.sleep(rest)  # a burst of starts: what lands meanwhile joins this pass
             self._wake.clear()
             reasons, self._pending = sorted(self._pending), set()
+            started = loop.time()
             try:
                 await loop.run_in_executor(None, self.verify_and_repair, ", ".join(reasons))
             except Exception as exc:  # noqa: BLE001 - the link keeper must outlive any verifier bug
                 self.journal.log(journalmod.ERR, f"container verification failed: {type(exc).__name__}: {exc}")
+            self._last_end = loop.time()
+            self._last_seconds = self._last_end - started
+            self._last_runtime_only = runtime_only
 
     def verify_and_repair(self, why: str):
         """One verification of every container (blocking; runs in a worker thread)."""

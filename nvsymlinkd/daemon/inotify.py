@@ -20,6 +20,8 @@ import errno
 import os
 import struct
 
+from nvsymlinkd.containers.discovery import CONTAINERD_RUNC, CRUN_ROOT, RUNC_ROOTS
+from nvsymlinkd.containers.discovery import ID_RE as ID_NAME
 from nvsymlinkd.devchar.model import DEV_CHAR_NAME
 from nvsymlinkd.host import libc
 from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
@@ -27,6 +29,7 @@ from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
@@ -289,3 +292,150 @@ class LinkWatch(_Watch):
             elif name == self.name:  # in the parent: DEV_CHAR_PATH itself created, removed, renamed
                 changed = self.full = True
         return changed, overflowed
+
+
+# The runtimes' state roots (the ones discovery reads), and the files whose arrival says a
+# container is created: runc writes state.json only after its prestart and createRuntime
+# hooks have run (REFERENCE), crun its status file.
+RUNTIME_ROOTS = (*(base for base, _, _ in RUNC_ROOTS), CRUN_ROOT)
+RUNTIME_NAMESPACES = CONTAINERD_RUNC  # one runc root per containerd namespace in it
+RUNTIME_TOP = "/run"  # missing roots are waited for from their nearest ancestor, this one at most
+STATE_FILES = frozenset({"state.json", "status"})
+
+
+class RuntimeWatch(_Watch):
+    """Watches the container runtimes' state roots for a container's state file being written.
+
+    Each state root (and each containerd namespace's, as it appears) gets a
+    watch for new container directories, each container directory one for
+    its state file: written whole (IN_CLOSE_WRITE) or renamed in (runc's
+    atomic replace). A root that does not exist yet is waited for through
+    its nearest existing ancestor (up to /run), so the first container of a
+    runtime installed after the daemon started is seen too.
+
+    `poll()` returns (container directories whose state file landed,
+    overflowed); the caller verifies then. Nothing is read here but names:
+    what the file says is read and judged by discovery, as at any pass.
+    """
+
+    DIR_MASK = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+    CONTAINER_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK
+
+    def __init__(self, root: HostRoot):
+        super().__init__(root)
+        self.roots: set = set(RUNTIME_ROOTS)  # state roots, the namespaces' added as they are seen
+        self.limited = None  # the error that stopped adding container watches (ENOSPC), once said
+
+    def _open(self, inside: str) -> int:
+        # a container directory is never reached through a symlink (discovery skips those too)
+        parent, _, name = inside.rpartition("/")
+        if parent in self.roots:
+            pfd = self.root.open_dir(parent)
+            try:
+                return os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=pfd)
+            finally:
+                os.close(pfd)
+        return self.root.open_dir(inside)
+
+    def _kind(self, inside: str) -> str:
+        if inside in self.roots:
+            return "root"
+        if inside == RUNTIME_NAMESPACES:
+            return "namespaces"
+        if inside.rpartition("/")[0] in self.roots:
+            return "container"
+        return "ancestor"
+
+    def arm(self) -> set:
+        """Add missing watches -> container directories newly watched whose state file is already there.
+
+        Cheap when nothing is missing: one open per root and per ancestor, no listing
+        (containers are listed only when their root is newly watched).
+        """
+        landed: set = set()
+        if self._add(RUNTIME_NAMESPACES, self.DIR_MASK):
+            for ns in _id_subdirs(self.root, RUNTIME_NAMESPACES):
+                self.roots.add(f"{RUNTIME_NAMESPACES}/{ns}")
+        elif not self._watched(RUNTIME_NAMESPACES):
+            self._add_ancestor(RUNTIME_NAMESPACES)
+        for base in sorted(self.roots):
+            added = self._add(base, self.DIR_MASK)
+            if added:
+                for cid in _id_subdirs(self.root, base):
+                    landed |= self._add_container(f"{base}/{cid}")
+            elif added is False and base.rpartition("/")[0] != RUNTIME_NAMESPACES:
+                self._add_ancestor(base)
+        return landed
+
+    def _watched(self, inside: str) -> bool:
+        return any(path == inside for path, _ in self.watches.values())
+
+    def _add_ancestor(self, inside: str) -> None:
+        """Watch the nearest existing ancestor of a missing directory, up to RUNTIME_TOP."""
+        parent = inside.rpartition("/")[0]
+        while parent.startswith(RUNTIME_TOP):
+            if self._add(parent, self.DIR_MASK) is not False:
+                return
+            parent = parent.rpartition("/")[0]
+
+    def _add_container(self, inside: str) -> set:
+        try:
+            added = self._add(inside, self.CONTAINER_MASK)
+        except OSError as exc:  # ENOSPC: out of watches; the scope timers and resyncs still verify
+            self.limited = self.limited or exc
+            return set()
+        if not added:
+            return set()
+        # written between the directory's mkdir and this watch: no event will say so
+        for name in STATE_FILES:
+            try:
+                os.lstat(self.root.path(f"{inside}/{name}"))
+                return {inside}
+            except OSError:
+                continue
+        return set()
+
+    def poll(self):
+        """Drain the queue -> (container directories whose state file was written, overflowed)."""
+        landed: set = set()
+        overflowed = rearm = False
+        for wd, mask, name in self._events():
+            if mask & IN_Q_OVERFLOW:
+                overflowed = True
+                continue
+            watched = self.watches.get(wd)
+            if watched is None:
+                continue
+            where = watched[0]
+            if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                self.watches.pop(wd, None)
+                if self._kind(where) != "container":
+                    rearm = True  # a root or an ancestor went: wait for it again from above
+                continue
+            kind = self._kind(where)
+            if kind == "container":
+                if name in STATE_FILES and not mask & IN_ISDIR:
+                    landed.add(where)
+            elif not mask & IN_ISDIR:
+                continue
+            elif kind == "root":
+                if ID_NAME.fullmatch(name):
+                    landed |= self._add_container(f"{where}/{name}")
+            elif kind == "namespaces":
+                if ID_NAME.fullmatch(name):
+                    self.roots.add(f"{where}/{name}")
+                    rearm = True
+            elif any(p.startswith(f"{where.rstrip('/')}/{name}") for p in (*self.roots, RUNTIME_NAMESPACES)):
+                rearm = True  # an ancestor got the next directory on the way to a root
+        if rearm:
+            landed |= self.arm()
+        return landed, overflowed
+
+
+def _id_subdirs(root: HostRoot, inside: str) -> list:
+    try:
+        it = os.scandir(root.path(inside))
+    except OSError:
+        return []
+    with it:
+        return sorted(de.name for de in it if ID_NAME.fullmatch(de.name) and de.is_dir(follow_symlinks=False))

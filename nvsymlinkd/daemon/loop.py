@@ -10,8 +10,10 @@ starts a pass at once (a single node gets its link in about a millisecond on
 a small host), everything arriving while it runs is folded into the next one.
 
 The container verifier plugs in through ContainerHook: after a reload has
-been followed by a link resync, when a container scope appears, and when the
-set of NVIDIA nodes changed.
+been followed by a link resync, when a container scope appears, when a
+runtime wrote a container's state file (inotify on the runtimes' state roots:
+runc writes state.json once the container's hooks have run), and when the set
+of NVIDIA nodes changed.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class ContainerHook:
         """A container scope (docker-*.scope, cri-containerd-*.scope, ...) appeared."""
         self.journal.debug(f"container scope {unit} appeared (no container verifier installed)")
 
+    async def runtime_state_written(self, containers: list) -> None:
+        """A runtime wrote the state file of these containers (inside paths of their state
+        directories): runc does once a container's hooks have run, so verify now."""
+        self.journal.debug(f"runtime state written for {len(containers)} containers (no container verifier installed)")
+
     async def nodes_changed(self, result) -> None:
         """The set of NVIDIA nodes changed; `result` is the reconcile's SyncResult."""
         self.journal.debug(f"NVIDIA nodes changed: now {len(result.snapshot.nodes)}")
@@ -92,6 +99,7 @@ class Daemon:
         self.use_bus = use_bus
         self.devwatch = None
         self.linkwatch = None
+        self.runtimewatch = None
         self.udev = None
         self.systemd = None
         self.bus_state = "off"
@@ -153,6 +161,7 @@ class Daemon:
                            f"links in {self.config.dev_char_path}, resync every {self._interval_text()}")
         self._start_devwatch()
         self._start_linkwatch()
+        self._start_runtimewatch()
         if self.use_udev:
             self._start_udev()
         self._spawn(self.metrics.run())
@@ -200,6 +209,10 @@ class Daemon:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_devwatch()
         self._stop_linkwatch()
+        if self.runtimewatch is not None:
+            self._loop.remove_reader(self.runtimewatch.fileno())
+            self.runtimewatch.close()
+            self.runtimewatch = None
         if self.udev is not None:
             self._loop.remove_reader(self.udev.fileno())
             self.udev.close()
@@ -312,6 +325,51 @@ class Daemon:
         elif changed and request:
             self.request("links changed")
 
+    def _start_runtimewatch(self) -> None:
+        from nvsymlinkd.daemon.inotify import RuntimeWatch
+
+        try:
+            self.runtimewatch = RuntimeWatch(self.root)
+        except OSError as exc:
+            self.journal.warning(f"inotify unavailable ({exc.strerror}); new containers are verified "
+                                 "1 s and 5 s after their scope appears")
+            return
+        self._loop.add_reader(self.runtimewatch.fileno(), self._on_runtimewatch)
+        self._arm_runtimewatch(answer=False)  # the containers there now: the startup verification sees them
+
+    def _arm_runtimewatch(self, answer: bool = True) -> None:
+        """(Re)add the runtime state watches; a state file that landed unseen is answered now."""
+        if self.runtimewatch is None:
+            return
+        try:
+            landed = self.runtimewatch.arm()
+        except OSError as exc:
+            landed = set()
+            self._runtimewatch_limited(exc)
+        self._runtimewatch_limited(self.runtimewatch.limited)
+        if landed and answer:
+            self._spawn(self._call_hook("runtime_state_written", sorted(landed)))
+
+    def _runtimewatch_limited(self, exc) -> None:
+        if exc is not None and not self.runtimewatch.missing_reported:
+            self.runtimewatch.missing_reported = True
+            self.journal.notice(f"cannot watch the container runtimes' state ({exc.strerror}); new containers "
+                                "are verified 1 s and 5 s after their scope appears")
+
+    def _on_runtimewatch(self) -> None:
+        try:
+            landed, overflowed = self.runtimewatch.poll()
+        except OSError as exc:
+            self.journal.warning(f"reading inotify events failed ({exc.strerror}); verifying containers")
+            landed, overflowed = {"(unreadable events)"}, False
+        self._runtimewatch_limited(self.runtimewatch.limited)
+        if overflowed:
+            self.journal.event("event-overflow", NOTICE, "inotify queue on the runtimes' state overflowed: "
+                               "verifying containers")
+            landed.add("(overflow)")
+        if landed:
+            self._spawn(self._call_hook("runtime_state_written", sorted(landed)))
+
     def _drain_watches(self) -> None:
         """Read what the inotify queues hold right before a pass observes: that pass answers it.
 
@@ -364,6 +422,7 @@ class Daemon:
             if reload_done:
                 await self._call_hook("reload_finished")
             elif "periodic resync" in reasons:
+                self._arm_runtimewatch()  # a root that could not be watched before
                 await self._call_hook("periodic")
 
     async def _pass(self, reasons: dict) -> None:
