@@ -30,11 +30,15 @@ def host(tmp_path, need_root):
 def daemon(host):
     d = DaemonProcess(host.root, "--resync-interval", "0", env={"NVSYMLINKD_DEBUG": "1"})
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    # the pass's debug line comes after its links: a test's mark must come after both
+    d.wait_for_line(r"pass 1 \(startup\)")
     yield d
     d.stop()
 
 
 def passes_since(d, mark: int) -> list:
+    """The pass lines since `mark`, at least one: a pass prints its line after its links are made."""
+    d.wait_for_line(r"pass \d+ \(", after=mark)
     return [line for line in d.lines[mark:] if re.search(r"pass \d+ \(", line)]
 
 
@@ -70,8 +74,10 @@ def test_removed_link_and_foreign_link_per_name(host, daemon):
     mark = daemon.mark()
     os.unlink(host.path("/dev/char/195:0"))
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "the link is back")
-    os.unlink(host.path("/dev/char/195:0"))
-    os.symlink("../null", host.path("/dev/char/195:0"))
+    # put the foreign link in place atomically: the daemon relinks an unlinked name within about a
+    # millisecond, faster than an unlink followed by a symlink
+    os.symlink("../null", host.path("/dev/char/.foreign-195:0"))
+    os.rename(host.path("/dev/char/.foreign-195:0"), host.path("/dev/char/195:0"))
     daemon.wait_for_line(r"conflict at /dev/char/195:0 .*foreign symlink to \.\./null", after=mark)
     assert links(host)["195:0"] == "../null"
     lines = passes_since(daemon, mark)
@@ -83,4 +89,5 @@ def test_new_major_falls_back_to_a_full_pass(host, daemon):
     host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS_MAJOR, "nvidia-nvswitch": 240})
     host.node("/dev/nvidia-nvswitch0", 240, 0)
     daemon.wait_until(lambda: (links(host) or {}).get("240:0") == "../nvidia-nvswitch0", "a link for the new major")
-    assert any("incremental" not in line for line in passes_since(daemon, mark))
+    # a pass prints its line after its links are made: wait for the full pass's line, not just its link
+    daemon.wait_for_line(r"pass \d+ \([^)]*\): \d+ changes?$", after=mark)
