@@ -61,8 +61,11 @@ def settled(d, quiet: float = 0.5, timeout: float = 30.0) -> int:
     return count
 
 
-def metric(host, name: str) -> float:
-    text = host.path("/metrics/nvsymlinkd.prom").read_text()
+def metric(host, name: str) -> float | None:
+    try:
+        text = host.path("/metrics/nvsymlinkd.prom").read_text()
+    except FileNotFoundError:
+        return None  # not written yet: the daemon writes it soon after a change
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     assert m, f"{name} not in\n{text}"
     return float(m.group(1))
@@ -92,8 +95,14 @@ def test_link_replaced_by_a_wrong_nvidia_one_is_put_back(host, daemon, target):
 
 def test_directory_replaced_or_removed(host, daemon):
     dev_char = host.path("/dev/char")
-    os.rename(dev_char, host.path("/dev/char.old"))
-    dev_char.mkdir()
+    # swapped while the daemon is stopped: running, it would remake /dev/char between the rename and
+    # the mkdir (it did, under load); the events wait in the queue for it
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        os.rename(dev_char, host.path("/dev/char.old"))
+        dev_char.mkdir()
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "links in the new, empty directory")
     # the new directory is watched in its turn
     os.unlink(dev_char / "195:1")
@@ -167,8 +176,9 @@ def test_coexists_with_nvidia_ctk_absolute_links(host, daemon):
     end_state = links(host)
     want = dict(STANDARD_LINKS, **{"195:0": "/dev/nvidia0", "195:1": "/dev/nvidia1", "195:255": "/dev/nvidiactl"})
     assert end_state == want
-    said = "\n".join(daemon.lines[start:])
-    assert "replaced link" not in said and "failed to" not in said and "conflict" not in said, said
+    said = [line for line in daemon.lines[start:]
+            if "replaced link" in line or "failed to" in line or "conflict" in line]
+    assert not said, "\n".join(said) + "\n--- whole log ---\n" + "\n".join(daemon.lines[start:])
     # stable: a quiet daemon stays quiet and leaves the end state alone
     passes = settled(daemon)
     time.sleep(0.5)
