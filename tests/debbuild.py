@@ -3,6 +3,7 @@ tests/test_packages.py and the VM harness tests/vm/vmhost.py).
 
     from debbuild import build_deb
     deb = build_deb(Path("/tmp/work"))   # /tmp/work/nvsymlinkd_<version>_all.deb
+    newer = build_deb(Path("/tmp/up"), version="0.1.1")   # the same source as a higher version (upgrades)
 
 The build runs `dpkg-buildpackage -us -uc -b` with the system toolchain (pyenv shims, venvs and
 PYTHONPATH stripped: they break pybuild), in a copy of the tree so no build product lands in the repo.
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -86,10 +89,28 @@ def source_key() -> Optional[str]:
     return h.hexdigest()[:16]
 
 
-def build_deb(work: Path) -> Path:
+def bump_version(src: Path, version: str) -> None:
+    """Make the copy at src the next release: a new debian/changelog entry (what `dch -v` writes)
+    and the same __version__ (pyproject reads it), so the upgraded daemon says which one it is."""
+    init = src / "nvsymlinkd" / "__init__.py"
+    text, n = re.subn(r'^__version__ = "[^"]*"$', f'__version__ = "{version}"', init.read_text(), flags=re.M)
+    assert n == 1, f"{init}: no __version__ line"
+    init.write_text(text)
+    changelog = src / "debian" / "changelog"
+    old = changelog.read_text()
+    maintainer = re.search(r"^ -- (.+?>)  ", old, re.M).group(1)
+    date = time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime())
+    changelog.write_text(f"nvsymlinkd ({version}) unstable; urgency=medium\n\n  * Rebuilt as a higher version "
+                         f"(upgrade test).\n\n -- {maintainer}  {date}\n\n" + old)
+
+
+def build_deb(work: Path, version: Optional[str] = None) -> Path:
     """dpkg-buildpackage -us -uc -b in work/nvsymlinkd (a copy of the tree); returns the .deb,
-    which lands in work/ next to the .changes and .buildinfo."""
+    which lands in work/ next to the .changes and .buildinfo. version: build the copy as that
+    (higher) version instead (bump_version)."""
     src = copy_tree(work / "nvsymlinkd")
+    if version:
+        bump_version(src, version)
     run(["dpkg-buildpackage", "-us", "-uc", "-b"], cwd=src)
     debs = sorted(work.glob("nvsymlinkd_*_all.deb"))
     assert len(debs) == 1, sorted(p.name for p in work.iterdir())

@@ -179,6 +179,18 @@ INSTALL_SCRIPT = textwrap.dedent("""\
     cmp $R/tmp/rendered/nvsymlinkd.service $R/lib/systemd/system/nvsymlinkd.service && echo same
     echo '@@@ verify'
     chroot $R systemd-analyze verify /lib/systemd/system/nvsymlinkd.service /lib/systemd/system/nvsymlinkd-sync.service 2>&1
+    # what the daemon leaves in its default state_dir
+    mkdir -p $R/run/nvsymlinkd/baselines && echo '{{}}' > $R/run/nvsymlinkd/baselines/c1.json
+    echo '@@@ remove'
+    chroot $R dpkg --remove nvsymlinkd
+    echo '@@@ removeleft'
+    cd $R && find usr lib etc var run -xdev -name '*nvsymlinkd*' | sort; cd /
+    echo '@@@ purge'
+    chroot $R dpkg --purge nvsymlinkd
+    echo '@@@ purgeleft'
+    cd $R && find usr lib etc var run -xdev -name '*nvsymlinkd*' | sort; cd /
+    echo '@@@ purgelinks'
+    for l in $R/dev/char/*; do echo "$(basename $l) -> $(readlink $l)"; done
     echo '@@@ end'
     """)
 
@@ -204,6 +216,16 @@ def test_deb_installs_and_runs_in_a_throwaway_root(deb_build, need_root):
     assert sections["render"].strip() == "same"
     # systemd accepts the installed units, including that man:nvsymlinkd(8) exists
     assert sections["verify"].strip() == "", sections["verify"]
+    # remove keeps what Debian policy keeps until purge: the conffile, the units' enablement
+    # (dangling *.wants links and deb-systemd-helper's record), dpkg's record, the daemon's state
+    kept = sections["removeleft"].split()
+    assert "etc/nvsymlinkd/nvsymlinkd.toml" in kept and "run/nvsymlinkd" in kept, kept
+    assert not [p for p in kept if p.startswith(("usr/", "lib/"))], kept
+    # purge: nothing of the package is left (docs/install.md, Uninstall) but the /dev/char links;
+    # man-db's formatted-page cache is man-db's (its daily mandb run drops pages whose source is gone)
+    left = [p for p in sections["purgeleft"].split() if not p.startswith("var/cache/man/")]
+    assert left == [], sections["purgeleft"]
+    assert sections["purgelinks"].split("\n")[:2] == ["195:0 -> ../nvidia0", "195:255 -> ../nvidiactl"]
 
 
 # -- .rpm -------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ Elsewhere they skip when qemu/mmdebstrap/headers are absent or when not root.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -169,3 +172,33 @@ def test_pod_scenarios_default_and_full():
     full = vmhost.list_scenarios("full")
     for name in ("s20_pod_keeps_gpu@v1", "s21_pod_rolling", "s22_pod_report_only", "s23_pod_driver_container"):
         assert name in full and name not in names, name
+
+
+def test_upgrade_package_is_a_higher_version_of_the_same_source(tmp_path):
+    """'packages=upgrade' scenarios upgrade to the tree rebuilt as upgrade_version(): dpkg must
+    see it as higher, and the program inside must say the same version."""
+    need_tool("dpkg-parsechangelog")
+    import debbuild
+
+    for rel in ("nvsymlinkd/__init__.py", "debian/changelog"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(vmhost.REPO / rel, tmp_path / rel)
+    current = re.search(r'__version__ = "(.+)"', (vmhost.REPO / "nvsymlinkd/__init__.py").read_text()).group(1)
+    newer = vmhost.upgrade_version()
+    debbuild.bump_version(tmp_path, newer)
+    parsed = subprocess.run(["dpkg-parsechangelog", "-l", str(tmp_path / "debian/changelog"), "-S", "Version"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert parsed == newer
+    assert subprocess.run(["dpkg", "--compare-versions", newer, "gt", current]).returncode == 0, (newer, current)
+    assert f'__version__ = "{newer}"' in (tmp_path / "nvsymlinkd/__init__.py").read_text()
+
+
+def test_packages_option_needs_the_deb(tmp_path, monkeypatch):
+    (tmp_path / "s95_upgrade.py").write_text("# vm: nvsymlinkd=off packages=upgrade\n")
+    (tmp_path / "s96_typo.py").write_text("# vm: nvsymlinkd=off packages=upgrad\n")
+    monkeypatch.setattr(vmhost, "SCENARIOS_DIR", tmp_path)
+    monkeypatch.setattr(shutil, "which", lambda tool: "/usr/bin/" + tool)
+    assert vmhost.scenario_options("s95_upgrade")["packages"] == "upgrade"
+    for name, message in (("s95_upgrade", "pass deb="), ("s96_typo", "must be upgrade")):
+        with pytest.raises(vmhost.VmError, match=message):
+            vmhost.run_scenario(name, None, tmp_path, out_root=tmp_path / "runs")

@@ -3,7 +3,7 @@
 
     python3 tests/vm/vmhost.py build                 # guest image (cached, keyed on its inputs)
     python3 tests/vm/vmhost.py modules               # fake NVIDIA modules for the guest kernel
-    python3 tests/vm/vmhost.py deb                   # the project's .deb (cached, keyed on the source)
+    python3 tests/vm/vmhost.py deb [--upgrade]       # the project's .deb (cached, keyed on the source)
     python3 tests/vm/vmhost.py run s01_reload_loses_gpu [...]   # one fresh boot per scenario
 
 The guest is Debian 12 (systemd, udev, D-Bus, runc) under qemu TCG. Two 9p shares: the
@@ -345,9 +345,18 @@ class Package:
     build_s: float = 0.0
 
 
-def build_package() -> Package:
+def upgrade_version() -> str:
+    """The rebuilt higher version 'packages=upgrade' scenarios upgrade to: the tree's version with
+    its last number plus one (0.1.0 -> 0.1.1)."""
+    current = re.search(r'^__version__ = "([^"]+)"$', (REPO / "nvsymlinkd" / "__init__.py").read_text(), re.M).group(1)
+    head, last = re.match(r"(.*?)(\d+)$", current).groups()
+    return f"{head}{int(last) + 1}"
+
+
+def build_package(version: Optional[str] = None) -> Package:
     """The project's .deb (dpkg-buildpackage in a copy of the tree, tests/debbuild.py), cached
-    under CACHE/deb-<hash of the tree's files outside tests/>: rebuilt when the source changes."""
+    under CACHE/deb-<hash of the tree's files outside tests/>: rebuilt when the source changes.
+    version: the same source built as that (higher) version, cached under CACHE/debup-VERSION-<hash>."""
     for tool in ("dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise VmError(f"'{tool}' is missing: apt-get install the packages in .ci/apt.d/packaging.txt")
@@ -356,25 +365,26 @@ def build_package() -> Package:
     import debbuild
 
     key = debbuild.source_key() or f"nogit{os.getpid()}"   # no git: no file list to key on
-    final = CACHE / f"deb-{key}"
+    kind = f"debup-{version}" if version else "deb"
+    final = CACHE / f"{kind}-{key}"
     with _CacheLock():
         if cache_entry_ok(final):
             manifest = json.loads((final / "manifest.json").read_text())
             log(f"package {final} is cached (key {key})")
             return Package(final / next(iter(manifest["files"])))
-        _remove_stale_tmp("deb")
+        _remove_stale_tmp(kind)
         start = time.monotonic()
-        tmp = CACHE / f".tmp-deb-{key}-{os.getpid()}"
+        tmp = CACHE / f".tmp-{kind}-{key}-{os.getpid()}"
         tmp.mkdir(parents=True)
         try:
-            deb = debbuild.build_deb(tmp / "work")
+            deb = debbuild.build_deb(tmp / "work", version=version)
         except (AssertionError, OSError, subprocess.SubprocessError) as e:
             raise VmError(f"building the .deb (dpkg-buildpackage -us -uc -b) failed: {e}") from e
         os.rename(deb, tmp / deb.name)
         shutil.rmtree(tmp / "work")
         elapsed = time.monotonic() - start
         _write_manifest(tmp, [deb.name], {"key": key, "build_s": round(elapsed, 1)})
-        _publish(tmp, final, "deb-")
+        _publish(tmp, final, f"{kind}-")
         log(f"package {final / deb.name} built in {elapsed:.0f} s")
         return Package(final / deb.name, built=True, build_s=elapsed)
 
@@ -514,9 +524,12 @@ def scenario_options(name: str) -> Dict[str, str]:
     hierarchies the scenario runs on (default v2; v1 boots systemd.unified_cgroup_hierarchy=0,
     listed as NAME@v1). pod=yes: the run dir gets deploy/kubernetes rendered and the DaemonSet's
     image (stage_pod). matrix=full: only with NVSYMLINKD_VM_MATRIX=full (the default run keeps a
-    representative subset); full=v1: hierarchies added only with NVSYMLINKD_VM_MATRIX=full."""
+    representative subset); full=v1: hierarchies added only with NVSYMLINKD_VM_MATRIX=full.
+    packages=upgrade: the .deb and the same source rebuilt as a higher version are put, under their
+    real file names, in /mnt/run/debs for the scenario to install itself (with nvsymlinkd=off);
+    upgrade_version()."""
     opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default", "full": "",
-            "pod": "no"}
+            "pod": "no", "packages": ""}
     for line in scenario_path(name).read_text().splitlines()[:20]:
         if line.startswith("# vm:"):
             for word in line[len("# vm:"):].split():
@@ -631,7 +644,9 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
         opts["nvsymlinkd"] = install
     if opts["nvsymlinkd"] not in ("off", "deb", "source"):
         raise VmError(f"{scenario_path(name)}: '# vm: nvsymlinkd={opts['nvsymlinkd']}' must be off, deb or source")
-    if opts["nvsymlinkd"] == "deb" and deb is None:
+    if opts["packages"] not in ("", "upgrade"):
+        raise VmError(f"{scenario_path(name)}: '# vm: packages={opts['packages']}' must be upgrade or absent")
+    if (opts["nvsymlinkd"] == "deb" or opts["packages"]) and deb is None:
         raise VmError(f"{name} installs the .deb: pass deb=build_package().deb")
     timeout = timeout or float(opts["timeout"])
     out_root = out_root or CACHE / "runs"
@@ -646,6 +661,10 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     (run_dir / "scenarios.txt").write_text(name + "\n")
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
+    if opts["packages"] == "upgrade":
+        (run_dir / "debs").mkdir()
+        for package in (deb, build_package(upgrade_version()).deb):
+            shutil.copy(package, run_dir / "debs" / package.name)
     (run_dir / "timeout").write_text(str(int(timeout)))
     pod = stage_pod(run_dir) if opts["pod"] == "yes" else None
     argv = qemu_argv(image, run_dir, guest_cmdline(name, opts["nvsymlinkd"]))
@@ -720,7 +739,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     b = sub.add_parser("build", help="build (or reuse) the guest image")
     b.add_argument("--force", action="store_true", help="rebuild even if the cache verifies")
     sub.add_parser("modules", help="build (or reuse) the fake NVIDIA modules")
-    sub.add_parser("deb", help="build (or reuse) the project's .deb that 'nvsymlinkd=deb' scenarios install")
+    d = sub.add_parser("deb", help="build (or reuse) the project's .deb that 'nvsymlinkd=deb' scenarios install")
+    d.add_argument("--upgrade", action="store_true", help="build the same source as the next higher version, as "
+                   "'packages=upgrade' scenarios do")
     sub.add_parser("list", help="list scenarios")
     r = sub.add_parser("run", help="boot one fresh guest per scenario and print the verdicts")
     r.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
@@ -737,7 +758,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(build_modules())
             return 0
         if args.cmd == "deb":
-            print(build_package().deb)
+            print(build_package(upgrade_version() if args.upgrade else None).deb)
             return 0
         image = build_image(force=getattr(args, "force", False))
         if args.cmd == "build":
@@ -746,7 +767,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         modules = build_modules(image.kernel)
         names = args.scenarios or list_scenarios()
         deb = None
-        if any(scenario_options(n)["nvsymlinkd"] == "deb" for n in names) and args.nvsymlinkd != "source":
+        if any(scenario_options(n)["nvsymlinkd"] == "deb" or scenario_options(n)["packages"] for n in names) \
+                and args.nvsymlinkd != "source":
             deb = build_package().deb
         failed = 0
         for name in names:
