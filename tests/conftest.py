@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,33 @@ def runc_host(tmp_path, need_root):
         yield host
     finally:
         host.cleanup()
+
+
+# Real cgroup v1 device cgroups under a throwaway parent (the verifier's and the hostile-input tests').
+V1_DEVICES = Path("/sys/fs/cgroup/devices")
+
+
+@pytest.fixture
+def v1_parent(need_root):
+    if not (V1_DEVICES / "devices.list").exists():
+        if IN_CI:
+            pytest.fail("CI must run this test on a host with the cgroup v1 devices controller", pytrace=False)
+        pytest.skip("needs the cgroup v1 devices controller")
+    name = f"nvsymlinkd-test-{uuid.uuid4().hex[:8]}"
+    (V1_DEVICES / name).mkdir()
+    try:
+        yield name
+    finally:
+        for d in sorted((V1_DEVICES / name).iterdir(), reverse=True):
+            if d.is_dir():
+                d.rmdir()
+        (V1_DEVICES / name).rmdir()
+
+
+def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
+    d = V1_DEVICES / parent / leaf
+    d.mkdir()
+    (d / "devices.deny").write_text("a\n")
+    for rule in allow:
+        (d / "devices.allow").write_text(rule + "\n")
+    return f"/{parent}/{leaf}"

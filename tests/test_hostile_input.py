@@ -9,42 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
-from pathlib import Path
 
 import pytest
-from conftest import IN_CI
+from conftest import v1_cgroup
 from fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
-V1_DEVICES = Path("/sys/fs/cgroup/devices")
 CID = "lost1"
 DEEP = 200_000
-
-
-@pytest.fixture
-def v1_parent(need_root):
-    if not (V1_DEVICES / "devices.list").exists():
-        if IN_CI:
-            pytest.fail("CI must run this test on a host with the cgroup v1 devices controller", pytrace=False)
-        pytest.skip("needs the cgroup v1 devices controller")
-    name = f"nvsymlinkd-hostile-{uuid.uuid4().hex[:8]}"
-    (V1_DEVICES / name).mkdir()
-    try:
-        yield name
-    finally:
-        for d in sorted((V1_DEVICES / name).iterdir(), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        (V1_DEVICES / name).rmdir()
-
-
-def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
-    d = V1_DEVICES / parent / leaf
-    d.mkdir()
-    (d / "devices.deny").write_text("a\n")
-    for rule in allow:
-        (d / "devices.allow").write_text(rule + "\n")
-    return f"/{parent}/{leaf}"
 
 
 GPU_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 1), spec_rule(195, 255)],

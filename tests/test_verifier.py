@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
-from pathlib import Path
 
 import bpfasm
 import pytest
-from conftest import IN_CI
+from conftest import v1_cgroup
 from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.access import bpfeval as be
@@ -243,35 +241,6 @@ def test_host_findings(fakehost):
 
 
 # --- verify_all over fixtures with real v1 device cgroups -------------------------------------
-
-V1_DEVICES = Path("/sys/fs/cgroup/devices")
-
-
-@pytest.fixture
-def v1_parent(need_root):
-    if not (V1_DEVICES / "devices.list").exists():
-        if IN_CI:
-            pytest.fail("CI must run this test on a host with the cgroup v1 devices controller", pytrace=False)
-        pytest.skip("needs the cgroup v1 devices controller")
-    name = f"nvsymlinkd-verify-{uuid.uuid4().hex[:8]}"
-    (V1_DEVICES / name).mkdir()
-    try:
-        yield name
-    finally:
-        for d in sorted((V1_DEVICES / name).iterdir(), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        (V1_DEVICES / name).rmdir()
-
-
-def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
-    d = V1_DEVICES / parent / leaf
-    d.mkdir()
-    (d / "devices.deny").write_text("a\n")
-    for rule in allow:
-        (d / "devices.allow").write_text(rule + "\n")
-    return f"/{parent}/{leaf}"
-
 
 def test_verify_all_over_fixtures(fakehost, v1_parent):
     from nvsymlinkd.verify.verifier import verify_all
