@@ -167,6 +167,29 @@ class _Watch:
             out.extend(parse_events(buf))
         return out
 
+    def _drain(self):
+        """Drain the queue -> (events [(dir, mask, name)], gone [dir], overflowed).
+
+        A watched directory that went (removed, renamed away, unmounted: IN_IGNORED,
+        IN_DELETE_SELF, IN_MOVE_SELF) is forgotten and listed in `gone`; arm() re-adds it.
+        """
+        events: list = []
+        gone: list = []
+        overflowed = False
+        for wd, mask, name in self._events():
+            if mask & IN_Q_OVERFLOW:
+                overflowed = True
+                continue
+            watched = self.watches.get(wd)
+            if watched is None:
+                continue
+            if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                self.watches.pop(wd, None)
+                gone.append(watched[0])
+                continue
+            events.append((watched[0], mask, name))
+        return events, gone, overflowed
+
 
 class DevWatch(_Watch):
     """Watches DRIVER_ROOT/dev (+ NVIDIA subdirectories) of one host root.
@@ -201,20 +224,10 @@ class DevWatch(_Watch):
 
     def poll(self):
         """Drain the queue -> (changed, overflowed); names go to `names` (relative to DRIVER_ROOT/dev)."""
-        changed = overflowed = False
-        for wd, mask, name in self._events():
-            if mask & IN_Q_OVERFLOW:
-                overflowed = self.full = True
-                continue
-            watched = self.watches.get(wd)
-            if watched is None:
-                continue
-            where = watched[0]
-            if mask & IN_IGNORED or mask & (IN_DELETE_SELF | IN_MOVE_SELF):
-                # the directory went away: forget it; arm() re-adds it if it comes back
-                self.watches.pop(wd, None)
-                changed = self.full = True
-                continue
+        events, gone, overflowed = self._drain()
+        changed = bool(gone)  # a directory of nodes went: everything in it
+        self.full = self.full or overflowed or changed
+        for where, mask, name in events:
             if where == self.base:
                 if not name.startswith("nvidia"):
                     continue
@@ -268,21 +281,10 @@ class LinkWatch(_Watch):
 
     def poll(self):
         """Drain the queue -> (changed, overflowed); `M:m` names go to `names`."""
-        changed = overflowed = False
-        for wd, mask, name in self._events():
-            if mask & IN_Q_OVERFLOW:
-                overflowed = self.full = True
-                continue
-            watched = self.watches.get(wd)
-            if watched is None:
-                continue
-            where = watched[0]
-            if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
-                # removed, renamed away or unmounted: forget it; the pass this asks for re-adds it
-                self.watches.pop(wd, None)
-                if where == self.path:
-                    changed = self.full = True
-                continue
+        events, gone, overflowed = self._drain()
+        changed = self.path in gone  # DEV_CHAR_PATH itself went: the pass this asks for re-adds it
+        self.full = self.full or overflowed or changed
+        for where, _mask, name in events:
             if where == self.path:
                 m = DEV_CHAR_NAME.fullmatch(name)
                 if m is None or (self.majors is not None and int(m.group(1)) not in self.majors):
@@ -398,20 +400,10 @@ class RuntimeWatch(_Watch):
     def poll(self):
         """Drain the queue -> (container directories whose state file was written, overflowed)."""
         landed: set = set()
-        overflowed = rearm = False
-        for wd, mask, name in self._events():
-            if mask & IN_Q_OVERFLOW:
-                overflowed = True
-                continue
-            watched = self.watches.get(wd)
-            if watched is None:
-                continue
-            where = watched[0]
-            if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
-                self.watches.pop(wd, None)
-                if self._kind(where) != "container":
-                    rearm = True  # a root or an ancestor went: wait for it again from above
-                continue
+        events, gone, overflowed = self._drain()
+        # a root or an ancestor went: wait for it again from above
+        rearm = any(self._kind(where) != "container" for where in gone)
+        for where, mask, name in events:
             kind = self._kind(where)
             if kind == "container":
                 if name in STATE_FILES and not mask & IN_ISDIR:
