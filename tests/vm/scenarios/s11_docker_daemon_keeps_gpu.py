@@ -5,7 +5,9 @@ the prestart hook behind systemd's back). nvsymlinkd sees each container, journa
 repair-prevented, and `check --json` lists it ok as runtime docker with its docker-<id>.scope.
 Then 20 daemon-reloads, 2 daemon-reexecs, 10 `docker update --cpuset-cpus`, a restart of dockerd
 (live-restore) and of containerd: gpupoll in each container (open every 10 ms) sees zero
-denied opens.
+denied opens. A plain (non-GPU) container beside them is not listed as a GPU one; `repair` and
+`check` take the Docker name, an id prefix and the scope; the journal says at risk, prevented,
+ok once per hook-granted container, naming it (CONTAINER_NAME).
 """
 # vm: nvsymlinkd=deb timeout=600
 import os
@@ -27,6 +29,6 @@ with Scenario() as sc:
     try:
         ctrs = [docker.run_gpu("gpu-gpus"),
                 docker.run_gpu("gpu-legacy", gpus=False, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"])]
-        prove_prevention(sc, docker, ctrs, "docker")
+        prove_prevention(sc, docker, ctrs, "docker", plain=[docker.run_plain("web")])
     finally:
         docker.remove_all()
