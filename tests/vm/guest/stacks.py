@@ -459,6 +459,17 @@ def wait_prevented(ctr: StackContainer, timeout: float = 60) -> Optional[dict]:
     return entry
 
 
+def unit_started(unit: str) -> Optional[float]:
+    """The unit's ActiveEnterTimestamp (realtime seconds) from systemd over D-Bus, or None."""
+    path = sh("busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+              "org.freedesktop.systemd1.Manager", "GetUnit", "s", unit, check=False).stdout.split()
+    if len(path) != 2:
+        return None
+    got = sh("busctl", "get-property", "org.freedesktop.systemd1", path[1].strip('"'),
+             "org.freedesktop.systemd1.Unit", "ActiveEnterTimestamp", check=False).stdout.split()
+    return int(got[1]) / 1e6 if len(got) == 2 and got[1].isdigit() and int(got[1]) else None
+
+
 def check_json() -> dict:
     from vmguest import nvsymlinkd
     proc = nvsymlinkd("check", "--json")
@@ -489,6 +500,13 @@ def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name:
         if entry and log.started:
             sc.timing(f"{ctr.name}_prevented_after_start_s",
                       int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - log.started)
+        scope_start = unit_started(ctr.scope())
+        if entry and scope_start:
+            # the scope appears when runc creates the container, before its hooks: the gap to
+            # gpupoll's START is the hooks' time, the daemon's re-checks of a new scope must outlast it
+            sc.timing(f"{ctr.name}_prevented_after_scope_s", int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - scope_start)
+            if log.started:
+                sc.timing(f"{ctr.name}_scope_to_start_s", log.started - scope_start)
     report = check_json()
     listed = {c.get("id"): c for c in report.get("containers", [])}
     for ctr in ctrs:

@@ -24,7 +24,8 @@ with Scenario() as sc:
     crun, runc = Podman("crun"), Podman("runc")
     sc.timing("podman_import_s", crun.start())
     try:
-        prove_prevention(sc, crun, [crun.run_gpu("hook-crun"), runc.run_gpu("hook-runc")], "podman",
-                         plain=[crun.run_plain("web")])
+        # the plain container first: its new scope must not be what triggers the GPU ones' check
+        plain = [crun.run_plain("web")]
+        prove_prevention(sc, crun, [crun.run_gpu("hook-crun"), runc.run_gpu("hook-runc")], "podman", plain=plain)
     finally:
         crun.remove_all()
