@@ -9,7 +9,7 @@ denied opens. A plain (non-GPU) container beside them is not listed as a GPU one
 `check` take the Docker name, an id prefix and the scope; the journal says at risk, prevented,
 ok once per hook-granted container, naming it (CONTAINER_NAME).
 """
-# vm: nvsymlinkd=deb timeout=600
+# vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
 from stacks import Docker, install_nvidia_toolkit, prove_prevention

@@ -7,7 +7,7 @@ The containers carry the CRI plugin's annotations (sandbox namespace/name, conta
 scope, and the journal's entries carry POD_NAMESPACE, POD_NAME and CONTAINER_NAME. A plain
 (non-GPU) container of another pod is not listed as a GPU one.
 """
-# vm: nvsymlinkd=deb timeout=600
+# vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
 from stacks import Containerd, install_nvidia_toolkit, prove_prevention
