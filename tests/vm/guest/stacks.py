@@ -34,6 +34,9 @@ IMAGE = "vmtest/busybox:latest"
 ROOTFS_TAR = os.path.join(WORK, "busybox-rootfs.tar")
 OCI_TAR = os.path.join(WORK, "busybox-oci.tar")
 POLL_LOG = "/tmp/gpupoll.log"
+IDLE = ("/bin/sleep", "1000000")        # a non-GPU container's PID 1
+K8S_KEYS = ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name",
+            "io.kubernetes.cri.container-name")
 APPLETS = ("sh", "sleep", "cat", "ls", "echo", "true", "mknod", "stat")
 GUEST_DIR = os.path.join(SRC, "tests", "vm", "guest")
 
@@ -183,13 +186,33 @@ class PollLog:
 # ---------------------------------------------------------------- containers
 
 class StackContainer:
-    """A GPU container of one stack whose PID 1 is gpupoll on /dev/nvidia0."""
+    """A GPU container of one stack whose PID 1 is gpupoll on /dev/nvidia0 (gpu=False: a plain
+    container whose PID 1 sleeps)."""
 
-    def __init__(self, stack: Stack, name: str, cid: str, needs_prevention: bool = True):
+    def __init__(self, stack: Stack, name: str, cid: str, needs_prevention: bool = True, gpu: bool = True,
+                 k8s: Optional[tuple] = None):
         self.stack, self.name, self.id = stack, name, cid
         # False where a reload cannot take the grant (crun's device program sits on <scope>/container,
         # s14): nvsymlinkd then rightly leaves the scope alone and check says ok from the start.
-        self.needs_prevention = needs_prevention
+        self.needs_prevention = needs_prevention and gpu
+        self.gpu = gpu
+        self.k8s = k8s          # (namespace, pod, container) from the CRI annotations, or None
+
+    @property
+    def expected_names(self) -> dict:
+        """What check --json and the journal must say: (pod_namespace, pod_name, container_name)."""
+        if self.k8s:
+            return dict(zip(("pod_namespace", "pod_name", "container_name"), self.k8s))
+        return {"pod_namespace": None, "pod_name": None, "container_name": self.name}
+
+    @property
+    def display_name(self) -> str:
+        return "/".join(self.k8s) if self.k8s else self.name
+
+    def typed_names(self) -> List[str]:
+        """What a user types to pick this container: its name(s), a unique id prefix, its scope."""
+        names = ["/".join(self.k8s), "/".join(self.k8s[:2])] if self.k8s else [self.name]
+        return names + [self.id[:8], self.scope()]
 
     @property
     def short_id(self) -> str:
@@ -287,6 +310,11 @@ class Docker(Stack):
         cid = sh(*argv, IMAGE, "/bin/gpupoll", "/dev/nvidia0", POLL_LOG, timeout=120).stdout.strip()
         return StackContainer(self, name, cid)
 
+    def run_plain(self, name: str) -> StackContainer:
+        cid = sh("docker", "run", "-d", "--name", name, "--network", "none", IMAGE, *IDLE,
+                 timeout=120).stdout.strip()
+        return StackContainer(self, name, cid, gpu=False)
+
     def exec(self, ctr, *argv, timeout=60):
         return sh("docker", "exec", ctr.id, *argv, check=False, timeout=timeout)
 
@@ -322,12 +350,25 @@ class Containerd(Stack):
     def import_image(self) -> None:
         self.ctr("images", "import", "--platform", "linux/amd64", build_oci_archive())
 
-    def run_gpu(self, name: str, nvidia: bool = True, slice_: str = "system.slice") -> StackContainer:
-        argv = ["run", "-d", "--runc-systemd-cgroup", "--cgroup", f"{slice_}:cri-containerd:{name}"]
+    def run_gpu(self, name: str, nvidia: bool = True, slice_: str = "system.slice",
+                k8s: Optional[tuple] = None) -> StackContainer:
+        """k8s=(namespace, pod, container): the CRI plugin's annotations in the spec and a 64-hex
+        id as the CRI plugin makes them (the name stays the id otherwise, as s12 has it)."""
+        cid = hashlib.sha256(name.encode()).hexdigest() if k8s else name
+        argv = ["run", "-d", "--runc-systemd-cgroup", "--cgroup", f"{slice_}:cri-containerd:{cid}"]
+        # the CRI plugin's annotations, in the spec as it writes them (ctr 1.6 has --annotation)
+        for key, value in zip(K8S_KEYS, k8s or ()):
+            argv += ["--annotation", f"{key}={value}"]
+        if k8s:
+            argv += ["--annotation", "io.kubernetes.cri.container-type=container"]
         if nvidia:
             argv += ["--runc-binary", RUNTIME, "--env", "NVIDIA_VISIBLE_DEVICES=all"]
-        self.ctr(*argv, "docker.io/" + IMAGE, name, "/bin/gpupoll", "/dev/nvidia0", POLL_LOG)
-        return StackContainer(self, name, name)
+        command = ("/bin/gpupoll", "/dev/nvidia0", POLL_LOG) if nvidia else IDLE
+        self.ctr(*argv, "docker.io/" + IMAGE, cid, *command)
+        return StackContainer(self, name, cid, gpu=nvidia, k8s=k8s)
+
+    def run_plain(self, name: str, k8s: Optional[tuple] = None) -> StackContainer:
+        return self.run_gpu(name, nvidia=False, k8s=k8s)
 
     def exec(self, ctr, *argv, timeout=60):
         self._execs = getattr(self, "_execs", 0) + 1
@@ -380,6 +421,11 @@ class Podman(Stack):
         cid = sh(*argv, IMAGE, "/bin/gpupoll", "/dev/nvidia0", POLL_LOG, timeout=120).stdout.strip()
         return StackContainer(self, name, cid, needs_prevention=self.runtime != "crun" and how == "hook")
 
+    def run_plain(self, name: str) -> StackContainer:
+        cid = sh("podman", "--runtime", self.runtime, "run", "-d", "--name", name, "--network", "none", IMAGE,
+                 *IDLE, timeout=120).stdout.strip()
+        return StackContainer(self, name, cid, gpu=False)
+
     def exec(self, ctr, *argv, timeout=60):
         return sh("podman", "exec", ctr.id, *argv, check=False, timeout=timeout)
 
@@ -417,6 +463,17 @@ def wait_prevented(ctr: StackContainer, timeout: float = 60,
     return entry
 
 
+def unit_started(unit: str) -> Optional[float]:
+    """The unit's ActiveEnterTimestamp (realtime seconds) from systemd over D-Bus, or None."""
+    path = sh("busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+              "org.freedesktop.systemd1.Manager", "GetUnit", "s", unit, check=False).stdout.split()
+    if len(path) != 2:
+        return None
+    got = sh("busctl", "get-property", "org.freedesktop.systemd1", path[1].strip('"'),
+             "org.freedesktop.systemd1.Unit", "ActiveEnterTimestamp", check=False).stdout.split()
+    return int(got[1]) / 1e6 if len(got) == 2 and got[1].isdigit() and int(got[1]) else None
+
+
 def check_json() -> dict:
     from vmguest import nvsymlinkd
     proc = nvsymlinkd("check", "--json")
@@ -428,10 +485,13 @@ def check_json() -> dict:
 
 def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name: str,
                      reloads: int = 20, reexecs: int = 2, updates: int = 10, restart: bool = True,
-                     unit: Optional[str] = "nvsymlinkd.service", check_json=check_json) -> None:
+                     unit: Optional[str] = "nvsymlinkd.service", check_json=check_json,
+                     plain: List[StackContainer] = ()) -> None:
     """With nvsymlinkd running: each GPU container is prevented (journal), `check --json` lists it
-    ok under the right runtime, id and scope, and through reloads, re-execs, resource updates and a
-    restart of the runtime daemon gpupoll never sees a denied open. unit, check_json: where the
+    ok under the right runtime, id, scope and name, and not the `plain` (non-GPU) ones; what a user
+    types (name, id prefix, scope) picks it for `repair` and `check`; through reloads, re-execs,
+    resource updates and a restart of the runtime daemon gpupoll never sees a denied open; and the
+    journal tells each container's story once (at risk, prevented, ok). unit, check_json: where the
     daemon journals (None: any unit, e.g. a pod) and how `check --json` runs (e.g. in the pod)."""
     from vmguest import daemon_reexec, daemon_reload
     for ctr in ctrs:
@@ -446,6 +506,13 @@ def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name:
         if entry and log.started:
             sc.timing(f"{ctr.name}_prevented_after_start_s",
                       int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - log.started)
+        scope_start = unit_started(ctr.scope())
+        if entry and scope_start:
+            # the scope appears when runc creates the container, before its hooks: the gap to
+            # gpupoll's START is the hooks' time, the daemon's re-checks of a new scope must outlast it
+            sc.timing(f"{ctr.name}_prevented_after_scope_s", int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - scope_start)
+            if log.started:
+                sc.timing(f"{ctr.name}_scope_to_start_s", log.started - scope_start)
     report = check_json()
     listed = {c.get("id"): c for c in report.get("containers", [])}
     for ctr in ctrs:
@@ -455,7 +522,22 @@ def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name:
         sc.check(f"{ctr.name}: check --json lists {ctr.short_id} as {want}", have == want,
                  f"{have}; listed ids {[(c.get('id', '')[:12], c.get('runtime')) for c in report.get('containers', [])]}"
                  if have != want else "")
+    for ctr in ctrs:
+        got = listed.get(ctr.id, {})
+        have = {k: got.get(k) for k in ctr.expected_names}
+        sc.check(f"{ctr.name}: check --json names it {ctr.display_name}", have == ctr.expected_names,
+                 str(have) if have != ctr.expected_names else "")
+    summary = report.get("summary") or {}
+    for p in plain:
+        sc.check(f"{p.name} (no GPU, {p.short_id}): not listed as a GPU container", p.id not in listed,
+                 str(listed.get(p.id, ""))[:300])
+    if plain:
+        sc.check(f"check --json counts the {len(plain)} non-GPU container(s) in not_gpu_containers",
+                 summary.get("not_gpu_containers") == len(plain), str(summary))
     sc.fact("check_summary", report.get("summary", report.get("error")))
+    host_daemon = unit is not None  # the CLI and the unit's journal are the host's (not a pod's)
+    if host_daemon:
+        prove_names(sc, ctrs)
     times = []
     for i in range(reloads):
         times.append(daemon_reload())
@@ -484,3 +566,65 @@ def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name:
     verdicts = {c.get("id"): c.get("verdict") for c in report.get("containers", [])}
     sc.check("check --json after it all: every GPU container ok",
              all(verdicts.get(c.id) == "ok" for c in ctrs), str(verdicts))
+    sc.check("check --json after it all: no non-GPU container listed",
+             not any(p.id in verdicts for p in plain), str(verdicts))
+    if host_daemon:
+        journal_story(sc, ctrs, unit)
+
+
+def prove_names(sc, ctrs: List[StackContainer]) -> None:
+    """`nvsymlinkd repair X` and `check X` accept what a user types (issue 13 item 4): the Docker or
+    Podman name, namespace/pod/container and namespace/pod, a unique id prefix, the scope; the
+    table shows the name in its NAME column."""
+    from vmguest import nvsymlinkd
+    for ctr in ctrs:
+        for typed in ctr.typed_names():
+            rep = nvsymlinkd("repair", typed)
+            said = rep.stdout + rep.stderr
+            accepted = rep.returncode in (0, 1) and "no container matches" not in said
+            chk = nvsymlinkd("check", "--json", typed)
+            try:
+                picked = [c.get("id") for c in json.loads(chk.stdout).get("containers", [])]
+            except ValueError:
+                picked = [f"exit {chk.returncode}: {chk.stderr.strip()[:200]}"]
+            sc.check(f"{ctr.name}: `repair {typed}` accepted (exit {rep.returncode}) and `check {typed}` "
+                     f"picks {ctr.short_id}", accepted and picked == [ctr.id],
+                     "" if accepted and picked == [ctr.id] else f"repair: {said.strip()[-300:]}; check: {picked}")
+    table = nvsymlinkd("check").stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:2] for line in table if line.split() and not line.startswith(" ")}
+    for ctr in ctrs:
+        got = rows.get(ctr.short_id)
+        sc.check(f"{ctr.name}: the check table shows NAME {ctr.display_name}", got == [ctr.display_name],
+                 "" if got == [ctr.display_name] else f"row {got}; table head {table[:4]}")
+
+
+def journal_story(sc, ctrs: List[StackContainer], unit: str = "nvsymlinkd.service") -> None:
+    """nvsymlinkd's journal, per GPU container over the whole run (20 reloads included): one
+    at-risk entry, then one repair-prevented, then ok; never lost, never repaired after the fact,
+    nothing repeated (issue 13 item 5). Crun's containers (ok from the start) have no story. The
+    entries carry CONTAINER_NAME (and POD_NAMESPACE/POD_NAME for Kubernetes)."""
+    from nvsymlinkd.journal import MESSAGE_IDS
+    kind_of = {v: k for k, v in MESSAGE_IDS.items()}
+    entries = journal_since(0, unit)
+    plain_fields = {"pod_namespace": "POD_NAMESPACE", "pod_name": "POD_NAME", "container_name": "CONTAINER_NAME"}
+    for ctr in ctrs:
+        story = [(int(e["__REALTIME_TIMESTAMP"]) / 1e6, kind_of.get(e.get("MESSAGE_ID"), "?"), e)
+                 for e in entries if e.get("CONTAINER_ID") == ctr.id and e.get("MESSAGE_ID")]
+        kinds = [k for _, k, _ in story]
+        sc.fact(f"{ctr.name}_journal_story", kinds)
+        risks = [k for k in kinds if k.startswith("container-at-risk")]
+        want = (["at-risk", "repair-prevented", "container-ok"] if ctr.needs_prevention else [])
+        got = ["at-risk" if k.startswith("container-at-risk") else k for k in kinds]
+        sc.check(f"{ctr.name}: the journal tells it once: {' -> '.join(want) or 'nothing (ok from the start)'}",
+                 got == want and len(risks) == len(want) // 3, str(kinds))
+        named = [(k, {f: e.get(plain_fields[f]) for f in ctr.expected_names}) for _, k, e in story
+                 if k.startswith("container-at-risk") or k == "repair-prevented"]
+        want_names = ctr.expected_names     # a None field is left out of the entry
+        bad = [(k, got_names) for k, got_names in named if got_names != want_names]
+        if ctr.needs_prevention:
+            sc.check(f"{ctr.name}: its at-risk and prevented entries carry {ctr.display_name} "
+                     f"({', '.join(plain_fields[k] for k, v in want_names.items() if v)})",
+                     bool(named) and not bad, str(bad or named)[:400])
+        stamps = {k: t for t, k, _ in reversed(story)}
+        if "repair-prevented" in stamps and risks:
+            sc.timing(f"{ctr.name}_at_risk_to_prevented_s", stamps["repair-prevented"] - stamps[risks[0]])

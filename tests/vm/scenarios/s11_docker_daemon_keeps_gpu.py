@@ -5,9 +5,11 @@ the prestart hook behind systemd's back). nvsymlinkd sees each container, journa
 repair-prevented, and `check --json` lists it ok as runtime docker with its docker-<id>.scope.
 Then 20 daemon-reloads, 2 daemon-reexecs, 10 `docker update --cpuset-cpus`, a restart of dockerd
 (live-restore) and of containerd: gpupoll in each container (open every 10 ms) sees zero
-denied opens.
+denied opens. A plain (non-GPU) container beside them is not listed as a GPU one; `repair` and
+`check` take the Docker name, an id prefix and the scope; the journal says at risk, prevented,
+ok once per hook-granted container, naming it (CONTAINER_NAME).
 """
-# vm: nvsymlinkd=deb timeout=600
+# vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
 from stacks import Docker, install_nvidia_toolkit, prove_prevention
@@ -25,8 +27,10 @@ with Scenario() as sc:
     docker = Docker()
     sc.timing("dockerd_start_and_import_s", docker.start())
     try:
+        # the plain container first: its new scope must not be what triggers the GPU ones' check
+        plain = [docker.run_plain("web")]
         ctrs = [docker.run_gpu("gpu-gpus"),
                 docker.run_gpu("gpu-legacy", gpus=False, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"])]
-        prove_prevention(sc, docker, ctrs, "docker")
+        prove_prevention(sc, docker, ctrs, "docker", plain=plain)
     finally:
         docker.remove_all()

@@ -2,8 +2,12 @@
 and nvsymlinkd running: the container is prevented, `check --json` lists it ok as runtime
 containerd in cri-containerd-<id>.scope, and through 20 daemon-reloads, 2 daemon-reexecs, 10
 task updates (kubelet CPU manager's path) and a containerd restart gpupoll sees zero denied opens.
+The containers carry the CRI plugin's annotations (sandbox namespace/name, container name) and
+64-hex ids: `repair` and `check` take namespace/pod/container, namespace/pod, an id prefix and the
+scope, and the journal's entries carry POD_NAMESPACE, POD_NAME and CONTAINER_NAME. A plain
+(non-GPU) container of another pod is not listed as a GPU one.
 """
-# vm: nvsymlinkd=deb timeout=600
+# vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
 from stacks import Containerd, install_nvidia_toolkit, prove_prevention
@@ -21,6 +25,9 @@ with Scenario() as sc:
     stack = Containerd()
     sc.timing("containerd_start_and_import_s", stack.start())
     try:
-        prove_prevention(sc, stack, [stack.run_gpu("gpu-ctr")], "containerd")
+        # the plain container first: its new scope must not be what triggers the GPU one's check
+        plain = [stack.run_plain("web", k8s=("gpu-team", "web-0", "nginx"))]
+        ctrs = [stack.run_gpu("gpu-ctr", k8s=("gpu-team", "trainer-0", "cuda"))]
+        prove_prevention(sc, stack, ctrs, "containerd", plain=plain)
     finally:
         stack.remove_all()

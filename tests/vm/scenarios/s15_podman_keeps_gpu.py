@@ -2,7 +2,9 @@
 CDI) with the .deb installed and nvsymlinkd running: each GPU container is prevented or ok from
 the start, `check --json` lists it ok as runtime podman in libpod-<id>.scope, and through 20
 daemon-reloads, 2 daemon-reexecs and 10 `podman update --cpuset-cpus` gpupoll sees zero denied
-opens (Podman has no daemon to restart).
+opens (Podman has no daemon to restart). A plain (non-GPU) container is not listed as a GPU one
+(the OCI hook runs for it too, and grants nothing); `repair` and `check` take the Podman name,
+an id prefix and the scope; the journal tells runc's container's story once, naming it.
 """
 # vm: nvsymlinkd=deb timeout=600
 import os
@@ -22,6 +24,8 @@ with Scenario() as sc:
     crun, runc = Podman("crun"), Podman("runc")
     sc.timing("podman_import_s", crun.start())
     try:
-        prove_prevention(sc, crun, [crun.run_gpu("hook-crun"), runc.run_gpu("hook-runc")], "podman")
+        # the plain container first: its new scope must not be what triggers the GPU ones' check
+        plain = [crun.run_plain("web")]
+        prove_prevention(sc, crun, [crun.run_gpu("hook-crun"), runc.run_gpu("hook-runc")], "podman", plain=plain)
     finally:
         crun.remove_all()
