@@ -254,19 +254,26 @@ def _hook_paths(hooks, where: str) -> tuple:
     return tuple(out)
 
 
+def _rules(items, parse, where: str, problems: list) -> list:
+    """The device rules of a list (None: absent); each malformed entry skipped and noted in `problems`."""
+    rules = []
+    for item in items or ():
+        rule = parse(item)
+        if rule is None:
+            problems.append(f"skipped malformed {where} entry {_brief(item)}")
+        else:
+            rules.append(rule)
+    return rules
+
+
 def parse_spec(doc: dict) -> SpecFacts:
     """What a config.json says; ValueError when a field the verdict reads has the wrong JSON type
     (runc would have refused such a spec: the file is not what the container was made from)."""
     problems = []
     linux = _field(doc, "linux", dict, "") or {}
     resources = _field(linux, "resources", dict, "linux.") or {}
-    rules = []
-    for item in _field(resources, "devices", list, "linux.resources.") or ():
-        rule = parse_spec_rule(item)
-        if rule is None:
-            problems.append(f"skipped malformed linux.resources.devices entry {_brief(item)}")
-        else:
-            rules.append(rule)
+    rules = _rules(_field(resources, "devices", list, "linux.resources."), parse_spec_rule,
+                   "linux.resources.devices", problems)
     nodes = _nodes(_field(linux, "devices", list, "linux."), False, "linux.devices", problems)
     visible = None
     process = _field(doc, "process", dict, "") or {}
@@ -311,13 +318,8 @@ def parse_runc_state(doc: dict) -> RuntimeState:
     problems = []
     config = _field(doc, "config", dict, "") or {}
     cgroups = _field(config, "cgroups", dict, "config.") or {}
-    rules = []
-    for item in _field(cgroups, "devices", list, "config.cgroups.") or ():
-        rule = parse_state_rule(item)
-        if rule is None:
-            problems.append(f"skipped malformed cgroups.devices entry {_brief(item)}")
-        else:
-            rules.append(rule)
+    rules = _rules(_field(cgroups, "devices", list, "config.cgroups."), parse_state_rule, "cgroups.devices",
+                   problems)
     nodes = _nodes(_field(config, "devices", list, "config."), True, "config.devices", problems)
     paths = _field(doc, "cgroup_paths", dict, "") or {}
     bundle = None
