@@ -47,7 +47,8 @@ RECIPE = 1
 IMAGE_SIZE = "2G"
 BOOT_BUDGET_S = 150     # qemu start to the runner starting; measured 16-45 s under TCG
 BOOT_ATTEMPTS = 2       # a boot that hangs before any scenario code ran is retried once
-KEEP_RUNS = 30          # run directories (console, journal, results) kept under CACHE/runs
+KEEP_RUNS = 100         # run directories (console, journal, results) kept under CACHE/runs
+KEEP_PREVIOUS = 3       # previous cache entries of a kind kept (parallel branches boot different images)
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY = "http://deb.debian.org/debian-security"
 
@@ -217,10 +218,10 @@ def _publish(tmp: Path, final: Path, prefix: str) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    # Keep the newest previous entry: another session may be booting it right now (qemu opens
-    # the image at each boot), e.g. one still running the tree before an image input changed.
+    # Keep the newest previous entries: other sessions may be booting them right now (qemu opens
+    # the image at each boot), e.g. ones still running a tree from before an image input changed.
     stale = sorted((p for p in CACHE.glob(prefix + "*") if p != final), key=lambda p: p.stat().st_mtime)
-    for old in stale[:-1]:
+    for old in stale[:-KEEP_PREVIOUS]:
         shutil.rmtree(old, ignore_errors=True)
 
 
