@@ -102,7 +102,8 @@ class RuncHost:
             raise AssertionError(f"runc {' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
-    def bundle(self, cid: str, rules=(), nodes=(), env=(), hooks=None, cgroup_leaf=None, args=None) -> tuple:
+    def bundle(self, cid: str, rules=(), nodes=(), env=(), hooks=None, cgroup_leaf=None, args=None,
+               annotations=None) -> tuple:
         bundle = self.root / "var" / "lib" / "bundles" / cid  # inside the tree: the bundle label maps back
         rootfs = bundle / "rootfs"
         for d in ("bin", "dev", "proc", "sys", "tmp"):
@@ -125,6 +126,8 @@ class RuncHost:
         spec["linux"]["cgroupsPath"] = cgroups_path
         if hooks:
             spec["hooks"] = hooks
+        if annotations:
+            spec["annotations"] = dict(annotations)
         (bundle / "config.json").write_text(json.dumps(spec, indent=1))
         return bundle, cgroups_path
 

@@ -314,6 +314,24 @@ def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_ho
     assert d.alive()
 
 
+def test_every_entry_about_a_container_names_its_pod(runc_host, systemd_bus, start_daemon):
+    """journalctl POD_NAME=... (or CONTAINER_NAME=) shows a pod's whole story: the loss, the repair, the recovery."""
+    pod = {"io.kubernetes.cri.sandbox-namespace": "gpu-team", "io.kubernetes.cri.sandbox-name": "trainer-0",
+           "io.kubernetes.cri.container-name": "cuda"}
+    c = runc_host.run("gpu-named", annotations=pod, **gpu0())
+    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    c.deny("c 195:0 rw")
+    mark = d.mark()
+    reload(systemd_bus)
+    for kind in ("container-lost", "repair-done", "container-ok"):
+        d.wait_entry(kind, c.id, mark)
+    said = [f for _, f in d.entries(mark) if f.get("CONTAINER_ID") == c.id]
+    assert len(said) == 3, d.output()
+    for fields in said:
+        assert (fields.get("POD_NAMESPACE"), fields.get("POD_NAME"), fields.get("CONTAINER_NAME")) == \
+            ("gpu-team", "trainer-0", "cuda"), fields
+
+
 def test_report_mode_journals_and_grants_nothing(runc_host, systemd_bus, start_daemon):
     c = runc_host.run("gpu-report", **gpu0())
     d = start_daemon(systemd_bus, "--resync-interval", "0", config_text='repair = "report"\n')

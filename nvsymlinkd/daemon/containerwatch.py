@@ -21,6 +21,7 @@ import time
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.daemon.loop import ContainerHook
+from nvsymlinkd.verify.journaldiff import JournalState, journal_changes, repair_is_news
 
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create
 # order); look again once they have had time to finish, then once more for slow hooks.
@@ -35,26 +36,20 @@ RUNTIME_REASON = "runtime state written"
 RUNTIME_DUTY = 1.0
 # Containers named in a reason (the journal's "check triggered by"); more are counted.
 REASON_NAMES = 3
-# Repair outcomes that change nothing: said once while the container's findings stay the same,
-# not at every pass (a "report" config or an impossible repair would otherwise repeat each resync).
-QUIET_REPEATS = ("repair-reported", "repair-refused", "repair-failed")
 
 
 class _SayOnce:
-    """The daemon's journal for repair_all, minus repeats of a QUIET_REPEATS entry already said."""
+    """The daemon's journal for repair_all, minus repeats of a quiet repair outcome already said
+    (journaldiff.repair_is_news; the watch keeps the state)."""
 
-    def __init__(self, journal, said: dict):
+    def __init__(self, journal, watch: ContainerWatch):
         self._journal = journal
-        self._said = said  # container id -> {(kind, message)}
+        self._watch = watch
 
     def event(self, kind: str, priority: int, message: str, **fields) -> None:
-        cid = fields.get("container_id")
-        if kind in QUIET_REPEATS and cid is not None:
-            said = self._said.setdefault(cid, set())
-            if (kind, message) in said:
-                return
-            said.add((kind, message))
-        self._journal.event(kind, priority, message, **fields)
+        news, self._watch.said = repair_is_news(self._watch.said, fields.get("container_id"), kind, message)
+        if news:
+            self._journal.event(kind, priority, message, **fields)
 
     def __getattr__(self, name):
         return getattr(self._journal, name)
@@ -69,10 +64,7 @@ class ContainerWatch(ContainerHook):
         self.metrics = metrics
         self.clock = clock
         self.history = None
-        self.seen: dict = {}  # container id -> frozenset of (finding kind, devices)
-        self.risks_said: dict = {}  # container id -> at-risk findings said since it was last clean
-        self.repairs_said: dict = {}  # container id -> quiet repair outcomes said for its current findings
-        self.problems_said: dict = {}  # container id -> problems (unreadable spec, no baseline write) logged
+        self.said = JournalState()  # what the journal was told about each container (verify/journaldiff)
         self.passes = 0
         self._pending: set = set()
         self._wake = asyncio.Event()
@@ -162,49 +154,12 @@ class ContainerWatch(ContainerHook):
         return report
 
     def _journal_changes(self, report, why: str) -> None:
-        from nvsymlinkd.verify import verifier
-
-        live = set()
-        at_risk = (verifier.AT_RISK_SCOPE, verifier.AT_RISK_NOT_IN_SPEC, verifier.AT_RISK_UVM)
-        for c in report.containers:
-            live.add(c.id)
-            said = self.problems_said.setdefault(c.id, set())
-            for problem in c.problems:
-                if problem not in said:  # the same problem comes back at every pass: once is enough
-                    said.add(problem)
-                    self.journal.warning(f"container {c.short_id} ({c.runtime}): {problem}",
-                                         container_id=c.id, unit=c.scope, runtime=c.runtime)
-            now = frozenset((f.kind, tuple(f.devices)) for f in c.findings)
-            before = self.seen.get(c.id)
-            if now == before:
-                continue
-            self.seen[c.id] = now
-            self.repairs_said.pop(c.id, None)  # new findings: the repair outcome is news again
-            risks = self.risks_said.setdefault(c.id, set())
-            for kind, priority, message, fields in verifier.journal_entries(c):
-                f_key = next((k for k in now if verifier.JOURNAL_KINDS[k[0]] == kind), None)
-                if before is not None and f_key in before:
-                    continue  # already said
-                if f_key is not None and f_key[0] in at_risk:
-                    if f_key in risks:
-                        continue  # said before a loss and its repair brought it back: still the same risk
-                    risks.add(f_key)
-                self.journal.event(kind, priority, f"{message} (check triggered by: {why})", **fields)
-            lost_before = before is not None and any(k[0] == verifier.LOST for k in before)
-            usable_now = not any(k[0] in (verifier.LOST, verifier.UNKNOWN) for k in now)
-            if (not now and before) or (lost_before and usable_now):
-                # an at-risk container (a hook's grant) is back to at-risk, not to clean: it can open them too
-                self.journal.event(verifier.JOURNAL_KINDS[verifier.OK], journalmod.NOTICE,
-                                   f"container {c.short_id} ({c.runtime}) can open all its GPU devices again",
-                                   container_id=c.id, unit=c.scope, runtime=c.runtime)
-            if not now:
-                self.risks_said.pop(c.id, None)
-        for gone in [cid for cid in self.seen if cid not in live]:
-            del self.seen[gone]
-            self.risks_said.pop(gone, None)
-            self.repairs_said.pop(gone, None)
-        for gone in [cid for cid in self.problems_said if cid not in live]:
-            del self.problems_said[gone]
+        entries, self.said = journal_changes(self.said, report, why)
+        for e in entries:
+            if e.kind is None:
+                self.journal.log(e.priority, e.message, **e.fields)
+            else:
+                self.journal.event(e.kind, e.priority, e.message, **e.fields)
 
     def _repair(self, config, report) -> None:
         from nvsymlinkd.repair.apply import RepairHistory, repair_all
@@ -213,7 +168,7 @@ class ContainerWatch(ContainerHook):
             self.history = RepairHistory()
         self.history.forget_except([c.id for c in report.containers])
         results = repair_all(self.root, config, report=report, history=self.history, clock=self.clock,
-                             journal=_SayOnce(self.journal, self.repairs_said), use_bus=self.use_bus)
+                             journal=_SayOnce(self.journal, self), use_bus=self.use_bus)
         if self.metrics is not None:
             for r in results:
                 self.metrics.on_repair(r, r.ok)

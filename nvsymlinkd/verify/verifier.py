@@ -6,7 +6,7 @@ policy + the scope's DeviceAllow + host devices -> a ContainerReport.
 daemon and `nvsymlinkd check` call them).
 
 Verdicts and finding kinds are the enums of verify/kinds.py; each finding kind has a fixed journal
-MESSAGE_ID in journal.MESSAGE_IDS (under JOURNAL_KINDS[kind]).
+MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.host.devices import RW, Access, Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify.hostcheck import check_host
+from nvsymlinkd.verify.journaldiff import JOURNAL_KINDS, journal_entries  # noqa: F401 - the callers' names
 from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_of
 
 # The words, defined once in verify/kinds.py; these names stay for the callers.
@@ -48,8 +49,6 @@ AT_RISK_NOT_IN_SPEC = FindingKind.AT_RISK_NOT_IN_SPEC
 AT_RISK_UVM = FindingKind.AT_RISK_UVM
 UNKNOWN = FindingKind.UNKNOWN
 KINDS = tuple(FindingKind)
-# Journal kinds (keys of journal.MESSAGE_IDS): one per finding kind, plus "container-ok" for a recovered container.
-JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 # Container verdicts, worst first.
 VERDICTS = GPU_VERDICTS
 
@@ -351,35 +350,6 @@ def evaluate(c: Container, signs, expected: Expected, policy: AccessPolicy | Non
     findings += _undecided_finding(host, expected, live)
     report.verdict = _verdict(findings)
     return report
-
-
-def journal_entries(report: ContainerReport) -> list:
-    """(journal kind, priority, message, fields) per finding, for Journal.event(kind, priority, message, **fields).
-
-    fields: container_id, unit (the scope), runtime, devices, fix, and the names when known
-    (pod_namespace, pod_name, container_name).
-    """
-    priority = {LOST: 3, AT_RISK_SCOPE: 4, AT_RISK_NOT_IN_SPEC: 4, AT_RISK_UVM: 4, UNKNOWN: 5}
-    # node-problem-detector turns these lines into node conditions (deploy/node-problem-detector):
-    # keep "container ID (WHO): GPU device access lost|at risk (KIND)|unknown: DEVICES: DETAIL" stable.
-    # WHO names the pod (namespace/pod/container) or the Docker/Podman name when known, so the node
-    # condition says which workload; names never hold spaces (containers.NAME_RE).
-    who = report.display_name or report.scope or report.runtime
-    out = []
-    for f in report.findings:
-        devices = ", ".join(f.devices) or "-"
-        if f.kind == LOST:
-            state = "lost"
-        elif f.kind == UNKNOWN:
-            state = "unknown"
-        else:
-            state = f"at risk ({f.kind})"
-        message = f"container {report.short_id} ({who}): GPU device access {state}: {devices}"
-        out.append((JOURNAL_KINDS[f.kind], priority[f.kind], f"{message}: {f.detail}; fix: {f.fix}",
-                    {"container_id": report.id, "unit": report.scope, "runtime": report.runtime,
-                     "devices": devices or None, "fix": f.fix, "pod_namespace": report.pod_namespace,
-                     "pod_name": report.pod_name, "container_name": report.container_name}))
-    return out
 
 
 def baseline_devices(report: ContainerReport) -> dict | None:
