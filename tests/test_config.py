@@ -1,6 +1,7 @@
 """Config file: flags win, unknown keys and wrong types are one-line errors naming file and key."""
 
 import json
+import re
 import signal
 
 import pytest
@@ -155,19 +156,21 @@ def test_sighup_with_a_busy_loop_interval_keeps_the_old_config(tmp_path, need_ro
     host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = DaemonProcess(host.root, config=cfg)
+    d = DaemonProcess(host.root, config=cfg, journal=True)
     try:
-        d.wait_for_line(r"created link")
+        d.wait_entry("link-created")
         cfg.write_text("resync_interval = 1e-9\n")
         mark = d.mark()
         d.signal(signal.SIGHUP)
-        d.wait_for_line(r"config not reloaded, keeping the old one: .*nvsymlinkd\.toml: key 'resync_interval' "
-                        r"must be 0 \(off\) or a number of seconds from 1 to 86400", after=mark)
+        message, _ = d.wait_entry("config-error", after=mark)
+        # the words are the point: the file, the key and what it must be
+        assert re.search(r"config not reloaded, keeping the old one: .*nvsymlinkd\.toml: key 'resync_interval' "
+                         r"must be 0 \(off\) or a number of seconds from 1 to 86400", message), message
         assert d.alive()
         # still reloading: a good config is taken afterwards
         cfg.write_text("resync_interval = 0\n")
         mark = d.mark()
         d.signal(signal.SIGHUP)
-        d.wait_for_line(r"config reloaded from", after=mark)
+        d.wait_entry("config-reloaded", after=mark)
     finally:
         assert d.stop() == 0, d.output()

@@ -48,20 +48,20 @@ def daemon_factory():
     yield start
     for d in started:
         if d.proc.poll() is None:
-            d.proc.send_signal(signal.SIGCONT)
+            d.signal(signal.SIGCONT)
         d.stop()
 
 
 def test_node_appears_and_goes(host, daemon_factory):
-    d = daemon_factory(host.root, "--resync-interval", "0")
+    d = daemon_factory(host.root, "--resync-interval", "0", journal=True)
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
     host.node("/dev/nvidia7", 195, 7)
     d.wait_until(lambda: (links(host) or {}).get("195:7") == "../nvidia7", "a link for a new node")
     os.unlink(host.path("/dev/nvidia7"))
     d.wait_until(lambda: "195:7" not in (links(host) or {"195:7": 0}), "the link of a removed node to go")
     assert links(host) == STANDARD_LINKS
-    d.wait_for_line(r"created link /dev/char/195:7 -> \.\./nvidia7 \(c 195:7\)")
-    d.wait_for_line(r"removed link /dev/char/195:7")
+    d.wait_entry("link-created", NVSYMLINKD_LINK="/dev/char/195:7", NVSYMLINKD_DEVICE="c 195:7")
+    d.wait_entry("link-removed", NVSYMLINKD_LINK="/dev/char/195:7", NVSYMLINKD_DEVICE="c 195:7")
     assert d.stop() == 0
 
 
@@ -82,7 +82,7 @@ def test_inotify_overflow_ends_exact(host, daemon_factory):
     limit = int(open("/proc/sys/fs/inotify/max_queued_events").read())
     if limit > 200_000:
         pytest.skip(f"fs.inotify.max_queued_events={limit} is too large to overflow in a test")
-    d = daemon_factory(host.root, "--resync-interval", "0")
+    d = daemon_factory(host.root, "--resync-interval", "0", journal=True)
     host.node("/dev/nvidia-caps/nvidia-cap0", CAPS_MAJOR, 0)
     d.wait_until(lambda: "509:0" in (links(host) or {}), "the caps directory to be watched")
     count = limit + 500
@@ -96,7 +96,7 @@ def test_inotify_overflow_ends_exact(host, daemon_factory):
     expected = dict(STANDARD_LINKS)
     expected.update({f"{CAPS_MAJOR}:{i}": f"../nvidia-caps/nvidia-cap{i}" for i in range(count)})
     d.wait_until(lambda: links(host) == expected, f"{count} links after an inotify overflow", timeout=120)
-    d.wait_for_line(r"inotify queue overflowed: full resync")
+    d.wait_entry("event-overflow")
     # and all of them go again, removed in one burst
     subprocess.run(["rm", "-rf", str(host.path("/dev/nvidia-caps"))], check=True)
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the cap links to go", timeout=120)
@@ -105,7 +105,7 @@ def test_inotify_overflow_ends_exact(host, daemon_factory):
 
 
 def test_burst_is_coalesced(host, daemon_factory):
-    d = daemon_factory(host.root, "--resync-interval", "0")
+    d = daemon_factory(host.root, "--resync-interval", "0", journal=True)
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
     # 50 nodes appear while the daemon cannot run (as if all of them landed within one pass)
     d.signal(signal.SIGSTOP)
@@ -116,30 +116,32 @@ def test_burst_is_coalesced(host, daemon_factory):
         d.signal(signal.SIGCONT)
     d.wait_until(lambda: len(links(host) or {}) == len(STANDARD_LINKS) + 50, "50 links")
     assert d.stop() == 0
-    passes = int(d.output().rsplit("stopped after ", 1)[1].split()[0])
+    (message, _), = d.entries(kind="daemon-stopped")
+    passes = int(message.split("stopped after ", 1)[1].split()[0])  # the count is only in its words
     # the startup pass, then one (rarely two) for the whole burst; one per event would be 51
     assert passes <= 4, f"{passes} sync passes for one burst of 50 nodes"
 
 
 def test_sigterm_and_sigint_exit_zero(host, daemon_factory):
     for sig in (signal.SIGTERM, signal.SIGINT):
-        d = daemon_factory(host.root)
-        d.wait_for_line(r"created link|starting")
+        d = daemon_factory(host.root, journal=True)
+        d.wait_entry("daemon-started")
         d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
         d.signal(sig)
         assert d.proc.wait(30) == 0
-        d.wait_for_line(r"stopped after \d+ sync pass(es)?")
+        d.wait_entry("daemon-stopped")
 
 
 def test_sighup_bad_config_keeps_old(host, daemon_factory, tmp_path):
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = daemon_factory(host.root, config=cfg)
+    d = daemon_factory(host.root, config=cfg, journal=True)
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
     cfg.write_text("resync_interval = -5\nno_such_key = 1\n")
     mark = d.mark()
     d.signal(signal.SIGHUP)
-    d.wait_for_line(r"config not reloaded, keeping the old one: .*nvsymlinkd.toml", after=mark)
+    message, fields = d.wait_entry("config-error", after=mark)
+    assert str(cfg) in message and fields["PRIORITY"] == "3"  # names the file to fix
     assert d.alive()
     host.node("/dev/nvidia9", 195, 9)  # still working
     d.wait_until(lambda: "195:9" in (links(host) or {}), "a link after a bad SIGHUP")
@@ -147,7 +149,7 @@ def test_sighup_bad_config_keeps_old(host, daemon_factory, tmp_path):
     cfg.write_text('resync_interval = 0\ndev_char_path = "/dev/char2"\n')
     mark = d.mark()
     d.signal(signal.SIGHUP)
-    d.wait_for_line(r"config reloaded from", after=mark)
+    d.wait_entry("config-reloaded", after=mark)
     d.wait_until(lambda: (links(host, "/dev/char2") or {}).get("195:9") == "../nvidia9", "links in the new directory")
     assert d.stop() == 0
 

@@ -106,7 +106,7 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")  # only events can explain a resync
-    d = DaemonProcess(host.root, config=cfg,
+    d = DaemonProcess(host.root, config=cfg, journal=True,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     try:
         d.wait_for_line(r"watching systemd on the system bus")
@@ -125,10 +125,10 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
         conn.send_message(forged)
         bus.emit(conn, "Reloading", "b", [True])
         bus.emit(conn, "Reloading", "b", [False])
-        d.wait_for_line(r"systemd finished a daemon-reload", after=mark)
+        d.wait_entry("reload-seen", after=mark, NVSYMLINKD_ACTION="reload")
         d.wait_until(lambda: (links(host) or {}).get("195:0") == "../nvidia0", "the link back after a reload")
         d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(systemd reload finished\)", after=mark)
-        assert sum("finished a daemon-reload" in line for line in d.lines[mark:]) == 1, d.output()
+        assert len(d.entries(mark, "reload-seen")) == 1, d.output()
 
         # container scopes reach the hook, once each; CRI-O's conmon scope is not a container
         mark = d.mark()
@@ -149,7 +149,7 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
         d.wait_for_line(r"systemd left the system bus", after=mark)
         os.unlink(host.path("/dev/char/195:1"))
         conn = bus.start_mock()
-        d.wait_for_line(r"systemd is \(back\) on the system bus", after=mark)
+        d.wait_entry("systemd-restarted", after=mark, NVSYMLINKD_ACTION="reexec")
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() again on the new systemd")
         d.wait_until(lambda: (links(host) or {}).get("195:1") == "../nvidia1", "a resync after the re-exec")
 
@@ -157,19 +157,19 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
         mark = d.mark()
         bus.stop_mock()
         bus.kill()
-        d.wait_for_line(r"lost the system bus", after=mark)
+        d.wait_entry("bus-lost", after=mark)
         host.node("/dev/nvidia3", 195, 3)
         d.wait_until(lambda: (links(host) or {}).get("195:3") == "../nvidia3", "a link while the bus is gone")
         assert d.alive()
         # and the bus comes back: reconnected (backoff), reloads are seen again
         bus.start()
         conn = bus.start_mock()
-        d.wait_for_line(r"connected to the system bus at .* again", after=mark)
+        d.wait_entry("bus-regained", after=mark)
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() after the bus came back")
         mark = d.mark()
         bus.emit(conn, "Reloading", "b", [False])
-        d.wait_for_line(r"systemd finished a daemon-reload", after=mark)
-        assert sum("lost the system bus" in line for line in d.lines) == 1, d.output()
+        d.wait_entry("reload-seen", after=mark)
+        assert len(d.entries(kind="bus-lost")) == 1, d.output()
         d.signal(signal.SIGTERM)
         assert d.proc.wait(DEADLINE) == 0
     finally:
@@ -177,16 +177,17 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
 
 
 def test_no_bus_at_start_is_logged_once(host, tmp_path):
-    d = DaemonProcess(host.root, "--resync-interval", "0",
+    d = DaemonProcess(host.root, "--resync-interval", "0", journal=True,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus-here"})
     try:
-        d.wait_for_line(r"system bus not reachable at unix:path=.*no-bus-here")
+        message, _ = d.wait_entry("bus-lost")
+        assert f"unix:path={tmp_path}/no-bus-here" in message  # names the address it tried
         host.node("/dev/nvidia4", 195, 4)
         d.wait_until(lambda: (links(host) or {}).get("195:4") == "../nvidia4", "links without a bus")
         # several reconnect attempts have happened by now (backoff 0.5 s, 1 s, ...)
         time.sleep(2)
         assert d.stop() == 0
-        assert sum("not reachable" in line for line in d.lines) == 1, d.output()
+        assert len(d.entries(kind="bus-lost")) == 1, d.output()
     finally:
         d.stop()
 
@@ -196,7 +197,7 @@ def test_reload_start_resyncs_at_once(bus, host, tmp_path):
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = DaemonProcess(host.root, config=cfg,
+    d = DaemonProcess(host.root, config=cfg, journal=True,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     try:
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
@@ -205,7 +206,7 @@ def test_reload_start_resyncs_at_once(bus, host, tmp_path):
         bus.emit(conn, "Reloading", "b", [True])  # no Reloading(false) follows
         d.wait_for_line(r"systemd reload started: resyncing links", after=mark)
         d.wait_for_line(r"pass \d+ \(systemd reload started\)", after=mark)
-        assert not any("finished a daemon-reload" in line for line in d.lines[mark:]), d.output()
+        assert d.entries(mark, "reload-seen") == [], d.output()
         assert d.stop() == 0
     finally:
         d.stop()

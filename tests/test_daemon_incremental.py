@@ -28,7 +28,7 @@ def host(tmp_path, need_root):
 
 @pytest.fixture
 def daemon(host):
-    d = DaemonProcess(host.root, "--resync-interval", "0", env={"NVSYMLINKD_DEBUG": "1"})
+    d = DaemonProcess(host.root, "--resync-interval", "0", env={"NVSYMLINKD_DEBUG": "1"}, journal=True)
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
     # the pass's debug line comes after its links: a test's mark must come after both
     d.wait_for_line(r"pass 1 \(startup\)")
@@ -78,7 +78,7 @@ def test_removed_link_and_foreign_link_per_name(host, daemon):
     # millisecond, faster than an unlink followed by a symlink
     os.symlink("../null", host.path("/dev/char/.foreign-195:0"))
     os.rename(host.path("/dev/char/.foreign-195:0"), host.path("/dev/char/195:0"))
-    daemon.wait_for_line(r"conflict at /dev/char/195:0 .*foreign symlink to \.\./null", after=mark)
+    daemon.wait_entry("link-foreign", after=mark, NVSYMLINKD_LINK="/dev/char/195:0", NVSYMLINKD_TARGET="../null")
     assert links(host)["195:0"] == "../null"
     lines = passes_since(daemon, mark)
     assert lines and all("incremental" in line for line in lines), lines

@@ -33,7 +33,7 @@ def daemon(host, tmp_path):
     cfg = tmp_path / "nvsymlinkd.toml"
     host.path("/metrics").mkdir()
     cfg.write_text('resync_interval = 0\nmetrics_textfile = "/metrics/nvsymlinkd.prom"\n')
-    d = DaemonProcess(host.root, config=cfg, env={"NVSYMLINKD_DEBUG": "1"})
+    d = DaemonProcess(host.root, config=cfg, env={"NVSYMLINKD_DEBUG": "1"}, journal=True)
     d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
     yield d
     d.stop()
@@ -74,7 +74,7 @@ def metric(host, name: str) -> float | None:
 def test_removed_link_comes_back(host, daemon):
     os.unlink(host.path("/dev/char/195:0"))
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "the removed link to come back")
-    daemon.wait_for_line(r"created link /dev/char/195:0 -> \.\./nvidia0 \(c 195:0\)")
+    daemon.wait_entry("link-created", NVSYMLINKD_LINK="/dev/char/195:0", NVSYMLINKD_DEVICE="c 195:0")
     # all of them at once, too
     for name in STANDARD_LINKS:
         os.unlink(host.path(f"/dev/char/{name}"))
@@ -89,7 +89,7 @@ def test_link_replaced_by_a_wrong_nvidia_one_is_put_back(host, daemon, target):
     mark = daemon.mark()
     swap_link(host, "195:0", target)
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, f"195:0 -> {target} to be replaced")
-    daemon.wait_for_line(r"replaced link /dev/char/195:0 -> \.\./nvidia0 \(c 195:0\)", after=mark)
+    daemon.wait_entry("link-replaced", after=mark, NVSYMLINKD_LINK="/dev/char/195:0", NVSYMLINKD_DEVICE="c 195:0")
     assert daemon.stop() == 0
 
 
@@ -97,23 +97,23 @@ def test_directory_replaced_or_removed(host, daemon):
     dev_char = host.path("/dev/char")
     # swapped while the daemon is stopped: running, it would remake /dev/char between the rename and
     # the mkdir (it did, under load); the events wait in the queue for it
-    daemon.proc.send_signal(signal.SIGSTOP)
+    daemon.signal(signal.SIGSTOP)
     try:
         os.rename(dev_char, host.path("/dev/char.old"))
         dev_char.mkdir()
     finally:
-        daemon.proc.send_signal(signal.SIGCONT)
+        daemon.signal(signal.SIGCONT)
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "links in the new, empty directory")
     # the new directory is watched in its turn
     os.unlink(dev_char / "195:1")
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "a link removed from the new directory")
     # stopped meanwhile: a running daemon puts each link back within a millisecond of its unlink,
     # faster than rm -rf gets to rmdir (ENOTEMPTY); the events wait in the queue for it
-    daemon.proc.send_signal(signal.SIGSTOP)
+    daemon.signal(signal.SIGSTOP)
     try:
         shutil.rmtree(dev_char)
     finally:
-        daemon.proc.send_signal(signal.SIGCONT)
+        daemon.signal(signal.SIGCONT)
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "the directory and links after rm -rf")
     os.unlink(dev_char / "195:255")
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "a link removed from the recreated directory")
@@ -127,20 +127,23 @@ def test_directory_replaced_or_removed(host, daemon):
 def test_foreign_link_left_alone_reported_once(host, daemon):
     mark = daemon.mark()
     swap_link(host, "195:0", "../null")
-    daemon.wait_for_line(r"conflict at /dev/char/195:0 \(c 195:0\): foreign symlink to \.\./null .*"
-                         r"resolves to c 1:3", after=mark)
+    message, _ = daemon.wait_entry("link-foreign", after=mark, NVSYMLINKD_LINK="/dev/char/195:0",
+                                   NVSYMLINKD_DEVICE="c 195:0", NVSYMLINKD_TARGET="../null")
+    assert "resolves to c 1:3" in message  # what it is instead, for the operator
     daemon.wait_until(lambda: metric(host, "nvsymlinkd_foreign_links") == 1, "the foreign-link gauge")
     # the same link again (rewritten by its owner) and an unrelated change: no second warning
     swap_link(host, "195:0", "../null")
     os.unlink(host.path("/dev/char/195:1"))
     daemon.wait_until(lambda: (links(host) or {}).get("195:1") == "../nvidia1", "195:1 to come back")
     settled(daemon)
-    assert len(re.findall(r"conflict at /dev/char/195:0", daemon.output())) == 1
+    assert len(daemon.entries(kind="link-foreign")) == 1, daemon.output()
+    assert daemon.entries(kind="link-conflict") == []
     assert links(host)["195:0"] == "../null"
     # another foreign target is news
     swap_link(host, "195:0", "../nowhere")
-    daemon.wait_for_line(r"conflict at /dev/char/195:0 \(c 195:0\): foreign symlink to \.\./nowhere .*"
-                         r"resolves to nothing", after=mark)
+    message, _ = daemon.wait_entry("link-foreign", after=mark, NVSYMLINKD_LINK="/dev/char/195:0",
+                                   NVSYMLINKD_TARGET="../nowhere")
+    assert "resolves to nothing" in message
     # its owner takes it away: ours again, the gauge drops
     os.unlink(host.path("/dev/char/195:0"))
     daemon.wait_until(lambda: links(host) == STANDARD_LINKS, "195:0 once the foreign link is gone")
@@ -176,8 +179,8 @@ def test_coexists_with_nvidia_ctk_absolute_links(host, daemon):
     end_state = links(host)
     want = dict(STANDARD_LINKS, **{"195:0": "/dev/nvidia0", "195:1": "/dev/nvidia1", "195:255": "/dev/nvidiactl"})
     assert end_state == want
-    said = [line for line in daemon.lines[start:]
-            if "replaced link" in line or "failed to" in line or "conflict" in line]
+    said = [m for kind in ("link-replaced", "link-failed", "link-conflict", "link-foreign")
+            for m, _ in daemon.entries(start, kind)]
     assert not said, "\n".join(said) + "\n--- whole log ---\n" + "\n".join(daemon.lines[start:])
     # stable: a quiet daemon stays quiet and leaves the end state alone
     passes = settled(daemon)
