@@ -18,11 +18,14 @@ to another device or to nothing is replaced or removed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from nvsymlinkd.devchar.model import HostSnapshot, is_nvidia_path
 from nvsymlinkd.host import nodes as nodemod
 from nvsymlinkd.host.paths import link_target
+
+if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
+    from nvsymlinkd.host.driverinfo import NodeOwnership
 
 CREATE = "create"
 REPLACE = "replace"
@@ -100,47 +103,56 @@ def plan_sync(snap: HostSnapshot, create_nodes: bool = False) -> Plan:
 
 
 def plan_links(snap: HostSnapshot, nodes: list) -> list:
-    dev_char = snap.dev_char_path
-    # link text is computed between where things really are (dev-char dir and nodes
-    # resolved confined to the root), so a symlinked /dev/char still gets links that resolve
-    real_char = snap.dev_char_real or dev_char
-    by_rdev: dict = {}
-    for node in nodes:
-        have = by_rdev.setdefault((node.major, node.minor), node)
-        if have is not node and _preference(node) < _preference(have):
-            by_rdev[(node.major, node.minor)] = node
-    # "M:m" -> node, in device-number order
-    desired = {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
-
+    """The link actions for `nodes` (one per device number), then the removals of our stale links."""
+    desired = _desired_links(nodes)
     if snap.dev_char_state == "not-dir":
+        dev_char, real_char = snap.dev_char_path, _real_char(snap)
         return [
             Action(CONFLICT, f"{dev_char}/{name}", link_target(f"{real_char}/{name}", snap.real_path(n.path)), n.device,
                    f"{dev_char} exists and is not a directory")
             for name, n in desired.items()
         ]
+    return [_link_action(snap, name, node) for name, node in desired.items()] + _stale_links(snap, desired)
 
-    actions = []
-    for name, node in desired.items():
-        link = f"{dev_char}/{name}"
-        want = link_target(f"{real_char}/{name}", snap.real_path(node.path))
-        entry = snap.entries.get(name)
-        rdev = (node.major, node.minor)
-        if entry is None:
-            actions.append(Action(CREATE, link, want, node.device, f"no link for {node.path}"))
-        elif entry.kind != "symlink":
-            actions.append(Action(CONFLICT, link, want, node.device,
-                                  f"a {entry.kind} is in the way (not ours, left alone)"))
-        elif entry.resolved == rdev:
-            why = "link is exact" if entry.link_text == want else f"link resolves to {node.device} (target {entry.link_text})"
-            actions.append(Action(KEEP, link, entry.link_text, node.device, why))
-        elif is_nvidia_path(entry.target):
-            actions.append(Action(REPLACE, link, want, node.device, _broken(entry), previous=entry.link_text))
-        else:
-            actions.append(Action(CONFLICT, link, want, node.device,
-                                  f"foreign symlink to {entry.link_text} (not ours, left alone)"))
 
+def _real_char(snap: HostSnapshot) -> str:
+    # link text is computed between where things really are (dev-char dir and nodes
+    # resolved confined to the root), so a symlinked /dev/char still gets links that resolve
+    return snap.dev_char_real or snap.dev_char_path
+
+
+def _desired_links(nodes: list) -> dict:
+    """"M:m" -> the node its link should name, in device-number order (the canonical node of a shared rdev)."""
+    by_rdev: dict = {}
+    for node in nodes:
+        have = by_rdev.setdefault((node.major, node.minor), node)
+        if have is not node and _preference(node) < _preference(have):
+            by_rdev[(node.major, node.minor)] = node
+    return {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
+
+
+def _link_action(snap: HostSnapshot, name: str, node: nodemod.NvidiaNode) -> Action:
+    """What to do at one desired link: create, keep, replace ours, or leave someone else's alone."""
+    link = f"{snap.dev_char_path}/{name}"
+    want = link_target(f"{_real_char(snap)}/{name}", snap.real_path(node.path))
+    entry = snap.entries.get(name)
+    if entry is None:
+        return Action(CREATE, link, want, node.device, f"no link for {node.path}")
+    if entry.kind != "symlink":
+        return Action(CONFLICT, link, want, node.device, f"a {entry.kind} is in the way (not ours, left alone)")
+    if entry.resolved == (node.major, node.minor):
+        why = "link is exact" if entry.link_text == want else f"link resolves to {node.device} (target {entry.link_text})"
+        return Action(KEEP, link, entry.link_text, node.device, why)
+    if is_nvidia_path(entry.target):
+        return Action(REPLACE, link, want, node.device, _broken(entry), previous=entry.link_text)
+    return Action(CONFLICT, link, want, node.device, f"foreign symlink to {entry.link_text} (not ours, left alone)")
+
+
+def _stale_links(snap: HostSnapshot, desired: dict) -> list:
+    """Our links at names no node wants: removed when broken or when their major is no NVIDIA one any more."""
     majors = snap.majors.nvidia_majors
     others = [(name, entry) for name, entry in snap.entries.items() if name not in desired]
+    actions = []
     for name, entry in sorted(others, key=_by_rdev):
         if entry.kind != "symlink" or not is_nvidia_path(entry.target):
             continue
@@ -148,7 +160,7 @@ def plan_links(snap: HostSnapshot, nodes: list) -> list:
         broken = entry.resolved != entry.rdev_name
         if broken or major not in majors:
             why = _broken(entry) if broken else f"major {major} is no longer an NVIDIA major"
-            actions.append(Action(REMOVE, f"{dev_char}/{name}", None, f"c {name}", why,
+            actions.append(Action(REMOVE, f"{snap.dev_char_path}/{name}", None, f"c {name}", why,
                                   previous=entry.link_text))
     return actions
 
@@ -170,48 +182,68 @@ def foreign_links(dev_char_state: str, entries: dict, conflicts) -> list:
     return out
 
 
-def plan_nodes(snap: HostSnapshot):
-    """Nodes the driver says should exist but do not -> (actions, nodes, notes)."""
-    majors = snap.majors
-    driver = snap.driver
-    base = nodemod.dev_dir(snap.driver_root)
-    own = driver.ownership
-    wanted: list = []  # (NvidiaNode, ownership, reason)
-    notes: list = []
+class WantedNode(NamedTuple):
+    node: nodemod.NvidiaNode
+    ownership: NodeOwnership
+    reason: str
 
+
+def plan_nodes(snap: HostSnapshot) -> tuple:
+    """Nodes the driver says should exist but do not -> (actions, nodes, notes)."""
+    base = nodemod.dev_dir(snap.driver_root)
+    frontend, frontend_notes = _frontend_nodes(snap, base)
+    uvm, uvm_notes = _uvm_nodes(snap, base)
+    caps, caps_notes = _cap_nodes(snap, base)
+    actions, planned = _node_actions(snap, frontend + uvm + caps)
+    return actions, planned, frontend_notes + uvm_notes + caps_notes
+
+
+def _frontend_nodes(snap: HostSnapshot, base: str) -> tuple:
+    """nvidiactl, nvidia-modeset and one node per GPU, on the nvidia major -> (wanted, notes)."""
+    majors, driver, own = snap.majors, snap.driver, snap.driver.ownership
     frontend = majors.frontend()
     if frontend is None:
         if driver.gpus or driver.loaded_modules:
-            notes.append("no 'nvidia' character major in /proc/devices: load the driver (modprobe nvidia)")
-        else:
-            notes.append("NVIDIA driver not loaded (no 'nvidia' major in /proc/devices): no nodes to create")
-    else:
-        wanted.append((nodemod.NvidiaNode(f"{base}/nvidiactl", "ctl", frontend, 255), own,
-                       "control node of the loaded nvidia driver"))
-        if "nvidia-modeset" in majors.by_name or driver.module_loaded("nvidia_modeset"):
-            wanted.append((nodemod.NvidiaNode(f"{base}/nvidia-modeset", "modeset", frontend, 254), own,
-                           "nvidia_modeset module is loaded"))
-        for gpu in driver.gpus:
-            wanted.append((nodemod.NvidiaNode(f"{base}/nvidia{gpu.minor}", "gpu", frontend, gpu.minor), own,
-                           f"driver reports GPU {gpu.pci} with minor {gpu.minor}"))
-    uvm = majors.major("nvidia-uvm")
-    if uvm is not None:
-        wanted.append((nodemod.NvidiaNode(f"{base}/nvidia-uvm", "uvm", uvm, 0), own, "nvidia-uvm major is registered"))
-        wanted.append((nodemod.NvidiaNode(f"{base}/nvidia-uvm-tools", "uvm-tools", uvm, 1), own,
-                       "nvidia-uvm major is registered"))
-    elif frontend is not None:
-        notes.append("nvidia-uvm is not loaded (modprobe nvidia-uvm): /dev/nvidia-uvm not created; CUDA needs it")
-    caps = majors.major("nvidia-caps")
-    if driver.mig_minors:
-        if caps is None:
-            notes.append("mig-minors lists capabilities but no 'nvidia-caps' major: load nvidia with MIG support")
-        else:
-            for cap, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1]):
-                wanted.append((nodemod.NvidiaNode(f"{base}/nvidia-caps/nvidia-cap{minor}", "cap", caps, minor),
-                               driver.cap_ownership.get(cap, own),
-                               f"MIG capability {cap}"))
+            return [], ["no 'nvidia' character major in /proc/devices: load the driver (modprobe nvidia)"]
+        return [], ["NVIDIA driver not loaded (no 'nvidia' major in /proc/devices): no nodes to create"]
+    wanted = [WantedNode(nodemod.NvidiaNode(f"{base}/nvidiactl", "ctl", frontend, 255), own,
+                         "control node of the loaded nvidia driver")]
+    if "nvidia-modeset" in majors.by_name or driver.module_loaded("nvidia_modeset"):
+        wanted.append(WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-modeset", "modeset", frontend, 254), own,
+                                 "nvidia_modeset module is loaded"))
+    for gpu in driver.gpus:
+        wanted.append(WantedNode(nodemod.NvidiaNode(f"{base}/nvidia{gpu.minor}", "gpu", frontend, gpu.minor), own,
+                                 f"driver reports GPU {gpu.pci} with minor {gpu.minor}"))
+    return wanted, []
 
-    existing = {n.path: n for n in snap.nodes}
+
+def _uvm_nodes(snap: HostSnapshot, base: str) -> tuple:
+    """nvidia-uvm and nvidia-uvm-tools once the nvidia-uvm major is registered -> (wanted, notes)."""
+    uvm, own = snap.majors.major("nvidia-uvm"), snap.driver.ownership
+    if uvm is not None:
+        return [WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-uvm", "uvm", uvm, 0), own, "nvidia-uvm major is registered"),
+                WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-uvm-tools", "uvm-tools", uvm, 1), own,
+                           "nvidia-uvm major is registered")], []
+    if snap.majors.frontend() is not None:
+        return [], ["nvidia-uvm is not loaded (modprobe nvidia-uvm): /dev/nvidia-uvm not created; CUDA needs it"]
+    return [], []
+
+
+def _cap_nodes(snap: HostSnapshot, base: str) -> tuple:
+    """One node per MIG capability the driver lists, on the nvidia-caps major -> (wanted, notes)."""
+    driver, caps = snap.driver, snap.majors.major("nvidia-caps")
+    if not driver.mig_minors:
+        return [], []
+    if caps is None:
+        return [], ["mig-minors lists capabilities but no 'nvidia-caps' major: load nvidia with MIG support"]
+    return [WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-caps/nvidia-cap{minor}", "cap", caps, minor),
+                       driver.cap_ownership.get(cap, driver.ownership), f"MIG capability {cap}")
+            for cap, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1])], []
+
+
+def _node_actions(snap: HostSnapshot, wanted: list) -> tuple:
+    """create-node for each wanted node missing from the host; a conflict where something else holds its path."""
+    existing = {n.path for n in snap.nodes}
     actions, planned = [], []
     for node, ownership, reason in wanted:
         if node.path in existing:
@@ -223,7 +255,7 @@ def plan_nodes(snap: HostSnapshot):
         actions.append(Action(CREATE_NODE, None, node.path, node.device, reason,
                               node_mode=ownership.mode, node_uid=ownership.uid, node_gid=ownership.gid))
         planned.append(node)
-    return actions, planned, notes
+    return actions, planned
 
 
 def _preference(node) -> tuple:

@@ -309,7 +309,20 @@ def check_host(root, config, snapshot=None) -> list:
                                "run nvsymlinkd check as root"))
     version = cgroup_version(root)
     out.append(HostFinding("cgroup-version", "info", f"cgroup {version}"))
-    systemd_driver = False
+    drivers, systemd_driver = _cgroup_driver_findings(root, version)
+    out += drivers
+    out += _version_findings(root, systemd_driver)
+    out.extend(dev_char_findings(snapshot))
+    keepers = link_keepers_finding(root)
+    if keepers is not None:
+        out.append(keepers)
+    out.append(nvml_finding(root, snapshot))
+    return out
+
+
+def _cgroup_driver_findings(root, version: str) -> tuple:
+    """Each runtime's cgroup driver -> (findings, whether one may use systemd's)."""
+    out, systemd_driver = [], False
     for runtime, result in (("docker", docker_driver(root, version)), ("containerd", containerd_driver(root)),
                             ("cri-o", crio_driver(root))):
         if result is None:
@@ -323,23 +336,23 @@ def check_host(root, config, snapshot=None) -> list:
                                    "/dev/char links and their scopes' DeviceAllow surviving daemon-reload"))
         else:
             out.append(HostFinding("cgroup-driver", "info", f"{runtime}: {driver} cgroup driver ({where})"))
+    return out, systemd_driver
+
+
+def _version_findings(root, systemd_driver: bool) -> list:
+    """The packages' versions, and a warning when this runc drops device rules (with the systemd driver)."""
     versions = package_versions(root)
-    if versions:
-        text = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-        runc = versions.get("runc", "")
-        out.append(HostFinding("versions", "info", text))
-        if RUNC_AFFECTED.match(runc):
-            affected = (f"this host's runc {runc} is in 1.1.3-1.1.6, which drops a device rule whose /dev/char "
-                        "link is missing at container start when it uses the systemd cgroup driver")
-            if systemd_driver:
-                out.append(HostFinding("runc", "warn", f"{affected}; a runtime here uses that driver",
-                                       "keep /dev/char links exact before containers start (nvsymlinkd-sync.service "
-                                       "at boot, nvsymlinkd.service), or upgrade runc to 1.1.7 or later"))
-            else:
-                out.append(HostFinding("runc", "info", f"{affected}; no runtime here uses that driver"))
-    out.extend(dev_char_findings(snapshot))
-    keepers = link_keepers_finding(root)
-    if keepers is not None:
-        out.append(keepers)
-    out.append(nvml_finding(root, snapshot))
+    if not versions:
+        return []
+    runc = versions.get("runc", "")
+    out = [HostFinding("versions", "info", ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))]
+    if RUNC_AFFECTED.match(runc):
+        affected = (f"this host's runc {runc} is in 1.1.3-1.1.6, which drops a device rule whose /dev/char "
+                    "link is missing at container start when it uses the systemd cgroup driver")
+        if systemd_driver:
+            out.append(HostFinding("runc", "warn", f"{affected}; a runtime here uses that driver",
+                                   "keep /dev/char links exact before containers start (nvsymlinkd-sync.service "
+                                   "at boot, nvsymlinkd.service), or upgrade runc to 1.1.7 or later"))
+        else:
+            out.append(HostFinding("runc", "info", f"{affected}; no runtime here uses that driver"))
     return out
