@@ -166,10 +166,9 @@ def _remove(dirs: _Dirs, a: Action) -> None:
 def _create_node(dirs: _Dirs, a: Action) -> None:
     parent, name = _split(a.target)
     fd = dirs.make(parent)
-    major, minor = (int(x) for x in a.device.split()[1].split(":"))
     tmp = _tmp_name(name)
     _unlink_quietly(fd, tmp)
-    os.mknod(tmp, stat.S_IFCHR | 0o600, os.makedev(major, minor), dir_fd=fd)
+    os.mknod(tmp, stat.S_IFCHR | 0o600, os.makedev(a.device.major, a.device.minor), dir_fd=fd)
     try:
         os.chown(tmp, a.node_uid, a.node_gid, dir_fd=fd, follow_symlinks=False)
         # fchmodat cannot refuse links before Linux 6.6; tmp is ours, in a root-owned directory

@@ -156,7 +156,7 @@ class LinkState:
     def plan(self) -> Plan:
         """The plan of every link name, as last decided (creates and replaces already applied)."""
         actions = [a for a in self.conflicts.values() if a.link is None]
-        actions += sorted(self.actions.values(), key=lambda a: _rdev_key(a.link))
+        actions += sorted(self.actions.values(), key=lambda a: a.device)  # the link's name is its device's numbers
         return Plan(tuple(actions), self.notes())
 
     def notes(self) -> tuple:
@@ -231,11 +231,6 @@ class LinkState:
             self._set_action(name, a, a is not None and id(a) in failed)
         self._refresh_entries({a.link.rpartition("/")[2] for a in actions if a.changes})
         return Delta(self, tuple(actions), tuple(outcomes), time.perf_counter() - start)
-
-
-def _rdev_key(link: str) -> tuple:
-    major, _, minor = link.rpartition("/")[2].partition(":")
-    return (int(major), int(minor))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from nvsymlinkd.devchar.model import HostSnapshot, is_nvidia_path
-from nvsymlinkd.host import nodes as nodemod
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.nodes import NvidiaNode, dev_dir
 from nvsymlinkd.host.paths import link_target
 
 if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
@@ -41,7 +42,7 @@ class Action(NamedTuple):  # a tuple: thousands are built per sync
     action: str
     link: str | None  # the /dev/char path (None for create-node)
     target: str | None  # link text to write, or the node path for create-node
-    device: str  # "c M:m"
+    device: Device  # str() is "c M:m" (the JSON's and the journal's text)
     reason: str
     previous: str | None = None  # link text seen when planning (replace/remove)
     # create-node only:
@@ -58,7 +59,7 @@ class Action(NamedTuple):  # a tuple: thousands are built per sync
             "action": self.action,
             "link": self.link,
             "target": self.target,
-            "device": self.device,
+            "device": str(self.device),
             "reason": self.reason,
         }
         if self.previous is not None:
@@ -131,7 +132,7 @@ def _desired_links(nodes: list) -> dict:
     return {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
 
 
-def _link_action(snap: HostSnapshot, name: str, node: nodemod.NvidiaNode) -> Action:
+def _link_action(snap: HostSnapshot, name: str, node: NvidiaNode) -> Action:
     """What to do at one desired link: create, keep, replace ours, or leave someone else's alone."""
     link = f"{snap.dev_char_path}/{name}"
     want = link_target(f"{_real_char(snap)}/{name}", snap.real_path(node.path))
@@ -153,14 +154,14 @@ def _stale_links(snap: HostSnapshot, desired: dict) -> list:
     majors = snap.majors.nvidia_majors
     others = [(name, entry) for name, entry in snap.entries.items() if name not in desired]
     actions = []
-    for name, entry in sorted(others, key=_by_rdev):
+    for name, entry in sorted(others, key=lambda item: item[1].rdev_name):
         if entry.kind != "symlink" or not is_nvidia_path(entry.target):
             continue
         major = entry.rdev_name[0]
         broken = entry.resolved != entry.rdev_name
         if broken or major not in majors:
             why = _broken(entry) if broken else f"major {major} is no longer an NVIDIA major"
-            actions.append(Action(REMOVE, f"{snap.dev_char_path}/{name}", None, f"c {name}", why,
+            actions.append(Action(REMOVE, f"{snap.dev_char_path}/{name}", None, Device.char(*entry.rdev_name), why,
                                   previous=entry.link_text))
     return actions
 
@@ -183,14 +184,14 @@ def foreign_links(dev_char_state: str, entries: dict, conflicts) -> list:
 
 
 class WantedNode(NamedTuple):
-    node: nodemod.NvidiaNode
+    node: NvidiaNode
     ownership: NodeOwnership
     reason: str
 
 
 def plan_nodes(snap: HostSnapshot) -> tuple:
     """Nodes the driver says should exist but do not -> (actions, nodes, notes)."""
-    base = nodemod.dev_dir(snap.driver_root)
+    base = dev_dir(snap.driver_root)
     frontend, frontend_notes = _frontend_nodes(snap, base)
     uvm, uvm_notes = _uvm_nodes(snap, base)
     caps, caps_notes = _cap_nodes(snap, base)
@@ -206,13 +207,13 @@ def _frontend_nodes(snap: HostSnapshot, base: str) -> tuple:
         if driver.gpus or driver.loaded_modules:
             return [], ["no 'nvidia' character major in /proc/devices: load the driver (modprobe nvidia)"]
         return [], ["NVIDIA driver not loaded (no 'nvidia' major in /proc/devices): no nodes to create"]
-    wanted = [WantedNode(nodemod.NvidiaNode(f"{base}/nvidiactl", "ctl", frontend, 255), own,
+    wanted = [WantedNode(NvidiaNode(f"{base}/nvidiactl", "ctl", frontend, 255), own,
                          "control node of the loaded nvidia driver")]
     if "nvidia-modeset" in majors.by_name or driver.module_loaded("nvidia_modeset"):
-        wanted.append(WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-modeset", "modeset", frontend, 254), own,
+        wanted.append(WantedNode(NvidiaNode(f"{base}/nvidia-modeset", "modeset", frontend, 254), own,
                                  "nvidia_modeset module is loaded"))
     for gpu in driver.gpus:
-        wanted.append(WantedNode(nodemod.NvidiaNode(f"{base}/nvidia{gpu.minor}", "gpu", frontend, gpu.minor), own,
+        wanted.append(WantedNode(NvidiaNode(f"{base}/nvidia{gpu.minor}", "gpu", frontend, gpu.minor), own,
                                  f"driver reports GPU {gpu.pci} with minor {gpu.minor}"))
     return wanted, []
 
@@ -221,8 +222,8 @@ def _uvm_nodes(snap: HostSnapshot, base: str) -> tuple:
     """nvidia-uvm and nvidia-uvm-tools once the nvidia-uvm major is registered -> (wanted, notes)."""
     uvm, own = snap.majors.major("nvidia-uvm"), snap.driver.ownership
     if uvm is not None:
-        return [WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-uvm", "uvm", uvm, 0), own, "nvidia-uvm major is registered"),
-                WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-uvm-tools", "uvm-tools", uvm, 1), own,
+        return [WantedNode(NvidiaNode(f"{base}/nvidia-uvm", "uvm", uvm, 0), own, "nvidia-uvm major is registered"),
+                WantedNode(NvidiaNode(f"{base}/nvidia-uvm-tools", "uvm-tools", uvm, 1), own,
                            "nvidia-uvm major is registered")], []
     if snap.majors.frontend() is not None:
         return [], ["nvidia-uvm is not loaded (modprobe nvidia-uvm): /dev/nvidia-uvm not created; CUDA needs it"]
@@ -236,7 +237,7 @@ def _cap_nodes(snap: HostSnapshot, base: str) -> tuple:
         return [], []
     if caps is None:
         return [], ["mig-minors lists capabilities but no 'nvidia-caps' major: load nvidia with MIG support"]
-    return [WantedNode(nodemod.NvidiaNode(f"{base}/nvidia-caps/nvidia-cap{minor}", "cap", caps, minor),
+    return [WantedNode(NvidiaNode(f"{base}/nvidia-caps/nvidia-cap{minor}", "cap", caps, minor),
                        driver.cap_ownership.get(cap, driver.ownership), f"MIG capability {cap}")
             for cap, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1])], []
 
@@ -263,15 +264,9 @@ def _preference(node) -> tuple:
     return (len(node.path), node.path)
 
 
-def _by_rdev(item) -> tuple:
-    name = item[0]
-    major, _, minor = name.partition(":")
-    return (int(major), int(minor))
-
-
 def _broken(entry) -> str:
     if entry.resolved_kind == "missing":
         return f"dangling link to {entry.link_text}"
     if entry.resolved_kind == "char" and entry.resolved is not None:
-        return f"link to {entry.link_text} resolves to c {entry.resolved[0]}:{entry.resolved[1]}, not c {entry.name}"
+        return f"link to {entry.link_text} resolves to {Device.char(*entry.resolved)}, not {Device.char(*entry.rdev_name)}"
     return f"link to {entry.link_text} does not resolve to a character device"

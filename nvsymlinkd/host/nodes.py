@@ -17,21 +17,22 @@ import stat
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nvsymlinkd.host import procdevices as pd
+from nvsymlinkd.host import procdevices
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.paths import normalize
 
 # kind -> (regex on the path relative to DRIVER_ROOT/dev, allowed /proc/devices names)
 KINDS = {
-    "gpu": (re.compile(r"nvidia(\d+)"), pd.FRONTEND_NAMES),
-    "ctl": (re.compile(r"nvidiactl"), pd.FRONTEND_NAMES),
-    "modeset": (re.compile(r"nvidia-modeset"), pd.FRONTEND_NAMES),
-    "uvm": (re.compile(r"nvidia-uvm"), frozenset({pd.UVM})),
-    "uvm-tools": (re.compile(r"nvidia-uvm-tools"), frozenset({pd.UVM})),
-    "cap": (re.compile(r"nvidia-caps/nvidia-cap(\d+)"), frozenset({pd.CAPS})),
-    "imex-channel": (re.compile(r"nvidia-caps-imex-channels/channel(\d+)"), frozenset({pd.IMEX_CHANNELS})),
-    "nvswitch": (re.compile(r"nvidia-nvswitch(\d+)"), frozenset({pd.NVSWITCH})),
-    "nvswitchctl": (re.compile(r"nvidia-nvswitchctl"), frozenset({pd.NVSWITCH})),
-    "nvlink": (re.compile(r"nvidia-nvlink"), frozenset({pd.NVLINK})),
+    "gpu": (re.compile(r"nvidia(\d+)"), procdevices.FRONTEND_NAMES),
+    "ctl": (re.compile(r"nvidiactl"), procdevices.FRONTEND_NAMES),
+    "modeset": (re.compile(r"nvidia-modeset"), procdevices.FRONTEND_NAMES),
+    "uvm": (re.compile(r"nvidia-uvm"), frozenset({procdevices.UVM})),
+    "uvm-tools": (re.compile(r"nvidia-uvm-tools"), frozenset({procdevices.UVM})),
+    "cap": (re.compile(r"nvidia-caps/nvidia-cap(\d+)"), frozenset({procdevices.CAPS})),
+    "imex-channel": (re.compile(r"nvidia-caps-imex-channels/channel(\d+)"), frozenset({procdevices.IMEX_CHANNELS})),
+    "nvswitch": (re.compile(r"nvidia-nvswitch(\d+)"), frozenset({procdevices.NVSWITCH})),
+    "nvswitchctl": (re.compile(r"nvidia-nvswitchctl"), frozenset({procdevices.NVSWITCH})),
+    "nvlink": (re.compile(r"nvidia-nvlink"), frozenset({procdevices.NVLINK})),
 }
 SUBDIRS = ("nvidia-caps", "nvidia-caps-imex-channels")
 # The applier's temporary names (`.nvsymlinkd-tmp-PID-NAME`): a sync killed
@@ -46,8 +47,8 @@ class NvidiaNode(NamedTuple):  # a tuple: thousands are built per sync
     minor: int
 
     @property
-    def device(self) -> str:
-        return f"c {self.major}:{self.minor}"
+    def device(self) -> Device:
+        return Device.char(self.major, self.minor)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def dev_dir(driver_root: str) -> str:
     return normalize(driver_root.rstrip("/") + "/dev")
 
 
-def names_by_major(majors: pd.Majors) -> dict:
+def names_by_major(majors: procdevices.Majors) -> dict:
     """major -> [/proc/devices names] (every line: a name listed twice owns both majors)."""
     out: dict = {}
     for name, major in majors.pairs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from nvsymlinkd.host import procdevices as pd
+from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.nodes import (
     SUBDIRS,
     TMP_PREFIX,
@@ -20,7 +20,7 @@ from nvsymlinkd.host.nodes import (
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 
-def scan_nodes(root: HostRoot, driver_root: str, majors: pd.Majors, temps: list | None = None):
+def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, temps: list | None = None):
     """NVIDIA char nodes under DRIVER_ROOT/dev -> (nodes, ignored), both sorted by path.
 
     DRIVER_ROOT/dev is opened confined to the root and read through its fd, so
