@@ -24,8 +24,8 @@ class Key:
     default: object
     help: str
     choices: tuple = ()
-    minimum: float | None = None  # seconds: 0 (off) or a value within [minimum, maximum]
-    maximum: float | None = None
+    minimum: float = 0.0  # seconds: 0 (off) or a value within [minimum, maximum]
+    maximum: float = float("inf")
 
 
 KEYS = (

@@ -32,7 +32,7 @@ def sync_counts(result) -> dict:
     for o in result.outcomes:
         if o.error is not None:
             failed[o.action.action] += 1
-    counts = {name: planned[name] - failed[name] for name in ACTIONS}
+    counts: dict = {name: planned[name] - failed[name] for name in ACTIONS}
     counts["error"] = sum(failed.values())
     nodes = len(result.snapshot.nodes)
     if not result.dry_run:

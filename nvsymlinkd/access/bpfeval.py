@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, NoReturn, Optional
 
 from nvsymlinkd.errors import CannotEvaluate
 
@@ -318,7 +318,7 @@ def _alu(insn: Insn, is64: bool, regs, scalar, fail):
     raise AssertionError("unreachable")
 
 
-def _condition(insn: Insn, is32: bool, regs, scalar, fail) -> bool:
+def _condition(insn: Insn, is32: bool, regs, scalar, fail: Callable[[str], NoReturn]) -> bool:
     op = insn.code & 0xF0
     a = scalar(insn.dst)
     b = scalar(insn.src) if insn.code & SRC_X else insn.imm & M64

@@ -80,7 +80,7 @@ def _hints_with_root(report, root) -> None:
 def human_lines(report) -> list:
     from nvsymlinkd.summary import plural
 
-    rows = [("CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX")]
+    rows: list[tuple[str, ...]] = [("CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX")]
     for c in report.containers:
         ident = (c.short_id, c.display_name or "-", c.runtime)
         if not c.findings:

@@ -32,7 +32,7 @@ def register(sub) -> None:
 def run(args, root, config) -> int:
     # The daemon speaks no TLS; asyncio (and http.client) import ssl only when it is there, and
     # loading OpenSSL costs ~4 MiB of resident memory for the daemon's whole life (measured).
-    sys.modules.setdefault("ssl", None)
+    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]  # None: "not importable", by design
     import asyncio
 
     from nvsymlinkd.config import load_config

@@ -148,11 +148,11 @@ def discover(root: HostRoot) -> list:
         for cid in _subdirs(root, base):
             c = get(ns, cid, runtime)
             c.state_path = f"{base}/{cid}/state.json"
-            _load_state(root, c, parse_runc_state)
+            _load_state(root, c, c.state_path, parse_runc_state)
     for cid in _subdirs(root, CRUN_ROOT):
         c = found.get((None, cid)) or get(None, cid, "crun")
         c.state_path = f"{CRUN_ROOT}/{cid}/status"
-        _load_state(root, c, parse_crun_status)
+        _load_state(root, c, c.state_path, parse_crun_status)
         if c.spec is None:  # crun keeps its own copy of the spec beside the status
             _load_spec(root, c, f"{CRUN_ROOT}/{cid}/config.json")
 
@@ -200,13 +200,13 @@ def _unreadable(c: Container, inside: str, why) -> None:
     c.unreadable.append(problem)
 
 
-def _load_state(root: HostRoot, c: Container, parser) -> None:
+def _load_state(root: HostRoot, c: Container, state_path: str, parser) -> None:
     try:
-        c.state = parser(read_json(root.path(c.state_path)))
+        c.state = parser(read_json(root.path(state_path)))
     except FileNotFoundError:
         return  # still being created (hooks running) or being deleted
     except (OSError, ValueError) as exc:
-        _unreadable(c, c.state_path, _why(exc))
+        _unreadable(c, state_path, _why(exc))
         return
     c.problems.extend(c.state.problems)
     for problem in c.state.problems:  # a skipped rule may be the very NVIDIA rule: not a whole file

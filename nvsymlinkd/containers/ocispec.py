@@ -269,7 +269,7 @@ def _rules(items, parse, where: str, problems: list) -> list:
 def parse_spec(doc: dict) -> SpecFacts:
     """What a config.json says; ValueError when a field the verdict reads has the wrong JSON type
     (runc would have refused such a spec: the file is not what the container was made from)."""
-    problems = []
+    problems: list[str] = []
     linux = _field(doc, "linux", dict, "") or {}
     resources = _field(linux, "resources", dict, "linux.") or {}
     rules = _rules(_field(resources, "devices", list, "linux.resources."), parse_spec_rule,
@@ -315,7 +315,7 @@ def _start_field(doc: dict, key: str) -> int | None:
 
 def parse_runc_state(doc: dict) -> RuntimeState:
     """runc's state.json (also used by Docker's and containerd's runc roots)."""
-    problems = []
+    problems: list[str] = []
     config = _field(doc, "config", dict, "") or {}
     cgroups = _field(config, "cgroups", dict, "config.") or {}
     rules = _rules(_field(cgroups, "devices", list, "config.cgroups."), parse_state_rule, "cgroups.devices",

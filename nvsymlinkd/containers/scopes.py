@@ -182,12 +182,12 @@ async def _query(scopes, address) -> dict:
             reply = await asyncio.wait_for(bus.call(Message(
                 destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
                 signature="s", body=[scope])), BUS_TIMEOUT)
-            if reply.message_type != MessageType.METHOD_RETURN:
+            if reply is None or reply.message_type != MessageType.METHOD_RETURN:  # None: never, a reply is expected
                 continue  # NoSuchUnit: not a systemd-managed container
             reply = await asyncio.wait_for(bus.call(Message(
                 destination=SYSTEMD, path=reply.body[0], interface="org.freedesktop.DBus.Properties",
                 member="GetAll", signature="s", body=[SCOPE_IFACE])), BUS_TIMEOUT)
-            if reply.message_type != MessageType.METHOD_RETURN:
+            if reply is None or reply.message_type != MessageType.METHOD_RETURN:
                 continue
             props = reply.body[0]
             allow = props.get("DeviceAllow")

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.daemon.loop import ContainerHook
 from nvsymlinkd.verify.journaldiff import JournalState, journal_changes, repair_is_news
+
+if TYPE_CHECKING:  # imported when the first repair runs (the daemon starts without it)
+    from nvsymlinkd.repair.apply import RepairHistory
 
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create
 # order); look again once they have had time to finish, then once more for slow hooks.
@@ -63,12 +67,12 @@ class ContainerWatch(ContainerHook):
         self.use_bus = use_bus
         self.metrics = metrics
         self.clock = clock
-        self.history = None
+        self.history: RepairHistory | None = None
         self.said = JournalState()  # what the journal was told about each container (verify/journaldiff)
         self.passes = 0
         self._pending: set = set()
         self._wake = asyncio.Event()
-        self._task = None
+        self._task: asyncio.Task | None = None
         self._last_end = 0.0  # loop time the last verification ended
         self._last_seconds = 0.0  # and how long it ran
         self._last_runtime_only = False  # whether it was asked for by runtime state events alone
@@ -157,7 +161,7 @@ class ContainerWatch(ContainerHook):
         entries, self.said = journal_changes(self.said, report, why)
         for e in entries:
             if e.kind is None:
-                self.journal.log(e.priority, e.message, **e.fields)
+                self.journal.log(e.priority, e.message, None, **e.fields)
             else:
                 self.journal.event(e.kind, e.priority, e.message, **e.fields)
 

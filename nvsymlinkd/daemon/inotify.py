@@ -268,7 +268,7 @@ class LinkWatch(_Watch):
         self.path = normalize(dev_char_path)
         self.parent, _, self.name = self.path.rpartition("/")
         self.parent = self.parent or "/"
-        self.majors = None  # frozenset of majors worth a pass, or None for all
+        self.majors: frozenset | None = None  # majors worth a pass, or None for all
 
     def arm(self) -> bool:
         """Add missing watches -> True when a watch was newly added on DEV_CHAR_PATH.
@@ -326,7 +326,7 @@ class RuntimeWatch(_Watch):
     def __init__(self, root: HostRoot):
         super().__init__(root)
         self.roots: set = set(RUNTIME_ROOTS)  # state roots, the namespaces' added as they are seen
-        self.limited = None  # the error that stopped adding container watches (ENOSPC), once said
+        self.limited: OSError | None = None  # the error that stopped adding container watches (ENOSPC), once said
 
     def _open(self, inside: str) -> int:
         # a container directory is never reached through a symlink (discovery skips those too)

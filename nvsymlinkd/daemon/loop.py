@@ -21,12 +21,19 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from nvsymlinkd.daemon.notify import Notifier
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.host import libc
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.summary import plural
+
+if TYPE_CHECKING:  # the event sources are imported when they start (udev and D-Bus are optional)
+    from nvsymlinkd.daemon.inotify import DevWatch, LinkWatch, RuntimeWatch
+    from nvsymlinkd.daemon.udev import UdevWatch
+    from nvsymlinkd.devchar.incremental import LinkState
+    from nvsymlinkd.systemd.bus import SystemdWatch
 
 # Wait this long after the first event before a pass (0: just let the loop drain
 # what is already readable). Coalescing comes from "one pass at a time, requests
@@ -97,11 +104,11 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.use_udev = use_udev
         self.use_bus = use_bus
-        self.devwatch = None
-        self.linkwatch = None
-        self.runtimewatch = None
-        self.udev = None
-        self.systemd = None
+        self.devwatch: DevWatch | None = None
+        self.linkwatch: LinkWatch | None = None
+        self.runtimewatch: RuntimeWatch | None = None
+        self.udev: UdevWatch | None = None
+        self.systemd: SystemdWatch | None = None
         self.bus_state = "off"
         self.passes = 0
         from nvsymlinkd.metrics import Metrics
@@ -112,7 +119,7 @@ class Daemon:
         self._reload_pending = False
         self._pass_started: float | None = None
         self._last_nodes = None
-        self.state = None  # devchar.incremental.LinkState of the last full pass, kept up to date per event
+        self.state: LinkState | None = None  # of the last full pass, kept up to date per event
         self._last_conflicts: set = set()
         self._last_notes: set = set()
         self._last_failure: str | None = None
@@ -120,7 +127,7 @@ class Daemon:
         self._tasks: set = set()
         self._periodic_task = None
         self._status_sent = 0.0
-        self._status_handle = None
+        self._status_handle: asyncio.TimerHandle | None = None
 
     # -- requests from event sources ------------------------------------
 
@@ -265,6 +272,7 @@ class Daemon:
             self.devwatch.missing_reported = False
 
     def _on_inotify(self, request: bool = True) -> None:
+        assert self.devwatch is not None  # its reader goes before it does (_stop_devwatch)
         try:
             changed, overflowed = self.devwatch.poll()
         except OSError as exc:
@@ -312,6 +320,7 @@ class Daemon:
             return False
 
     def _on_linkwatch(self, request: bool = True) -> None:
+        assert self.linkwatch is not None  # its reader goes before it does (_stop_linkwatch)
         try:
             changed, overflowed = self.linkwatch.poll()
         except OSError as exc:
@@ -351,12 +360,14 @@ class Daemon:
             self._spawn(self._call_hook("runtime_state_written", sorted(landed)))
 
     def _runtimewatch_limited(self, exc) -> None:
+        assert self.runtimewatch is not None  # only called while the watch is there
         if exc is not None and not self.runtimewatch.missing_reported:
             self.runtimewatch.missing_reported = True
             self.journal.notice(f"cannot watch the container runtimes' state ({exc.strerror}); new containers "
                                 "are verified 1 s and 5 s after their scope appears")
 
     def _on_runtimewatch(self) -> None:
+        assert self.runtimewatch is not None  # its reader goes with it
         try:
             landed, overflowed = self.runtimewatch.poll()
         except OSError as exc:
@@ -394,6 +405,7 @@ class Daemon:
         self._loop.add_reader(self.udev.fileno(), self._on_udev)
 
     def _on_udev(self) -> None:
+        assert self.udev is not None  # its reader goes with it
         try:
             events, overflowed = self.udev.poll()
         except Exception as exc:  # noqa: BLE001 - a bad uevent must not stop the daemon
@@ -452,8 +464,10 @@ class Daemon:
             self._pass_started = None
             self.passes += 1
         self._last_failure = None
+        state = self.state
+        assert state is not None  # the pass that just succeeded left its picture
         if self.linkwatch is not None:
-            self.linkwatch.majors = self.state.nvidia_majors
+            self.linkwatch.majors = state.nvidia_majors
         if self._arm_linkwatch():
             # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
             # before the watch was on is only seen by looking again
@@ -469,8 +483,8 @@ class Daemon:
         self._last_status = f"last sync {time.strftime('%H:%M:%S')} ({why})"
         self._result = result
         self._status_soon()
-        if self.state.nodes_changed:
-            self.state.nodes_changed = False
+        if state.nodes_changed:
+            state.nodes_changed = False
             await self._call_hook("nodes_changed", result)
 
     def _take_names(self):
@@ -543,6 +557,7 @@ class Daemon:
                 arrow = f" -> {a.target}" if a.action in ("create", "replace") else ""
                 j.event(kind, priority, f"{text} {where}{arrow} ({a.device}){why}",
                         link=where, device=a.device, action=a.action)
+        assert self.state is not None  # reported right after the pass that made it
         foreign = self.state.foreign()
         self.metrics.on_foreign_links(len(foreign))
         # once per (path, device, reason): a foreign link's reason names its target, so a new target is news

@@ -132,6 +132,7 @@ def _current_link_text(dirfd: int, name: str) -> str | None:
 
 
 def _create(dirs: _Dirs, a: Action) -> None:
+    assert a.link is not None and a.target is not None  # a create action has both (devchar/plan.py)
     parent, name = _split(a.link)
     fd = dirs.make(parent)
     try:
@@ -141,6 +142,7 @@ def _create(dirs: _Dirs, a: Action) -> None:
 
 
 def _replace(dirs: _Dirs, a: Action) -> None:
+    assert a.link is not None and a.target is not None  # a replace action has both
     parent, name = _split(a.link)
     fd = dirs.open(parent)
     if _current_link_text(fd, name) != a.previous:
@@ -156,6 +158,7 @@ def _replace(dirs: _Dirs, a: Action) -> None:
 
 
 def _remove(dirs: _Dirs, a: Action) -> None:
+    assert a.link is not None  # a remove action names its link
     parent, name = _split(a.link)
     fd = dirs.open(parent)
     if _current_link_text(fd, name) != a.previous:
@@ -164,6 +167,8 @@ def _remove(dirs: _Dirs, a: Action) -> None:
 
 
 def _create_node(dirs: _Dirs, a: Action) -> None:
+    # a create-node action has its node path and ownership (devchar/plan.py)
+    assert a.target is not None and a.node_uid is not None and a.node_gid is not None and a.node_mode is not None
     parent, name = _split(a.target)
     fd = dirs.make(parent)
     tmp = _tmp_name(name)

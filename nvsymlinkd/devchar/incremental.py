@@ -35,6 +35,7 @@ from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, KEEP, Action, Plan, foreign_links, plan_links
 from nvsymlinkd.devchar.reconcile import SyncResult
 from nvsymlinkd.devchar.snapshot import observe_entry
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.nodes import IgnoredNode, NvidiaNode, dev_dir, names_by_major
 from nvsymlinkd.host.nodescan import observe_node
 
@@ -252,7 +253,8 @@ class Delta:
         return [o for o in self.outcomes if o.error is not None]
 
 
-_KEPT = Outcome(Action(KEEP, None, None, "", "in place"))
+# a stand-in for each link in place that this pass did not touch: counted, never shown
+_KEPT = Outcome(Action(KEEP, None, None, Device.char(0, 0), "in place"))
 
 
 class Picture:

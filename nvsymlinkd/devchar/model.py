@@ -30,8 +30,8 @@ class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
 
     @property
     def rdev_name(self) -> tuple:
-        m = DEV_CHAR_NAME.fullmatch(self.name)
-        return (int(m.group(1)), int(m.group(2)))
+        major, _, minor = self.name.partition(":")  # an entry's name always matched DEV_CHAR_NAME
+        return (int(major), int(minor))
 
 
 @dataclass(frozen=True)

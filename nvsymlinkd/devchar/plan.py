@@ -173,7 +173,7 @@ def foreign_links(dev_char_state: str, entries: dict, conflicts) -> list:
     DeviceAllow=/dev/char/M:m through that link, so a scope gets the device it points at
     (or none), not M:m.
     """
-    out = []
+    out: list = []
     if dev_char_state != "dir":
         return out
     for a in conflicts:

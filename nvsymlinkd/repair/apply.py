@@ -26,6 +26,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
@@ -133,12 +134,14 @@ class RepairResult:
 # cgroup v1 files
 
 
-def cgroup_dir(root: HostRoot, controller: str, cgroup: str, fallback: str) -> str:
+def cgroup_dir(root: HostRoot, controller: str, cgroup: str | None, fallback: str) -> str:
     """Inside path of a v1 cgroup directory on the host's hierarchy; RepairError when it cannot be placed.
 
     `cgroup` is as /proc/<pid>/cgroup printed it for this process (relative to its cgroup
     namespace); nvsymlinkd.access.cgroup maps it onto the host's mount of the hierarchy.
     """
+    if cgroup is None:  # the planner picks a mechanism only with the paths it needs: never met
+        raise RepairError(f"no {controller} cgroup path known for this container")
     mounts = find_cgroup_mounts(root)
     mount = mounts.v1_devices if controller == "devices" else mounts.v1_freezer if controller == "freezer" else None
     mount = mount or Mount("/", fallback, "cgroup", (controller,))
@@ -222,7 +225,7 @@ class RepairLock:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    holder = self._holder()
+                    holder = self._holder(self.fd)
                     os.close(self.fd)
                     self.fd = None
                     raise RepairBusy(f"another repair is running (pid {holder}) and held {self.inside} for "
@@ -233,9 +236,9 @@ class RepairLock:
         self.thawed = _thaw_orphans(self.root, self.config, self.journal, self.dry_run)
         return self
 
-    def _holder(self) -> str:
+    def _holder(self, fd: int) -> str:
         try:
-            text = os.pread(self.fd, 32, 0).decode("ascii", "replace").strip()
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         except OSError:
             text = ""
         return text if text.isdigit() else "unknown"
@@ -256,7 +259,8 @@ class FreezeRecord:
     def __init__(self, root: HostRoot, config, request: RepairRequest):
         self.doc = {"freezer": request.freezer, "container_id": request.container_id, "unit": request.scope,
                     "pid": os.getpid(), "frozen_at": time.time()}
-        name = hashlib.sha256(request.freezer.encode("utf-8", "replace")).hexdigest()[:32] + ".json"
+        freezer = _needed(request.freezer, "freezer cgroup path")
+        name = hashlib.sha256(freezer.encode("utf-8", "replace")).hexdigest()[:32] + ".json"
         self.inside = f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}/{name}"
         self.real = root.path(self.inside)
 
@@ -370,8 +374,8 @@ def _thaw_orphans(root: HostRoot, config, journal=None, dry_run: bool = False) -
 def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
     from nvsymlinkd.containers.ocispec import read_json
 
-    entry = {"container": None, "unit": None, "freezer": None, "freezer_dir": None, "pid": None, "state": None,
-             "action": "none"}
+    entry: dict[str, Any] = {"container": None, "unit": None, "freezer": None, "freezer_dir": None, "pid": None,
+                             "state": None, "action": "none"}
     try:
         doc = read_json(real, MAX_RECORD_BYTES)
     except OSError as exc:
@@ -488,13 +492,21 @@ def _ensure_dev_char_links(root: HostRoot, config, grants, steps: list) -> None:
 def _systemd_call(request: RepairRequest, grants, steps: list, timeout: float) -> None:
     from nvsymlinkd.systemd.units import SystemdCallError, set_device_allow
 
+    scope = _needed(request.scope, "systemd unit")
     entries = [(g.device.dev_path, str(g.access)) for g in grants]
     try:
-        set_device_allow(request.scope, entries, timeout=timeout)
+        set_device_allow(scope, entries, timeout=timeout)
     except SystemdCallError as exc:
         raise RepairError(str(exc))
-    steps.append("SetUnitProperties " + request.scope + " DeviceAllow " +
+    steps.append("SetUnitProperties " + scope + " DeviceAllow " +
                  " ".join(f"{p}:{a}" for p, a in entries))
+
+
+def _needed(value: str | None, what: str) -> str:
+    """A request's field that the planned mechanism needs (the planner picks it only when the field is known)."""
+    if value is None:
+        raise RepairError(f"no {what} known for this container")
+    return value
 
 
 def _unit_known(unit: str, timeout: float) -> None:
@@ -561,7 +573,7 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
     if r.kind == LOST:
         write_devices_allow(root, devices_dir, grants, steps)  # the immediate fix
     _ensure_dev_char_links(root, config, grants, steps)
-    _unit_known(r.scope, timeout)  # no bus or no such unit: fail before freezing anything
+    _unit_known(_needed(r.scope, "systemd unit"), timeout)  # no bus or no such unit: fail before freezing anything
     with RepairLock(root, config, lock_wait, journal) as lock, \
             Frozen(root, freezer_dir, steps, timeout, FreezeRecord(root, config, r)):
         steps.extend(thawed_line(e) for e in lock.thawed if e["action"] == "thawed")
@@ -590,7 +602,7 @@ def _check_scope(request: RepairRequest, grants, verification: dict, timeout: fl
     from nvsymlinkd.systemd.units import SystemdCallError, get_device_allow
 
     try:
-        entries = dict(get_device_allow(request.scope, timeout=timeout))
+        entries = dict(get_device_allow(_needed(request.scope, "systemd unit"), timeout=timeout))
     except SystemdCallError as exc:
         for g in grants:
             if verification.get(str(g.device), {}).get("state") == "allow":

@@ -22,6 +22,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # dbus_next is imported when the watch starts (an optional dependency)
+    from dbus_next.aio import MessageBus
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
@@ -66,7 +70,7 @@ class SystemdWatch:
         self.backoff_start = backoff_start
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
-        self.bus = None
+        self.bus: MessageBus | None = None
         self.owner: str | None = None  # unique name of systemd on the bus
         self.scopes: set = set()
         self._lost = False  # a loss was reported and not yet followed by "regained"
