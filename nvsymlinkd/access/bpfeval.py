@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, NoReturn, Optional
+from typing import Callable, NamedTuple, NoReturn, Optional, Sequence, Union
 
 from nvsymlinkd.errors import CannotEvaluate
 
@@ -67,7 +67,7 @@ class Insn(NamedTuple):
     imm: int
 
 
-def decode(raw: bytes) -> list:
+def decode(raw: bytes) -> list[Insn]:
     """struct bpf_insn array (host byte order, as BPF_OBJ_GET_INFO_BY_FD returns it)."""
     if len(raw) % 8:
         raise ValueError(f"program is {len(raw)} bytes, not a multiple of 8")
@@ -79,8 +79,8 @@ def decode(raw: bytes) -> list:
     return out
 
 
-def encode(insns) -> bytes:
-    parts = []
+def encode(insns: Sequence[Insn]) -> bytes:
+    parts: list[bytes] = []
     for i in insns:
         regs = (i.dst & 0x0F) | ((i.src & 0x0F) << 4) if LITTLE else ((i.dst & 0x0F) << 4) | (i.src & 0x0F)
         imm = _s32(i.imm)   # accept unsigned spellings of 32-bit immediates
@@ -107,6 +107,11 @@ class _Ptr(NamedTuple):
     region: str   # "ctx" or "stack"
     off: int
 
+
+# a register: unset, a scalar, or a pointer into the context or the stack (typing's: evaluated at import)
+Reg = Union[None, int, _Ptr]
+Fail = Callable[[str], NoReturn]
+Scalar = Callable[[int], int]
 
 
 def _s64(v: int) -> int:
@@ -146,16 +151,16 @@ def describe_insn(insn: Insn) -> str:
     return {LD: "BPF_LD", LDX: "BPF_LDX", ST: "BPF_ST", STX: "BPF_STX"}[cls] + f" code={insn.code:#04x}"
 
 
-def evaluate(insns, ctx: bytes) -> EvalResult:
+def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
     """Run a decoded program on one context; allowed when r0's low bit is set (the kernel's test)."""
-    regs: list = [None] * NREGS
+    regs: list[Reg] = [None] * NREGS
     regs[1] = _Ptr("ctx", 0)
     regs[10] = _Ptr("stack", 0)
     pc = 0
     steps = 0
     n = len(insns)
 
-    def fail(why: str):
+    def fail(why: str) -> NoReturn:
         raise CannotEvaluate(f"cannot evaluate insn {pc} ({why})")
 
     def scalar(reg: int) -> int:
@@ -222,7 +227,7 @@ def evaluate(insns, ctx: bytes) -> EvalResult:
         return EvalResult(None, str(e), steps)
 
 
-def _load(insn: Insn, regs, ctx: bytes, fail) -> int:
+def _load(insn: Insn, regs: list[Reg], ctx: bytes, fail: Fail) -> int:
     mode = insn.code & 0xE0
     size = SIZE_BYTES[insn.code & 0x18]
     if mode not in (MODE_MEM, MODE_MEMSX):
@@ -239,7 +244,7 @@ def _load(insn: Insn, regs, ctx: bytes, fail) -> int:
     return value
 
 
-def _alu(insn: Insn, is64: bool, regs, scalar, fail):
+def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> int | _Ptr:
     op = insn.code & 0xF0
     width = 64 if is64 else 32
     mask = M64 if is64 else M32
@@ -318,7 +323,7 @@ def _alu(insn: Insn, is64: bool, regs, scalar, fail):
     raise AssertionError("unreachable")
 
 
-def _condition(insn: Insn, is32: bool, regs, scalar, fail: Callable[[str], NoReturn]) -> bool:
+def _condition(insn: Insn, is32: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> bool:
     op = insn.code & 0xF0
     a = scalar(insn.dst)
     b = scalar(insn.src) if insn.code & SRC_X else insn.imm & M64
@@ -352,11 +357,11 @@ def _condition(insn: Insn, is32: bool, regs, scalar, fail: Callable[[str], NoRet
     fail(describe_insn(insn))
 
 
-def check(insns, dev_type: str, major: int, minor: int, access: str) -> EvalResult:
+def check(insns: Sequence[Insn], dev_type: str, major: int, minor: int, access: str) -> EvalResult:
     return evaluate(insns, make_ctx(dev_type, major, minor, access))
 
 
-def guess_producer(name: str, insns) -> str:
+def guess_producer(name: str, insns: Sequence[Insn]) -> str:
     """Best guess of who generated a device program, for humans only (never for decisions)."""
     if name.startswith("sd_"):
         return "systemd"

@@ -225,12 +225,12 @@ class LinkState:
                                   entries={name: self.entries[name] for name in affected if name in self.entries})
         actions = plan_links(sub, nodes)
         outcomes = apply_plan(self.root, Plan(tuple(actions)))
-        planned = {a.link.rpartition("/")[2]: a for a in actions}
+        planned = {_name(a.device.major, a.device.minor): a for a in actions}  # a link's name: its device's numbers
         failed = {id(o.action) for o in outcomes if o.error is not None}
         for name in affected:
             a = planned.get(name)
             self._set_action(name, a, a is not None and id(a) in failed)
-        self._refresh_entries({a.link.rpartition("/")[2] for a in actions if a.changes})
+        self._refresh_entries({_name(a.device.major, a.device.minor) for a in actions if a.changes})
         return Delta(self, tuple(actions), tuple(outcomes), time.perf_counter() - start)
 
 

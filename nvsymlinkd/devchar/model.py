@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from nvsymlinkd.host import procdevices
-from nvsymlinkd.host.nodes import dev_dir
+from nvsymlinkd.host.nodes import IgnoredNode, NvidiaNode, dev_dir
 
 if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
     from nvsymlinkd.host.driverinfo import DriverInfo
@@ -25,11 +25,11 @@ class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
     kind: str  # symlink, file, dir, char, block, other
     link_text: str | None = None
     target: str | None = None  # inside path the link names (lexically, from the resolved dev-char dir)
-    resolved: tuple | None = None  # (major, minor) of the char device it resolves to
+    resolved: tuple[int, int] | None = None  # (major, minor) of the char device it resolves to
     resolved_kind: str | None = None  # what it resolves to: char, missing, other
 
     @property
-    def rdev_name(self) -> tuple:
+    def rdev_name(self) -> tuple[int, int]:
         major, _, minor = self.name.partition(":")  # an entry's name always matched DEV_CHAR_NAME
         return (int(major), int(minor))
 
@@ -37,19 +37,19 @@ class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
 @dataclass(frozen=True)
 class HostSnapshot:
     majors: procdevices.Majors
-    nodes: tuple  # NvidiaNode
-    ignored: tuple  # IgnoredNode
+    nodes: tuple[NvidiaNode, ...]
+    ignored: tuple[IgnoredNode, ...]
     driver: DriverInfo
     driver_root: str
     dev_char_path: str
     dev_char_state: str  # dir, missing, not-dir
-    entries: dict = field(default_factory=dict)  # name -> DevCharEntry
-    existing_paths: frozenset = frozenset()  # inside paths of nodes that exist (any type)
+    entries: dict[str, DevCharEntry] = field(default_factory=dict)  # by name ("M:m")
+    existing_paths: frozenset[str] = frozenset()  # inside paths of nodes that exist (any type)
     # Where DRIVER_ROOT/dev and the dev-char directory really are, symlinks resolved
     # confined to the root: link text is computed between these, so it resolves.
     dev_dir_real: str = ""
     dev_char_real: str = ""
-    stale_temps: tuple = ()  # (inside path, pid) of applier temporaries whose process is gone
+    stale_temps: tuple[tuple[str, int], ...] = ()  # (inside path, pid) of applier temporaries whose process is gone
 
     def real_path(self, path: str) -> str:
         """A node path under DRIVER_ROOT/dev with that directory's symlinks resolved."""

@@ -18,9 +18,9 @@ to another device or to nothing is replaced or removed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
-from nvsymlinkd.devchar.model import HostSnapshot, is_nvidia_path
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, is_nvidia_path
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.nodes import NvidiaNode, dev_dir
 from nvsymlinkd.host.paths import link_target
@@ -54,8 +54,8 @@ class Action(NamedTuple):  # a tuple: thousands are built per sync
     def changes(self) -> bool:
         return self.action in CHANGES
 
-    def to_json(self) -> dict:
-        out = {
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "action": self.action,
             "link": self.link,
             "target": self.target,
@@ -72,19 +72,19 @@ class Action(NamedTuple):  # a tuple: thousands are built per sync
 
 @dataclass(frozen=True)
 class Plan:
-    actions: tuple
-    notes: tuple = ()  # human hints (missing modules, stale nodes)
-    stale_temps: tuple = ()  # inside paths of dead syncs' temporaries, removed when applying
+    actions: tuple[Action, ...]
+    notes: tuple[str, ...] = ()  # human hints (missing modules, stale nodes)
+    stale_temps: tuple[str, ...] = ()  # inside paths of dead syncs' temporaries, removed when applying
 
     @property
-    def changes(self) -> list:
+    def changes(self) -> list[Action]:
         return [a for a in self.actions if a.changes]
 
     @property
-    def conflicts(self) -> list:
+    def conflicts(self) -> list[Action]:
         return [a for a in self.actions if a.action == CONFLICT]
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, int]:
         counts = {name: 0 for name in ACTIONS}
         for a in self.actions:
             counts[a.action] += 1
@@ -94,8 +94,8 @@ class Plan:
 def plan_sync(snap: HostSnapshot, create_nodes: bool = False) -> Plan:
     notes = [f"ignored {i.path}: {i.reason}" for i in snap.ignored]
     notes += [f"stale temporary {path} of exited pid {pid}: sync removes it" for path, pid in snap.stale_temps]
-    node_actions: list = []
-    planned_nodes: list = []
+    node_actions: list[Action] = []
+    planned_nodes: list[NvidiaNode] = []
     if create_nodes:
         node_actions, planned_nodes, node_notes = plan_nodes(snap)
         notes.extend(node_notes)
@@ -103,7 +103,7 @@ def plan_sync(snap: HostSnapshot, create_nodes: bool = False) -> Plan:
     return Plan(tuple(node_actions + link_actions), tuple(notes), tuple(path for path, _ in snap.stale_temps))
 
 
-def plan_links(snap: HostSnapshot, nodes: list) -> list:
+def plan_links(snap: HostSnapshot, nodes: list[NvidiaNode]) -> list[Action]:
     """The link actions for `nodes` (one per device number), then the removals of our stale links."""
     desired = _desired_links(nodes)
     if snap.dev_char_state == "not-dir":
@@ -122,9 +122,9 @@ def _real_char(snap: HostSnapshot) -> str:
     return snap.dev_char_real or snap.dev_char_path
 
 
-def _desired_links(nodes: list) -> dict:
+def _desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
     """"M:m" -> the node its link should name, in device-number order (the canonical node of a shared rdev)."""
-    by_rdev: dict = {}
+    by_rdev: dict[tuple[int, int], NvidiaNode] = {}
     for node in nodes:
         have = by_rdev.setdefault((node.major, node.minor), node)
         if have is not node and _preference(node) < _preference(have):
@@ -144,18 +144,18 @@ def _link_action(snap: HostSnapshot, name: str, node: NvidiaNode) -> Action:
     if entry.resolved == (node.major, node.minor):
         why = "link is exact" if entry.link_text == want else f"link resolves to {node.device} (target {entry.link_text})"
         return Action(KEEP, link, entry.link_text, node.device, why)
-    if is_nvidia_path(entry.target):
+    if entry.target is not None and is_nvidia_path(entry.target):  # a symlink's target is always known
         return Action(REPLACE, link, want, node.device, _broken(entry), previous=entry.link_text)
     return Action(CONFLICT, link, want, node.device, f"foreign symlink to {entry.link_text} (not ours, left alone)")
 
 
-def _stale_links(snap: HostSnapshot, desired: dict) -> list:
+def _stale_links(snap: HostSnapshot, desired: dict[str, NvidiaNode]) -> list[Action]:
     """Our links at names no node wants: removed when broken or when their major is no NVIDIA one any more."""
     majors = snap.majors.nvidia_majors
     others = [(name, entry) for name, entry in snap.entries.items() if name not in desired]
     actions = []
     for name, entry in sorted(others, key=lambda item: item[1].rdev_name):
-        if entry.kind != "symlink" or not is_nvidia_path(entry.target):
+        if entry.kind != "symlink" or entry.target is None or not is_nvidia_path(entry.target):
             continue
         major = entry.rdev_name[0]
         broken = entry.resolved != entry.rdev_name
@@ -166,14 +166,15 @@ def _stale_links(snap: HostSnapshot, desired: dict) -> list:
     return actions
 
 
-def foreign_links(dev_char_state: str, entries: dict, conflicts) -> list:
+def foreign_links(dev_char_state: str, entries: dict[str, DevCharEntry],
+                  conflicts: Iterable[Action]) -> list[tuple[Action, DevCharEntry]]:
     """Conflicts where someone else's symlink holds a desired path -> [(Action, DevCharEntry)].
 
     From a snapshot's dev_char_state and entries and a plan's conflicts. systemd resolves
     DeviceAllow=/dev/char/M:m through that link, so a scope gets the device it points at
     (or none), not M:m.
     """
-    out: list = []
+    out: list[tuple[Action, DevCharEntry]] = []
     if dev_char_state != "dir":
         return out
     for a in conflicts:
@@ -189,7 +190,7 @@ class WantedNode(NamedTuple):
     reason: str
 
 
-def plan_nodes(snap: HostSnapshot) -> tuple:
+def plan_nodes(snap: HostSnapshot) -> tuple[list[Action], list[NvidiaNode], list[str]]:
     """Nodes the driver says should exist but do not -> (actions, nodes, notes)."""
     base = dev_dir(snap.driver_root)
     frontend, frontend_notes = _frontend_nodes(snap, base)
@@ -199,7 +200,7 @@ def plan_nodes(snap: HostSnapshot) -> tuple:
     return actions, planned, frontend_notes + uvm_notes + caps_notes
 
 
-def _frontend_nodes(snap: HostSnapshot, base: str) -> tuple:
+def _frontend_nodes(snap: HostSnapshot, base: str) -> tuple[list[WantedNode], list[str]]:
     """nvidiactl, nvidia-modeset and one node per GPU, on the nvidia major -> (wanted, notes)."""
     majors, driver, own = snap.majors, snap.driver, snap.driver.ownership
     frontend = majors.frontend()
@@ -218,7 +219,7 @@ def _frontend_nodes(snap: HostSnapshot, base: str) -> tuple:
     return wanted, []
 
 
-def _uvm_nodes(snap: HostSnapshot, base: str) -> tuple:
+def _uvm_nodes(snap: HostSnapshot, base: str) -> tuple[list[WantedNode], list[str]]:
     """nvidia-uvm and nvidia-uvm-tools once the nvidia-uvm major is registered -> (wanted, notes)."""
     uvm, own = snap.majors.major("nvidia-uvm"), snap.driver.ownership
     if uvm is not None:
@@ -230,7 +231,7 @@ def _uvm_nodes(snap: HostSnapshot, base: str) -> tuple:
     return [], []
 
 
-def _cap_nodes(snap: HostSnapshot, base: str) -> tuple:
+def _cap_nodes(snap: HostSnapshot, base: str) -> tuple[list[WantedNode], list[str]]:
     """One node per MIG capability the driver lists, on the nvidia-caps major -> (wanted, notes)."""
     driver, caps = snap.driver, snap.majors.major("nvidia-caps")
     if not driver.mig_minors:
@@ -242,7 +243,7 @@ def _cap_nodes(snap: HostSnapshot, base: str) -> tuple:
             for cap, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1])], []
 
 
-def _node_actions(snap: HostSnapshot, wanted: list) -> tuple:
+def _node_actions(snap: HostSnapshot, wanted: list[WantedNode]) -> tuple[list[Action], list[NvidiaNode]]:
     """create-node for each wanted node missing from the host; a conflict where something else holds its path."""
     existing = {n.path for n in snap.nodes}
     actions, planned = [], []
@@ -259,12 +260,12 @@ def _node_actions(snap: HostSnapshot, wanted: list) -> tuple:
     return actions, planned
 
 
-def _preference(node) -> tuple:
+def _preference(node: NvidiaNode) -> tuple[int, str]:
     # When two nodes share a device number, link the canonical one (shortest path, then name).
     return (len(node.path), node.path)
 
 
-def _broken(entry) -> str:
+def _broken(entry: DevCharEntry) -> str:
     if entry.resolved_kind == "missing":
         return f"dangling link to {entry.link_text}"
     if entry.resolved_kind == "char" and entry.resolved is not None:

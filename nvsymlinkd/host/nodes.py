@@ -80,15 +80,15 @@ def dev_dir(driver_root: str) -> str:
     return normalize(driver_root.rstrip("/") + "/dev")
 
 
-def names_by_major(majors: procdevices.Majors) -> dict:
+def names_by_major(majors: procdevices.Majors) -> dict[int, list[str]]:
     """major -> [/proc/devices names] (every line: a name listed twice owns both majors)."""
-    out: dict = {}
+    out: dict[int, list[str]] = {}
     for name, major in majors.pairs:
         out.setdefault(major, []).append(name)
     return out
 
 
-def node_from_stat(inside: str, kind: str, st: os.stat_result, by_major: dict):
+def node_from_stat(inside: str, kind: str, st: os.stat_result, by_major: dict[int, list[str]]) -> NvidiaNode | IgnoredNode:
     """What an lstat of a `kind`-named path makes of it -> NvidiaNode or IgnoredNode.
 
     The one decider for the full scan and for the daemon's look at a single name."""

@@ -30,27 +30,27 @@ NVLINK = "nvidia-nvlink"
 class Majors:
     """NVIDIA character majors: every `nvidia*` name in the char section."""
 
-    by_name: dict = field(default_factory=dict)  # name -> major, for names listed with one major only
-    lines: tuple = ()  # every (name, major) line, in order; () means by_name's items
-    skipped: tuple = ()  # (line number, why) of other drivers' lines that could not be read
+    by_name: dict[str, int] = field(default_factory=dict)  # name -> major, for names listed with one major only
+    lines: tuple[tuple[str, int], ...] = ()  # every (name, major) line, in order; () means by_name's items
+    skipped: tuple[tuple[int, str], ...] = ()  # (line number, why) of other drivers' lines that could not be read
 
     @property
-    def pairs(self) -> tuple:
+    def pairs(self) -> tuple[tuple[str, int], ...]:
         """Every (name, major): a name listed with several majors appears once per major."""
         return self.lines or tuple(self.by_name.items())
 
     @property
-    def nvidia_majors(self) -> frozenset:
+    def nvidia_majors(self) -> frozenset[int]:
         return frozenset(m for _, m in self.pairs)
 
-    def majors_of(self, name: str) -> tuple:
+    def majors_of(self, name: str) -> tuple[int, ...]:
         return tuple(sorted({m for n, m in self.pairs if n == name}))
 
     def major(self, name: str) -> int | None:
         """The one major of `name`; None when it is not listed, or listed with several (never guess)."""
         return self.by_name.get(name)
 
-    def ambiguous(self) -> dict:
+    def ambiguous(self) -> dict[str, tuple[int, ...]]:
         """name -> its majors, for names listed with more than one major."""
         out = {}
         for name, _ in self.pairs:
@@ -66,7 +66,7 @@ class Majors:
                 return self.by_name[name]
         return None
 
-    def names_of(self, major: int) -> list:
+    def names_of(self, major: int) -> list[str]:
         return sorted({n for n, m in self.pairs if m == major})
 
     def __bool__(self) -> bool:
@@ -82,8 +82,8 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
     (thousands of digits, above 4095) says nothing about NVIDIA's majors: it is
     skipped and reported in `skipped`, so the rest of the file still counts.
     """
-    lines: list = []
-    skipped: list = []
+    lines: list[tuple[str, int]] = []
+    skipped: list[tuple[int, str]] = []
     section = None
     seen_char = False
     for lineno, raw in enumerate(text.split("\n"), 1):
@@ -112,7 +112,7 @@ def parse_proc_devices(text: str, path: str = PROC_DEVICES) -> Majors:
             lines.append((name, major))
     if not seen_char:
         raise HostFileError(path, "no 'Character devices:' section (truncated or not /proc/devices?)")
-    seen: dict = {}
+    seen: dict[str, set[int]] = {}
     for name, major in lines:
         seen.setdefault(name, set()).add(major)
     by_name = {name: next(iter(majors)) for name, majors in seen.items() if len(majors) == 1}
