@@ -95,8 +95,9 @@ def test_module_uevent_triggers_reconcile(testbed, tmp_path):
         testbed.command("uevent", "snd_hda_intel", "add")
         testbed.command("uevent", "nvidia_uvm", "add")
         d.wait_for_line(r"udev: module nvidia_uvm add: resyncing")
-        d.wait_until(lambda: (links(host) or {}).get("510:0") == "../nvidia-uvm", "the uvm link after the uevent")
-        assert (links(host) or {}).get("510:1") == "../nvidia-uvm-tools"
+        # one pass makes both links, one after the other: wait for the pair, not for the first
+        d.wait_until(lambda: {k: (links(host) or {}).get(k) for k in ("510:0", "510:1")}
+                     == {"510:0": "../nvidia-uvm", "510:1": "../nvidia-uvm-tools"}, "the uvm links after the uevent")
         assert "snd_hda_intel" not in d.output()
     finally:
         assert d.stop() == 0
