@@ -209,3 +209,40 @@ def test_reload_start_resyncs_at_once(bus, host, tmp_path):
         assert d.stop() == 0
     finally:
         d.stop()
+
+
+# systemd after a daemon-reexec: the new process restored its subscribers from the serialized state
+# before serving the bus (src/core/manager.c, bus_track_coldplug), so a second Subscribe() from the
+# same client is answered with AlreadySubscribed (src/core/dbus-manager.c, method_subscribe).
+REEXECED_TEMPLATE = TEMPLATE.replace(
+    '("Subscribe", "", "", "")',
+    '("Subscribe", "", "", "raise dbus.exceptions.DBusException(\'Client is already subscribed.\', '
+    'name=\'org.freedesktop.systemd1.AlreadySubscribed\')")')
+
+
+def test_reexec_keeps_the_subscription(bus, host, tmp_path):
+    """After a re-exec systemd still has the daemon subscribed and says so (AlreadySubscribed):
+    that is a subscription, not a refusal (no retries, no "refused" notice), and container scopes
+    are seen through D-Bus as before."""
+    conn = bus.start_mock()
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = DaemonProcess(host.root, config=cfg,
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
+        mark = d.mark()
+        bus.stop_mock()
+        d.wait_for_line(r"systemd left the system bus", after=mark)
+        bus.template.write_text(REEXECED_TEMPLATE)
+        conn = bus.start_mock()
+        d.wait_for_line(r"systemd is \(back\) on the system bus", after=mark)
+        d.wait_for_line(r"systemd kept our subscription across the re-exec", after=mark)
+        calls = [str(c[1]) for c in bus.manager(conn).GetCalls(dbus_interface=MOCK_IFACE)]
+        assert calls.count("Subscribe") == 1, calls
+        bus.emit(conn, "UnitNew", "so", ["docker-77aa.scope", "/org/freedesktop/systemd1/unit/d"])
+        d.wait_for_line(r"container scope docker-77aa\.scope appeared", after=mark)
+        assert not any("refused Subscribe" in line for line in d.lines), d.output()
+        assert d.stop() == 0
+    finally:
+        d.stop()

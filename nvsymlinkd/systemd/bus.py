@@ -6,7 +6,10 @@
 - `NameOwnerChanged` for org.freedesktop.systemd1: a daemon-reexec drops PID
   1's connection and brings it back under a new unique name; the new owner
   means the re-exec finished (and re-applied device policies too).
-- After `Subscribe()`: `UnitNew`/`JobRemoved` for container scopes.
+- After `Subscribe()`: `UnitNew`/`JobRemoved` for container scopes. systemd keeps
+  its subscribers across a daemon-reexec (they are serialized with its state and
+  restored before it serves the bus again), so after a re-exec Subscribe()
+  answers `AlreadySubscribed`: that is a subscription, not a refusal.
 
 Match rules and a message handler only: no introspection of the live
 service, so this works against any systemd (and against a mock). Signals
@@ -35,6 +38,8 @@ MATCH_OWNER = (f"type='signal',sender='{DBUS}',path='{DBUS_PATH}',interface='{DB
 
 CONTAINER_SCOPE = re.compile(r"(docker|cri-containerd|crio|libpod|runc)-[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 DEFAULT_SYSTEM_BUS = "unix:path=/var/run/dbus/system_bus_socket"
+# systemd's answer to a second Subscribe() from the same client (src/core/dbus-manager.c)
+ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 
 
 def is_container_scope(unit: str) -> bool:
@@ -137,8 +142,23 @@ class SystemdWatch:
             self.journal.notice(f"{SYSTEMD} is not on the system bus yet; waiting for it")
 
     async def _subscribe(self, bus) -> None:
-        if await self._call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "Subscribe", "", [], check=False) is None:
-            self.journal.notice("systemd refused Subscribe(); reloads are still seen, container scopes are not")
+        subscribed, detail = await self._try_subscribe(bus)
+        if not subscribed:
+            self.journal.notice(f"systemd refused Subscribe() ({detail}); reloads are still seen, "
+                                "container scopes are not")
+
+    async def _try_subscribe(self, bus) -> tuple:
+        """Subscribe() -> (True, "") or (True, "already") when systemd says we already are
+        subscribed (that is a subscription), else (False, its error)."""
+        from dbus_next import Message, MessageType
+
+        reply = await bus.call(Message(destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER,
+                                       member="Subscribe"))
+        if reply.message_type != MessageType.ERROR:
+            return True, ""
+        if reply.error_name == ALREADY_SUBSCRIBED:
+            return True, "already"
+        return False, f"{reply.error_name}: {reply.body[0] if reply.body else ''}".rstrip(": ")
 
     async def _call(self, bus, dest, path, iface, member, sig, body, check=True):
         from dbus_next import Message, MessageType
@@ -199,19 +219,22 @@ class SystemdWatch:
     async def _subscribe_quietly(self, bus) -> None:
         # A re-exec'ed systemd takes its bus name before it is done deserializing and may refuse
         # Subscribe() for a moment: retry for about 30 s before giving up on scope signals.
+        # A re-exec'ed systemd normally still has us subscribed (AlreadySubscribed, which counts).
         delay = 0.1
         for _ in range(12):
             try:
-                reply = await self._call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "Subscribe", "", [], check=False)
+                subscribed, detail = await self._try_subscribe(bus)
             except Exception as exc:  # noqa: BLE001 - the bus may drop right now; run() handles that
                 self.journal.debug(f"Subscribe() after re-exec failed: {_why(exc)}")
                 return
-            if reply is not None:
+            if subscribed:
+                self.journal.debug("systemd kept our subscription across the re-exec" if detail == "already"
+                                   else "subscribed to the re-exec'ed systemd")
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
-        self.journal.notice("systemd refused Subscribe() after re-exec; reloads are still seen, new container "
-                            "scopes only at the next resync")
+        self.journal.notice(f"systemd refused Subscribe() after re-exec ({detail}); reloads are still seen, "
+                            "new container scopes only at the next resync")
 
     def _scope(self, unit: str) -> None:
         if not is_container_scope(unit) or unit in self.scopes:
