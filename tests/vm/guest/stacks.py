@@ -31,6 +31,7 @@ from vmguest import (
     daemon_reload,
     journal,
     journal_cursor,
+    proc_devices_majors,
     sh,
     wait_for,
 )
@@ -290,8 +291,8 @@ def trace_devices_list(scope_cgroup: str, seconds: float) -> List[tuple]:
         except OSError as e:
             text = f"error {e.errno}"
         if text != last:
-            rules = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
-            seen.append((round(time.time(), 6), len(rules), rules if len(rules) <= 4 else rules[-4:]))
+            rules = [r for r in text.split("\n") if r]
+            seen.append((round(time.time(), 6), len(rules), rules))
             last = text
     return seen
 
@@ -683,11 +684,14 @@ def prove_prevention(sc, stack: Stack, ctrs: List[StackContainer], runtime_name:
         events.run("reload (traced)", daemon_reload)
         reader.join()
         sc.fact("v1_devices_list_during_one_reload", trace[:40])
-        emptied = [t for t, n, rules in trace if n == 0 or rules == [""]]
+        emptied = [t for t, n, rules in trace if n == 0]
         sc.fact("v1_devices_list_seen_empty_during_reload", bool(emptied))
-        sc.check("v1: after a daemon-reload the scope's devices.list is whole again",
-                 bool(trace) and trace[-1][1] == trace[0][1], f"{len(trace)} states, first {trace[:1]}, "
-                 f"last {trace[-1:]}")
+        nvidia = {m for name, m in proc_devices_majors().items() if name.startswith("nvidia")}
+        gpu_rules = [r for r in (trace[0][2] if trace else []) if any(f" {m}:" in r for m in nvidia)]
+        sc.check("v1: after a daemon-reload the scope's devices.list has its GPU rules again",
+                 bool(gpu_rules) and all(r in trace[-1][2] for r in gpu_rules),
+                 f"{len(trace)} states; GPU rules before {gpu_rules}, after "
+                 f"{[r for r in (trace[-1][2] if trace else []) if r in gpu_rules]}")
         if emptied:
             refill = next((t for t, n, _ in trace if t > emptied[0] and n == trace[0][1]), None)
             if refill is not None:
