@@ -10,6 +10,10 @@
   its subscribers across a daemon-reexec (they are serialized with its state and
   restored before it serves the bus again), so after a re-exec Subscribe()
   answers `AlreadySubscribed`: that is a subscription, not a refusal.
+- A daemon-reload frees and re-creates every unit (src/core/manager.c, manager_reload):
+  subscribers see UnitRemoved then UnitNew for each scope, same name, same cgroup and
+  invocation; a re-exec re-announces them too. A scope removed while systemd reloads
+  (or is off the bus) and announced again is the same scope, not a new one.
 
 Match rules and a message handler only: no introspection of the live
 service, so this works against any systemd (and against a mock). Signals
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
@@ -38,6 +43,9 @@ MATCH_OWNER = (f"type='signal',sender='{DBUS}',path='{DBUS_PATH}',interface='{DB
 
 CONTAINER_SCOPE = re.compile(r"(docker|cri-containerd|crio|libpod|runc)-[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 DEFAULT_SYSTEM_BUS = "unix:path=/var/run/dbus/system_bus_socket"
+# A scope removed during a reload or re-exec counts as the same scope when it is announced again
+# within this long (systemd re-announces every unit as it finishes); later it is new.
+REANNOUNCE_SECONDS = 60.0
 # systemd's answer to a second Subscribe() from the same client (src/core/dbus-manager.c)
 ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 
@@ -74,6 +82,8 @@ class SystemdWatch:
         self.bus = None
         self.owner: str | None = None  # unique name of systemd on the bus
         self.scopes: set = set()
+        self.reloading = False  # between Reloading(true) and Reloading(false)
+        self._held: dict = {}  # scope -> monotonic time it was removed during a reload or re-exec
         self._lost = False  # a loss was reported and not yet followed by "regained"
         self._tasks: set = set()
 
@@ -188,6 +198,7 @@ class SystemdWatch:
         if msg.interface != MANAGER or msg.path != SYSTEMD_PATH or msg.sender != self.owner or not self.owner:
             return None
         if msg.member == "Reloading" and msg.signature == "b":
+            self.reloading = bool(msg.body[0])
             if msg.body[0]:
                 self.journal.debug("systemd reload started: resyncing links")
                 self.on_reload_start()
@@ -201,7 +212,10 @@ class SystemdWatch:
             if msg.body[3] == "done":
                 self._scope(msg.body[2])
         elif msg.member == "UnitRemoved" and msg.signature == "so":
-            self.scopes.discard(msg.body[0])
+            unit = msg.body[0]
+            if unit in self.scopes and self.reloading:
+                self._held[unit] = time.monotonic()  # the reload re-creates it: see _scope
+            self.scopes.discard(unit)
         return None
 
     def _owner_changed(self, old: str, new: str) -> None:
@@ -211,7 +225,11 @@ class SystemdWatch:
             return
         self.journal.event("systemd-restarted", 5, "systemd is (back) on the system bus (daemon-reexec finished?): "
                            "resyncing links", action="reexec")
-        self.scopes.clear()  # a re-exec'ed systemd announces units again
+        # a re-exec'ed systemd announces its units again: the scopes known before are the same ones
+        now = time.monotonic()
+        self._held.update(dict.fromkeys(self.scopes, now))
+        self.scopes.clear()
+        self.reloading = False
         if self.bus is not None:
             self._spawn(self._subscribe_quietly(self.bus))
         self.on_reload("reexec")
@@ -238,6 +256,13 @@ class SystemdWatch:
 
     def _scope(self, unit: str) -> None:
         if not is_container_scope(unit) or unit in self.scopes:
+            return
+        held = self._held.pop(unit, None)
+        now = time.monotonic()
+        if len(self._held) > 1000:  # announced again or gone for good: never grow without bound
+            self._held = {u: t for u, t in self._held.items() if now - t < REANNOUNCE_SECONDS}
+        if held is not None and now - held < REANNOUNCE_SECONDS:
+            self.scopes.add(unit)  # re-announced by a reload or re-exec: known, not new
             return
         if len(self.scopes) > 100000:  # never grow without bound if UnitRemoved is missed
             self.scopes.clear()
