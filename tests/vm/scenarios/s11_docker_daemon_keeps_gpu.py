@@ -12,7 +12,7 @@ right after the re-execs is seen through D-Bus (systemd keeps the daemon's Subsc
 re-exec: the daemon runs with NVSYMLINKD_DEBUG=1 here to show the scope signal) and prevented.
 On cgroup v1 the verdict allows systemd's own short re-apply windows (stacks.judge_poll).
 """
-# vm: nvsymlinkd=deb timeout=600 full=v1
+# vm: nvsymlinkd=deb timeout=900 full=v1
 import os
 
 from stacks import Docker, install_nvidia_toolkit, prove_prevention
