@@ -453,3 +453,76 @@ def test_new_hook_granted_container_is_prevented_once_runc_wrote_its_state(runc_
     assert saved["devices"]["c 195:1"] == "rw"
     assert (runc_host.state_root / c.id / "exec.fifo").exists()  # created, never started: prevented before it ran
     assert d.passes("periodic resync") == 0 and not any("new scope" in line for line in d.lines)
+
+
+class ReapplyWindow:
+    """systemd's v1 device re-apply as the kernel sees it (src/core/cgroup.c, cgroup_apply_devices):
+    "a" to devices.deny, later one devices.allow per rule. Opened by open(), closed by close()."""
+
+    def __init__(self, container):
+        self.c = container
+        self.rules = [r for r in container.devices_list().splitlines() if r.strip()]
+
+    def open(self) -> None:
+        self.c.deny("a")
+        assert self.c.devices_list().strip() == ""
+
+    def close(self) -> None:
+        for rule in self.rules:
+            self.c.allow(rule)
+
+
+def no_loss_said(d, c, mark) -> None:
+    said = [m for m, f in d.entries(mark) if f.get("CONTAINER_ID") == c.id
+            and f.get("MESSAGE_ID") in {kind_id(k) for k in ("container-lost", "repair-done", "repair-failed",
+                                                              "container-ok")}]
+    assert said == [], d.output()
+
+
+def test_a_device_reapply_window_is_not_a_loss(runc_host, systemd_bus, start_daemon):
+    """A verification that reads devices.list inside systemd's deny-all window of a v1 re-apply sees
+    every device denied for a moment. The daemon reads again (outside the reload, after the window
+    closed) before it says "lost" or repairs; a device really taken is still lost and repaired."""
+    c = runc_host.run("gpu-window", **gpu0())
+    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    window = ReapplyWindow(c)
+    first_read = (r"new findings|verified \d+ GPU containers")  # the old daemon said only the second
+
+    # a window around the verification after Reloading(false) (SetUnitProperties or a late re-apply):
+    # it stays open until the daemon has read inside it
+    mark = d.mark()
+    window.open()
+    reload(systemd_bus)
+    d.wait_for_line(first_read, after=mark)
+    time.sleep(0.15)
+    window.close()
+    d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(systemd reload finished\)", after=mark)
+    barrier(d, systemd_bus)
+    no_loss_said(d, c, mark)
+
+    # a window inside a reload that outlasts the settle delay: judged only after Reloading(false)
+    mark = d.mark()
+    manager(systemd_bus).EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
+    window.open()
+    state = runc_host.state_root / c.id / "state.json"
+    state.write_text(state.read_text())  # runc wrote its state: the daemon verifies now
+    d.wait_for_line(first_read, after=mark)
+    time.sleep(1.0)  # twice the settle delay: a second read that does not wait for the reload is in it
+    window.close()
+    manager(systemd_bus).EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
+    d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(runtime state written", after=mark)
+    barrier(d, systemd_bus)
+    no_loss_said(d, c, mark)
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+
+    # a real loss persists across the reads: journaled and repaired as before
+    mark = d.mark()
+    c.deny("c 195:0 rw")
+    reload(systemd_bus)
+    message, _ = d.wait_entry("container-lost", c.id, mark)
+    assert "GPU device access lost: c 195:0" in message
+    d.wait_entry("repair-done", c.id, mark)
+    d.wait_entry("container-ok", c.id, mark)
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+    assert len(d.entries(mark, "container-lost", c.id)) == 1, d.output()
+    assert d.alive()

@@ -210,3 +210,108 @@ def test_reload_start_resyncs_at_once(bus, host, tmp_path):
         assert d.stop() == 0
     finally:
         d.stop()
+
+
+# systemd after a daemon-reexec: the new process restored its subscribers from the serialized state
+# before serving the bus (src/core/manager.c, bus_track_coldplug), so a second Subscribe() from the
+# same client is answered with AlreadySubscribed (src/core/dbus-manager.c, method_subscribe).
+REEXECED_TEMPLATE = TEMPLATE.replace(
+    '("Subscribe", "", "", "")',
+    '("Subscribe", "", "", "raise dbus.exceptions.DBusException(\'Client is already subscribed.\', '
+    'name=\'org.freedesktop.systemd1.AlreadySubscribed\')")')
+
+
+def test_reexec_keeps_the_subscription(bus, host, tmp_path):
+    """After a re-exec systemd still has the daemon subscribed and says so (AlreadySubscribed):
+    that is a subscription, not a refusal (no retries, no "refused" notice), and container scopes
+    are seen through D-Bus as before."""
+    conn = bus.start_mock()
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = DaemonProcess(host.root, config=cfg,
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
+        mark = d.mark()
+        bus.stop_mock()
+        d.wait_for_line(r"systemd left the system bus", after=mark)
+        bus.template.write_text(REEXECED_TEMPLATE)
+        conn = bus.start_mock()
+        d.wait_for_line(r"systemd is \(back\) on the system bus", after=mark)
+        d.wait_for_line(r"systemd kept our subscription across the re-exec", after=mark)
+        calls = [str(c[1]) for c in bus.manager(conn).GetCalls(dbus_interface=MOCK_IFACE)]
+        assert calls.count("Subscribe") == 1, calls
+        bus.emit(conn, "UnitNew", "so", ["docker-77aa.scope", "/org/freedesktop/systemd1/unit/d"])
+        d.wait_for_line(r"container scope docker-77aa\.scope appeared", after=mark)
+        assert not any("refused Subscribe" in line for line in d.lines), d.output()
+        assert d.stop() == 0
+    finally:
+        d.stop()
+
+
+def test_scopes_announced_again_by_a_reload_are_not_new(bus, host, tmp_path):
+    """A daemon-reload frees and re-creates every unit: subscribers get UnitRemoved then UnitNew for
+    each running scope (same unit, same cgroup). Those are the scopes the daemon knows, not new ones
+    to verify at 1 s and 5 s; a scope removed outside a reload and started again is new."""
+    conn = bus.start_mock()
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = DaemonProcess(host.root, config=cfg,
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
+    scopes = ["docker-aa01.scope", "cri-containerd-bb02.scope"]
+
+    def path(unit):  # systemd escapes a unit's name into its object path
+        return "/org/freedesktop/systemd1/unit/" + "".join(c if c.isalnum() else f"_{ord(c):02x}" for c in unit)
+
+    def announce(unit):
+        bus.emit(conn, "UnitNew", "so", [unit, path(unit)])
+
+    def appeared(unit, mark):
+        return sum(f"container scope {unit} appeared" in line for line in d.lines[mark:])
+
+    def settled(sentinel, mark):
+        # signals are handled in order: once a later scope appeared, the earlier ones were handled
+        announce(sentinel)
+        d.wait_for_line(rf"container scope {sentinel} appeared", after=mark)
+
+    try:
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
+        mark = d.mark()
+        for unit in scopes:
+            announce(unit)
+        settled("docker-ff00.scope", mark)
+        assert all(appeared(u, mark) == 1 for u in scopes), d.output()
+
+        for n in range(2):  # a daemon-reload, as systemd 252 signals it
+            mark = d.mark()
+            bus.emit(conn, "Reloading", "b", [True])
+            for unit in scopes:
+                bus.emit(conn, "UnitRemoved", "so", [unit, path(unit)])
+            for unit in scopes:
+                announce(unit)
+            bus.emit(conn, "Reloading", "b", [False])
+            d.wait_for_line(r"systemd finished a daemon-reload", after=mark)
+            settled(f"docker-ff1{n}.scope", mark)
+            assert [appeared(u, mark) for u in scopes] == [0, 0], d.output()
+
+        # a re-exec: systemd leaves the bus, comes back and announces its units again
+        mark = d.mark()
+        bus.stop_mock()
+        d.wait_for_line(r"systemd left the system bus", after=mark)
+        conn = bus.start_mock()
+        d.wait_for_line(r"systemd is \(back\) on the system bus", after=mark)
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the re-exec'ed systemd")
+        for unit in scopes:
+            announce(unit)
+        settled("docker-ff20.scope", mark)
+        assert [appeared(u, mark) for u in scopes] == [0, 0], d.output()
+
+        # the container stops (its scope goes, no reload) and starts again: a new scope of that name
+        mark = d.mark()
+        bus.emit(conn, "UnitRemoved", "so", [scopes[0], path(scopes[0])])
+        announce(scopes[0])
+        settled("docker-ff30.scope", mark)
+        assert appeared(scopes[0], mark) == 1, d.output()
+        assert d.stop() == 0
+    finally:
+        d.stop()

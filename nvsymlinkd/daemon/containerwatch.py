@@ -17,12 +17,14 @@ take their devices, and lost ones get them back.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import TYPE_CHECKING
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.daemon.loop import ContainerHook
 from nvsymlinkd.verify.journaldiff import JournalState, journal_changes, repair_is_news
+from nvsymlinkd.verify.kinds import FindingKind
 
 if TYPE_CHECKING:  # imported when the first repair runs (the daemon starts without it)
     from nvsymlinkd.repair.apply import RepairHistory
@@ -40,6 +42,16 @@ RUNTIME_REASON = "runtime state written"
 RUNTIME_DUTY = 1.0
 # Containers named in a reason (the journal's "check triggered by"); more are counted.
 REASON_NAMES = 3
+# On cgroup v1 systemd re-applies a unit's device policy by writing "a" to devices.deny, then one
+# devices.allow per DeviceAllow= entry (src/core/cgroup.c, cgroup_apply_devices): at every reload,
+# re-exec and SetUnitProperties (runc update) each scope denies everything for tens of ms (measured
+# up to ~200 ms under qemu TCG). A read inside that window shows devices lost that are not. A new
+# finding a window can make (a loss, uvm not granted, unknown) is read again before it is journaled
+# or repaired: after systemd finished reloading, then SETTLE_SECONDS later. A real loss persists.
+WINDOW_KINDS = frozenset({FindingKind.LOST, FindingKind.AT_RISK_UVM, FindingKind.UNKNOWN})
+SETTLE_SECONDS = 0.5
+RELOAD_WAIT = 15.0  # at most this long for Reloading(false) (a missed signal must not stall the verifier)
+CONFIRM_READS = 3  # reads after the first, while each shows a new finding the one before did not
 
 
 class _SayOnce:
@@ -76,6 +88,9 @@ class ContainerWatch(ContainerHook):
         self._last_end = 0.0  # loop time the last verification ended
         self._last_seconds = 0.0  # and how long it ran
         self._last_runtime_only = False  # whether it was asked for by runtime state events alone
+        self._not_reloading = threading.Event()  # set while systemd is not reloading (as far as the bus says)
+        self._not_reloading.set()
+        self.settle = SETTLE_SECONDS
 
     # -- triggers (ContainerHook) -------------------------------------------
 
@@ -84,6 +99,12 @@ class ContainerWatch(ContainerHook):
 
     async def reload_finished(self) -> None:
         self._request("systemd reload finished")
+
+    def systemd_reloading(self, reloading: bool) -> None:
+        if reloading:
+            self._not_reloading.clear()
+        else:
+            self._not_reloading.set()
 
     async def scope_appeared(self, unit: str) -> None:
         self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
@@ -142,12 +163,15 @@ class ContainerWatch(ContainerHook):
         # thaw what a repair killed mid-way (this daemon's before a restart, or a CLI's) left frozen,
         # whatever `repair` says: such a container stands still until someone does
         recover_frozen(self.root, config, self.journal)
-        report = verifier.verify_all(self.root, config, update_baseline=True, use_bus=self.use_bus,
-                                     with_host=False)
+        # no baseline from a read while systemd reloads: on cgroup v1 its device re-apply may have
+        # denied part of the container's devices for that moment, and a baseline never grows back
+        report = verifier.verify_all(self.root, config, update_baseline=self._not_reloading.is_set(),
+                                     use_bus=self.use_bus, with_host=False)
         if any(c.baseline == "recorded" and c.verdict == "at-risk" for c in report.containers):
             # a baseline recorded just now makes hook-injected devices expected: decide on it at once,
             # not at the next trigger (a reload may come first and take them)
             report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+        report = self._confirmed(config, report)
         self.passes += 1
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
         self._journal_changes(report, why)
@@ -155,6 +179,45 @@ class ContainerWatch(ContainerHook):
             self.metrics.on_containers(report)
         if config.repair != "off" and report.problems:
             self._repair(config, report)
+        return report
+
+    def _new_in_window(self, report) -> dict:
+        """container id -> the findings a device re-apply window could explain, not said before."""
+        out = {}
+        for c in report.containers:
+            before = self.said.findings.get(c.id, frozenset())
+            new = frozenset((f.kind, tuple(f.devices)) for f in c.findings
+                            if f.kind in WINDOW_KINDS and (f.kind, tuple(f.devices)) not in before)
+            if new:
+                out[c.id] = new
+        return out
+
+    def _confirmed(self, config, report):
+        """The report to journal and repair from: read again while a new loss may be a re-apply window.
+
+        Only what persists across two reads, the second outside systemd's reload and after the
+        window had time to close, is judged; what a read after that shows is what there is
+        (unknown is never allow: a read that cannot decide is reported as such).
+        """
+        from nvsymlinkd.verify import verifier
+
+        suspects = self._new_in_window(report)
+        for _ in range(CONFIRM_READS):
+            if not suspects:
+                break
+            names = ", ".join(f"{cid[:12]} ({', '.join(sorted(k.value for k, _ in keys))})"
+                              for cid, keys in sorted(suspects.items()))
+            if not self._not_reloading.is_set():
+                self.journal.debug(f"new findings while systemd reloads: {names}; judging after the reload")
+                self._not_reloading.wait(RELOAD_WAIT)
+            self.journal.debug(f"new findings: {names}; reading again in {self.settle:g} s "
+                               "(systemd's device re-apply denies all for a moment on cgroup v1)")
+            time.sleep(self.settle)
+            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            now = self._new_in_window(report)
+            # persisted from the read before: confirmed; anything new this time is read once more
+            suspects = {cid: keys - suspects.get(cid, frozenset()) for cid, keys in now.items()}
+            suspects = {cid: keys for cid, keys in suspects.items() if keys}
         return report
 
     def _journal_changes(self, report, why: str) -> None:

@@ -70,6 +70,10 @@ class ContainerHook:
         """systemd finished a reload/re-exec and the links have been resynced since."""
         self.journal.debug("reload finished (no container verifier installed)")
 
+    def systemd_reloading(self, reloading: bool) -> None:
+        """systemd started (True) or finished (False) a reload or re-exec: said at once, on the loop
+        (must not block); reload_finished comes later, after the link resync."""
+
     async def scope_appeared(self, unit: str) -> None:
         """A container scope (docker-*.scope, cri-containerd-*.scope, ...) appeared."""
         self.journal.debug(f"container scope {unit} appeared (no container verifier installed)")
@@ -137,12 +141,14 @@ class Daemon:
 
     def _on_reload(self, why: str) -> None:
         self.metrics.on_reload()
+        self.hook.systemd_reloading(False)
         self._reload_pending = True
         self.request(why)
 
     def _on_reload_start(self) -> None:
         # Reloading(true) comes as systemd starts a reload: a pass now may still beat its
         # re-applying of device policies; Reloading(false) comes after it has applied them.
+        self.hook.systemd_reloading(True)
         self.request("systemd reload started")
 
     def _on_scope(self, unit: str) -> None:

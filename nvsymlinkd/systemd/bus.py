@@ -6,7 +6,14 @@
 - `NameOwnerChanged` for org.freedesktop.systemd1: a daemon-reexec drops PID
   1's connection and brings it back under a new unique name; the new owner
   means the re-exec finished (and re-applied device policies too).
-- After `Subscribe()`: `UnitNew`/`JobRemoved` for container scopes.
+- After `Subscribe()`: `UnitNew`/`JobRemoved` for container scopes. systemd keeps
+  its subscribers across a daemon-reexec (they are serialized with its state and
+  restored before it serves the bus again), so after a re-exec Subscribe()
+  answers `AlreadySubscribed`: that is a subscription, not a refusal.
+- A daemon-reload frees and re-creates every unit (src/core/manager.c, manager_reload):
+  subscribers see UnitRemoved then UnitNew for each scope, same name, same cgroup and
+  invocation; a re-exec re-announces them too. A scope removed while systemd reloads
+  (or is off the bus) and announced again is the same scope, not a new one.
 
 Match rules and a message handler only: no introspection of the live
 service, so this works against any systemd (and against a mock). Signals
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # dbus_next is imported when the watch starts (an optional dependency)
@@ -39,6 +47,11 @@ MATCH_OWNER = (f"type='signal',sender='{DBUS}',path='{DBUS_PATH}',interface='{DB
 
 CONTAINER_SCOPE = re.compile(r"(docker|cri-containerd|crio|libpod|runc)-[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 DEFAULT_SYSTEM_BUS = "unix:path=/var/run/dbus/system_bus_socket"
+# A scope removed during a reload or re-exec counts as the same scope when it is announced again
+# within this long (systemd re-announces every unit as it finishes); later it is new.
+REANNOUNCE_SECONDS = 60.0
+# systemd's answer to a second Subscribe() from the same client (src/core/dbus-manager.c)
+ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 
 
 def is_container_scope(unit: str) -> bool:
@@ -73,6 +86,8 @@ class SystemdWatch:
         self.bus: MessageBus | None = None
         self.owner: str | None = None  # unique name of systemd on the bus
         self.scopes: set = set()
+        self.reloading = False  # between Reloading(true) and Reloading(false)
+        self._held: dict = {}  # scope -> monotonic time it was removed during a reload or re-exec
         self._lost = False  # a loss was reported and not yet followed by "regained"
         self._tasks: set = set()
 
@@ -141,8 +156,23 @@ class SystemdWatch:
             self.journal.notice(f"{SYSTEMD} is not on the system bus yet; waiting for it")
 
     async def _subscribe(self, bus) -> None:
-        if await self._call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "Subscribe", "", [], check=False) is None:
-            self.journal.notice("systemd refused Subscribe(); reloads are still seen, container scopes are not")
+        subscribed, detail = await self._try_subscribe(bus)
+        if not subscribed:
+            self.journal.notice(f"systemd refused Subscribe() ({detail}); reloads are still seen, "
+                                "container scopes are not")
+
+    async def _try_subscribe(self, bus) -> tuple:
+        """Subscribe() -> (True, "") or (True, "already") when systemd says we already are
+        subscribed (that is a subscription), else (False, its error)."""
+        from dbus_next import Message, MessageType
+
+        reply = await bus.call(Message(destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER,
+                                       member="Subscribe"))
+        if reply.message_type != MessageType.ERROR:
+            return True, ""
+        if reply.error_name == ALREADY_SUBSCRIBED:
+            return True, "already"
+        return False, f"{reply.error_name}: {reply.body[0] if reply.body else ''}".rstrip(": ")
 
     async def _call(self, bus, dest, path, iface, member, sig, body, check=True):
         from dbus_next import Message, MessageType
@@ -172,6 +202,7 @@ class SystemdWatch:
         if msg.interface != MANAGER or msg.path != SYSTEMD_PATH or msg.sender != self.owner or not self.owner:
             return None
         if msg.member == "Reloading" and msg.signature == "b":
+            self.reloading = bool(msg.body[0])
             if msg.body[0]:
                 self.journal.debug("systemd reload started: resyncing links")
                 self.on_reload_start()
@@ -185,7 +216,10 @@ class SystemdWatch:
             if msg.body[3] == "done":
                 self._scope(msg.body[2])
         elif msg.member == "UnitRemoved" and msg.signature == "so":
-            self.scopes.discard(msg.body[0])
+            unit = msg.body[0]
+            if unit in self.scopes and self.reloading:
+                self._held[unit] = time.monotonic()  # the reload re-creates it: see _scope
+            self.scopes.discard(unit)
         return None
 
     def _owner_changed(self, old: str, new: str) -> None:
@@ -195,7 +229,11 @@ class SystemdWatch:
             return
         self.journal.event("systemd-restarted", 5, "systemd is (back) on the system bus (daemon-reexec finished?): "
                            "resyncing links", action="reexec")
-        self.scopes.clear()  # a re-exec'ed systemd announces units again
+        # a re-exec'ed systemd announces its units again: the scopes known before are the same ones
+        now = time.monotonic()
+        self._held.update(dict.fromkeys(self.scopes, now))
+        self.scopes.clear()
+        self.reloading = False
         if self.bus is not None:
             self._spawn(self._subscribe_quietly(self.bus))
         self.on_reload("reexec")
@@ -203,22 +241,32 @@ class SystemdWatch:
     async def _subscribe_quietly(self, bus) -> None:
         # A re-exec'ed systemd takes its bus name before it is done deserializing and may refuse
         # Subscribe() for a moment: retry for about 30 s before giving up on scope signals.
+        # A re-exec'ed systemd normally still has us subscribed (AlreadySubscribed, which counts).
         delay = 0.1
         for _ in range(12):
             try:
-                reply = await self._call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "Subscribe", "", [], check=False)
+                subscribed, detail = await self._try_subscribe(bus)
             except Exception as exc:  # noqa: BLE001 - the bus may drop right now; run() handles that
                 self.journal.debug(f"Subscribe() after re-exec failed: {_why(exc)}")
                 return
-            if reply is not None:
+            if subscribed:
+                self.journal.debug("systemd kept our subscription across the re-exec" if detail == "already"
+                                   else "subscribed to the re-exec'ed systemd")
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
-        self.journal.notice("systemd refused Subscribe() after re-exec; reloads are still seen, new container "
-                            "scopes only at the next resync")
+        self.journal.notice(f"systemd refused Subscribe() after re-exec ({detail}); reloads are still seen, "
+                            "new container scopes only at the next resync")
 
     def _scope(self, unit: str) -> None:
         if not is_container_scope(unit) or unit in self.scopes:
+            return
+        held = self._held.pop(unit, None)
+        now = time.monotonic()
+        if len(self._held) > 1000:  # announced again or gone for good: never grow without bound
+            self._held = {u: t for u, t in self._held.items() if now - t < REANNOUNCE_SECONDS}
+        if held is not None and now - held < REANNOUNCE_SECONDS:
+            self.scopes.add(unit)  # re-announced by a reload or re-exec: known, not new
             return
         if len(self.scopes) > 100000:  # never grow without bound if UnitRemoved is missed
             self.scopes.clear()

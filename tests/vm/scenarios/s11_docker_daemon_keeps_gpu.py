@@ -7,16 +7,33 @@ Then 20 daemon-reloads, 2 daemon-reexecs, 10 `docker update --cpuset-cpus`, a re
 (live-restore) and of containerd: gpupoll in each container (open every 10 ms) sees zero
 denied opens. A plain (non-GPU) container beside them is not listed as a GPU one; `repair` and
 `check` take the Docker name, an id prefix and the scope; the journal says at risk, prevented,
-ok once per hook-granted container, naming it (CONTAINER_NAME).
+ok once per hook-granted container, naming it (CONTAINER_NAME). A third GPU container started
+right after the re-execs is seen through D-Bus (systemd keeps the daemon's Subscribe() across a
+re-exec: the daemon runs with NVSYMLINKD_DEBUG=1 here to show the scope signal) and prevented.
+On cgroup v1 the verdict allows systemd's own short re-apply windows (stacks.judge_poll).
 """
-# vm: nvsymlinkd=deb timeout=600 full=v1
+# vm: nvsymlinkd=deb timeout=900 full=v1
 import os
 
 from stacks import Docker, install_nvidia_toolkit, prove_prevention
-from vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+from vmguest import (
+    Scenario,
+    daemon_reload,
+    expect_nvsymlinkd,
+    load_fake_driver,
+    mknod,
+    sh,
+    wait_for,
+)
 
 with Scenario() as sc:
     expect_nvsymlinkd(sc)
+    # debug lines name each container scope the daemon hears of over D-Bus
+    os.makedirs("/run/systemd/system/nvsymlinkd.service.d", exist_ok=True)
+    with open("/run/systemd/system/nvsymlinkd.service.d/debug.conf", "w") as f:
+        f.write("[Service]\nEnvironment=NVSYMLINKD_DEBUG=1\n")
+    daemon_reload()
+    sh("systemctl", "restart", "nvsymlinkd.service", timeout=120)
     majors = load_fake_driver(uvm=True)
     nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
              mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
@@ -31,6 +48,7 @@ with Scenario() as sc:
         plain = [docker.run_plain("web")]
         ctrs = [docker.run_gpu("gpu-gpus"),
                 docker.run_gpu("gpu-legacy", gpus=False, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"])]
-        prove_prevention(sc, docker, ctrs, "docker", plain=plain)
+        prove_prevention(sc, docker, ctrs, "docker", plain=plain,
+                         after_reexec=lambda: docker.run_gpu("gpu-late"))
     finally:
         docker.remove_all()

@@ -6,7 +6,7 @@ opens (Podman has no daemon to restart). A plain (non-GPU) container is not list
 (the OCI hook runs for it too, and grants nothing); `repair` and `check` take the Podman name,
 an id prefix and the scope; the journal tells runc's container's story once, naming it.
 """
-# vm: nvsymlinkd=deb timeout=600
+# vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
 from stacks import Podman, install_nvidia_toolkit, prove_prevention
