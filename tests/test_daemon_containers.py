@@ -473,9 +473,8 @@ class ReapplyWindow:
 
 
 def no_loss_said(d, c, mark) -> None:
-    said = [m for m, f in d.entries(mark) if f.get("CONTAINER_ID") == c.id
-            and f.get("MESSAGE_ID") in {kind_id(k) for k in ("container-lost", "repair-done", "repair-failed",
-                                                              "container-ok")}]
+    said = [m for kind in ("container-lost", "repair-done", "repair-failed", "container-ok")
+            for m, _ in d.entries(mark, kind, container=c.id)]
     assert said == [], d.output()
 
 
