@@ -74,6 +74,7 @@ class ContainerWatch(ContainerHook):
         self.repairs_said: dict = {}  # container id -> quiet repair outcomes said for its current findings
         self.problems_said: dict = {}  # container id -> problems (unreadable spec, no baseline write) logged
         self.passes = 0
+        self.verify_cache = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
         self._pending: set = set()
         self._wake = asyncio.Event()
         self._task = None
@@ -141,17 +142,21 @@ class ContainerWatch(ContainerHook):
         """One verification of every container (blocking; runs in a worker thread)."""
         from nvsymlinkd.repair.apply import recover_frozen
         from nvsymlinkd.verify import verifier
+        from nvsymlinkd.verify.cache import VerifyCache
 
+        if self.verify_cache is None:
+            self.verify_cache = VerifyCache()
         config = self.get_config()
         # thaw what a repair killed mid-way (this daemon's before a restart, or a CLI's) left frozen,
         # whatever `repair` says: such a container stands still until someone does
         recover_frozen(self.root, config, self.journal)
         report = verifier.verify_all(self.root, config, update_baseline=True, use_bus=self.use_bus,
-                                     with_host=False)
+                                     with_host=False, cache=self.verify_cache)
         if any(c.baseline == "recorded" and c.verdict == "at-risk" for c in report.containers):
             # a baseline recorded just now makes hook-injected devices expected: decide on it at once,
             # not at the next trigger (a reload may come first and take them)
-            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False,
+                                         cache=self.verify_cache)
         self.passes += 1
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
         self._journal_changes(report, why)
@@ -221,7 +226,8 @@ class ContainerWatch(ContainerHook):
             # what changed is worth journaling as the new state; the next trigger would too, later
             from nvsymlinkd.verify import verifier
 
-            fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False,
+                                        cache=self.verify_cache)
             self._journal_changes(fresh, "after repair")
             if self.metrics is not None:
                 self.metrics.on_containers(fresh)
