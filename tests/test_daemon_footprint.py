@@ -1,0 +1,34 @@
+"""What the daemon keeps resident (issue 16 item 5: RSS <= 32 MiB with 2,000 nodes; figures in
+benchmarks/daemon_latency.py): libraries it loads only because something imported them on the way,
+checked in the running daemon's own memory map after its link pass and a container verification."""
+
+from __future__ import annotations
+
+import hashlib
+
+from daemonproc import DaemonProcess
+from fakehost import standard_host
+
+from nvsymlinkd.containers import baseline as baselinemod
+
+# OpenSSL's libcrypto (hashlib's backend: ~3.5 MiB) and GObject introspection (dbus_next's GLib
+# backend, when python3-gi is installed: ~3.7 MiB); the daemon needs neither.
+NOT_RESIDENT = ("libcrypto", "libgirepository", "_gi.cpython", "libgobject")
+
+
+def test_daemon_maps_neither_openssl_nor_glib(tmp_path, need_root):
+    host = standard_host(tmp_path / "root")
+    d = DaemonProcess(host.root, "--resync-interval", "0", env={"NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_for_line(r"verified \d+ GPU containers in")  # the verifier (baselines: sha256) has run
+        maps = open(f"/proc/{d.proc.pid}/maps").read()
+        loaded = sorted({line.split()[-1] for line in maps.splitlines() if any(n in line for n in NOT_RESIDENT)})
+        assert not loaded, f"the daemon mapped {loaded}"
+    finally:
+        assert d.stop() == 0
+
+
+def test_baseline_names_hash_like_openssl():
+    """The daemon's sha256 (Python's built-in module) names baselines as OpenSSL's would."""
+    odd = "id with spaces/and/slashes"
+    assert baselinemod._file_name(odd) == "sha256-" + hashlib.sha256(odd.encode()).hexdigest() + ".json"
