@@ -93,11 +93,20 @@ def test_cached_passes_judge_every_change_like_a_fresh_pass(fakehost, v1_parent)
     lay.docker("dock1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "dock1", ["c 195:0 rw", "c 195:255 rw"]))
     runc_pid = lay.runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
     lay.runc("hook1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "hook1", ["c 195:0 rw", "c 195:1 rw", "c 195:255 rw"]))
+    crio_pid = lay.crio("crio1", GPU_SPEC)  # runc's state says systemd driver: its scope's DeviceAllow counts
+    fakehost.write(f"/proc/{crio_pid}/cgroup", lay.v1_cgroup(v1_cgroup(v1_parent, "crio1", ["c 195:0 rw", "c 195:255 rw"])))
+    unit = "/run/systemd/transient/crio-crio1.scope"
+    fakehost.write(unit, "[Scope]\nDevicePolicy=strict\nDeviceAllow=/dev/char/195:0 rw\nDeviceAllow=char-nvidia-frontend rw\n")
     time.sleep(0.05)  # the files' ctime a tick behind the edits below, so ctime alone can tell them
     # every file counts as settled at once: identity (inode, size, mtime, ctime) is all that protects
     oracle = Oracle(root, VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9))
-    assert oracle.check("the first pass") == {"ctrd1": "ok", "dock1": "ok", "runc1": "ok", "hook1": "at-risk"}
-    assert oracle.unchanged("nothing") == {"ctrd1": "ok", "dock1": "ok", "runc1": "ok", "hook1": "at-risk"}
+    first = {"ctrd1": "ok", "dock1": "ok", "runc1": "ok", "hook1": "at-risk", "crio1": "ok"}
+    assert oracle.check("the first pass") == first
+    assert oracle.unchanged("nothing") == first
+
+    # the scope's DeviceAllow loses the GPUs (the next daemon-reload would take them)
+    fakehost.write(unit, "[Scope]\nDevicePolicy=strict\nDeviceAllow=/dev/char/195:9 rw\nDeviceAllow=char-pts rw\n")
+    assert oracle.unchanged("a scope's DeviceAllow rewritten")["crio1"] == "at-risk"
 
     # devices.list changed: its mtime does not move when devices.deny is written
     v1 = fakehost.path("/sys/fs/cgroup/devices")

@@ -525,7 +525,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         cache.begin_pass()
     ctx = _HostContext(root, config)
     containers = discover(root, cache.files if cache is not None else None)
-    scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus)
+    scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus, cache)
     reports, not_gpu = [], 0
     for c in containers:
         r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline, cache)
