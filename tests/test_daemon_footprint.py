@@ -32,3 +32,36 @@ def test_baseline_names_hash_like_openssl():
     """The daemon's sha256 (Python's built-in module) names baselines as OpenSSL's would."""
     odd = "id with spaces/and/slashes"
     assert baselinemod._file_name(odd) == "sha256-" + hashlib.sha256(odd.encode()).hexdigest() + ".json"
+
+
+def test_metrics_without_a_textfile_keep_no_heartbeat(tmp_path, monkeypatch):
+    """Idle, the daemon wakes for its resync timer only: no metrics heartbeat (nor a thread hand-off
+    for a write that writes nothing) while no textfile is configured; a reload that sets one starts it."""
+    import asyncio
+
+    from nvsymlinkd import metrics as metricsmod
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.host.root import HostRoot
+
+    monkeypatch.setattr(metricsmod, "HEARTBEAT_SECONDS", 0.02)
+    monkeypatch.setattr(metricsmod, "MIN_WRITE_GAP", 0.01)
+    metrics = metricsmod.Metrics(HostRoot(str(tmp_path)), Config())
+    flushes = []
+    real_flush = metrics.flush
+    metrics.flush = lambda: flushes.append(1) or real_flush()
+
+    async def main() -> int:
+        task = asyncio.ensure_future(metrics.run())
+        await asyncio.sleep(0.4)  # 20 heartbeats' time
+        idle = len(flushes)
+        metrics.config = Config(metrics_textfile="/nvsymlinkd.prom")  # what SIGHUP does
+        for _ in range(250):
+            if (tmp_path / "nvsymlinkd.prom").exists():
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return idle
+
+    assert asyncio.run(main()) == 0
+    assert (tmp_path / "nvsymlinkd.prom").exists(), "a textfile set by a reload was never written"
