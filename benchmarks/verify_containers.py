@@ -49,9 +49,11 @@ V1 = Path("/sys/fs/cgroup/devices")
 GPUS = 8
 
 
-def build(base: Path, n: int, parent: str) -> Path:
+def build(base: Path, n: int, parent: str, caps: int = 0) -> Path:
     host = FakeHost(base / "root")
-    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
+    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, **({"nvidia-caps": 509} if caps else {})})
+    for i in range(caps):  # a MIG host: every node is a candidate device of every container
+        host.node(f"/dev/nvidia-caps/nvidia-cap{i}", 509, i)
     for i in range(GPUS):
         host.node(f"/dev/nvidia{i}", 195, i)
     host.node("/dev/nvidiactl", 195, 255)
@@ -145,11 +147,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,100,1000")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--caps", type=int, default=0, help="MIG capability nodes on the host (e.g. 2000)")
     args = ap.parse_args()
     if os.geteuid() != 0 or not (V1 / "devices.list").exists():
         print("needs root and the cgroup v1 devices controller at /sys/fs/cgroup/devices", file=sys.stderr)
         return 2
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs; "
+          f"{GPUS} GPUs + {args.caps} MIG capability nodes on the host")
     print(f"{'containers':>10}  {'read afresh':>12}  {'cached':>10}  {'floor':>9}  {'ratio':>6}  "
           f"{'10 changed':>11}  {'with host':>10}  verdicts")
     status = 0
@@ -157,7 +161,7 @@ def main() -> int:
         parent = f"nvsymlinkd-bench-{uuid.uuid4().hex[:8]}"
         base = Path(tempfile.mkdtemp(prefix="nvsd-bench-"))
         try:
-            root = HostRoot(str(build(base, n, parent)))
+            root = HostRoot(str(build(base, n, parent, args.caps)))
             time.sleep(0.1)  # files written in the last 50 ms are never kept (verify.cache.RACY_NS)
             config = Config()
             cache = VerifyCache()

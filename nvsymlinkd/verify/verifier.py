@@ -524,6 +524,9 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
     if cache is not None:
         cache.begin_pass()
     ctx = _HostContext(root, config)
+    if cache is not None:
+        ctx.host = cache.same("host", ctx.host)
+        ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)
     containers = discover(root, cache.files if cache is not None else None)
     scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus, cache)
     reports, not_gpu = [], 0
