@@ -39,7 +39,7 @@ def _without_openssl_hashes() -> None:
             importlib.import_module(builtin)
         except ImportError:
             continue
-        sys.modules.setdefault("_hashlib", None)
+        sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
         return
 
 
@@ -49,7 +49,7 @@ def run(args, root, config) -> int:
     sys.modules.setdefault("ssl", None)
     # dbus_next loads its GLib backend too when PyGObject is installed (Debian's python3-gi often is):
     # GLib and GObject introspection cost ~3.7 MiB of resident memory; the daemon runs on asyncio.
-    sys.modules.setdefault("gi", None)
+    sys.modules.setdefault("gi", None)  # type: ignore[arg-type]  # None: "import gi" raises ImportError
     _without_openssl_hashes()
     import asyncio
 

@@ -216,7 +216,7 @@ def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cac
     if use_bus is None:
         use_bus = bus_allowed(root)
     live = read_scopes_bus(scopes) if use_bus else {}
-    out = {}
+    out: dict = {}
     for scope in scopes:
         sd = live.get(scope) or read_scope_files(root, scope)
         if sd is None:

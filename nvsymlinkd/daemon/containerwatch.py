@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.daemon.loop import ContainerHook
+
+if TYPE_CHECKING:  # an annotation only: the daemon imports the verifier in its worker thread
+    from nvsymlinkd.verify.cache import VerifyCache
 
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create
 # order); look again once they have had time to finish, then once more for slow hooks.
@@ -74,7 +78,7 @@ class ContainerWatch(ContainerHook):
         self.repairs_said: dict = {}  # container id -> quiet repair outcomes said for its current findings
         self.problems_said: dict = {}  # container id -> problems (unreadable spec, no baseline write) logged
         self.passes = 0
-        self.verify_cache = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
+        self.verify_cache: VerifyCache | None = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
         self._pending: set = set()
         self._wake = asyncio.Event()
         self._task = None
