@@ -5,8 +5,16 @@ Each container gets a real cgroup under /sys/fs/cgroup/devices (deny all, then
 its NVIDIA allow rules), runtime state in the layout of containerd (k8s.io),
 Docker, CRI-O or plain runc (rotating), and a fake /proc/<pid>/{stat,cgroup}
 pointing at that cgroup. One in ten has a device denied (lost), one in ten a
-hook-style grant (at-risk). Prints the median of 5 runs of verify_all
-(containers only, and with host findings). Target: 100 containers < 300 ms.
+hook-style grant (at-risk). Prints the median of --repeat runs of verify_all
+(containers only): read afresh (`nvsymlinkd check`), and with the daemon's
+VerifyCache kept from pass to pass (nothing changed; and 10 containers' device
+cgroups changed before each pass), beside a floor taken in the same run: the
+tightest Python loop over the syscalls an unchanged container still costs a
+cached pass (open+fstat of its state and spec files, reads of /proc/<pid>/stat
+and /proc/<pid>/cgroup, lstat of exec.fifo, read of devices.list), and the
+ratio. Also the pass with host findings (read afresh). The cached reports are
+compared with the fresh ones (JSON, less the timing): a difference is printed
+and the exit status is 1. Issue 16's target: 1,000 containers < 100 ms.
 
 Run as root on a host with the cgroup v1 devices controller:
     .venv/bin/python benchmarks/verify_containers.py [--sizes 1,100,1000] [--repeat 5]
@@ -32,16 +40,20 @@ from fakehost import FakeHost  # noqa: E402
 from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule  # noqa: E402
 
 from nvsymlinkd.config import Config  # noqa: E402
+from nvsymlinkd.containers.discovery import discover  # noqa: E402
 from nvsymlinkd.host.root import HostRoot  # noqa: E402
+from nvsymlinkd.verify.cache import VerifyCache  # noqa: E402
 from nvsymlinkd.verify.verifier import verify_all  # noqa: E402
 
 V1 = Path("/sys/fs/cgroup/devices")
 GPUS = 8
 
 
-def build(base: Path, n: int, parent: str) -> Path:
+def build(base: Path, n: int, parent: str, caps: int = 0) -> Path:
     host = FakeHost(base / "root")
-    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
+    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, **({"nvidia-caps": 509} if caps else {})})
+    for i in range(caps):  # a MIG host: every node is a candidate device of every container
+        host.node(f"/dev/nvidia-caps/nvidia-cap{i}", 509, i)
     for i in range(GPUS):
         host.node(f"/dev/nvidia{i}", 195, i)
     host.node("/dev/nvidiactl", 195, 255)
@@ -93,40 +105,110 @@ def cleanup(parent: str) -> None:
         top.rmdir()
 
 
+def floor_pass(root: HostRoot, containers: list) -> None:
+    """The syscalls an unchanged container still costs a cached pass, in the tightest Python loop."""
+    for c in containers:
+        for inside in (c.state_path, c.bundle and c.bundle + "/config.json"):
+            if inside:
+                try:
+                    fd = os.open(root.path(inside), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                os.fstat(fd)
+                os.close(fd)
+        for real in (root.path(f"/proc/{c.init_pid}/stat"), root.path(f"/proc/{c.init_pid}/cgroup"),
+                     str(V1) + c.cgroup_v1_devices + "/devices.list"):
+            fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
+            os.read(fd, 65536)
+            os.close(fd)
+        try:
+            os.lstat(root.path(os.path.dirname(c.state_path) + "/exec.fifo"))
+        except OSError:
+            pass
+
+
+def flip(parent: str, n: int, deny: bool) -> None:
+    """Change n containers' device cgroups: deny c 195:255 (every container has it), or allow it back."""
+    for i in range(0, n * 97, 97):
+        (V1 / parent / f"c{i % 1000}" / ("devices.deny" if deny else "devices.allow")).write_text("c 195:255 rw\n")
+
+
+def _doc(report) -> dict:
+    doc = report.to_json()
+    doc.pop("seconds")
+    return doc
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,100,1000")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--caps", type=int, default=0, help="MIG capability nodes on the host (e.g. 2000)")
     args = ap.parse_args()
     if os.geteuid() != 0 or not (V1 / "devices.list").exists():
         print("needs root and the cgroup v1 devices controller at /sys/fs/cgroup/devices", file=sys.stderr)
         return 2
-    print(f"{'containers':>10}  {'verify (containers)':>20}  {'per container':>14}  {'with host checks':>17}  verdicts")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs; "
+          f"{GPUS} GPUs + {args.caps} MIG capability nodes on the host")
+    print(f"{'containers':>10}  {'read afresh':>12}  {'cached':>10}  {'floor':>9}  {'ratio':>6}  "
+          f"{'10 changed':>11}  {'with host':>10}  verdicts")
+    status = 0
     for n in [int(x) for x in args.sizes.split(",")]:
         parent = f"nvsymlinkd-bench-{uuid.uuid4().hex[:8]}"
         base = Path(tempfile.mkdtemp(prefix="nvsd-bench-"))
         try:
-            root = HostRoot(str(build(base, n, parent)))
+            root = HostRoot(str(build(base, n, parent, args.caps)))
+            time.sleep(0.1)  # files written in the last 50 ms are never kept (verify.cache.RACY_NS)
             config = Config()
-            times, host_times = [], []
+            cache = VerifyCache()
+            verify_all(root, config, use_bus=False, with_host=False, cache=cache)  # fills the cache
+            containers = discover(root)
+            fresh, cached, floor, changed, host_times = [], [], [], [], []
             report = None
             for _ in range(args.repeat):
                 t = time.perf_counter()
                 report = verify_all(root, config, use_bus=False, with_host=False)
-                times.append(time.perf_counter() - t)
+                fresh.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                hot = verify_all(root, config, use_bus=False, with_host=False, cache=cache)
+                cached.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                floor_pass(root, containers)
+                floor.append(time.perf_counter() - t)
+                if _doc(hot) != _doc(report):
+                    print(f"MISMATCH: the cached pass's report differs from the fresh one ({n} containers)")
+                    status = 1
+                if n >= 1000:
+                    flip(parent, 10, deny=True)
+                    t = time.perf_counter()
+                    hot = verify_all(root, config, use_bus=False, with_host=False, cache=cache)
+                    changed.append(time.perf_counter() - t)
+                    if _doc(hot) != _doc(verify_all(root, config, use_bus=False, with_host=False)):
+                        print(f"MISMATCH after changing 10 containers ({n} containers)")
+                        status = 1
+                    flip(parent, 10, deny=False)
+                    verify_all(root, config, use_bus=False, with_host=False, cache=cache)
                 t = time.perf_counter()
                 verify_all(root, config, use_bus=False, with_host=True)
                 host_times.append(time.perf_counter() - t)
             counts: dict = {}
             for c in report.containers:
                 counts[c.verdict] = counts.get(c.verdict, 0) + 1
-            med, hmed = statistics.median(times), statistics.median(host_times)
+            med = statistics.median
             verdicts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-            print(f"{n:>10}  {med * 1000:>17.1f} ms  {med / n * 1000:>11.2f} ms  {hmed * 1000:>14.1f} ms  {verdicts}")
+            print(f"{n:>10}  {_ms(med(fresh)):>12}  {_ms(med(cached)):>10}  {_ms(med(floor)):>9}  "
+                  f"{med(cached) / med(floor):>5.1f}x  {_ms(med(changed)) if changed else '-':>11}  "
+                  f"{_ms(med(host_times)):>10}  {verdicts}")
         finally:
             cleanup(parent)
             shutil.rmtree(base, ignore_errors=True)
-    return 0
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("floor: the tightest Python loop over the syscalls an unchanged container still costs a cached pass")
+    return status
 
 
 if __name__ == "__main__":

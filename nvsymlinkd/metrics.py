@@ -57,12 +57,12 @@ class Metrics:
 
     def __init__(self, root=None, config=None, journal=None, clock=time.time):
         self.root = root
+        self._dirty = None  # asyncio.Event, made inside run()
+        self._loop = None
         self.config = config
         self.journal = journal
         self.clock = clock
         self._lock = threading.Lock()
-        self._dirty = None  # asyncio.Event, made inside run()
-        self._loop = None
         self._write_error: str | None = None
         self.start_time = clock()
         self.nodes = 0
@@ -215,6 +215,16 @@ class Metrics:
 
     # -- output ----------------------------------------------------------------
 
+    @property
+    def config(self):
+        return self._config
+
+    @config.setter
+    def config(self, config) -> None:
+        # a reloaded config may turn the textfile on: run() sleeps without a heartbeat while it is off
+        self._config = config
+        self._changed()
+
     def textfile_path(self) -> str | None:
         """Real path of the textfile under --root, or None when disabled."""
         inside = getattr(self.config, "metrics_textfile", "") if self.config is not None else ""
@@ -262,7 +272,7 @@ class Metrics:
         """Serve metrics_listen and keep the textfile fresh until cancelled.
 
         Writes soon after every update (at most 1/MIN_WRITE_GAP per second) and
-        every HEARTBEAT_SECONDS regardless, so the file's age tells the event
+        every HEARTBEAT_SECONDS regardless (while a textfile is configured), so the file's age tells the event
         loop is alive. The write (with its fsync) runs in a thread.
         """
         self._loop = asyncio.get_running_loop()
@@ -278,11 +288,14 @@ class Metrics:
                                          "the textfile is still written")
         try:
             while True:
-                await self._loop.run_in_executor(None, self.flush)
+                writing = self.textfile_path() is not None
+                if writing:
+                    await self._loop.run_in_executor(None, self.flush)
                 # not wait_for: before 3.12 it can swallow a cancel that races the wake-up
                 waiter = asyncio.ensure_future(self._dirty.wait())
                 try:
-                    await asyncio.wait({waiter}, timeout=HEARTBEAT_SECONDS)
+                    # no textfile: no heartbeat either (an idle daemon wakes for its resync timer only)
+                    await asyncio.wait({waiter}, timeout=HEARTBEAT_SECONDS if writing else None)
                 finally:
                     waiter.cancel()
                 self._dirty.clear()

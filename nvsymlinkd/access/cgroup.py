@@ -278,6 +278,12 @@ class _V1Source:
     list_path: str                 # inside view of devices.list
     rules: Optional[list] = None
     error: Optional[str] = None
+    text: Optional[str] = None     # what the rules were parsed from
+
+    @property
+    def key(self) -> tuple:
+        """Everything check() depends on (AccessPolicy.key)."""
+        return ("v1", self.list_path, self.text, self.error, None if self.text is not None else self.rules)
 
     def check(self, dev_type, major, minor, access) -> Verdict:
         if self.error is not None:
@@ -311,6 +317,12 @@ class _V2Source:
     cgroup_dir: Optional[str]      # inside view
     programs: list = field(default_factory=list)
     error: Optional[str] = None
+
+    @property
+    def key(self) -> tuple:
+        """Everything check() depends on: a loaded program never changes, its id names it (AccessPolicy.key)."""
+        return ("v2", self.cgroup, self.cgroup_dir, self.error,
+                tuple((p.info.prog_id, p.info.tag, len(p.insns)) for p in self.programs))
 
     def check(self, dev_type, major, minor, access) -> Verdict:
         if self.error is not None:
@@ -347,6 +359,11 @@ class AccessPolicy:
     def __init__(self, sources: list):
         self.sources = sources
 
+    @property
+    def key(self) -> tuple:
+        """Equal keys, equal answers to every check() (what verify.cache compares)."""
+        return tuple(s.key for s in self.sources)
+
     def check(self, dev_type: str, major: int, minor: int, access: str) -> Verdict:
         if dev_type not in TYPES:
             raise ValueError(f"device type must be 'c' or 'b', not {dev_type!r}")
@@ -373,24 +390,67 @@ class AccessPolicy:
 
 # --- reading -----------------------------------------------------------------------------
 
-def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V1Source:
+def _read_text(real_path: str) -> str:
+    """HostRoot.read_text's answer (UTF-8, universal newlines) without a text stream: read for every
+    container at every pass."""
+    fd = os.open(real_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> _V1Source:
     mount = mounts.v1_devices or Mount("/", V1_DEVICES_FALLBACK, "cgroup", ("devices",))
     cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
         return _V1Source("devices.list", error=f"v1 devices: {why}")
     list_path = cgdir + "/devices.list"
     try:
-        text = root.read_text(list_path)
+        text = _read_text(root.path(list_path))
     except OSError as e:
         gone = " (cgroup gone?)" if e.errno == errno.ENOENT else ""
         return _V1Source(list_path, error=f"cannot read {list_path}: {os.strerror(e.errno or 0)}{gone}")
     try:
-        return _V1Source(list_path, rules=parse_devices_list(text, list_path))
+        if memo is None:
+            return _V1Source(list_path, rules=parse_devices_list(text, list_path), text=text)
+        rules = memo.memo("v1", list_path, (text,), lambda: parse_devices_list(text, list_path))[0]
+        return _V1Source(list_path, rules=rules, text=text)
     except HostFileError as e:
         return _V1Source(list_path, error=str(e))
 
 
-def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V2Source:
+def _decoded(info: bpfprog.DeviceProgram) -> _Program:
+    try:
+        insns = bpfeval.decode(info.xlated)
+    except ValueError:
+        insns = []
+    return _Program(info, insns, bpfeval.guess_producer(info.name, insns))
+
+
+def _device_programs(cgroup_dir: str, memo) -> list:
+    """Every effective device program of a cgroup2 directory (real path), in run order, decoded.
+
+    memo (a verify.cache.VerifyCache): decode each program id once; the query itself runs every time.
+    """
+    fd = bpfprog.open_cgroup_dir(cgroup_dir)
+    try:
+        ids = bpfprog.query_device_program_ids(fd)
+    finally:
+        os.close(fd)
+    if memo is None:
+        return [_decoded(bpfprog.read_program(i)) for i in ids]
+    return [memo.memo("prog", i, (), lambda i=i: _decoded(bpfprog.read_program(i)))[0] for i in ids]
+
+
+def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> _V2Source:
     mount = mounts.v2 or _probe_v2(root)
     if mount is None:
         return _V2Source(cgroup, None, error="no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, "
@@ -400,7 +460,7 @@ def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V2Source:
         return _V2Source(cgroup, None, error=f"cgroup2: {why}")
     for attempt in range(3):
         try:
-            infos = bpfprog.read_cgroup_device_programs(root.path(cgdir))
+            programs = _device_programs(root.path(cgdir), memo)
             break
         except OSError as e:
             gone = " (cgroup gone?)" if e.errno == errno.ENOENT else ""
@@ -410,13 +470,6 @@ def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str) -> _V2Source:
             # systemd re-apply): read the new set
             if e.errno != errno.ENOENT or attempt == 2:
                 return _V2Source(cgroup, cgdir, error=f"cannot read device programs: {e}")
-    programs = []
-    for info in infos:
-        try:
-            insns = bpfeval.decode(info.xlated)
-        except ValueError:
-            insns = []
-        programs.append(_Program(info, insns, bpfeval.guess_producer(info.name, insns)))
     return _V2Source(cgroup, cgdir, programs)
 
 
@@ -437,17 +490,18 @@ def policy_of(devices_list: Optional[str] = None, programs=(), where: str = "dev
 
 
 def read_access(root: HostRoot, v1_devices_cgroup: Optional[str], v2_cgroup: Optional[str],
-                mounts: Optional[CgroupMounts] = None) -> AccessPolicy:
+                mounts: Optional[CgroupMounts] = None, memo=None) -> AccessPolicy:
     """Read a cgroup's device access once; check() it for each device.
 
     v1_devices_cgroup: the `devices` line's path of /proc/<pid>/cgroup (None: no v1 devices).
     v2_cgroup: the `0::` line's path (None: no cgroup2 membership).
     mounts: find_cgroup_mounts(root), to share across many cgroups.
+    memo: a verify.cache.VerifyCache (parse a devices.list text and decode a program id once).
     """
     mounts = mounts or find_cgroup_mounts(root)
     sources: list = []
     if v1_devices_cgroup is not None:
-        sources.append(_read_v1(root, mounts, v1_devices_cgroup))
+        sources.append(_read_v1(root, mounts, v1_devices_cgroup, memo))
     if v2_cgroup is not None:
-        sources.append(_read_v2(root, mounts, v2_cgroup))
+        sources.append(_read_v2(root, mounts, v2_cgroup, memo))
     return AccessPolicy(sources)

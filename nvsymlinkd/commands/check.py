@@ -7,7 +7,6 @@ import json
 import sys
 
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
-from nvsymlinkd.verify.kinds import Verdict
 
 EPILOG = """\
 examples:
@@ -78,7 +77,9 @@ def _hints_with_root(report, root) -> None:
 
 
 def human_lines(report) -> list:
+    # in here: every command imports this module (see repair.py)
     from nvsymlinkd.summary import plural
+    from nvsymlinkd.verify.kinds import Verdict
 
     rows: list[tuple[str, ...]] = [("CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX")]
     for c in report.containers:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from nvsymlinkd.commands.sync import add_link_options
@@ -29,10 +30,27 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _without_openssl_hashes() -> None:
+    """hashlib's OpenSSL backend maps libcrypto (~3.5 MiB resident, measured); the daemon hashes only
+    baseline and repair-record names with sha256, which Python's built-in module gives bit for bit.
+    Only where that module exists (some distributions build Python without it)."""
+    for builtin in ("_sha256", "_sha2"):  # Python 3.12 merged _sha256 into _sha2
+        try:
+            importlib.import_module(builtin)
+        except ImportError:
+            continue
+        sys.modules.setdefault("_hashlib", None)  # type: ignore[arg-type]
+        return
+
+
 def run(args, root, config) -> int:
     # The daemon speaks no TLS; asyncio (and http.client) import ssl only when it is there, and
     # loading OpenSSL costs ~4 MiB of resident memory for the daemon's whole life (measured).
     sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]  # None: "not importable", by design
+    # dbus_next loads its GLib backend too when PyGObject is installed (Debian's python3-gi often is):
+    # GLib and GObject introspection cost ~3.7 MiB of resident memory; the daemon runs on asyncio.
+    sys.modules.setdefault("gi", None)  # type: ignore[arg-type]  # None: "import gi" raises ImportError
+    _without_openssl_hashes()
     import asyncio
 
     from nvsymlinkd.config import load_config

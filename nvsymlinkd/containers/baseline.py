@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from nvsymlinkd.containers.ocispec import read_json
+from nvsymlinkd.containers.ocispec import load_json
 from nvsymlinkd.host.atomicfile import write_atomic
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
@@ -54,9 +54,14 @@ def baseline_path(config, container_id: str) -> str:
     return f"{baseline_dir(config)}/{_file_name(container_id)}"
 
 
-def load(root: HostRoot, config, container_id: str, init_start: int | None) -> Baseline | None:
+def load(root: HostRoot, config, container_id: str, init_start: int | None, files=None) -> Baseline | None:
+    """The container's baseline, None when absent, unreadable or another container's.
+
+    files: a verify.cache.FileCache (the file is written by atomic replace: a new one is a new inode).
+    """
     try:
-        doc = read_json(root.path(baseline_path(config, container_id)), MAX_BASELINE_BYTES)
+        doc = (files.load if files is not None else load_json)(root.path(baseline_path(config, container_id)),
+                                                               None, MAX_BASELINE_BYTES)
     except (OSError, ValueError):
         return None
     if doc.get("container_id") != container_id or doc.get("init_start") != init_start:

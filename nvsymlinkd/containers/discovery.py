@@ -31,11 +31,11 @@ from nvsymlinkd.containers.ocispec import (
     RuntimeState,
     SpecFacts,
     UnsafeFile,
+    load_json,
     parse_crun_status,
     parse_runc_state,
     parse_spec,
     read_bounded,
-    read_json,
 )
 from nvsymlinkd.errors import UsageError
 from nvsymlinkd.host.paths import normalize
@@ -129,9 +129,13 @@ def _exists(root: HostRoot, inside: str) -> bool:
         return False
 
 
-def discover(root: HostRoot) -> list:
-    """Every container the runtimes know about, merged, sorted by (runtime, id)."""
+def discover(root: HostRoot, files=None) -> list:
+    """Every container the runtimes know about, merged, sorted by (runtime, id).
+
+    files: a verify.cache.FileCache, to parse again only the runtime files that changed.
+    """
     found: dict = {}  # (namespace, id) -> Container
+    load = files.load if files is not None else load_json
 
     def get(ns, cid, runtime) -> Container:
         key = (ns, cid)
@@ -148,25 +152,25 @@ def discover(root: HostRoot) -> list:
         for cid in _subdirs(root, base):
             c = get(ns, cid, runtime)
             c.state_path = f"{base}/{cid}/state.json"
-            _load_state(root, c, c.state_path, parse_runc_state)
+            _load_state(root, c, c.state_path, parse_runc_state, load)
     for cid in _subdirs(root, CRUN_ROOT):
         c = found.get((None, cid)) or get(None, cid, "crun")
         c.state_path = f"{CRUN_ROOT}/{cid}/status"
-        _load_state(root, c, c.state_path, parse_crun_status)
+        _load_state(root, c, c.state_path, parse_crun_status, load)
         if c.spec is None:  # crun keeps its own copy of the spec beside the status
-            _load_spec(root, c, f"{CRUN_ROOT}/{cid}/config.json")
+            _load_spec(root, c, f"{CRUN_ROOT}/{cid}/config.json", load)
 
     # 2. bundles (the OCI spec and the shim's pid file)
     for ns in _subdirs(root, CONTAINERD_TASKS):
         for cid in _subdirs(root, f"{CONTAINERD_TASKS}/{ns}"):
             c = get(ns, cid, "docker" if ns == "moby" else "containerd")
-            _attach_bundle(root, c, f"{CONTAINERD_TASKS}/{ns}/{cid}", "init.pid")
+            _attach_bundle(root, c, f"{CONTAINERD_TASKS}/{ns}/{cid}", "init.pid", load)
     for cid in _subdirs(root, STORAGE_CONTAINERS):
         userdata = f"{STORAGE_CONTAINERS}/{cid}/userdata"
         if not _exists(root, f"{userdata}/config.json"):
             continue
         c = get(None, cid, "cri-o")
-        _attach_bundle(root, c, userdata, "pidfile")
+        _attach_bundle(root, c, userdata, "pidfile", load)
         manager = c.spec.annotations.get("io.container.manager") if c.spec else None
         c.runtime = "podman" if manager == "libpod" else "cri-o"
 
@@ -174,7 +178,7 @@ def discover(root: HostRoot) -> list:
     for c in found.values():
         if c.spec is None and c.state is not None and c.state.bundle:
             bundle = _label_to_inside(root, c.state.bundle)
-            _attach_bundle(root, c, bundle, None)
+            _attach_bundle(root, c, bundle, None, load)
 
     for c in found.values():
         # Podman keeps its bundle in the graphroot (/var/lib/containers/...), not under
@@ -182,7 +186,7 @@ def discover(root: HostRoot) -> list:
         if c.runtime in ("runc", "crun") and c.spec and c.spec.annotations.get("io.container.manager") == "libpod":
             c.runtime = "podman"
         _finish(root, c)
-    _attach_names(root, found.values())
+    _attach_names(root, found.values(), load)
     return sorted(found.values(), key=lambda c: (c.runtime, c.namespace or "", c.id))
 
 
@@ -200,9 +204,9 @@ def _unreadable(c: Container, inside: str, why) -> None:
     c.unreadable.append(problem)
 
 
-def _load_state(root: HostRoot, c: Container, state_path: str, parser) -> None:
+def _load_state(root: HostRoot, c: Container, state_path: str, parser, load=load_json) -> None:
     try:
-        c.state = parser(read_json(root.path(state_path)))
+        c.state = load(root.path(state_path), parser)
     except FileNotFoundError:
         return  # still being created (hooks running) or being deleted
     except (OSError, ValueError) as exc:
@@ -213,9 +217,9 @@ def _load_state(root: HostRoot, c: Container, state_path: str, parser) -> None:
         c.unreadable.append(f"cannot read {c.state_path}: {problem}")
 
 
-def _load_spec(root: HostRoot, c: Container, inside: str) -> None:
+def _load_spec(root: HostRoot, c: Container, inside: str, load=load_json) -> None:
     try:
-        c.spec = parse_spec(read_json(root.path(inside)))
+        c.spec = load(root.path(inside), parse_spec)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
@@ -234,9 +238,9 @@ def _why(exc: Exception) -> str:
     return getattr(exc, "strerror", None) or str(exc)
 
 
-def _attach_bundle(root: HostRoot, c: Container, bundle: str, pid_file: str | None) -> None:
+def _attach_bundle(root: HostRoot, c: Container, bundle: str, pid_file: str | None, load=load_json) -> None:
     c.bundle = bundle
-    _load_spec(root, c, f"{bundle}/config.json")
+    _load_spec(root, c, f"{bundle}/config.json", load)
     if pid_file and (c.state is None or c.state.init_pid is None):
         inside = f"{bundle}/{pid_file}"
         try:
@@ -352,15 +356,15 @@ def _names_from_annotations(c: Container) -> None:
             return
 
 
-def _read_small_json(root: HostRoot, inside: str):
+def _read_small_json(root: HostRoot, inside: str, load=load_json):
     try:
-        return read_json(root.path(inside))
+        return load(root.path(inside))
     except (OSError, ValueError):
         return None  # absent, unreadable, too large, not JSON: no name, never an error
 
 
-def _docker_data_root(root: HostRoot) -> str:
-    doc = _read_small_json(root, DOCKER_DAEMON_JSON)
+def _docker_data_root(root: HostRoot, load=load_json) -> str:
+    doc = _read_small_json(root, DOCKER_DAEMON_JSON, load)
     value = doc.get("data-root") if doc else None
     if isinstance(value, str) and value.startswith("/") and len(value) < 4096 and "\0" not in value:
         return normalize(value)
@@ -385,7 +389,7 @@ def _podman_names(root: HostRoot) -> dict:
     return out
 
 
-def _attach_names(root: HostRoot, containers) -> None:
+def _attach_names(root: HostRoot, containers, load=load_json) -> None:
     docker_root = podman = None
     for c in containers:
         _names_from_annotations(c)
@@ -393,8 +397,8 @@ def _attach_names(root: HostRoot, containers) -> None:
             continue
         if c.runtime == "docker" and ID_RE.fullmatch(c.id):
             if docker_root is None:
-                docker_root = _docker_data_root(root)
-            doc = _read_small_json(root, f"{docker_root}/containers/{c.id}/config.v2.json")
+                docker_root = _docker_data_root(root, load)
+            doc = _read_small_json(root, f"{docker_root}/containers/{c.id}/config.v2.json", load)
             name = doc.get("Name") if doc else None
             if isinstance(name, str):
                 c.container_name = clean_name(name[1:] if name.startswith("/") else name)

@@ -35,30 +35,49 @@ RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule
 
 def read_bounded(real_path: str, limit: int = MAX_JSON_BYTES) -> bytes:
     """Read a regular file without following a final symlink, at most `limit` bytes."""
-    fd = os.open(real_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    fd = open_regular(real_path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{real_path}: not a regular file")
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise UnsafeFile(f"{real_path}: larger than {limit} bytes")
-        return data
+        return read_fd(fd, real_path, limit)
     finally:
         os.close(fd)
+
+
+def open_regular(real_path: str) -> int:
+    """An fd on a file, never through a final symlink (ELOOP), never blocking on a fifo."""
+    return os.open(real_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+def read_fd(fd: int, real_path: str, limit: int = MAX_JSON_BYTES, st: os.stat_result | None = None) -> bytes:
+    """The content of an open regular file, at most `limit` bytes (st: its fstat, when already taken)."""
+    st = st or os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(f"{real_path}: not a regular file")
+    chunks = []
+    left = limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise UnsafeFile(f"{real_path}: larger than {limit} bytes")
+    return data
 
 
 def read_json(real_path: str, limit: int = MAX_JSON_BYTES) -> dict:
     """A JSON object from a bounded, non-symlink file; ValueError if it is not one."""
     return loads_object(read_bounded(real_path, limit).decode("utf-8", errors="replace"))
+
+
+def load_json(real_path: str, parse=None, limit: int = MAX_JSON_BYTES):
+    """parse(read_json(real_path)) (the object itself without parse), read afresh.
+
+    verify.cache.FileCache.load has the same signature and answers from memory while the file is unchanged.
+    """
+    doc = read_json(real_path, limit)
+    return parse(doc) if parse is not None else doc
 
 
 def loads_object(text: str) -> dict:

@@ -201,14 +201,28 @@ async def _query(scopes, address) -> dict:
     return out
 
 
-def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None) -> dict:
-    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it."""
+def _by_number(sd: ScopeDevices) -> bool:
+    """Every entry maps without looking at the host (/dev/char/M:m, char-*, char-NAME by /proc/devices)."""
+    return all(DEV_NUMBER_PATH.fullmatch(spec) or spec.startswith(("char-", "block-")) for spec, _ in sd.entries)
+
+
+def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cache=None) -> dict:
+    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it.
+
+    cache: a verify.cache.VerifyCache: the same entries and /proc/devices map to the same rules (a plain
+    /dev path is stat'ed every time).
+    """
     scopes = sorted(set(s for s in scopes if s))
     if use_bus is None:
         use_bus = bus_allowed(root)
     live = read_scopes_bus(scopes) if use_bus else {}
-    out = {}
+    out: dict = {}
     for scope in scopes:
         sd = live.get(scope) or read_scope_files(root, scope)
-        out[scope] = map_entries(root, sd, majors) if sd is not None else None
+        if sd is None:
+            out[scope] = None
+        elif cache is not None and _by_number(sd):
+            out[scope] = cache.memo("scope", scope, (sd, majors.pairs), lambda sd=sd: map_entries(root, sd, majors))[0]
+        else:
+            out[scope] = map_entries(root, sd, majors)
     return out

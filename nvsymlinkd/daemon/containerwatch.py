@@ -29,6 +29,9 @@ from nvsymlinkd.verify.kinds import FindingKind
 if TYPE_CHECKING:  # imported when the first repair runs (the daemon starts without it)
     from nvsymlinkd.repair.apply import RepairHistory
 
+if TYPE_CHECKING:  # an annotation only: the daemon imports the verifier in its worker thread
+    from nvsymlinkd.verify.cache import VerifyCache
+
 # A new scope appears before runc has run the container's hooks (REFERENCE: runc create
 # order); look again once they have had time to finish, then once more for slow hooks.
 # The fallback for runtimes whose state the daemon does not watch (the runtime watch
@@ -82,6 +85,7 @@ class ContainerWatch(ContainerHook):
         self.history: RepairHistory | None = None
         self.said = JournalState()  # what the journal was told about each container (verify/journaldiff)
         self.passes = 0
+        self.verify_cache: VerifyCache | None = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
         self._pending: set = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -158,7 +162,10 @@ class ContainerWatch(ContainerHook):
         """One verification of every container (blocking; runs in a worker thread)."""
         from nvsymlinkd.repair.apply import recover_frozen
         from nvsymlinkd.verify import verifier
+        from nvsymlinkd.verify.cache import VerifyCache
 
+        if self.verify_cache is None:
+            self.verify_cache = VerifyCache()
         config = self.get_config()
         # thaw what a repair killed mid-way (this daemon's before a restart, or a CLI's) left frozen,
         # whatever `repair` says: such a container stands still until someone does
@@ -166,11 +173,12 @@ class ContainerWatch(ContainerHook):
         # no baseline from a read while systemd reloads: on cgroup v1 its device re-apply may have
         # denied part of the container's devices for that moment, and a baseline never grows back
         report = verifier.verify_all(self.root, config, update_baseline=self._not_reloading.is_set(),
-                                     use_bus=self.use_bus, with_host=False)
+                                     use_bus=self.use_bus, with_host=False, cache=self.verify_cache)
         if any(c.baseline == "recorded" and c.verdict == "at-risk" for c in report.containers):
             # a baseline recorded just now makes hook-injected devices expected: decide on it at once,
             # not at the next trigger (a reload may come first and take them)
-            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False,
+                                         cache=self.verify_cache)
         report = self._confirmed(config, report)
         self.passes += 1
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
@@ -243,7 +251,8 @@ class ContainerWatch(ContainerHook):
             # what changed is worth journaling as the new state; the next trigger would too, later
             from nvsymlinkd.verify import verifier
 
-            fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False,
+                                        cache=self.verify_cache)
             self._journal_changes(fresh, "after repair")
             if self.metrics is not None:
                 self.metrics.on_containers(fresh)

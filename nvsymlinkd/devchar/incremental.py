@@ -28,6 +28,7 @@ inotify overflow, udev, D-Bus reloads, watched directories replaced.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 from nvsymlinkd.devchar.apply import Outcome, apply_plan
@@ -43,7 +44,8 @@ LINKED = ("create", "replace", KEEP)
 
 
 def _name(major: int, minor: int) -> str:
-    return f"{major}:{minor}"
+    # one str per name, whichever dict holds it (thousands of names on a MIG host: the daemon's RSS)
+    return sys.intern(f"{major}:{minor}")
 
 
 class LinkState:
@@ -61,11 +63,13 @@ class LinkState:
         self.prefix = self.dev_base if self.dev_base != "/" else ""
         self.nodes: dict = {}  # inside path -> NvidiaNode
         self.ignored: dict = {i.path: i for i in snap.ignored}
-        self.by_rdev: dict = {}  # "M:m" -> {inside path: NvidiaNode}
+        # "M:m" -> (NvidiaNode, ...) in the order added, one per path (a tuple: almost always one node;
+        # a dict or set per name costs ~200 bytes each, issue 16 item 5)
+        self.by_rdev: dict = {}
         for n in snap.nodes:
             self._add_node(n)
         self.entries: dict = {}  # "M:m" -> DevCharEntry
-        self.linked_from: dict = {}  # real inside path a link text names -> {"M:m"}
+        self.linked_from: dict = {}  # real inside path a link text names -> ("M:m", ...) (a tuple, as above)
         for entry in snap.entries.values():
             self._set_entry(entry.name, entry)
         self.actions: dict = {}  # "M:m" -> the link Action its latest planning gave
@@ -92,33 +96,42 @@ class LinkState:
 
     def _add_node(self, node: NvidiaNode) -> None:
         self.nodes[node.path] = node
-        self.by_rdev.setdefault(_name(node.major, node.minor), {})[node.path] = node
+        name = _name(node.major, node.minor)
+        have = self.by_rdev.get(name, ())
+        if any(n.path == node.path for n in have):  # in its place, like a dict's update
+            self.by_rdev[name] = tuple(node if n.path == node.path else n for n in have)
+        else:
+            self.by_rdev[name] = have + (node,)
 
     def _drop_node(self, path: str) -> NvidiaNode | None:
         node = self.nodes.pop(path, None)
         if node is not None:
             name = _name(node.major, node.minor)
-            paths = self.by_rdev.get(name)
-            if paths is not None:
-                paths.pop(path, None)
-                if not paths:
-                    del self.by_rdev[name]
+            rest = tuple(n for n in self.by_rdev.get(name, ()) if n.path != path)
+            if rest:
+                self.by_rdev[name] = rest
+            else:
+                self.by_rdev.pop(name, None)
         return node
 
     def _set_entry(self, name: str, entry) -> None:
+        name = sys.intern(name)
         old = self.entries.pop(name, None)
         if old is not None and old.target is not None:
-            names = self.linked_from.get(old.target)
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del self.linked_from[old.target]
+            rest = tuple(n for n in self.linked_from.get(old.target, ()) if n != name)
+            if rest:
+                self.linked_from[old.target] = rest
+            else:
+                self.linked_from.pop(old.target, None)
         if entry is not None:
             self.entries[name] = entry
             if entry.target is not None:
-                self.linked_from.setdefault(entry.target, set()).add(name)
+                names = self.linked_from.get(entry.target, ())
+                if name not in names:
+                    self.linked_from[entry.target] = names + (name,)
 
     def _set_action(self, name: str, a, failed: bool = False) -> None:
+        name = sys.intern(name)
         old = self.actions.pop(name, None)
         if old is not None:
             self.conflicts.pop(old.link, None)
@@ -212,7 +225,7 @@ class LinkState:
                     self._add_node(new)
                     affected.add(_name(new.major, new.minor))
                 # links whose text names this path resolve to whatever is there now
-                affected |= self.linked_from.get(snap.real_path(path), set())
+                affected.update(self.linked_from.get(snap.real_path(path), ()))
             if isinstance(found, IgnoredNode):
                 self.ignored[path] = found
             else:
@@ -220,7 +233,7 @@ class LinkState:
         if not affected:
             return Delta(self, (), (), time.perf_counter() - start)
         self._refresh_entries(affected)
-        nodes = [n for name in affected for n in self.by_rdev.get(name, {}).values()]
+        nodes = [n for name in affected for n in self.by_rdev.get(name, ())]
         sub = dataclasses.replace(snap, nodes=tuple(nodes),
                                   entries={name: self.entries[name] for name in affected if name in self.entries})
         actions = plan_links(sub, nodes)

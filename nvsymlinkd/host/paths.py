@@ -10,6 +10,8 @@ import posixpath
 
 def normalize(path: str) -> str:
     """Absolute, normalized inside path ('//a/./b/' -> '/a/b')."""
+    if path[:1] == "/" and "//" not in path and "/." not in path and (path[-1] != "/" or path == "/"):
+        return path  # already normal (the common case: paths this package built); normpath is the slow part
     if not path.startswith("/"):
         path = "/" + path
     path = posixpath.normpath(path)

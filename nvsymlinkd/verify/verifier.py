@@ -11,6 +11,7 @@ MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
 from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.host.devices import RW, Access, Device
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.verify.cache import VerifyCache
 from nvsymlinkd.verify.hostcheck import check_host
 from nvsymlinkd.verify.journaldiff import JOURNAL_KINDS, journal_entries  # noqa: F401 - the callers' names
 from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_of
@@ -415,32 +417,59 @@ class _HostContext:
         self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
 
 
-def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = None):
+def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = None, cache: VerifyCache | None = None):
     """(AccessPolicy, None), or (None, why): the why is a finding's detail."""
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
         return None, f"no cgroup known for init pid {c.init_pid}"
     try:
         if mounts is not None:
-            return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts), None
+            return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts, cache), None
         return read_access(root, c.cgroup_v1_devices, c.cgroup_v2), None
     except Exception as exc:  # noqa: BLE001 - any failure to read is 'unknown', never 'ok'
         return None, str(exc) or exc.__class__.__name__
 
 
-def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
-                update_baseline: bool) -> ContainerReport:
+def _expect(c: Container, base, ctx: _HostContext) -> tuple:
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
-    base = baselinemod.load(root, config, c.id, c.init_start) if c.live else None
     cands = candidate_devices(ctx.host.nodes, c.spec, c.state, base, ctx.nvidia_majors)
-    expected = expected_access(cands, c.spec, c.state, base)
+    return signs, expected_access(cands, c.spec, c.state, base)
+
+
+def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_devices, host: HostDevices, dev_nodes,
+              cache: VerifyCache | None) -> ContainerReport:
+    if cache is None:
+        return evaluate(c, signs, expected, policy, why, scope_devices, host, dev_nodes)
+    # every input of evaluate(), as values: the container's every field (spec and runtime state
+    # included), the policy by what it was read from, the scope's DeviceAllow, the host's nodes
+    inputs = (tuple(vars(c).values()), signs, expected, policy.key if policy is not None else None, why,
+              scope_devices, host, tuple(dev_nodes))
+    report, hit = cache.memo("verdict", (c.namespace, c.id), inputs,
+                             lambda: evaluate(c, signs, expected, policy, why, scope_devices, host, dev_nodes))
+    if hit:
+        cache.verdict_hits += 1
+    # a copy the caller may amend (baseline, problems), the kept one stays as evaluate() made it
+    report = copy.copy(report)
+    report.findings = list(report.findings)
+    return report
+
+
+def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
+                update_baseline: bool, cache: VerifyCache | None = None) -> ContainerReport:
+    base = baselinemod.load(root, config, c.id, c.init_start, cache.files if cache else None) if c.live else None
+    if cache is None:
+        signs, expected = _expect(c, base, ctx)
+    else:
+        signs, expected = cache.memo("expected", (c.namespace, c.id),
+                                     (c.spec, c.state, base, ctx.host, ctx.nvidia_majors),
+                                     lambda: _expect(c, base, ctx))[0]
     if not signs and not expected.devices:
-        return evaluate(c, signs, expected, None, None, None, ctx.host)
-    policy, why = _read_policy(root, c, ctx.mounts) if c.live else (None, None)
+        return _evaluate(c, signs, expected, None, None, None, ctx.host, (), cache)
+    policy, why = _read_policy(root, c, ctx.mounts, cache) if c.live else (None, None)
     if policy is None and c.init_pid and not os.path.exists(root.path(f"/proc/{c.init_pid}")):
         # deleted between discovery and the cgroup read: gone, not "unknown"
         c.status = "stopped"
     dev_nodes = container_dev_nodes(root, c.init_pid) if c.live and c.init_pid else []
-    report = evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes)
+    report = _evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes, cache)
     if base is not None:
         report.baseline = "loaded"
     elif update_baseline:
@@ -455,15 +484,24 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
 
 
 def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,
-               with_host: bool = True) -> Report:
-    """Every container on the host, plus host findings. The daemon passes update_baseline=True."""
+               with_host: bool = True, cache: VerifyCache | None = None) -> Report:
+    """Every container on the host, plus host findings. The daemon passes update_baseline=True.
+
+    cache: the daemon's verify.cache.VerifyCache, kept from pass to pass (what did not change is not
+    parsed or judged again); the report is the same as without it.
+    """
     start = time.perf_counter()
+    if cache is not None:
+        cache.begin_pass()
     ctx = _HostContext(root, config)
-    containers = discover(root)
-    scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus)
+    if cache is not None:
+        ctx.host = cache.same("host", ctx.host)
+        ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)
+    containers = discover(root, cache.files if cache is not None else None)
+    scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus, cache)
     reports, not_gpu = [], 0
     for c in containers:
-        r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline)
+        r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline, cache)
         if r.verdict == NOT_GPU:
             not_gpu += 1
         else:
@@ -473,6 +511,8 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         host = check_host(root, config, ctx.snapshot)
     if update_baseline:
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
+    if cache is not None:
+        cache.end_pass()
     return Report(reports, host, not_gpu, time.perf_counter() - start)
 
 

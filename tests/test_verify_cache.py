@@ -1,0 +1,289 @@
+"""The daemon's verification cache (nvsymlinkd/verify/cache.py) against the uncached path as the oracle.
+
+Real device cgroups (v1 devices.allow/deny, v2 BPF programs attached through bpf(2)) and runtime
+files in the runtimes' own layouts: after every change, a pass with the kept VerifyCache must give
+the very report (JSON, less the timing) a fresh pass gives, and the unchanged passes must have been
+answered from the cache (or the test proves nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import bpfasm
+import pytest
+from conftest import _skip_or_fail, v1_cgroup
+from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
+
+from nvsymlinkd.access import bpfeval, bpfprog
+from nvsymlinkd.access.cgroup import find_cgroup_mounts
+from nvsymlinkd.access.rules import DeviceRule
+from nvsymlinkd.config import Config
+from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.verify import cache as cachemod
+from nvsymlinkd.verify.cache import VerifyCache
+from nvsymlinkd.verify.verifier import verify_all
+
+GPU_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)],
+                    env=["NVIDIA_VISIBLE_DEVICES=0"])
+
+
+def _host(fakehost):
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    fakehost.node("/dev/nvidia0", 195, 0)
+    fakehost.node("/dev/nvidia1", 195, 1)
+    fakehost.node("/dev/nvidiactl", 195, 255)
+    fakehost.path("/sys/fs").mkdir(parents=True)
+    os.symlink("/sys/fs/cgroup", fakehost.path("/sys/fs/cgroup"))
+    return HostRoot(str(fakehost.root))
+
+
+def _doc(report) -> dict:
+    doc = report.to_json()
+    doc.pop("seconds")
+    return doc
+
+
+class Oracle:
+    """verify_all with the kept cache vs a fresh verify_all, after each step."""
+
+    def __init__(self, root: HostRoot, cache: VerifyCache):
+        self.root, self.cache, self.config = root, cache, Config()
+
+    def check(self, what: str) -> dict:
+        cached = _doc(verify_all(self.root, self.config, use_bus=False, with_host=False, cache=self.cache))
+        fresh = _doc(verify_all(self.root, self.config, use_bus=False, with_host=False))
+        assert cached == fresh, f"after {what}: the cached pass differs from a fresh one"
+        return {c["id"]: c["verdict"] for c in fresh["containers"]}
+
+    def unchanged(self, what: str) -> dict:
+        verdicts = self.check(what)
+        assert self.cache.verdict_hits > 0, f"after {what}: nothing came from the cache (the test proves nothing)"
+        return verdicts
+
+
+def _rewrite_same_size_keep_mtime(path, old: str, new: str) -> None:
+    """Rewrite a file in place (same inode, same size) and put its mtime back: only ctime tells."""
+    assert len(old) == len(new)
+    st = os.stat(path)
+    text = path.read_text()
+    assert text.count(old) == 1
+    with open(path, "r+") as f:
+        f.write(text.replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _replace_json(path, doc: dict) -> None:
+    """The runtimes' way: a new file renamed over the old one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.rename(tmp, path)
+
+
+def test_cached_passes_judge_every_change_like_a_fresh_pass(fakehost, v1_parent):
+    root = _host(fakehost)
+    lay = Layouts(fakehost)
+    lay.containerd("ctrd1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "ctrd1", ["c 195:0 rw", "c 195:255 rw"]))
+    lay.docker("dock1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "dock1", ["c 195:0 rw", "c 195:255 rw"]))
+    runc_pid = lay.runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
+    lay.runc("hook1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "hook1", ["c 195:0 rw", "c 195:1 rw", "c 195:255 rw"]))
+    crio_pid = lay.crio("crio1", GPU_SPEC)  # runc's state says systemd driver: its scope's DeviceAllow counts
+    fakehost.write(f"/proc/{crio_pid}/cgroup", lay.v1_cgroup(v1_cgroup(v1_parent, "crio1", ["c 195:0 rw", "c 195:255 rw"])))
+    unit = "/run/systemd/transient/crio-crio1.scope"
+    fakehost.write(unit, "[Scope]\nDevicePolicy=strict\nDeviceAllow=/dev/char/195:0 rw\nDeviceAllow=char-nvidia-frontend rw\n")
+    time.sleep(0.05)  # the files' ctime a tick behind the edits below, so ctime alone can tell them
+    # every file counts as settled at once: identity (inode, size, mtime, ctime) is all that protects
+    oracle = Oracle(root, VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9))
+    first = {"ctrd1": "ok", "dock1": "ok", "runc1": "ok", "hook1": "at-risk", "crio1": "ok"}
+    assert oracle.check("the first pass") == first
+    assert oracle.unchanged("nothing") == first
+
+    # the scope's DeviceAllow loses the GPUs (the next daemon-reload would take them)
+    fakehost.write(unit, "[Scope]\nDevicePolicy=strict\nDeviceAllow=/dev/char/195:9 rw\nDeviceAllow=char-pts rw\n")
+    assert oracle.unchanged("a scope's DeviceAllow rewritten")["crio1"] == "at-risk"
+
+    # devices.list changed: its mtime does not move when devices.deny is written
+    v1 = fakehost.path("/sys/fs/cgroup/devices")
+    list_file = v1 / v1_parent / "ctrd1" / "devices.list"
+    mtime = os.stat(list_file).st_mtime_ns
+    (v1 / v1_parent / "ctrd1" / "devices.deny").write_text("c 195:0 rw\n")
+    assert os.stat(list_file).st_mtime_ns == mtime
+    assert oracle.unchanged("a denied device")["ctrd1"] == "lost"
+
+    # the spec rewritten in place, same size, mtime put back: it now asks for nvidia1, which is denied
+    spec = fakehost.path("/run/containerd/io.containerd.runtime.v2.task/moby/dock1/config.json")
+    _rewrite_same_size_keep_mtime(spec, '"minor": 0, "access"', '"minor": 1, "access"')
+    assert oracle.unchanged("a spec rewritten in place")["dock1"] == "lost"
+
+    # runc's state replaced (rename) with the hook's device among its recorded rules: declared now
+    state_path = fakehost.path("/run/runc/hook1/state.json")
+    state = json.loads(state_path.read_text())
+    state["config"]["cgroups"]["devices"].append(
+        {"type": 99, "major": 195, "minor": 1, "permissions": "rw", "allow": True})
+    _replace_json(state_path, state)
+    assert oracle.unchanged("a replaced state.json")["hook1"] == "ok"
+
+    # a baseline appears (an input of the expected set): nvidia1 becomes expected of runc1, which lacks it
+    baselinemod.record(root, Config(), "runc1", 1000, {Device.char(195, 1): "rw"})
+    assert oracle.unchanged("a new baseline")["runc1"] == "lost"
+
+    # the host gains nvidia-uvm (host nodes and majors are inputs too)
+    fakehost.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
+    fakehost.node("/dev/nvidia-uvm", 510, 0)
+    oracle.check("a new uvm node")  # every container's candidates change: nothing can come from the cache
+
+    # the init process is gone (its pid now another process's): the container stopped
+    stat_file = fakehost.path(f"/proc/{runc_pid}/stat")
+    stat_file.write_text(stat_file.read_text().replace(" 1000 1000 100 ", " 2000 1000 100 "))
+    assert oracle.unchanged("a reused pid")["runc1"] == "not-running"
+
+
+def test_a_spec_rewritten_in_the_tick_it_was_read_is_read_again(fakehost, v1_parent, monkeypatch):
+    """Same inode, size, mtime AND ctime (the coarse clock did not move): only the racy rule saves us."""
+    root = _host(fakehost)
+    lay = Layouts(fakehost)
+    lay.runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
+    spec = fakehost.path("/srv/bundles/runc1/config.json")
+    oracle = Oracle(root, VerifyCache())
+    for _ in range(20):  # within one clock tick of the last write, whatever this machine's load
+        spec.write_text(json.dumps(GPU_SPEC))
+        assert oracle.check("a fresh spec")["runc1"] == "ok"
+        before = os.stat(spec)
+        _rewrite_same_size_keep_mtime(spec, '"minor": 0, "access"', '"minor": 1, "access"')
+        same_tick = os.stat(spec).st_ctime_ns == before.st_ctime_ns
+        assert oracle.check("a spec rewritten at once")["runc1"] == "lost"
+        if same_tick:
+            return
+    pytest.skip("no rewrite landed in the same clock tick as the read (fine-grained timestamps, Linux >= 6.13)")
+
+
+def test_a_spec_rewritten_on_a_coarse_clock_filesystem_is_read_again(fakehost, v1_parent, monkeypatch):
+    """The same, made certain: fstat shows the rewritten spec with the stamps of the first write."""
+    root = _host(fakehost)
+    Layouts(fakehost).runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
+    spec = fakehost.path("/srv/bundles/runc1/config.json")
+    first = os.stat(spec)
+    real_fstat = os.fstat
+
+    def coarse_fstat(fd):
+        st = real_fstat(fd)
+        if st.st_ino != first.st_ino:
+            return st
+        fields = list(st)
+        fields[8] = fields[9] = int(first.st_mtime)  # st_mtime, st_ctime
+        return os.stat_result(fields, {"st_mtime_ns": first.st_mtime_ns, "st_ctime_ns": first.st_ctime_ns,
+                                       "st_atime_ns": st.st_atime_ns})
+
+    monkeypatch.setattr(cachemod.os, "fstat", coarse_fstat)
+    oracle = Oracle(root, VerifyCache(now_ns=lambda: first.st_ctime_ns))  # read in the tick of the write
+    assert oracle.check("a fresh spec")["runc1"] == "ok"
+    _rewrite_same_size_keep_mtime(spec, '"minor": 0, "access"', '"minor": 1, "access"')
+    assert oracle.check("a spec rewritten in the same tick")["runc1"] == "lost"
+
+
+@pytest.fixture
+def v2(need_root):
+    mounts = find_cgroup_mounts(HostRoot("/"))
+    if mounts.v2 is None:
+        _skip_or_fail("needs a cgroup2 mount")
+    try:
+        os.close(bpfprog.load_device_program(bpfeval.encode(bpfasm.runc_allow_all())))
+    except bpfprog.BpfError as e:
+        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
+    dirs = bpfasm.CgroupDirs(mounts.v2.mountpoint, "cache")
+    yield dirs
+    dirs.close()
+
+
+class Program:
+    """One device program attached to a cgroup2 directory; replace() swaps it like runc update does."""
+
+    def __init__(self, cgroup_dir: str, rules: list):
+        self.cg_fd = bpfprog.open_cgroup_dir(cgroup_dir)
+        self.prog_fd = None
+        self.replace(rules)
+
+    def replace(self, rules: list) -> None:
+        new = bpfprog.load_device_program(bpfeval.encode(bpfasm.runc_program(rules, default_allow=False)))
+        bpfprog.attach_device_program(self.cg_fd, new, bpfprog.BPF_F_ALLOW_MULTI)
+        self.detach()
+        self.prog_fd = new
+
+    def detach(self) -> None:
+        if self.prog_fd is not None:
+            bpfprog.detach_device_program(self.cg_fd, self.prog_fd)
+            os.close(self.prog_fd)
+            self.prog_fd = None
+
+    def close(self) -> None:
+        self.detach()
+        os.close(self.cg_fd)
+
+
+def test_a_replaced_bpf_program_is_judged_again(fakehost, v2):
+    root = _host(fakehost)
+    if find_cgroup_mounts(root).v2 is None and not os.path.exists(fakehost.path("/sys/fs/cgroup/cgroup.controllers")) \
+            and not os.path.exists(fakehost.path("/sys/fs/cgroup/unified/cgroup.controllers")):
+        _skip_or_fail("the cgroup2 mount is not at /sys/fs/cgroup or /sys/fs/cgroup/unified")
+    lay = Layouts(fakehost)
+    grant = [DeviceRule("c", 195, 0, "rw"), DeviceRule("c", 195, 255, "rw")]
+    progs = []
+    try:
+        for cid in ("v2ctr", "steady"):
+            cgroup = v2.make(cid)
+            pid = lay.containerd(cid, GPU_SPEC, cgroup=cgroup)
+            fakehost.write(f"/proc/{pid}/cgroup", Layouts.v2_cgroup(cgroup))  # v2 only: the program decides
+            progs.append(Program(v2.real(cgroup), grant))
+        prog = progs[0]
+        time.sleep(0.06)
+        oracle = Oracle(root, VerifyCache())
+        assert oracle.check("the first pass") == {"v2ctr": "ok", "steady": "ok"}
+        assert oracle.unchanged("nothing") == {"v2ctr": "ok", "steady": "ok"}
+        prog.replace(grant[1:])  # nvidia0 gone: a new program, a new id
+        assert oracle.unchanged("a replaced program")["v2ctr"] == "lost"
+        prog.replace(grant)  # the same instructions as the first, again a new program
+        assert oracle.unchanged("the grant back")["v2ctr"] == "ok"
+        prog.detach()  # no program at all: no v2 restriction
+        oracle.unchanged("the program detached")
+    finally:
+        for p in progs:
+            p.close()
+
+
+def test_a_wall_clock_step_back_drops_the_kept_files(fakehost, v1_parent):
+    root = _host(fakehost)
+    Layouts(fakehost).runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
+    offset = [0]
+    cache = VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9, clock_offset=lambda: offset[0])
+    verify_all(root, Config(), use_bus=False, with_host=False, cache=cache)
+    verify_all(root, Config(), use_bus=False, with_host=False, cache=cache)
+    assert cache.files.hits > 0
+    offset[0] -= cachemod.RACY_NS  # the wall clock stepped back by 50 ms against the monotonic one
+    hits = cache.files.hits
+    verify_all(root, Config(), use_bus=False, with_host=False, cache=cache)
+    assert cache.files.hits == hits, "files kept before the step were trusted after it"
+
+
+# --- the daemon: its kept cache still sees a change no runtime file shows ------------------------
+
+from test_daemon_containers import gpu0, start_daemon, systemd_bus  # noqa: E402, F401 - fixtures
+
+
+def test_daemon_sees_a_device_cgroup_change_between_cached_passes(runc_host, systemd_bus, start_daemon):  # noqa: F811
+    c = runc_host.run("gpu-cached", **gpu0())
+    d = start_daemon(systemd_bus, "--resync-interval", "1", config_text='repair = "report"\n')
+    d.wait_until(lambda: d.passes("periodic resync") >= 2, "two periodic verifications (the cache filled)")
+    assert not d.entries(kind="container-lost"), d.output()
+    mark = d.mark()
+    c.deny("c 195:0 rw")  # devices.list changes; no runtime file, no event, only the next periodic pass
+    d.wait_entry("container-lost", c.id, mark)
+    mark = d.mark()
+    c.allow("c 195:0 rw")
+    message, _ = d.wait_entry("container-ok", c.id, mark)
+    assert "can open all its GPU devices again" in message
