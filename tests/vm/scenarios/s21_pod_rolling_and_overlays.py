@@ -1,3 +1,4 @@
+# vm: nvsymlinkd=off pod=yes timeout=1500 hierarchies=v1 full=v2
 """Scenario 21: the DaemonSet's pod rolled, and each overlay's pod (issue 14), in one boot: three
 proofs in sequence, each from a clean slate (the last pod gone with its host state and textfile;
 kubepod.clean_slate), so one image load serves all three. Each check names its proof; a proof
@@ -19,7 +20,6 @@ report-only: the rendered overlays/report-only pod journals a Docker GPU contain
     (container-lost, repair-reported, check says lost) while the container stays denied: no
     cgroup, no unit touched (no repair-done or repair-prevented entry).
 """
-# vm: nvsymlinkd=off pod=yes timeout=1500 matrix=full
 import os
 import traceback
 
