@@ -9,17 +9,20 @@ driver-container: the rendered overlays/driver-container pod (driver_root /run/n
     host with the driver's nodes in its dev/ (the GPU Operator's driver container does this once
     it runs): the HostToContainer mount carries it into the pod and the pod points the host's
     /dev/char links at those nodes.
-rolling: the base pod sees a Docker GPU container and persists its baseline on the host
-    (/run/nvsymlinkd, a hostPath). The pod stops (`podman pod stop -t <grace>`, the rolling
-    update's delete), the container restarts (`docker restart`: same id, a new scope the NVIDIA
-    hook grants behind systemd's back, so it is at risk) and a daemon-reload takes its GPU while
-    no nvsymlinkd runs (gpupoll sees EPERM). The pod starts again: from the persisted baseline it
-    finds the loss and repairs it (journal repair-done, the container opens its GPU, check ok).
+rolling: the base pod sees a Docker GPU container, persists its baseline on the host
+    (/run/nvsymlinkd, a hostPath) and prevents its loss (DeviceAllow, a transient drop-in). The
+    pod stops (`podman pod stop -t <grace>`, the rolling update's delete); while it is away the
+    container is put at risk again (its drop-in removed, as s03 does to the host package) and a
+    daemon-reload takes its GPU (gpupoll sees EPERM). The pod starts again: from the persisted
+    baseline it finds the loss and repairs it (journal repair-done, the container opens its GPU,
+    check ok). (A `docker restart` instead would start a new init process: a baseline is tied to
+    the init's start time, so no daemon, host package or pod, may carry it over.)
 report-only: the rendered overlays/report-only pod journals a Docker GPU container at risk but
     adds nothing to its scope; a reload takes the GPU and the pod reports the loss
     (container-lost, repair-reported, check says lost) while the container stays denied: no
     cgroup, no unit touched (no repair-done or repair-prevented entry).
 """
+import glob
 import os
 import traceback
 
@@ -52,6 +55,11 @@ DRIVER_ROOT = "/run/nvidia/driver"
 # the pod picks a driver root mounted late up at its next full pass: the periodic resync
 # (resync_interval 60 s in the overlay's config) at the latest
 DRIVER_PICKUP_S = 90
+
+
+def device_allow(scope: str) -> set:
+    """The scope's DeviceAllow entries (systemd may list them in another order after a reload)."""
+    return set(unit_property(scope, "DeviceAllow").splitlines())
 
 
 def entries(since: int, kind: str, ctr) -> list:
@@ -93,11 +101,16 @@ def rolling(sc, label: str, docker: Docker):
         sc.fact(f"{label}host_state_dir", sorted(os.listdir("/run/nvsymlinkd")) if os.path.isdir("/run/nvsymlinkd")
                 else [])
         sc.timing(f"{label}pod_stop_s", pod.stop())
-        sh("docker", "restart", "-t", "1", ctr.id, timeout=120)
-        ctr.wait_polling()
+        scope = ctr.scope()
+        dropins = [p for p in glob.glob(f"/run/systemd/transient/{scope}.d/*.conf")
+                   + glob.glob(f"/run/systemd/system.control/{scope}.d/*.conf") if "DeviceAllow=/dev/char/195:0" in
+                   open(p).read()]
+        sc.check(f"{label}the pod's prevention is a runtime drop-in of the scope", bool(dropins), scope)
+        for path in dropins:
+            os.unlink(path)
         daemon_reload()
         lost, _ = wait_for(lambda: ctr.poll_log().open_window is not None, timeout=20, interval=0.5)
-        sc.check(f"{label}with the pod stopped, a reload takes the restarted container's GPU (EPERM)", bool(lost),
+        sc.check(f"{label}with the pod stopped and the drop-in gone, a reload takes the GPU (EPERM)", bool(lost),
                  ctr.poll_log().summary())
         since = now_us()
         sc.timing(f"{label}pod_start_s", pod.start())
@@ -124,14 +137,14 @@ def report_only(sc, label: str, docker: Docker):
         ctr = docker.run_gpu("gpu-report")
         ctr.wait_polling()
         scope = ctr.scope()
-        before = unit_property(scope, "DeviceAllow")
+        before = device_allow(scope)
         # the pass that saw it at risk has ended once it reported what it would do
         said, _ = wait_for(lambda: entries(since, "repair-reported", ctr), timeout=60, interval=0.5)
         sc.check(f"{label}the pod journaled the at-risk container as repair-reported", bool(said),
                  str((said or [{}])[0].get("MESSAGE", ""))[:300])
-        after = unit_property(scope, "DeviceAllow")
+        after = device_allow(scope)
         sc.check(f"{label}report-only: nothing added to the scope's DeviceAllow", after == before,
-                 f"{before!r} -> {after!r}")
+                 str(sorted(after ^ before)))
         reload_at = now_us()
         daemon_reload()
         lost, _ = wait_for(lambda: ctr.poll_log().open_window is not None, timeout=20, interval=0.5)
@@ -150,8 +163,8 @@ def report_only(sc, label: str, docker: Docker):
         log = ctr.poll_log()
         sc.check(f"{label}the container is still denied (nothing repaired)", log.open_window is not None,
                  log.summary())
-        sc.check(f"{label}the scope's DeviceAllow is still as runc left it", unit_property(scope, "DeviceAllow")
-                 == before, unit_property(scope, "DeviceAllow"))
+        sc.check(f"{label}the scope's DeviceAllow is still as runc left it", device_allow(scope) == before,
+                 str(sorted(device_allow(scope) ^ before)))
     finally:
         docker.remove_all()
         clean_slate(pod)
