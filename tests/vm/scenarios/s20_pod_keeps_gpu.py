@@ -4,9 +4,10 @@ The image is built offline from deploy/kubernetes/Dockerfile (podman build --pul
 bookworm minbase made on the host; cached on the host after the first build), the pod is the
 rendered base DaemonSet's template run with `podman kube play` (tests/vm/guest/kubepod.py: every
 field honoured or the run fails). On cgroup v2 Podman gives it a private cgroup namespace, as
-containerd gives pods. Judged on the host: the pod keeps /dev/char links (also for a late
-nvidia-uvm), sees Docker's and Podman's GPU containers ok (not unknown), prevents their loss
-through 10 daemon-reloads each with zero denied opens, writes the metrics textfile on the host,
+containerd gives pods; on v1 (@v1) the host's. Judged on the host: the pod keeps /dev/char links
+(also for a late nvidia-uvm, whose udev event it hears), sees Docker's and Podman's GPU containers
+ok (not unknown), prevents their loss through one set of 10 daemon-reloads for both (v2: zero
+denied opens; v1: only systemd's re-apply windows), writes the metrics textfile on the host,
 its probes pass, and its journal entries reach the host's journal with MESSAGE_IDs that the
 node-problem-detector config's patterns match.
 """
