@@ -112,7 +112,8 @@ def test_daemonset_shape():
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
     assert pod["automountServiceAccountToken"] is False
-    assert not pod.get("hostNetwork")  # nothing it does needs the host's network
+    # udevd's events (module loads, GPU bind/unbind) reach only the host's network namespace
+    assert pod["hostNetwork"] is True
     (c,) = pod["containers"]
     assert c["securityContext"]["privileged"] is True
     argv = c["command"]
@@ -147,6 +148,8 @@ EXPECTED_MOUNTS = {
     "/host/sys/fs/cgroup": ("/sys/fs/cgroup", False, None),
     "/host/run/systemd": ("/run/systemd", False, None),
     "/run/systemd/journal": ("/run/systemd/journal", False, None),
+    # libudev subscribes to udevd's events only where /run/udev/control exists (a pod's /run has none)
+    "/run/udev": ("/run/udev", True, None),
     "/host/run/dbus/system_bus_socket": ("/run/dbus/system_bus_socket", False, None),
     "/host/run/nvsymlinkd": ("/run/nvsymlinkd", False, None),
     "/host/var/lib/node_exporter/textfile_collector": ("/var/lib/node_exporter/textfile_collector", False, None),
@@ -156,7 +159,8 @@ EXPECTED_MOUNTS = {
 def test_exactly_the_host_mounts_the_daemon_needs():
     docs = base_docs()
     assert mounts(docs) == EXPECTED_MOUNTS
-    # every host mount but the journal socket's is the host path under --root: one view of the host
+    # every host mount but the journal socket's and udev's (where the libraries look for them) is
+    # the host path under --root: one view of the host
     for path, (host_path, _, _) in mounts(docs).items():
         assert path == HOST + host_path.rstrip("/") or path == HOST or path == host_path
     (c,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]

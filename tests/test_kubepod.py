@@ -64,7 +64,8 @@ def test_driver_container_mount_propagation_is_classified(rendered):
 
 
 @pytest.mark.parametrize("edit, names", [
-    (lambda t: t["spec"].__setitem__("hostNetwork", True), "spec/template/spec/hostNetwork"),
+    (lambda t: t["spec"].__setitem__("hostIPC", True), "spec/template/spec/hostIPC"),
+    (lambda t: t["spec"].__setitem__("hostNetwork", False), "hostNetwork"),
     (lambda t: t["spec"]["containers"][0].__setitem__("workingDir", "/"), "containers/[]/workingDir"),
     (lambda t: t["spec"]["containers"][0].__setitem__("args", ["--verbose"]), "containers/[]/args/[]"),
     (lambda t: t["spec"]["volumes"].append({"name": "gpu", "hostPath": {"path": "/dev/nvidia0",

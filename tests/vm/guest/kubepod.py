@@ -21,6 +21,7 @@ import fnmatch
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ FIELDS: Dict[str, Tuple[str, str, Optional[Callable]]] = {
     "spec/template/spec/automountServiceAccountToken": ("podman", "no token mounted (none exists)", _is(False)),
     # Podman 4.3's kube play drops hostPID: Pod.play sets containers.conf's pidns for the play
     "spec/template/spec/hostPID": ("harness", "the pod in the host PID namespace (checked)", _is(True)),
+    "spec/template/spec/hostNetwork": ("podman", "the host's network namespace (checked: udev events reach it)",
+                                       _is(True)),
     "spec/template/spec/priorityClassName": ("cluster", "scheduling and eviction priority", None),
     "spec/template/spec/nodeSelector/*": ("cluster", "the guest is the GPU node", None),
     "spec/template/spec/tolerations/[]/key": ("cluster", "taints: scheduling", None),
@@ -277,9 +280,8 @@ def image_ready(sc) -> str:
 class Pod:
     """One `podman kube play` of a PodPlan."""
 
-    def __init__(self, plan: PodPlan, network: Optional[str] = None):
+    def __init__(self, plan: PodPlan):
         self.plan = plan
-        self.network = network
         self.path = os.path.join(WORK, f"pod-{plan.name}.yaml")
         self.played_at: Optional[float] = None
 
@@ -288,8 +290,6 @@ class Pod:
         with open(self.path, "w") as f:
             f.write(self.plan.play_text())
         argv = ["podman", "kube", "play"]
-        if self.network:
-            argv += ["--network", self.network]
         env = None
         if self.plan.pod["spec"].get("hostPID"):
             env = dict(os.environ, CONTAINERS_CONF=self._hostpid_conf())
@@ -342,6 +342,19 @@ class Pod:
         proc = _sh("podman", "logs", self.plan.container_name, check=False)
         return proc.stdout + proc.stderr
 
+    def check_json(self, *names: str) -> dict:
+        """`nvsymlinkd check --json` in the pod, with the rendered command's global options."""
+        proc = self.exec(*[w for w in self.plan.container["command"] if w != "run"], "check", "--json", *names)
+        try:
+            return json.loads(proc.stdout)
+        except ValueError:
+            return {"error": f"exit {proc.returncode}: {proc.stdout[-400:]} {proc.stderr[-400:]}"}
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.pid()}/status") as f:
+            rss = next(ln for ln in f if ln.startswith("VmRSS:")).split()[1]
+        return round(int(rss) / 1024, 1)
+
     def run_probe(self, kind: str) -> Tuple[bool, float, str]:
         """The probe's exec command in the container as the kubelet runs it: (passed, seconds, output)."""
         probe = self.plan.probe(kind)
@@ -371,3 +384,89 @@ class Pod:
             else:
                 return False, time.monotonic() - self.played_at, f"{kind}Probe: {out}"
         return True, time.monotonic() - self.played_at, out
+
+
+# ---------------------------------------------------------------- what the pod scenarios share
+
+STATE_DIR = "/run/nvsymlinkd"       # the DaemonSet's host-state hostPath (state_dir)
+TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+# cgroup v1 with the systemd driver: every reload rewrites each scope's devices.list as deny-all
+# then allow, a window of 16-27 ms no host-side tool can close (docs/vm.md, s11@v1); a lost
+# device stays lost until repaired, which takes the daemon far longer than this
+V1_WINDOW_S = 0.2
+
+
+def cgroup_v1() -> bool:
+    return not os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+def play_ready(sc, plan: PodPlan, label: str) -> Pod:
+    """kube play the plan and wait for READY as the kubelet would; timings under `label`."""
+    pod = Pod(plan)
+    sc.timing(f"{label}kube_play_s", pod.play())
+    ready, seconds, out = pod.wait_ready()
+    sc.check(f"{label}pod READY (startupProbe, then readinessProbe, from the rendered YAML)", ready, out[-300:])
+    sc.timing(f"{label}pod_start_to_ready_s", seconds)
+    return pod
+
+
+def clean_slate(pod: Optional[Pod]) -> None:
+    """Between two proofs in one boot: the pod gone, its host state and textfile gone (a pod
+    scheduled on a fresh node), so the next proof starts from nothing the last one left."""
+    if pod is not None:
+        pod.down()
+    if os.path.isdir(STATE_DIR):
+        for name in os.listdir(STATE_DIR):
+            path = os.path.join(STATE_DIR, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+    if os.path.exists(TEXTFILE):
+        os.unlink(TEXTFILE)
+
+
+def journal_since(since_us: int) -> List[dict]:
+    """nvsymlinkd's entries in the host's journal (any unit: in a pod it is the container's
+    scope) written at or after since_us (realtime microseconds)."""
+    out = _sh("journalctl", "-b", "--no-pager", "-o", "json", "SYSLOG_IDENTIFIER=nvsymlinkd", check=False).stdout
+    return [e for e in (json.loads(ln) for ln in out.splitlines() if ln.strip())
+            if int(e.get("__REALTIME_TIMESTAMP", 0)) >= since_us]
+
+
+def now_us() -> int:
+    return int(time.time() * 1e6)
+
+
+def reloads_keep_gpus(sc, pod: Pod, ctrs, reloads: int, v1: bool) -> dict:
+    """`reloads` host daemon-reloads with every container of `ctrs` polling its GPU (gpupoll):
+    on v2 not one denied open; on v1 only systemd's re-apply windows (each closed by itself
+    within V1_WINDOW_S) and no repair after a loss. Returns the pod's `check --json` after."""
+    from nvsymlinkd.journal import MESSAGE_IDS
+    since = now_us()
+    times = []
+    for _ in range(reloads):
+        start = time.monotonic()
+        _sh("systemctl", "daemon-reload", timeout=120)
+        times.append(time.monotonic() - start)
+    sc.timing("reload_mean_s", sum(times) / max(1, len(times)))
+    time.sleep(0.5)     # gpupoll opens every 10 ms: a window still open now shows as one
+    repaired = {e.get("CONTAINER_ID") for e in journal_since(since) if e.get("MESSAGE_ID") == MESSAGE_IDS["repair-done"]}
+    for ctr in ctrs:
+        log = ctr.poll_log()
+        sc.timing(f"{ctr.name}_worst_denial_window_s", log.worst_window_s)
+        sc.fact(f"{ctr.name}_opens_denied", [log.opens, len(log.denied)])
+        if v1:
+            ok = (bool(log.last_alive) and log.open_window is None and log.worst_window_s <= V1_WINDOW_S
+                  and ctr.id not in repaired)
+            sc.check(f"{ctr.name}: through {reloads} reloads only systemd's v1 re-apply windows (each closed by "
+                     f"itself within {V1_WINDOW_S} s), never lost and repaired", ok,
+                     log.summary() + ("; repaired after a loss" if ctr.id in repaired else ""))
+        else:
+            sc.check(f"{ctr.name}: zero denied opens through {reloads} reloads", bool(log.last_alive)
+                     and not log.denied, log.summary())
+    report = pod.check_json()
+    verdicts = {c.get("id"): c.get("verdict") for c in report.get("containers", [])}
+    sc.check(f"check --json in the pod after {reloads} reloads: every GPU container ok",
+             all(verdicts.get(c.id) == "ok" for c in ctrs), str(verdicts or report.get("error")))
+    return report
