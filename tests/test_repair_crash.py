@@ -215,3 +215,33 @@ def test_busy_lock_fails_the_repair_without_freezing(runc_host, systemd_mock, he
     assert history.since_last(c.id, 0.0) is None
     assert systemd_mock.calls() == []
     assert state(c) == "THAWED"
+
+
+def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, systemd_mock):  # noqa: F811
+    """Found by the pod scenario on cgroup v1 (s20@v1): a prevention landed between `runc create` and
+    `runc start` (the runtime state watch fires when runc writes state.json, before start) and froze
+    the container; containerd's `runc start` then failed "cannot start a container in the paused state"
+    and `docker run` with it. A created container runs nothing but runc's init, blocked on exec.fifo:
+    systemd's re-apply cannot hurt it, so the repair leaves its freezer alone."""
+    scope = "runc-gpu-created.scope"
+    c, proc = runc_host.create_async("gpu-created", cgroup_leaf=scope, **gpu0())
+    assert proc.wait(timeout=60) == 0, (runc_host.state_root / "gpu-created").exists()
+    runc_host.link_proc(c)
+    systemd_mock.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
+                           freezer=str(freezer_of(c)), hold=HOLD)
+    repair = start_repair(runc_host, systemd_mock, "--json", c.id)
+    try:
+        (enter,) = wait_for(systemd_mock.entered, "the repair's SetUnitProperties")
+        assert enter["freezer"] == "THAWED", enter
+        # the runtime starts the container while systemd re-applies its devices
+        start = subprocess.run([runc_host.runc_bin, "--root", str(runc_host.state_root), "start", c.id],
+                               capture_output=True, text=True, timeout=60)
+        assert start.returncode == 0, start.stderr
+        out, err = repair.communicate(timeout=120)
+    finally:
+        repair.kill()
+        freezer_of(c).write_text("THAWED")
+    (result,) = json.loads(out)["containers"]
+    assert result["status"] == "prevented", (result, err)
+    assert any("not frozen" in s for s in result["steps"]), result["steps"]
+    assert state(c) == "THAWED"

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -575,13 +576,30 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
     _ensure_dev_char_links(root, config, grants, steps)
     _unit_known(_needed(r.scope, "systemd unit"), timeout)  # no bus or no such unit: fail before freezing anything
     with RepairLock(root, config, lock_wait, journal) as lock, \
-            Frozen(root, freezer_dir, steps, timeout, FreezeRecord(root, config, r)):
+            _freeze_unless_created(root, r, freezer_dir, steps, timeout, config):
         steps.extend(thawed_line(e) for e in lock.thawed if e["action"] == "thawed")
         before = read_rules(root, devices_dir)
         _systemd_call(r, grants, steps, timeout)
         after = _wait_listed(root, devices_dir, grants, timeout)
         steps.append("devices.list shows " + ", ".join(str(g.rule) for g in grants))
         _restore_dropped(root, devices_dir, before, after, steps)
+
+
+def _freeze_unless_created(root: HostRoot, r: RepairRequest, freezer_dir: str, steps: list, timeout: float,
+                           config) -> Frozen | nullcontext:
+    """Frozen around systemd's re-apply, except a container created and not yet started: it runs only
+    runc's init, blocked on exec.fifo, which a deny-all moment cannot hurt, and `runc start` refuses a
+    frozen ("paused") container. Read under the lock, just before freezing: a container that starts
+    after this read starts in the re-apply's short window at worst, never frozen."""
+    if r.exec_fifo is not None:
+        try:
+            os.lstat(root.path(r.exec_fifo))
+        except OSError:
+            pass  # started since it was verified: freeze as usual
+        else:
+            steps.append("not frozen: created, not started yet (exec.fifo)")
+            return nullcontext()
+    return Frozen(root, freezer_dir, steps, timeout, FreezeRecord(root, config, r))
 
 
 def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:

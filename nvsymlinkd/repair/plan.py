@@ -111,6 +111,7 @@ class RepairRequest:
     pod_namespace: str | None = None  # names for messages only (containers.display_name)
     pod_name: str | None = None
     container_name: str | None = None
+    exec_fifo: str | None = None  # while created, not started: never frozen (the runtime could not start it)
 
     def to_json(self) -> dict[str, Any]:
         return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,
@@ -347,4 +348,5 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
         freezer = report.cgroup.get("freezer")
     return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
                          report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
-                         "; ".join(reasons), report.pod_namespace, report.pod_name, report.container_name)
+                         "; ".join(reasons), report.pod_namespace, report.pod_name, report.container_name,
+                         report.exec_fifo)

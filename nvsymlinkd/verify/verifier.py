@@ -108,6 +108,9 @@ class ContainerReport:
     pod_namespace: str | None = None  # names for people (containers.Container), never for a decision
     pod_name: str | None = None
     container_name: str | None = None
+    # runc's/crun's exec.fifo while the container is created, not started (not in the JSON): a repair
+    # must not freeze it then, since the runtime cannot start a frozen container
+    exec_fifo: str | None = None
 
     @property
     def short_id(self) -> str:
@@ -308,6 +311,7 @@ def _new_report(c: Container, signs, expected: Expected, host: HostDevices, dev_
                               if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
         cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
+        exec_fifo=os.path.dirname(c.state_path) + "/exec.fifo" if c.status == "created" and c.state_path else None,
         container_name=c.container_name,
     )
 
