@@ -4,6 +4,8 @@ hand-made violating input (and passes the matching clean one)."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +154,25 @@ def test_worst_per_kind():
     records = [{"kind": "daemon-reload", "worst_s": 0.0}, {"kind": "uvm-reload", "worst_s": 0.4},
                {"kind": "uvm-reload", "worst_s": 0.7}]
     assert chaos.worst_per_kind(records) == {"daemon-reload": 0.0, "uvm-reload": 0.7}
+
+
+# ---------------------------------------------------------------- the kernel judge itself
+
+@pytest.mark.root
+def test_kernel_judge_opens_in_the_containers_cgroup(runc_host, tmp_path):
+    """chaosrun.cgroup_opens (what judges (b) in the VM): a child moved into a real runc
+    container's device cgroup gets the kernel's verdict for that cgroup (granted: OK, not granted:
+    EPERM), and nvsymlinkd's access engine reads the same cgroup the same way."""
+    import chaosrun
+    from runcfixture import device_rule
+
+    nodes = {}
+    for minor in (0, 1):       # no driver behind them: an allowed open gives ENXIO, a denied one EPERM
+        nodes[minor] = str(tmp_path / f"nvidia{minor}")
+        os.mknod(nodes[minor], 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    c = runc_host.run("chaos-judge", rules=[device_rule(195, 0)])
+    got = chaosrun.cgroup_opens(c.pid, [nodes[0], nodes[1]])
+    assert got == {nodes[0]: "ENXIO", nodes[1]: "EPERM"}
+    assert chaosrun.engine_verdicts(c.pid, [(195, 0), (195, 1)]) == {(195, 0): "allow", (195, 1): "deny"}
+    c.allow("c 195:1 rw")      # behind the runtime's back, like a hook that was never asked
+    assert chaosrun.cgroup_opens(c.pid, [nodes[1]]) == {nodes[1]: "ENXIO"}
