@@ -47,7 +47,9 @@ WEIGHTS: Dict[str, int] = {
 BUDGET_S: Dict[str, float] = {"uvm-reload": 1.0}
 DEFAULT_BUDGET_S = 0.0
 
-CI_SEEDS = tuple(range(1, 11))
+# CI runs these (one guest, ~3 min a sequence under TCG on 2 cores: 10 would not fit CI's 10 minutes,
+# docs/vm.md "Chaos soak"); NVSYMLINKD_VM_MATRIX=full adds the other 47 in s31.
+CI_SEEDS = (1, 2, 3)
 FULL_SEEDS = tuple(range(1, 51))
 STEPS_PER_SEQUENCE = 20
 
