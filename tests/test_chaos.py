@@ -176,3 +176,21 @@ def test_kernel_judge_opens_in_the_containers_cgroup(runc_host, tmp_path):
     assert chaosrun.engine_verdicts(c.pid, [(195, 0), (195, 1)]) == {(195, 0): "allow", (195, 1): "deny"}
     c.allow("c 195:1 rw")      # behind the runtime's back, like a hook that was never asked
     assert chaosrun.cgroup_opens(c.pid, [nodes[1]]) == {nodes[1]: "ENXIO"}
+
+
+def test_seed_and_steps_reach_the_guest_command_line(monkeypatch):
+    """NVSYMLINKD_CHAOS_SEEDS / _STEPS on the host re-run a seed or a printed sequence exactly."""
+    sys.path.insert(0, str(REPO / "tests" / "vm"))
+    import vmhost
+
+    monkeypatch.delenv("NVSYMLINKD_CHAOS_SEEDS", raising=False)
+    monkeypatch.delenv("NVSYMLINKD_CHAOS_STEPS", raising=False)
+    assert vmhost.guest_cmdline("s30_chaos_soak", "deb") == "nvsymlinkd.vm=deb"
+    steps = chaos.format_sequence(chaos.draw_sequence(7)[:3])
+    monkeypatch.setenv("NVSYMLINKD_CHAOS_SEEDS", "7")
+    monkeypatch.setenv("NVSYMLINKD_CHAOS_STEPS", steps)
+    assert vmhost.guest_cmdline("s30_chaos_soak", "deb") == (
+        f"nvsymlinkd.vm=deb nvsymlinkd.chaos_seeds=7 nvsymlinkd.chaos_steps={steps}")
+    monkeypatch.setenv("NVSYMLINKD_CHAOS_STEPS", "daemon-reload, daemon-reexec")
+    with pytest.raises(vmhost.VmError, match="no spaces"):
+        vmhost.guest_cmdline("s30_chaos_soak", "deb")
