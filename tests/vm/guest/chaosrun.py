@@ -426,7 +426,10 @@ class Soak:
         elif kind == "nvsymlinkd-restart":
             sh("systemctl", "restart", UNIT, timeout=120)
         elif kind == "nvsymlinkd-sigkill":
+            old_pid = unit_property(UNIT, "MainPID")
             sh("systemctl", "kill", "--kill-who=main", "-s", "KILL", UNIT, timeout=60)
+            # until systemd has seen the death, the unit still reads active: wait for the new process
+            wait_for(lambda: unit_property(UNIT, "MainPID") not in (old_pid, "0"), timeout=60, interval=0.2)
         elif kind == "nvsymlinkd-sighup":
             self.write_config(args[0])
             sh("systemctl", "reload", UNIT, timeout=60)
