@@ -194,3 +194,10 @@ def test_seed_and_steps_reach_the_guest_command_line(monkeypatch):
     monkeypatch.setenv("NVSYMLINKD_CHAOS_STEPS", "daemon-reload, daemon-reexec")
     with pytest.raises(vmhost.VmError, match="no spaces"):
         vmhost.guest_cmdline("s30_chaos_soak", "deb")
+
+
+def test_a_lasting_window_fails_its_own_step_only():
+    """One lost container must not turn every later step (and its kind's worst window) red."""
+    assert chaos.judge_denials({}, {"gpu": 100.0}, since=99.0, now=150.0, budget_s=0.0).violations
+    later = chaos.judge_denials({}, {"gpu": 100.0}, since=120.0, now=150.0, budget_s=0.0)
+    assert later.violations == [] and later.worst_s == 0.0

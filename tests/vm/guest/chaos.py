@@ -149,7 +149,8 @@ def judge_denials(windows: Mapping[str, Sequence[Tuple[float, float, int]]], ope
     """(a) from the pollers' logs: windows = {container: [(first denied t, seconds, denied opens)]}
     of closed denial windows, open_windows = {container: first denied t} of one still open at now.
     Judged: the windows that began at or after since (this step). A window longer than budget_s,
-    or one still open for longer than budget_s, is a violation."""
+    or one still open for longer than budget_s, is a violation; a lasting loss fails the step it
+    began in (and the end's check), not every step after it."""
     out = Denials()
     for name in sorted(set(windows) | set(open_windows)):
         for first, seconds, count in windows.get(name, ()):
@@ -161,7 +162,7 @@ def judge_denials(windows: Mapping[str, Sequence[Tuple[float, float, int]]], ope
                 out.violations.append(f"{name}: {count} denied opens over {seconds * 1000:.0f} ms from "
                                       f"{first:.3f} (budget {budget_s * 1000:.0f} ms)")
         first = open_windows.get(name)
-        if first is not None and first >= since - 3600:
+        if first is not None and first >= since:    # one that began earlier failed its own step
             seconds = max(0.0, now - first)
             out.worst_s = max(out.worst_s, seconds)
             if seconds > budget_s:
