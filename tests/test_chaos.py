@@ -66,6 +66,8 @@ def test_parse_seeds():
 def test_budget_is_zero_except_where_nodes_are_remade():
     assert chaos.Step("daemon-reload").budget_s == 0.0
     assert chaos.Step("uvm-reload", ("new-major",)).budget_s == 1.0
+    assert chaos.Step("container-recreate", ("docker-gpus",)).budget_s == 0.0
+    assert chaos.Step("container-recreate", ("docker-gpus", "reload")).budget_s == 1.0
 
 
 # ---------------------------------------------------------------- (a)
