@@ -42,7 +42,7 @@ from privatebus import (
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.plan import Grant, RepairHistory, RepairRequest
+from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest, plan_repair
 
 SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 
@@ -427,6 +427,31 @@ def test_refused_call_is_a_failure(systemd, fake):
     res = repair_container(HostRoot(str(fake.root)), Config(), req)
     assert res.status == "failed"
     assert "NoSuchUnit" in res.error
+
+
+def test_failed_prevention_does_not_block_the_repair_of_the_loss(systemd, fake):
+    """Chaos soak (issue 17) seed 3, minimal sequence: container-recreate=docker-gpus/reload. The new
+    hook-granted container's prevention (SetUnitProperties) got no reply while systemd was busy with
+    the reload that then took its devices; that failed prevention counted against the one repair per
+    600 s, so the loss was refused ("the last repair attempt was 6 s ago") and the container stayed
+    without its GPUs. A failed prevention now limits further preventions only (no loop), and the
+    first repair of a real loss goes ahead."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    link_cgroups(fake)
+    now = [1000.0]
+    history = RepairHistory()
+    at_risk = RepairRequest("ghost", "docker", "docker-ghost.scope", None, "/x", None, "systemd", gpu0(), AT_RISK)
+    res = repair_container(HostRoot(str(fake.root)), Config(), at_risk, history=history, clock=lambda: now[0])
+    assert res.status == "failed"   # the call did not take (NoSuchUnit here, a timeout in the soak)
+    now[0] += 6
+    lost = RepairRequest("ghost", "docker", "docker-ghost.scope", None, "/x", None, "systemd", gpu0(), LOST)
+    plan = plan_repair(lost, now=now[0], history=history)
+    assert plan.action == "repair", plan.cannot
+    again = plan_repair(at_risk, now=now[0], history=history)
+    assert again.action == "cannot" and "rate limit" in again.cannot
+    history.record("ghost", now[0])   # the loss repaired: that one limits both
+    assert plan_repair(lost, now=now[0] + 1, history=history).action == "cannot"
 
 
 # ---------------------------------------------------------------------------

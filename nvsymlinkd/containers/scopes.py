@@ -26,6 +26,7 @@ from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
 from nvsymlinkd.host.devices import LETTERS, RWM, Access, Device, Rule
 from nvsymlinkd.host.procdevices import decimal
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd.bus import close
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
@@ -197,7 +198,7 @@ async def _query(scopes, address) -> dict:
             entries = tuple((str(p), str(a)) for p, a in allow.value)
             out[scope] = ScopeDevices(scope, "dbus", str(policy.value) if policy is not None else "auto", entries, ())
     finally:
-        bus.disconnect()
+        await close(bus)
     return out
 
 

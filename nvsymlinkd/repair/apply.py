@@ -689,7 +689,8 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         except OSError as exc:
             result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
         # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
-        # attempt (no loops); a successful prevention does not, so a later loss still gets repaired.
+        # attempt (no loops); a successful prevention does not, so a later loss still gets repaired, and a
+        # failed one limits only further preventions (the loss it could not prevent still gets repaired).
         # Waiting in vain on another repair's lock is no attempt: the next pass tries again.
         record_attempt = history is not None and not busy
         result.verification = check_access(root, request, plan.grants)
@@ -707,7 +708,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             else:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
         if history is not None and record_attempt and result.status != PREVENTED:
-            history.record(request.container_id, clock())
+            history.record(request.container_id, clock(), prevention=request.kind == AT_RISK)
     _journal(journal, result)
     return result
 

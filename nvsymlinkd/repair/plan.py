@@ -143,22 +143,27 @@ class RepairPlan:
 
 @dataclass
 class RepairHistory:
-    """When each container was last repaired (seconds on the injected clock)."""
+    """When each container was last repaired (seconds on the injected clock). A failed prevention
+    is kept apart: it limits further preventions, never the repair of a loss (the reload that made
+    systemd too busy to answer the prevention is often the one that takes the devices)."""
 
     last: dict[str, float] = field(default_factory=dict)  # container id -> time
+    last_prevention: dict[str, float] = field(default_factory=dict)  # container id -> failed prevention time
 
-    def record(self, container_id: str, when: float) -> None:
-        self.last[container_id] = when
+    def record(self, container_id: str, when: float, prevention: bool = False) -> None:
+        (self.last_prevention if prevention else self.last)[container_id] = when
 
-    def since_last(self, container_id: str, now: float) -> float | None:
-        when = self.last.get(container_id)
-        return None if when is None else now - when
+    def since_last(self, container_id: str, now: float, preventions: bool = True) -> float | None:
+        whens = [self.last.get(container_id)] + ([self.last_prevention.get(container_id)] if preventions else [])
+        whens = [w for w in whens if w is not None]
+        return None if not whens else now - max(whens)
 
     def forget_except(self, live_ids: Iterable[str]) -> None:
         """Drop containers that are gone (the daemon calls this; ids are never reused meaningfully)."""
         keep = set(live_ids)
-        for cid in [c for c in self.last if c not in keep]:
-            del self.last[cid]
+        for table in (self.last, self.last_prevention):
+            for cid in [c for c in table if c not in keep]:
+                del table[cid]
 
     # The CLI keeps the history in the state dir so that repeated `nvsymlinkd repair`
     # runs (from a cron job, say) are rate-limited like the daemon.
@@ -172,8 +177,8 @@ class RepairHistory:
         last = doc.get("last") if isinstance(doc, dict) else None
         if not isinstance(last, dict):
             return cls()
-        return cls({k: float(v) for k, v in last.items()
-                    if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        prevention = doc.get("last_prevention")
+        return cls(_times(last), _times(prevention if isinstance(prevention, dict) else {}))
 
     def save(self, real_path: str) -> None:
         from nvsymlinkd.host.atomicfile import (
@@ -181,7 +186,12 @@ class RepairHistory:
         )
 
         os.makedirs(os.path.dirname(real_path), mode=0o755, exist_ok=True)
-        write_atomic(real_path, json.dumps({"last": self.last}))
+        write_atomic(real_path, json.dumps({"last": self.last, "last_prevention": self.last_prevention}))
+
+
+def _times(table: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in table.items()
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def refusal(grant: Grant) -> str | None:
@@ -233,7 +243,9 @@ def _accepted(grants: Iterable[Grant]) -> tuple[list[Grant], list[tuple[Grant, s
 
 
 def _rate_limited(request: RepairRequest, now: float, history: RepairHistory | None, window: float) -> str | None:
-    since = history.since_last(request.container_id, now) if history is not None else None
+    # a loss is limited by earlier repairs only; a prevention also by failed preventions
+    since = (history.since_last(request.container_id, now, preventions=request.kind == AT_RISK)
+             if history is not None else None)
     if since is None or not 0 <= since < window:
         return None
     return (f"the last repair attempt was {since:.0f} s ago (rate limit: one per {window:.0f} s per container); "

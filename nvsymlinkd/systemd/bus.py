@@ -288,6 +288,17 @@ def _disconnect(bus) -> None:
         pass
 
 
+async def close(bus, timeout: float = 1.0) -> None:
+    """Disconnect a short-lived connection and collect how it ended. A connection the other side
+    dropped (dbus restarted mid-call) keeps its EOFError in dbus_next's disconnect future; nobody
+    else awaits it, so asyncio would log it, traceback and all, when the future is collected."""
+    _disconnect(bus)
+    try:
+        await asyncio.wait_for(bus.wait_for_disconnect(), timeout)
+    except Exception:  # noqa: BLE001 - the dropped connection's error, or no EOF in time: closed either way
+        pass
+
+
 def _why(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "timed out"

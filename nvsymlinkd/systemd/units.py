@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.systemd.bus import close
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
@@ -66,6 +67,9 @@ async def _call(member: str, signature: str, body: list, timeout: float, destina
             reply = await asyncio.wait_for(bus.call(msg), timeout)
         except asyncio.TimeoutError:
             raise SystemdCallError(f"{interface}.{member}: no reply from {destination} within {timeout:g} s")
+        except (EOFError, OSError) as exc:  # dbus restarted under the call: the connection is gone
+            raise SystemdCallError(f"{interface}.{member}: the system bus connection closed before "
+                                   f"{destination} replied ({type(exc).__name__}); is dbus restarting?")
         if reply.message_type == MessageType.ERROR:
             detail = reply.body[0] if reply.body else ""
             if isinstance(detail, str):  # one line for the journal; a service may send a whole traceback
@@ -74,7 +78,7 @@ async def _call(member: str, signature: str, body: list, timeout: float, destina
             raise SystemdCallError(f"{interface}.{member}: {reply.error_name}: {detail}")
         return reply.body
     finally:
-        bus.disconnect()
+        await close(bus)
 
 
 async def set_device_allow_async(unit: str, entries, timeout: float = DEFAULT_TIMEOUT) -> None:

@@ -555,11 +555,18 @@ def scenario_hierarchy(name: str) -> str:
 
 
 def guest_cmdline(name: str, nvsymlinkd: str) -> str:
-    """Kernel command line words for a scenario: how the runner installs nvsymlinkd, and the
-    legacy (v1) hierarchy for NAME@v1."""
+    """Kernel command line words for a scenario: how the runner installs nvsymlinkd, the
+    legacy (v1) hierarchy for NAME@v1, and NVSYMLINKD_CHAOS_SEEDS / NVSYMLINKD_CHAOS_STEPS."""
     words = [f"nvsymlinkd.vm={nvsymlinkd}"]
     if scenario_hierarchy(name) == "v1":
         words.append("systemd.unified_cgroup_hierarchy=0")
+    # the chaos soak's re-run of one seed or one printed sequence (docs/vm.md, "Chaos soak")
+    for env, key in (("NVSYMLINKD_CHAOS_SEEDS", "chaos_seeds"), ("NVSYMLINKD_CHAOS_STEPS", "chaos_steps")):
+        value = os.environ.get(env, "").strip()
+        if value:
+            if any(c.isspace() or c in "\"'" for c in value):
+                raise VmError(f"{env}={value!r}: no spaces or quotes (it goes on the kernel command line)")
+            words.append(f"nvsymlinkd.{key}={value}")
     return " ".join(words)
 
 
