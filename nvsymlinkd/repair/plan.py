@@ -154,8 +154,8 @@ class RepairHistory:
         (self.last_prevention if prevention else self.last)[container_id] = when
 
     def since_last(self, container_id: str, now: float, preventions: bool = True) -> float | None:
-        whens = [self.last.get(container_id)] + ([self.last_prevention.get(container_id)] if preventions else [])
-        whens = [w for w in whens if w is not None]
+        tables = (self.last, self.last_prevention) if preventions else (self.last,)
+        whens = [t[container_id] for t in tables if container_id in t]
         return None if not whens else now - max(whens)
 
     def forget_except(self, live_ids: Iterable[str]) -> None:
@@ -189,7 +189,7 @@ class RepairHistory:
         write_atomic(real_path, json.dumps({"last": self.last, "last_prevention": self.last_prevention}))
 
 
-def _times(table: dict) -> dict[str, float]:
+def _times(table: dict[Any, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in table.items()
             if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
