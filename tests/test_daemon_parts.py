@@ -230,6 +230,10 @@ def test_journal_stderr_lines(tmp_path):
 class RecordingHook:
     def __init__(self):
         self.calls = []
+        self.reloading = []  # systemd_reloading(bool): told at once, from the event loop, not awaited
+
+    def systemd_reloading(self, reloading):
+        self.reloading.append(reloading)
 
     async def reload_finished(self):
         self.calls.append(("reload_finished",))
@@ -269,6 +273,7 @@ def test_hook_is_swappable(tmp_path, need_root):
         assert asyncio.run(scenario()) == 0
     assert hook.calls[0] == ("nodes_changed", 7)
     assert sorted(hook.calls[1:]) == [("reload_finished",), ("scope_appeared", "docker-1.scope")]
+    assert hook.reloading == [False]  # the finished reload, before the hook is asked to verify
 
 
 def test_module_journal_kinds_are_in_the_one_table():
