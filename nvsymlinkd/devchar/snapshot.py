@@ -172,7 +172,10 @@ def _observe_link(root: HostRoot, dirfd: int, dev_char_real: str, name: str, by_
     target = target_of(link_inside, text)
     if target in by_path:  # fast path: the link names a node we just scanned
         return DevCharEntry(name, "symlink", text, target, by_path[target], "char")
-    st = root.stat_resolved(link_inside)
+    # the text, resolved from the link's directory as the kernel follows a link (not the link itself:
+    # another writer may swap or remove it between readlink and this stat, and a link read a moment
+    # ago is not dangling because it is gone now)
+    st = root.stat_resolved(text if text.startswith("/") else f"{dev_char_real}/{text}")
     if st is None:
         return DevCharEntry(name, "symlink", text, target, None, "missing")
     if stat.S_ISCHR(st.st_mode):
