@@ -270,8 +270,13 @@ def proc_start_time(root: HostRoot, pid: int) -> int | None:
         return None
 
 
+def exec_fifo_path(c: Container) -> str | None:
+    """runc's and crun's exec.fifo beside the state file: present from create until start."""
+    return os.path.dirname(c.state_path) + "/exec.fifo" if c.state_path else None
+
+
 def _status(root: HostRoot, c: Container) -> str:
-    fifo = os.path.dirname(c.state_path) + "/exec.fifo" if c.state_path else None
+    fifo = exec_fifo_path(c)
     if c.state is None and fifo and _exists(root, fifo):
         return "creating"  # runc writes state.json only after the prestart/createRuntime hooks (verified)
     if c.init_pid is None:

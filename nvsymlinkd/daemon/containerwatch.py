@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.daemon.loop import ContainerHook
-from nvsymlinkd.verify.journaldiff import JournalState, journal_changes, repair_is_news
+from nvsymlinkd.verify.journaldiff import JournalState, finding_key, journal_changes, repair_is_news
 from nvsymlinkd.verify.kinds import FindingKind
 
 if TYPE_CHECKING:  # imported when the first repair runs (the daemon starts without it)
@@ -194,8 +194,7 @@ class ContainerWatch(ContainerHook):
         out = {}
         for c in report.containers:
             before = self.said.findings.get(c.id, frozenset())
-            new = frozenset((f.kind, tuple(f.devices)) for f in c.findings
-                            if f.kind in WINDOW_KINDS and (f.kind, tuple(f.devices)) not in before)
+            new = frozenset(k for k in map(finding_key, c.findings) if k[0] in WINDOW_KINDS and k not in before)
             if new:
                 out[c.id] = new
         return out

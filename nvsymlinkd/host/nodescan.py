@@ -86,6 +86,17 @@ def observe_node(root: HostRoot, driver_root: str, rel: str, by_major: dict):
     return node_from_stat(f"{base if base != '/' else ''}/{rel}", kind, st, by_major)
 
 
+def _listed(fd: int, fds: list) -> list | None:
+    """The entries of the open directory fd (None when it cannot be read); fd goes to `fds`, whose
+    owner closes it after the entries were stat'ed through it."""
+    fds.append(fd)
+    try:
+        with os.scandir(fd) as it:
+            return list(it)
+    except OSError:
+        return None
+
+
 def _candidates(root: HostRoot, base: str, fds: list):
     """(path relative to base, DirEntry) of every nvidia* entry (and applier temporary),
     one level into the NVIDIA subdirs. The directory fds go to `fds`: the entries
@@ -94,13 +105,8 @@ def _candidates(root: HostRoot, base: str, fds: list):
         fd = root.open_dir(base)
     except OSError:
         return
-    fds.append(fd)
-    try:
-        with os.scandir(fd) as it:
-            top = list(it)
-    except OSError:
-        return
-    for entry in top:
+    top = _listed(fd, fds)
+    for entry in top or ():
         name = entry.name
         if not name.startswith("nvidia"):
             if name.startswith(TMP_PREFIX):
@@ -112,13 +118,7 @@ def _candidates(root: HostRoot, base: str, fds: list):
                 sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
             except OSError:
                 continue
-            fds.append(sub)
-            try:
-                with os.scandir(sub) as it:
-                    inner = list(it)
-            except OSError:
-                continue
-            for child in inner:
+            for child in _listed(sub, fds) or ():
                 yield f"{name}/{child.name}", child
         else:
             yield name, entry

@@ -104,7 +104,7 @@ def journal_changes(previous: JournalState, report: Report, why: str) -> tuple[l
         entries += _problem_entries(c, said_problems)
         problems[c.id] = said_problems | frozenset(c.problems)
         before = previous.findings.get(c.id)
-        now = frozenset(_key(f) for f in c.findings)
+        now = frozenset(finding_key(f) for f in c.findings)
         findings[c.id] = now
         if now == before:  # nothing new: the state carries over
             risks_now = previous.risks.get(c.id, frozenset())
@@ -135,7 +135,8 @@ def repair_is_news(state: JournalState, container_id: str | None, kind: str,
     return True, JournalState(state.findings, state.risks, state.problems, repairs)
 
 
-def _key(f: Finding) -> FindingKey:
+def finding_key(f: Finding) -> FindingKey:
+    """What identifies a finding from one pass to the next: its kind and its devices."""
     return (f.kind, tuple(f.devices))
 
 
@@ -150,7 +151,7 @@ def _finding_entries(c: ContainerReport, before: frozenset[FindingKey] | None, r
     """Entries for the findings not said before; the at-risk ones said since the container was last clean."""
     out = []
     for f, (kind, priority, message, fields) in zip(c.findings, journal_entries(c)):
-        key = _key(f)
+        key = finding_key(f)
         if before is not None and key in before:
             continue  # already said
         if key[0].at_risk:

@@ -25,6 +25,7 @@ from nvsymlinkd.containers.discovery import (
     container_dev_nodes,
     discover,
     display_name,
+    exec_fifo_path,
     find,
 )
 from nvsymlinkd.containers.expected import (
@@ -311,7 +312,7 @@ def _new_report(c: Container, signs, expected: Expected, host: HostDevices, dev_
                               if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
         cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
-        exec_fifo=os.path.dirname(c.state_path) + "/exec.fifo" if c.status == "created" and c.state_path else None,
+        exec_fifo=exec_fifo_path(c) if c.status == "created" else None,
         container_name=c.container_name,
     )
 
