@@ -13,7 +13,7 @@ Seeds: chaos.CI_SEEDS here, the rest of chaos.FULL_SEEDS in s31 (NVSYMLINKD_VM_M
 NVSYMLINKD_CHAOS_SEEDS=7 (or 3,9 / 11-20) and NVSYMLINKD_CHAOS_STEPS=<a printed sequence> on the
 host re-run exactly what failed (kernel command line nvsymlinkd.chaos_seeds / chaos_steps).
 """
-# vm: nvsymlinkd=deb timeout=1800
+# vm: nvsymlinkd=deb timeout=3600
 from chaosrun import run_soak
 
 run_soak("ci")
