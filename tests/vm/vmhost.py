@@ -1039,10 +1039,10 @@ def _boot_once(argv: List[str], run_dir: Path, timeout: float, budget: float = B
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             now = time.monotonic()
-            if (results / "runner.json").exists():
-                break
             if started_s is None and (results / "started").exists():
                 started_s = now - start
+            if (results / "runner.json").exists():
+                break
             if started_s is None and now > start + budget:
                 outcome = "boot hung"
                 break
