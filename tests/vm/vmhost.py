@@ -53,7 +53,7 @@ KEEP_RUNS = 100         # run directories (console, journal, results) kept under
 KEEP_PREVIOUS = 3       # previous cache entries of a kind kept (parallel branches boot different images)
 # Base snapshots (docs/vm.md, "How a run starts"): a guest booted and saved once per base, restored
 # per scenario. Bump SNAPSHOT_RECIPE when the save/restore steps change in a way the key does not show.
-SNAPSHOT_RECIPE = 1
+SNAPSHOT_RECIPE = 2
 KEEP_BASES = 1          # previous bases kept per variant: they are large (RAM state plus disk)
 BASE_READY_BUDGET_S = 300   # runner start to base-ready.json (boot done; a dpkg -i takes 10-20 s)
 MIGRATE_BUDGET_S = 120  # base-ready.json to the state saved (retried while a 9p share blocks it)
@@ -787,16 +787,17 @@ class Qmp:
 
 
 def _save_machine(qmp: Qmp, state: Path, proc: subprocess.Popen) -> float:
-    """Stop the guest and migrate it into the state file. A 9p share the guest still has mounted
-    blocks the migration: resume it and try again (the guest unmounts both after base-ready, and
-    its restore poll mounts 'run' only for a moment). Returns seconds spent."""
+    """Migrate the running guest into the state file (live: qemu stops it at the end and records
+    it as running, so a restore starts it; one stopped first would stay paused after -incoming).
+    A 9p share the guest still has mounted blocks the migration: try again (the guest unmounts
+    both after base-ready, and its restore poll mounts 'run' only for a moment; a mount during
+    the migration is refused). Returns seconds spent."""
     start = time.monotonic()
     qmp.command("migrate-set-parameters", **{"max-bandwidth": 1 << 40})   # default: 32 MiB/s
     with open(state, "wb") as out:
         while True:
             if proc.poll() is not None:
                 raise VmError(f"qemu exited ({proc.returncode}) before the base was saved")
-            qmp.command("stop")
             # fd: a file qemu writes itself (exec:cat may be killed before it has written all)
             reply = qmp.command("getfd", fd=out.fileno(), fdname="state")
             if "error" in reply:
@@ -805,7 +806,6 @@ def _save_machine(qmp: Qmp, state: Path, proc: subprocess.Popen) -> float:
             if "error" not in reply:
                 break
             qmp.command("closefd", fdname="state")
-            qmp.command("cont")
             if time.monotonic() > start + MIGRATE_BUDGET_S:
                 raise VmError(f"the base's migration stayed refused for {MIGRATE_BUDGET_S} s: "
                               f"{reply['error'].get('desc')} (a 9p share still mounted in the guest?)")
