@@ -4,6 +4,7 @@ hand-made violating input (and passes the matching clean one)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -180,22 +181,28 @@ def test_kernel_judge_opens_in_the_containers_cgroup(runc_host, tmp_path):
     assert chaosrun.cgroup_opens(c.pid, [nodes[1]]) == {nodes[1]: "ENXIO"}
 
 
-def test_seed_and_steps_reach_the_guest_command_line(monkeypatch):
-    """NVSYMLINKD_CHAOS_SEEDS / _STEPS on the host re-run a seed or a printed sequence exactly."""
+def test_seed_and_steps_reach_the_guest_through_the_run_dir(monkeypatch, tmp_path):
+    """NVSYMLINKD_CHAOS_SEEDS / _STEPS on the host re-run a seed or a printed sequence exactly: they
+    go into the run dir's options.json (a guest restored from a base snapshot keeps the base's
+    kernel command line), where chaosrun reads them."""
     sys.path.insert(0, str(REPO / "tests" / "vm"))
+    import chaosrun
     import vmhost
 
     monkeypatch.delenv("NVSYMLINKD_CHAOS_SEEDS", raising=False)
     monkeypatch.delenv("NVSYMLINKD_CHAOS_STEPS", raising=False)
-    assert vmhost.guest_cmdline("s30_chaos_soak", "deb") == "nvsymlinkd.vm=deb"
+    monkeypatch.setenv("VM_RUN", str(tmp_path))
+    assert vmhost.guest_options() == {}
+    (tmp_path / "options.json").write_text(json.dumps(vmhost.guest_options()))
+    assert chaosrun.cmdline_option("chaos_seeds") is None
     steps = chaos.format_sequence(chaos.draw_sequence(7)[:3])
     monkeypatch.setenv("NVSYMLINKD_CHAOS_SEEDS", "7")
     monkeypatch.setenv("NVSYMLINKD_CHAOS_STEPS", steps)
-    assert vmhost.guest_cmdline("s30_chaos_soak", "deb") == (
-        f"nvsymlinkd.vm=deb nvsymlinkd.chaos_seeds=7 nvsymlinkd.chaos_steps={steps}")
-    monkeypatch.setenv("NVSYMLINKD_CHAOS_STEPS", "daemon-reload, daemon-reexec")
-    with pytest.raises(vmhost.VmError, match="no spaces"):
-        vmhost.guest_cmdline("s30_chaos_soak", "deb")
+    assert vmhost.guest_cmdline("s30_chaos_soak", "deb") == "nvsymlinkd.vm=deb"
+    (tmp_path / "options.json").write_text(json.dumps(vmhost.guest_options()))
+    assert chaosrun.cmdline_option("chaos_seeds") == "7"
+    assert chaos.parse_sequence(chaosrun.cmdline_option("chaos_steps")) == chaos.draw_sequence(7)[:3]
+    assert chaosrun.seeds_for("ci") == [7]
 
 
 def test_a_lasting_window_fails_its_own_step_only():

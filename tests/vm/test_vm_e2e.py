@@ -6,6 +6,7 @@ Elsewhere they skip when qemu/mmdebstrap/headers are absent or when not root.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -205,3 +206,216 @@ def test_packages_option_needs_the_deb(tmp_path, monkeypatch):
     for name, message in (("s95_upgrade", "pass deb="), ("s96_typo", "must be upgrade")):
         with pytest.raises(vmhost.VmError, match=message):
             vmhost.run_scenario(name, None, tmp_path, out_root=tmp_path / "runs")
+
+
+# ---------------------------------------------------------------- base snapshots (no VM)
+
+def _fake_image(tmp_path, rootfs: bytes = b"\0" * 4096) -> vmhost.Image:
+    directory = tmp_path / "image-k"
+    directory.mkdir(exist_ok=True)
+    for name in ("vmlinuz", "initrd.img"):
+        (directory / name).write_bytes(b"k")
+    (directory / "rootfs.img").write_bytes(rootfs)
+    vmhost._write_manifest(directory, ["rootfs.img", "vmlinuz", "initrd.img"], {})
+    return vmhost.Image(directory, vmhost.GuestKernel("6.1.0-99-amd64", "6.1.999-1"))
+
+
+def test_base_key_changes_with_each_input(tmp_path, monkeypatch):
+    """A base is reused only for the same image, hierarchy, install mode, .deb, guest code that
+    runs before the save and qemu machine: each input alone changes the key."""
+    image = _fake_image(tmp_path)
+    deb = tmp_path / "nvsymlinkd.deb"
+    deb.write_bytes(b"deb one")
+    guest = tmp_path / "vm" / "guest"
+    guest.mkdir(parents=True)
+    for code in ("runner.py", "vmguest.py"):
+        shutil.copy(vmhost.VM_DIR / "guest" / code, guest / code)
+    monkeypatch.setattr(vmhost, "VM_DIR", tmp_path / "vm")
+    key = vmhost.base_key(image, "v2", "deb", deb)
+    assert vmhost.base_key(image, "v2", "deb", deb) == key
+    keys = {key, vmhost.base_key(image, "v1", "deb", deb), vmhost.base_key(image, "v2", "off", None)}
+    assert len(keys) == 3
+    assert vmhost.base_key(image, "v2", "off", deb) == vmhost.base_key(image, "v2", "off", None), \
+        "an 'off' base installs no package"
+    changes = []
+    deb.write_bytes(b"deb two")
+    changes.append(vmhost.base_key(image, "v2", "deb", deb))
+    deb.write_bytes(b"deb one")
+    image = _fake_image(tmp_path, b"\1" * 4096)     # the same image entry rebuilt (--force)
+    changes.append(vmhost.base_key(image, "v2", "deb", deb))
+    image = _fake_image(tmp_path)
+    for code in ("runner.py", "vmguest.py"):
+        before = (guest / code).read_text()
+        (guest / code).write_text(before + "\n# changed\n")
+        changes.append(vmhost.base_key(image, "v2", "deb", deb))
+        (guest / code).write_text(before)
+    real_argv = vmhost.qemu_argv
+    monkeypatch.setattr(vmhost, "qemu_argv", lambda *a, **kw: real_argv(*a, **kw) + ["-rtc", "base=utc"])
+    changes.append(vmhost.base_key(image, "v2", "deb", deb))
+    monkeypatch.setattr(vmhost, "qemu_argv", real_argv)
+    monkeypatch.setattr(vmhost, "SNAPSHOT_RECIPE", vmhost.SNAPSHOT_RECIPE + 1)
+    changes.append(vmhost.base_key(image, "v2", "deb", deb))
+    monkeypatch.undo()
+    assert key not in changes and len(set(changes)) == len(changes), changes
+
+
+def test_restore_argv_is_the_base_machine(tmp_path):
+    """A migration needs the same machine: restore differs from the base only in its run dir
+    (9p share, console), its disk overlay and -incoming; the fresh boot keeps -snapshot on the raw
+    rootfs."""
+    image = _fake_image(tmp_path)
+    base = vmhost.qemu_argv(image, tmp_path / "base-run", "nvsymlinkd.vm=deb", disk=tmp_path / "b.qcow2",
+                            qmp=tmp_path / "qmp")
+    restore = vmhost.qemu_argv(image, tmp_path / "run", "nvsymlinkd.vm=deb", disk=tmp_path / "d.qcow2",
+                               incoming=tmp_path / "base dir" / "state")
+    fresh = vmhost.qemu_argv(image, tmp_path / "run", "nvsymlinkd.vm=deb")
+    assert "-snapshot" not in base and "-snapshot" not in restore and "-snapshot" in fresh
+    assert f"file={image.rootfs},format=raw,if=virtio" in fresh
+    assert f"file={tmp_path / 'd.qcow2'},format=qcow2,if=virtio" in restore
+    assert restore[-2:] == ["-incoming", f"exec:cat '{tmp_path / 'base dir' / 'state'}'"]
+    assert base[-2:] == ["-qmp", f"unix:{tmp_path / 'qmp'},server=on,wait=off"]
+    machine = [a.replace(str(tmp_path / "base-run"), "RUN").replace("b.qcow2", "DISK") for a in base[:-2]]
+    assert machine == [a.replace(str(tmp_path / "run"), "RUN").replace("d.qcow2", "DISK") for a in restore[:-2]]
+
+
+def test_base_cache_entry_is_checked_and_a_failed_build_is_loud(tmp_path, monkeypatch):
+    """A base is used only when its manifest (written last) verifies; a build whose guest could not
+    install nvsymlinkd raises instead of publishing a base; old bases of a variant are dropped."""
+    monkeypatch.setattr(vmhost, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(vmhost, "REPO", tmp_path)
+    image = _fake_image(tmp_path)
+    deb = tmp_path / "nvsymlinkd.deb"
+    deb.write_bytes(b"deb")
+    boots = []
+
+    def fake_boot(argv, run_dir, qmp_path, state):
+        boots.append(run_dir)
+        assert (run_dir / "snapshot-base").is_file()
+        assert (run_dir / "nvsymlinkd.deb").is_file() == ("nvsymlinkd.vm=deb" in " ".join(argv))
+        assert not (run_dir / "scenarios.txt").exists(), "a base's runner must wait, not run a scenario"
+        state.write_bytes(b"ram" * 1000)
+        info = {"boot_s": 12.5, "nvsymlinkd": "deb", "nvsymlinkd_start_s": 14.2, "save_s": 0.5}
+        if fake_boot.error:
+            info["nvsymlinkd_error"] = "dpkg -i exited 1"
+        return info
+    fake_boot.error = True
+    monkeypatch.setattr(vmhost, "_boot_and_save", fake_boot)
+    monkeypatch.setattr(vmhost, "_create_overlay", lambda path, backing, fmt: path.write_bytes(b"qcow2"))
+    with pytest.raises(vmhost.VmError, match="installing nvsymlinkd failed in the guest: dpkg -i exited 1"):
+        vmhost.ensure_base(image, "v2", "deb", deb)
+    assert not list((tmp_path / "cache").glob("base-*")), "no base published"
+    fake_boot.error = False
+    first = vmhost.ensure_base(image, "v2", "deb", deb)
+    assert first.built and first.info["nvsymlinkd_start_s"] == 14.2 and vmhost.cache_entry_ok(first.directory)
+    assert vmhost.ensure_base(image, "v2", "deb", deb).directory == first.directory and len(boots) == 2
+    with open(first.state, "r+b") as f:
+        f.write(b"X")                   # same size, other content: not trusted
+    vmhost._VERIFIED_BASES.clear()
+    assert not vmhost._base_ok(first.directory)
+    rebuilt = vmhost.ensure_base(image, "v2", "deb", deb)
+    assert rebuilt.built and len(boots) == 3
+    for content in (b"deb 2", b"deb 3"):
+        deb.write_bytes(content)
+        vmhost.ensure_base(image, "v2", "deb", deb)
+    vmhost.ensure_base(image, "v1", "off", None)
+    assert len(list((tmp_path / "cache").glob("base-v2-deb-*"))) == 1 + vmhost.KEEP_BASES
+    assert len(list((tmp_path / "cache").glob("base-v1-off-*"))) == 1
+
+
+FAKE_QEMU = r'''#!/usr/bin/python3
+# Stands in for qemu-system-x86_64: plays the guest's runner on the 'run' share.
+import json, os, sys, time
+argv = sys.argv[1:]
+run = next(a.split("path=", 1)[1].split(",", 1)[0] for a in argv if "mount_tag=run" in a)
+with open(os.path.join(run, "fake-argv.%d" % time.time_ns()), "w") as f:
+    json.dump(argv, f)
+if "-incoming" in argv and os.environ.get("FAKE_RESTORE") == "refuse":
+    print("qemu-system-x86_64: load of migration failed: Invalid argument", flush=True)
+    sys.exit(1)
+results = os.path.join(run, "results")
+open(os.path.join(results, "started"), "w").write("1")
+name = open(os.path.join(run, "scenarios.txt")).read().strip()
+options = json.load(open(os.path.join(run, "options.json")))
+json.dump({"name": name, "ok": True, "checks": [{"what": "seeds " + options.get("chaos_seeds", "-"), "ok": True}],
+           "timings": {}}, open(os.path.join(results, name + ".json"), "w"))
+json.dump({"boot_s": 11.0, "start": "restored" if "-incoming" in argv else "booted", "nvsymlinkd": "off"},
+          open(os.path.join(results, "runner.json.tmp"), "w"))
+os.rename(os.path.join(results, "runner.json.tmp"), os.path.join(results, "runner.json"))
+time.sleep(4)                   # a guest's poweroff: the host must not wait for it
+open(os.path.join(run, "powered-off"), "w").write("1")
+'''
+
+
+@pytest.fixture
+def fake_qemu(tmp_path, monkeypatch):
+    """A fake qemu-system-x86_64 on PATH, a scenario and a base entry with a real qcow2 disk."""
+    need_tool("qemu-img")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "qemu-system-x86_64").write_text(FAKE_QEMU)
+    (bindir / "qemu-system-x86_64").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (scenarios / "s97_fake.py").write_text("# vm: nvsymlinkd=off timeout=60\n")
+    monkeypatch.setattr(vmhost, "SCENARIOS_DIR", scenarios)
+    monkeypatch.setattr(vmhost, "CACHE", tmp_path / "cache")
+    base_dir = tmp_path / "cache" / "base-v2-off-0123"
+    base_dir.mkdir(parents=True)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(base_dir / "base.qcow2"), "64M"], check=True)
+    (base_dir / "state").write_bytes(b"state")
+    base = vmhost.Base(base_dir, {"boot_s": 11.0})
+    asked = []
+    monkeypatch.setattr(vmhost, "ensure_base", lambda image, hierarchy, mode, deb: asked.append((hierarchy, mode))
+                        or base)
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    for prog in vmhost.STATIC_PROGRAMS:
+        (modules / prog).write_bytes(b"")
+    return _fake_image(tmp_path), modules, asked
+
+
+def _argvs(run_dir):
+    return [json.loads(p.read_text()) for p in sorted(run_dir.glob("fake-argv.*"))]
+
+
+def test_restore_runs_the_scenario_from_the_run_dir_and_stops_qemu_on_runner_json(fake_qemu, tmp_path, monkeypatch):
+    """A restored guest learns its scenario and the chaos seeds from its run dir (its kernel command
+    line is the base's), and qemu is stopped as soon as runner.json is there, not after poweroff."""
+    image, modules, asked = fake_qemu
+    monkeypatch.setenv("NVSYMLINKD_CHAOS_SEEDS", "7,9")
+    monkeypatch.delenv("NVSYMLINKD_VM_SNAPSHOT", raising=False)
+    result = vmhost.run_scenario("s97_fake", image, modules, out_root=tmp_path / "runs")
+    assert asked == [("v2", "off")]
+    argv, = _argvs(result.run_dir)
+    assert argv[-2] == "-incoming" and "nvsymlinkd.chaos_seeds" not in " ".join(argv)
+    assert result.result["checks"][0]["what"] == "seeds 7,9"
+    assert result.restore_s is not None and result.base == "base-v2-off-0123"
+    assert "restored in" in result.summary() and "qemu stopped once runner.json was written" in result.summary()
+    assert json.loads((result.run_dir / "results" / "runner.json").read_text())["base"] == "base-v2-off-0123"
+    assert not (result.run_dir / "powered-off").exists(), "the host waited for the guest's poweroff"
+    assert not (result.run_dir / "disk.qcow2").exists(), "the per-run overlay is removed"
+
+
+def test_a_refused_restore_falls_back_to_a_fresh_boot(fake_qemu, tmp_path, monkeypatch):
+    image, modules, _ = fake_qemu
+    monkeypatch.setenv("FAKE_RESTORE", "refuse")
+    result = vmhost.run_scenario("s97_fake", image, modules, out_root=tmp_path / "runs")
+    restore, fresh = _argvs(result.run_dir)
+    assert "-incoming" in restore and "-incoming" not in fresh and "-snapshot" in fresh
+    assert result.restore_s is None and result.result["ok"]
+    assert "restore failed" in result.summary() and "load of migration failed" in result.summary()
+    assert (result.run_dir / "restore-failed.console.log").exists() or not (result.run_dir / "console.log").exists()
+
+
+def test_snapshot_off_and_source_mode_boot_fresh(fake_qemu, tmp_path, monkeypatch):
+    image, modules, asked = fake_qemu
+    monkeypatch.setenv("NVSYMLINKD_VM_SNAPSHOT", "0")
+    result = vmhost.run_scenario("s97_fake", image, modules, out_root=tmp_path / "runs")
+    argv, = _argvs(result.run_dir)
+    assert "-incoming" not in argv and "-snapshot" in argv and asked == []
+    assert "booted in 11.0 s" in result.summary() and "qemu stopped once runner.json was written" in result.summary()
+    assert not (result.run_dir / "powered-off").exists(), "the host waited for the guest's poweroff"
+    assert not vmhost.snapshot_wanted({"nvsymlinkd": "source"})
+    monkeypatch.delenv("NVSYMLINKD_VM_SNAPSHOT")
+    assert vmhost.snapshot_wanted({"nvsymlinkd": "deb"}) and vmhost.snapshot_wanted({"nvsymlinkd": "off"})

@@ -19,7 +19,9 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,13 @@ BOOT_BUDGET_S = 150     # qemu start to the runner starting; measured 16-45 s un
 BOOT_ATTEMPTS = 2       # a boot that hangs before any scenario code ran is retried once
 KEEP_RUNS = 100         # run directories (console, journal, results) kept under CACHE/runs
 KEEP_PREVIOUS = 3       # previous cache entries of a kind kept (parallel branches boot different images)
+# Base snapshots (docs/vm.md, "How a run starts"): a guest booted and saved once per base, restored
+# per scenario. Bump SNAPSHOT_RECIPE when the save/restore steps change in a way the key does not show.
+SNAPSHOT_RECIPE = 2
+KEEP_BASES = 1          # previous bases kept per variant: they are large (RAM state plus disk)
+BASE_READY_BUDGET_S = 300   # runner start to base-ready.json (boot done; a dpkg -i takes 10-20 s)
+MIGRATE_BUDGET_S = 120  # base-ready.json to the state saved (retried while a 9p share blocks it)
+RESTORE_BUDGET_S = 90   # qemu -incoming start to the restored runner's marker
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY = "http://deb.debian.org/debian-security"
 
@@ -203,9 +212,12 @@ def cache_entry_ok(directory: Path) -> bool:
 
 
 class _CacheLock:
+    def __init__(self, name: str = ".lock"):
+        self.name = name    # a base build (a boot) holds its own lock, not the one image lookups take
+
     def __enter__(self):
         CACHE.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(CACHE / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        self.fd = os.open(CACHE / self.name, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -213,7 +225,7 @@ class _CacheLock:
         os.close(self.fd)
 
 
-def _publish(tmp: Path, final: Path, prefix: str) -> None:
+def _publish(tmp: Path, final: Path, prefix: str, keep: int = KEEP_PREVIOUS) -> None:
     """Atomic: a half-written entry is never found under its final name."""
     if final.exists():
         shutil.rmtree(final)
@@ -221,7 +233,7 @@ def _publish(tmp: Path, final: Path, prefix: str) -> None:
     # Keep the newest previous entries: other sessions may be booting them right now (qemu opens
     # the image at each boot), e.g. ones still running a tree from before an image input changed.
     stale = sorted((p for p in CACHE.glob(prefix + "*") if p != final), key=lambda p: p.stat().st_mtime)
-    for old in stale[:-KEEP_PREVIOUS]:
+    for old in stale[:max(0, len(stale) - keep)]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -555,19 +567,25 @@ def scenario_hierarchy(name: str) -> str:
 
 
 def guest_cmdline(name: str, nvsymlinkd: str) -> str:
-    """Kernel command line words for a scenario: how the runner installs nvsymlinkd, the
-    legacy (v1) hierarchy for NAME@v1, and NVSYMLINKD_CHAOS_SEEDS / NVSYMLINKD_CHAOS_STEPS."""
+    """Kernel command line words for a scenario: how the runner installs nvsymlinkd and the
+    legacy (v1) hierarchy for NAME@v1. Both shape a base snapshot; anything that differs per run
+    goes into the run dir (guest_options), since a restored guest keeps the base's command line."""
     words = [f"nvsymlinkd.vm={nvsymlinkd}"]
     if scenario_hierarchy(name) == "v1":
         words.append("systemd.unified_cgroup_hierarchy=0")
-    # the chaos soak's re-run of one seed or one printed sequence (docs/vm.md, "Chaos soak")
+    return " ".join(words)
+
+
+def guest_options() -> Dict[str, str]:
+    """The run dir's options.json: the chaos soak's re-run of one seed or one printed sequence
+    (NVSYMLINKD_CHAOS_SEEDS / NVSYMLINKD_CHAOS_STEPS, docs/vm.md "Chaos soak"), read by
+    chaosrun.cmdline_option."""
+    options = {}
     for env, key in (("NVSYMLINKD_CHAOS_SEEDS", "chaos_seeds"), ("NVSYMLINKD_CHAOS_STEPS", "chaos_steps")):
         value = os.environ.get(env, "").strip()
         if value:
-            if any(c.isspace() or c in "\"'" for c in value):
-                raise VmError(f"{env}={value!r}: no spaces or quotes (it goes on the kernel command line)")
-            words.append(f"nvsymlinkd.{key}={value}")
-    return " ".join(words)
+            options[key] = value
+    return options
 
 
 def list_scenarios(matrix: Optional[str] = None) -> List[str]:
@@ -591,18 +609,29 @@ class RunResult:
     run_dir: Path
     wall_s: float
     timed_out: bool
-    exit_code: Optional[int]
+    exit_code: object      # qemu's exit status, or "results": killed once runner.json was there
     runner: dict = field(default_factory=dict)
     result: Optional[dict] = None
     boot_attempts: int = 1
+    restore_s: Optional[float] = None   # qemu start to the restored runner's marker; None: booted
+    base: Optional[str] = None          # the base snapshot's cache entry it was restored from
+    fallback: str = ""                  # why a restore fell back to a fresh boot
 
     @property
     def console(self) -> Path:
         return self.run_dir / "console.log"
 
+    def start_text(self) -> str:
+        if self.restore_s is not None:
+            return (f"restored in {self.restore_s:.1f} s from {self.base} "
+                    f"(base boot {self.runner.get('boot_s', '?')} s)")
+        return f"booted in {self.runner.get('boot_s', '?')} s" + (
+            f" (restore failed: {self.fallback})" if self.fallback else "")
+
     def summary(self) -> str:
-        lines = [f"scenario {self.scenario}: wall {self.wall_s:.1f} s, boot "
-                 f"{self.runner.get('boot_s', '?')} s, qemu exit {self.exit_code}"
+        lines = [f"scenario {self.scenario}: wall {self.wall_s:.1f} s, {self.start_text()}, "
+                 + ("qemu stopped once runner.json was written" if self.exit_code == "results"
+                    else f"qemu exit {self.exit_code}")
                  + (f", nvsymlinkd ({self.runner['nvsymlinkd']}) installed and active in "
                     f"{self.runner['nvsymlinkd_start_s']} s" if "nvsymlinkd_start_s" in self.runner else "")
                  + (f", nvsymlinkd install FAILED: {self.runner['nvsymlinkd_error']}"
@@ -627,24 +656,277 @@ class RunResult:
         return "\n".join(lines)
 
 
-def qemu_argv(image: Image, run_dir: Path, cmdline_extra: str) -> List[str]:
+def qemu_argv(image: Image, run_dir: Path, cmdline_extra: str, disk: Optional[Path] = None,
+              qmp: Optional[Path] = None, incoming: Optional[Path] = None) -> List[str]:
+    """The guest machine. Fresh boot: the raw rootfs opened -snapshot. Base snapshot: disk, a
+    qcow2 overlay backed by the rootfs, and a QMP socket to save the machine through. Restore:
+    the same machine (a migration needs the same devices, RAM and ROMs: the kernel is passed
+    as for the base although it never runs) on a new overlay, its RAM and devices loaded from
+    the base's state file; the 9p 'run' share and the console are this run's."""
     append = ("console=ttyS0 root=/dev/vda rw panic=-1 loglevel=4 "
               "systemd.show_status=auto " + cmdline_extra)
-    return ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "2048",
+    drive = (f"file={disk},format=qcow2,if=virtio" if disk is not None
+             else f"file={image.rootfs},format=raw,if=virtio")
+    argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "2048",
             "-nographic", "-monitor", "none", "-serial", f"file:{run_dir / 'console.log'}",
-            "-no-reboot", "-snapshot", "-nic", "none",
+            "-no-reboot"] + (["-snapshot"] if disk is None else []) + [
+            "-nic", "none",
             "-kernel", str(image.vmlinuz), "-initrd", str(image.initrd), "-append", append,
-            "-drive", f"file={image.rootfs},format=raw,if=virtio",
+            "-drive", drive,
             "-virtfs", f"local,path={REPO},mount_tag=src,security_model=none,readonly=on",
             "-virtfs", f"local,path={run_dir},mount_tag=run,security_model=none"]
+    if qmp is not None:
+        argv += ["-qmp", f"unix:{qmp},server=on,wait=off"]
+    if incoming is not None:
+        argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
+    return argv
+
+
+def snapshot_wanted(opts: Dict[str, str]) -> bool:
+    """Whether a scenario starts from a base snapshot: not with NVSYMLINKD_VM_SNAPSHOT=0, and
+    not for 'source' (its daemon runs from the 9p tree, which must be unmounted for the save)."""
+    return os.environ.get("NVSYMLINKD_VM_SNAPSHOT", "1") != "0" and opts["nvsymlinkd"] in ("off", "deb")
+
+
+def _image_rootfs_sha(image: Image) -> str:
+    try:
+        return json.loads((image.directory / "manifest.json").read_text())["files"]["rootfs.img"]["sha256"]
+    except (OSError, ValueError, KeyError):
+        raise VmError(f"{image.directory} has no manifest: build the image first (vmhost.py build)") from None
+
+
+def base_key(image: Image, hierarchy: str, mode: str, deb: Optional[Path]) -> str:
+    """Every input that shapes the saved machine: the image (its rootfs, by content and by the
+    path the base's overlay names), the hierarchy and install mode (the kernel command line), the
+    .deb installed, the guest code that runs before the save and the qemu argv's shape."""
+    cmdline = guest_cmdline("x@" + hierarchy, mode)
+    shape = qemu_argv(Image(Path("/IMAGE"), image.kernel), Path("/RUN"), cmdline,
+                      disk=Path("/DISK"), qmp=Path("/QMP"))
+    h = hashlib.sha256(json.dumps({
+        "recipe": SNAPSHOT_RECIPE, "image": image.directory.name, "rootfs": str(image.rootfs),
+        "rootfs_sha256": _image_rootfs_sha(image), "hierarchy": hierarchy, "mode": mode,
+        "deb": _sha256(deb) if mode == "deb" else None, "argv": shape}).encode())
+    for code in ("runner.py", "vmguest.py"):
+        h.update(code.encode() + b"\0" + (VM_DIR / "guest" / code).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Base:
+    directory: Path
+    info: dict
+    built: bool = False
+
+    @property
+    def disk(self) -> Path:
+        return self.directory / "base.qcow2"
+
+    @property
+    def state(self) -> Path:
+        return self.directory / "state"
+
+
+_VERIFIED_BASES: Dict[str, float] = {}
+
+
+def _base_ok(directory: Path) -> bool:
+    """cache_entry_ok, once per process and manifest (the state file is hundreds of MB)."""
+    try:
+        stamp = (directory / "manifest.json").stat().st_mtime
+    except OSError:
+        return False
+    if _VERIFIED_BASES.get(str(directory)) == stamp:
+        return True
+    if cache_entry_ok(directory):
+        _VERIFIED_BASES[str(directory)] = stamp
+        return True
+    return False
+
+
+class Qmp:
+    """The smallest QMP client: one command at a time, events skipped."""
+
+    def __init__(self, path: Path, proc: subprocess.Popen, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(str(path))
+                break
+            except OSError:
+                self.sock.close()
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise VmError(f"no QMP socket {path} (qemu exit {proc.poll()})") from None
+                time.sleep(0.1)
+        self.sock.settimeout(60)
+        self.file = self.sock.makefile("rb")
+        self._read()    # the greeting
+        self.command("qmp_capabilities")
+
+    def _read(self) -> dict:
+        line = self.file.readline()
+        if not line:
+            raise VmError("qemu closed its QMP socket")
+        return json.loads(line)
+
+    def command(self, name: str, fd: Optional[int] = None, **arguments) -> dict:
+        """fd: a file descriptor passed along (SCM_RIGHTS), as 'getfd' wants."""
+        message = json.dumps({"execute": name, "arguments": arguments}).encode() + b"\n"
+        if fd is None:
+            self.sock.sendall(message)
+        else:
+            socket.send_fds(self.sock, [message], [fd])
+        while True:
+            reply = self._read()
+            if "event" not in reply:
+                return reply
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def _save_machine(qmp: Qmp, state: Path, proc: subprocess.Popen) -> float:
+    """Migrate the running guest into the state file (live: qemu stops it at the end and records
+    it as running, so a restore starts it; one stopped first would stay paused after -incoming).
+    A 9p share the guest still has mounted blocks the migration: try again (the guest unmounts
+    both after base-ready, and its restore poll mounts 'run' only for a moment; a mount during
+    the migration is refused). Returns seconds spent."""
+    start = time.monotonic()
+    qmp.command("migrate-set-parameters", **{"max-bandwidth": 1 << 40})   # default: 32 MiB/s
+    with open(state, "wb") as out:
+        while True:
+            if proc.poll() is not None:
+                raise VmError(f"qemu exited ({proc.returncode}) before the base was saved")
+            # fd: a file qemu writes itself (exec:cat may be killed before it has written all)
+            reply = qmp.command("getfd", fd=out.fileno(), fdname="state")
+            if "error" in reply:
+                raise VmError(f"passing the state file to qemu failed: {reply['error']}")
+            reply = qmp.command("migrate", uri="fd:state")
+            if "error" not in reply:
+                break
+            qmp.command("closefd", fdname="state")
+            if time.monotonic() > start + MIGRATE_BUDGET_S:
+                raise VmError(f"the base's migration stayed refused for {MIGRATE_BUDGET_S} s: "
+                              f"{reply['error'].get('desc')} (a 9p share still mounted in the guest?)")
+            time.sleep(0.3)
+        while True:
+            status = qmp.command("query-migrate").get("return", {})
+            if status.get("status") == "completed":
+                break
+            if status.get("status") in ("failed", "cancelled"):
+                raise VmError(f"saving the base failed: {status}")
+            if time.monotonic() > start + MIGRATE_BUDGET_S + 300:
+                raise VmError(f"saving the base did not finish: {status}")
+            time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def ensure_base(image: Image, hierarchy: str, mode: str, deb: Optional[Path]) -> Base:
+    """The base snapshot for (image, hierarchy, mode, .deb): cached under
+    CACHE/base-<hierarchy>-<mode>-<key>, else built: one boot with the runner doing what precedes
+    a scenario (for deb: dpkg -i, the daemon active), then the machine saved (RAM and devices to
+    'state', the disk in 'base.qcow2' over the image's rootfs). A build that fails raises."""
+    key = base_key(image, hierarchy, mode, deb)
+    prefix = f"base-{hierarchy}-{mode}-"
+    final = CACHE / f"{prefix}{key}"
+    if _base_ok(final):
+        return Base(final, json.loads((final / "base.json").read_text()))
+    with _CacheLock(f".lock-base-{key}"):
+        if _base_ok(final):
+            return Base(final, json.loads((final / "base.json").read_text()))
+        _remove_stale_tmp(f"base-{key}")
+        tmp = CACHE / f".tmp-base-{key}-{os.getpid()}"
+        tmp.mkdir(parents=True)
+        run_root = CACHE / "runs"
+        run_root.mkdir(parents=True, exist_ok=True)
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{prefix}{key}-", dir=run_root))
+        (run_dir / "snapshot-base").write_text(key)
+        if mode == "deb":
+            shutil.copy(deb, run_dir / "nvsymlinkd.deb")
+        qmp_dir = Path(tempfile.mkdtemp(prefix="nvsvm-"))    # a unix socket path has 108 bytes
+        argv = qemu_argv(image, run_dir, guest_cmdline("x@" + hierarchy, mode), disk=tmp / "base.qcow2",
+                         qmp=qmp_dir / "qmp")
+        (run_dir / "qemu.argv").write_text(json.dumps(argv))
+        log(f"building base snapshot {final.name} ({hierarchy}, nvsymlinkd={mode}); run dir {run_dir}")
+        start = time.monotonic()
+        try:
+            for attempt in range(1, BOOT_ATTEMPTS + 1):
+                shutil.rmtree(run_dir / "results", ignore_errors=True)
+                (run_dir / "results").mkdir()
+                _create_overlay(tmp / "base.qcow2", image.rootfs, "raw")
+                info = _boot_and_save(argv, run_dir, qmp_dir / "qmp", tmp / "state")
+                if info is not None:
+                    break
+                if attempt == BOOT_ATTEMPTS:
+                    raise VmError(f"base {final.name}: the boot hung {BOOT_ATTEMPTS} times; console {run_dir}")
+                os.rename(run_dir / "console.log", run_dir / f"console.hung-{attempt}.log")
+                log(f"base {final.name}: boot hung (no runner after {BOOT_BUDGET_S} s), attempt {attempt} of {BOOT_ATTEMPTS}")
+        finally:
+            shutil.rmtree(qmp_dir, ignore_errors=True)
+        if info.get("nvsymlinkd_error"):
+            raise VmError(f"base {final.name}: installing nvsymlinkd failed in the guest: "
+                          f"{info['nvsymlinkd_error']}; run dir {run_dir}")
+        info.update(key=key, hierarchy=hierarchy, mode=mode, image=image.directory.name,
+                    boot_attempts=attempt, build_s=round(time.monotonic() - start, 1), run_dir=str(run_dir),
+                    built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        (tmp / "base.json").write_text(json.dumps(info, indent=1))
+        _write_manifest(tmp, ["state", "base.qcow2", "base.json"], {"key": key})
+        _publish(tmp, final, prefix, keep=KEEP_BASES)
+        _VERIFIED_BASES[str(final)] = (final / "manifest.json").stat().st_mtime
+        log(f"base {final.name} built in {info['build_s']} s (state {(final / 'state').stat().st_size >> 20} MiB, "
+            f"saved in {info['save_s']} s)")
+        return Base(final, info, built=True)
+
+
+def _create_overlay(path: Path, backing: Path, backing_format: str) -> None:
+    path.unlink(missing_ok=True)
+    proc = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(backing), "-F", backing_format,
+                           str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise VmError(f"qemu-img create {path} over {backing} failed: {proc.stderr.strip()}")
+
+
+def _boot_and_save(argv: List[str], run_dir: Path, qmp_path: Path, state: Path) -> Optional[dict]:
+    """One base boot: the runner's base-ready.json (what it did before the save), or None when the
+    boot hung before the runner started (retried like a scenario's boot)."""
+    results = run_dir / "results"
+    start = time.monotonic()
+    with open(run_dir / "qemu.log", "a") as qlog:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT)
+        try:
+            qmp = Qmp(qmp_path, proc)
+            while not (results / "base-ready.json").exists():
+                now = time.monotonic()
+                if proc.poll() is not None:
+                    raise VmError(f"the base boot ended (qemu exit {proc.returncode}) before the runner was "
+                                  f"ready; console {run_dir / 'console.log'}")
+                if not (results / "started").exists() and now > start + BOOT_BUDGET_S:
+                    return None
+                if now > start + BOOT_BUDGET_S + BASE_READY_BUDGET_S:
+                    raise VmError(f"the base's runner was not ready after {now - start:.0f} s; "
+                                  f"console {run_dir / 'console.log'}")
+                time.sleep(0.2)
+            info = json.loads((results / "base-ready.json").read_text())
+            info["save_s"] = round(_save_machine(qmp, state, proc), 1)
+            qmp.command("quit")
+            qmp.close()
+            proc.wait(timeout=60)
+            return info
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float] = None,
                  out_root: Optional[Path] = None, deb: Optional[Path] = None,
                  install: Optional[str] = None) -> RunResult:
-    """Boot a fresh guest (-snapshot), run one scenario, collect its verdict. deb: the package
-    the guest installs for 'nvsymlinkd=deb' scenarios (build_package()). install: 'deb' or
-    'source' overrides how a scenario that wants nvsymlinkd gets it (never turns it on)."""
+    """Run one scenario in a guest of its own and collect its verdict: restored from the base
+    snapshot for its hierarchy and install mode (ensure_base; built on first use), else (or
+    when NVSYMLINKD_VM_SNAPSHOT=0) a fresh boot (-snapshot). deb: the package the guest installs
+    for 'nvsymlinkd=deb' scenarios (build_package()). install: 'deb' or 'source' overrides how a
+    scenario that wants nvsymlinkd gets it (never turns it on)."""
     if shutil.which("qemu-system-x86_64") is None:
         raise VmError("qemu-system-x86_64 is missing: apt-get install qemu-system-x86")
     opts = scenario_options(name)
@@ -657,6 +939,9 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     if (opts["nvsymlinkd"] == "deb" or opts["packages"]) and deb is None:
         raise VmError(f"{name} installs the .deb: pass deb=build_package().deb")
     timeout = timeout or float(opts["timeout"])
+    # A base that cannot be built fails here, loudly: CI must not hide it behind fresh boots.
+    base = (ensure_base(image, scenario_hierarchy(name), opts["nvsymlinkd"], deb)
+            if snapshot_wanted(opts) else None)
     out_root = out_root or CACHE / "runs"
     out_root.mkdir(parents=True, exist_ok=True)
     for stale in sorted(out_root.iterdir())[:-KEEP_RUNS]:
@@ -666,7 +951,6 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     (run_dir / "modules").mkdir()
     for ko in list(modules.glob("*.ko")) + [modules / prog for prog in STATIC_PROGRAMS]:
         shutil.copy(ko, run_dir / "modules" / ko.name)
-    (run_dir / "scenarios.txt").write_text(name + "\n")
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
     if opts["packages"] == "upgrade":
@@ -674,31 +958,67 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
         for package in (deb, build_package(upgrade_version()).deb):
             shutil.copy(package, run_dir / "debs" / package.name)
     (run_dir / "timeout").write_text(str(int(timeout)))
+    (run_dir / "options.json").write_text(json.dumps(guest_options()))
     pod = stage_pod(run_dir) if opts["pod"] == "yes" else None
-    argv = qemu_argv(image, run_dir, guest_cmdline(name, opts["nvsymlinkd"]))
-    (run_dir / "qemu.argv").write_text(json.dumps(argv))
+    cmdline = guest_cmdline(name, opts["nvsymlinkd"])
     start = time.monotonic()
-    for attempt in range(1, BOOT_ATTEMPTS + 1):
-        shutil.rmtree(run_dir / "results", ignore_errors=True)
+    outcome, code, restore_s, fallback = None, None, None, ""
+    if base is not None:
+        argv = qemu_argv(image, run_dir, cmdline, disk=run_dir / "disk.qcow2", incoming=base.state)
+        (run_dir / "qemu.argv").write_text(json.dumps(argv))
         (run_dir / "results").mkdir()
-        outcome, code = _boot_once(argv, run_dir, timeout)
-        if outcome != "boot hung" or attempt == BOOT_ATTEMPTS:
-            break
-        # A TCG guest occasionally stalls early in boot (lost timer interrupts, RCU stall
-        # warnings, runner never starts): nothing of the scenario ran, so boot it again.
-        os.rename(run_dir / "console.log", run_dir / f"console.hung-{attempt}.log")
-        log(f"{name}: boot hung (no runner after {BOOT_BUDGET_S} s), attempt {attempt} of {BOOT_ATTEMPTS}")
+        try:
+            _create_overlay(run_dir / "disk.qcow2", base.disk, "qcow2")
+        except VmError as e:
+            outcome, fallback = "restore failed", str(e)
+        # the restored runner polls the share for this: it is the last thing in
+        (run_dir / "scenarios.txt").write_text(name + "\n")
+        if outcome is None:
+            outcome, code, restore_s = _boot_once(argv, run_dir, timeout, budget=RESTORE_BUDGET_S)
+        if outcome != "done" and restore_s is None and not fallback:
+            # nothing of the scenario ran: qemu refused the state, or the guest never woke up
+            fallback = (f"no runner within {RESTORE_BUDGET_S} s of qemu -incoming (qemu exit {code}; "
+                        f"{(run_dir / 'qemu.log').read_text(errors='replace').strip()[-300:]})")
+        if fallback:
+            log(f"{name}: restoring {base.directory.name} failed ({fallback}); booting it fresh instead")
+            for leftover in ("console.log", "results", "disk.qcow2"):
+                if (run_dir / leftover).exists():
+                    os.rename(run_dir / leftover, run_dir / f"restore-failed.{leftover}")
+            outcome, restore_s = None, None
+    else:
+        (run_dir / "scenarios.txt").write_text(name + "\n")
+    attempt = 1
+    if outcome is None:
+        argv = qemu_argv(image, run_dir, cmdline)
+        (run_dir / "qemu.argv").write_text(json.dumps(argv))
+        for attempt in range(1, BOOT_ATTEMPTS + 1):
+            shutil.rmtree(run_dir / "results", ignore_errors=True)
+            (run_dir / "results").mkdir()
+            outcome, code, _ = _boot_once(argv, run_dir, timeout)
+            if outcome != "boot hung" or attempt == BOOT_ATTEMPTS:
+                break
+            # A TCG guest occasionally stalls early in boot (lost timer interrupts, RCU stall
+            # warnings, runner never starts): nothing of the scenario ran, so boot it again.
+            os.rename(run_dir / "console.log", run_dir / f"console.hung-{attempt}.log")
+            log(f"{name}: boot hung (no runner after {BOOT_BUDGET_S} s), attempt {attempt} of {BOOT_ATTEMPTS}")
     wall = time.monotonic() - start
+    (run_dir / "disk.qcow2").unlink(missing_ok=True)
     if pod is not None:
         keep_pod_image(run_dir, pod)
         for staged in ("podimage.tar", "podbase.tar"):
             (run_dir / staged).unlink(missing_ok=True)
-    result = RunResult(name, run_dir, wall, outcome != "done", code, boot_attempts=attempt)
+    result = RunResult(name, run_dir, wall, outcome != "done", code, boot_attempts=attempt,
+                       restore_s=restore_s, base=base.directory.name if base and restore_s is not None else None,
+                       fallback=fallback)
     results = run_dir / "results"
     try:
         result.runner = json.loads((results / "runner.json").read_text())
     except (OSError, ValueError):
         pass
+    if restore_s is not None and result.runner:
+        # what only the host knows, kept with the guest's figures
+        result.runner.update(restore_s=round(restore_s, 1), base=result.base)
+        (results / "runner.json").write_text(json.dumps(result.runner, indent=1))
     try:
         result.result = json.loads((results / f"{name}.json").read_text())
     except (OSError, ValueError):
@@ -706,32 +1026,39 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     return result
 
 
-def _boot_once(argv: List[str], run_dir: Path, timeout: float):
-    """One qemu run: ("done" | "boot hung" | "timed out", qemu exit code)."""
+def _boot_once(argv: List[str], run_dir: Path, timeout: float, budget: float = BOOT_BUDGET_S):
+    """One qemu run: ("done" | "boot hung" | "timed out", qemu exit code or "results", seconds from
+    qemu start to the runner's marker). qemu is killed as soon as runner.json is there: the runner
+    writes it last, by a rename, after journal.txt, and the share is synchronous, so nothing is
+    left to wait for (the guest's poweroff took up to 30 s more)."""
     results = run_dir / "results"
     start = time.monotonic()
     outcome = "timed out"
-    done_at = None
+    started_s = None
     with open(run_dir / "qemu.log", "a") as qlog:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             now = time.monotonic()
-            if done_at is None and (results / "runner.json").exists():
-                done_at = now
-            if done_at is not None and now > done_at + 30:
-                break       # results are complete; poweroff is only slow
-            if not (results / "started").exists() and now > start + BOOT_BUDGET_S:
+            if started_s is None and (results / "started").exists():
+                started_s = now - start
+            if (results / "runner.json").exists():
+                break
+            if started_s is None and now > start + budget:
                 outcome = "boot hung"
                 break
-            if now > start + BOOT_BUDGET_S + timeout + 60:
+            if now > start + budget + timeout + 60:
                 break
-            time.sleep(0.5)
-        if proc.poll() is None:
+            time.sleep(0.1 if started_s is None else 0.5)
+        code = proc.poll()
+        if code is None:
             proc.kill()
-        proc.wait()
+            proc.wait()
+            code = proc.returncode
     if (results / "runner.json").exists():
         outcome = "done"
-    return outcome, proc.returncode
+        if code == -9:
+            code = "results"
+    return outcome, code, started_s
 
 
 def console_tail(result: RunResult, chars: int = 4000) -> str:

@@ -655,7 +655,16 @@ class Soak:
 
 
 def cmdline_option(key: str) -> Optional[str]:
-    """nvsymlinkd.<key>=VALUE on the kernel command line (vmhost.py puts NVSYMLINKD_CHAOS_* there)."""
+    """The host's NVSYMLINKD_CHAOS_SEEDS / _STEPS: key in the run dir's options.json (vmhost.py
+    writes it for every run: a guest restored from a base snapshot keeps the base's kernel
+    command line), else nvsymlinkd.<key>=VALUE on the kernel command line (older hosts)."""
+    try:
+        with open(os.path.join(os.environ.get("VM_RUN", "/mnt/run"), "options.json")) as f:
+            options = json.load(f)
+        if key in options:
+            return options[key] or None
+    except (OSError, ValueError):
+        pass
     with open("/proc/cmdline") as f:
         for word in f.read().split():
             if word.startswith(f"nvsymlinkd.{key}="):
