@@ -20,15 +20,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvsymlinkd.devchar.plan import CREATE, CREATE_NODE, REMOVE, REPLACE, Action, Plan
 from nvsymlinkd.host.nodes import SUBDIRS, TMP_PREFIX
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):  # a tuple: one per action, thousands per MIG pass
     action: Action
     error: str | None = None  # None: applied (or nothing to do)
     raced: bool = False  # another writer changed the path between planning and applying

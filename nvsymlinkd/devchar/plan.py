@@ -126,9 +126,10 @@ def _desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
     """"M:m" -> the node its link should name, in device-number order (the canonical node of a shared rdev)."""
     by_rdev: dict[tuple[int, int], NvidiaNode] = {}
     for node in nodes:
-        have = by_rdev.setdefault((node.major, node.minor), node)
-        if have is not node and _preference(node) < _preference(have):
-            by_rdev[(node.major, node.minor)] = node
+        key = (node.major, node.minor)
+        have = by_rdev.get(key)
+        if have is None or _preference(node) < _preference(have):
+            by_rdev[key] = node
     return {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
 
 

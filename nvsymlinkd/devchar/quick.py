@@ -50,14 +50,15 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
     base = dev_dir(driver_root)
     dev_real = root.resolve_prefix(base)
     char_real = root.resolve_prefix(dev_char_path)
-    by_path = {_rebase(n.path, base, dev_real): (n.major, n.minor) for n in nodes}
+    rebased = dev_real and dev_real != base  # else a node's real path is its path (_rebase)
+    by_path = {_rebase(n.path, base, dev_real) if rebased else n.path: (n.major, n.minor) for n in nodes}
     desired = _desired_links(nodes)
     # name -> (wanted text, the node's real path, its rdev): only where the text provably names
     # that path (the planner's link_target read back by the observer's target_of)
     wanted: dict = {}
     dirs: dict = {}
     for name, node in desired.items():
-        real = _rebase(node.path, base, dev_real)
+        real = _rebase(node.path, base, dev_real) if rebased else node.path
         parent, _, leaf = real.rpartition("/")
         if parent not in dirs:
             dirs[parent] = _text_prefix(char_real or dev_char_path, char_real, parent)
