@@ -20,6 +20,7 @@ import os
 
 from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase
 from nvsymlinkd.devchar.plan import (
+    CREATE,
     KEEP,
     Action,
     Plan,
@@ -78,12 +79,18 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
         actions = plan_links(snap, list(nodes))
     else:
         head = dev_char_path + "/"
-        actions = [
-            _new(Action, (KEEP, head + name, exact[name], _new(Device, ("c", node.major, node.minor)), EXACT,
-                          None, None, None, None))
-            if name in exact else _link_action(snap, name, node)
-            for name, node in desired.items()
-        ]
+        actions = []
+        for name, node in desired.items():
+            text = exact.get(name)
+            if text is not None:
+                actions.append(_new(Action, (KEEP, head + name, text, _new(Device, ("c", node.major, node.minor)),
+                                             EXACT, None, None, None, None)))
+            elif name not in entries and name in wanted:  # _link_action's create, its text as wanted
+                actions.append(_new(Action, (CREATE, head + name, wanted[name][0],
+                                             _new(Device, ("c", node.major, node.minor)), f"no link for {node.path}",
+                                             None, None, None, None)))
+            else:
+                actions.append(_link_action(snap, name, node))
         actions += _stale_links(snap, desired)
     return snap, Plan(tuple(actions), tuple(notes), tuple(path for path, _ in snap.stale_temps))
 
