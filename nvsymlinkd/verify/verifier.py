@@ -180,8 +180,16 @@ def _read_live(policy, expected: Expected, host: HostDevices, dev_nodes) -> _Liv
     candidates = set(expected.devices) | {Device.char(n.major, n.minor) for n in host.nodes}
     candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
     live = _Live()
+    classes = getattr(policy, "equivalence_key", None)
+    decided: dict = {}  # equivalence key -> _letters' answer, where the policy can tell (access.cgroup)
     for key in sorted(candidates):
-        got, why, whole = _letters(policy, key, RW)
+        eq = classes(*key) if classes is not None else None
+        answer = decided.get(eq) if eq is not None else None
+        if answer is None:
+            answer = _letters(policy, key, RW)
+            if eq is not None and not answer[1]:  # an unknown's reason may name the device: never shared
+                decided[eq] = answer
+        got, why, whole = answer
         if whole:
             live.together.add(key)
         if got:
