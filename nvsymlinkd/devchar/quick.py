@@ -28,6 +28,7 @@ from nvsymlinkd.devchar.plan import (
     _link_action,
     _stale_links,
     plan_links,
+    snapshot_notes,
 )
 from nvsymlinkd.devchar.snapshot import _is_dangling, _observe_entry, read_majors, stale_temporaries
 from nvsymlinkd.host.devices import Device
@@ -73,8 +74,7 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
         existing_paths=frozenset(n.path for n in nodes) | frozenset(i.path for i in ignored),
         dev_dir_real=dev_real, dev_char_real=char_real, stale_temps=tuple(stale_temporaries(temps)),
     )
-    notes = [f"ignored {i.path}: {i.reason}" for i in snap.ignored]
-    notes += [f"stale temporary {path} of exited pid {pid}: sync removes it" for path, pid in snap.stale_temps]
+    notes = snapshot_notes(snap)
     if state != "dir":
         actions = plan_links(snap, list(nodes))
     else:
