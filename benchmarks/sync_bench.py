@@ -7,8 +7,12 @@ Prints, each beside a floor measured in the same run and the ratio to it:
   the job needs (scandir of DRIVER_ROOT/dev and dev/nvidia-caps, lstat of each nvidia* entry,
   scandir of /dev/char and readlink of each link; for the cold floor, symlink of each link).
   The floor is a C program built here with the machine's cc; without a compiler, the
-  tightest Python os.scandir loop (the output says which);
-- the wall time of a `nvsymlinkd sync` process (no-op) vs a bare `python3 -c pass`.
+  tightest Python os.scandir loop (the output says which). Each as wall time and as the
+  thread's CPU time (user + system: on a shared, loaded machine the wall time counts the
+  preemptions too, the CPU time does not);
+- the wall time of a `nvsymlinkd sync` process (no-op) vs a bare `python3 -c pass`, both with
+  the modules read from bytecode (as installed) and both with PYTHONDONTWRITEBYTECODE (as measured
+  before: a checkout without __pycache__ compiles nvsymlinkd's modules at every start).
 
 Figures only, no asserts. Usage:
     sudo .venv/bin/python benchmarks/sync_bench.py [--runs 20] [--caps 2000] [--dir /dev/shm]
@@ -71,18 +75,18 @@ static void scan(int dfd, int depth) {
     closedir(d);
 }
 
-static double now(void) {
+static double now(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* argv: root, mode (noop|cold), runs; prints one duration in seconds per run */
+/* argv: root, mode (noop|cold), runs; prints per run the wall and the thread CPU seconds */
 int main(int argc, char **argv) {
     char path[4096], buf[4096], name[64];
     int runs = atoi(argv[3]), cold = !strcmp(argv[2], "cold");
     for (int r = 0; r < runs; r++) {
-        double t = now();
+        double t = now(CLOCK_MONOTONIC), c = now(CLOCK_THREAD_CPUTIME_ID);
         nodes = 0;
         snprintf(path, sizeof path, "%s/dev", argv[1]);
         scan(open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), 0);
@@ -101,7 +105,7 @@ int main(int argc, char **argv) {
             closedir(d);
         }
         close(cfd);
-        printf("%.9f\n", now() - t);
+        printf("%.9f %.9f\n", now(CLOCK_MONOTONIC) - t, now(CLOCK_THREAD_CPUTIME_ID) - c);
         if (cold && r + 1 < runs) {  /* back to an empty /dev/char for the next cold run (not timed) */
             for (long i = 0; i < nodes; i++) {
                 snprintf(name, sizeof name, "%u:%u", rdevs[i][0], rdevs[i][1]);
@@ -135,16 +139,19 @@ def build_floor(work: Path):
     return str(exe)
 
 
-def floor_runs(exe, root: Path, mode: str, runs: int) -> list:
+def floor_runs(exe, root: Path, mode: str, runs: int) -> tuple:
+    """-> ([wall seconds], [thread CPU seconds]), one per run."""
     if exe is not None:
         out = subprocess.run([exe, str(root), mode, str(runs)], check=True, capture_output=True, text=True).stdout
-        return [float(x) for x in out.split()]
-    return [python_floor(root, mode) for _ in range(runs)]
+        pairs = [line.split() for line in out.splitlines()]
+        return [float(w) for w, _ in pairs], [float(c) for _, c in pairs]
+    pairs = [python_floor(root, mode) for _ in range(runs)]
+    return [w for w, _ in pairs], [c for _, c in pairs]
 
 
-def python_floor(root: Path, mode: str) -> float:
+def python_floor(root: Path, mode: str) -> tuple:
     """The tightest Python loop over os.scandir doing the same syscalls (no compiler here)."""
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     rdevs = []
     with os.scandir(root / "dev") as it:
         for e in it:
@@ -163,7 +170,7 @@ def python_floor(root: Path, mode: str) -> float:
         with os.scandir(char) as it:
             for e in it:
                 os.readlink(e.path)
-    took = time.perf_counter() - t
+    took = (time.perf_counter() - t, time.thread_time() - c)
     if mode == "cold":
         for r in rdevs:
             os.unlink(f"{char}/{os.major(r)}:{os.minor(r)}")
@@ -176,7 +183,8 @@ def ms(seconds: float) -> str:
 
 def line(what: str, values: list, floor: list) -> str:
     m, f = statistics.median(values), statistics.median(floor)
-    return f"{what}: median {ms(m)} (min {ms(min(values))}); floor {ms(f)} (min {ms(min(floor))}); ratio {m / f:.1f}x"
+    return (f"{what}: median {ms(m)} (min {ms(min(values))}); floor {ms(f)} (min {ms(min(floor))}); "
+            f"ratio {m / f:.1f}x (of the minimums {min(values) / min(floor):.1f}x: a loaded machine adds to both)")
 
 
 def main() -> None:
@@ -195,41 +203,57 @@ def main() -> None:
         char = host.path("/dev/char")
         char.mkdir()
         # cold: every link created; the floor gets an empty /dev/char for each of its runs the same way
-        cold_floor = floor_runs(exe, host.root, "cold", args.runs)
+        cold_floor, cold_floor_cpu = floor_runs(exe, host.root, "cold", args.runs)
         for name in os.listdir(char):
             os.unlink(char / name)
-        cold = []
+        cold, cold_cpu = [], []
         for _ in range(args.runs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             reconcile(root, cfg)
             cold.append(time.perf_counter() - t)
+            cold_cpu.append(time.thread_time() - c)
             for name in os.listdir(char):
                 os.unlink(char / name)
         r = reconcile(root, cfg)
         nodes = len(r.snapshot.nodes)
-        noop = []
+        noop, noop_cpu = [], []
         for _ in range(args.runs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             r = reconcile(root, cfg)
             noop.append(time.perf_counter() - t)
+            noop_cpu.append(time.thread_time() - c)
             assert not r.plan.changes
-        noop_floor = floor_runs(exe, host.root, "noop", args.runs)
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        wall, base = [], []
+        noop_floor, noop_floor_cpu = floor_runs(exe, host.root, "noop", args.runs)
+        sync = [sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "sync"]
+        # as installed: modules read from bytecode (a package ships or compiles it), kept in a
+        # cache of this run (PYTHONPYCACHEPREFIX, the interpreter's too); and as before, with
+        # PYTHONDONTWRITEBYTECODE (a checkout without __pycache__ compiles nvsymlinkd at each start)
+        cache = dict(os.environ, PYTHONPYCACHEPREFIX=str(work / "pycache"))
+        cache.pop("PYTHONDONTWRITEBYTECODE", None)
+        subprocess.run(sync, check=True, stdout=subprocess.DEVNULL, env=cache)  # writes the cache
+        subprocess.run([sys.executable, "-c", "pass"], check=True, env=cache)
+        cache["PYTHONDONTWRITEBYTECODE"] = "1"
+        source = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        walls: dict = {"bytecode": ([], []), "source": ([], [])}
         for _ in range(max(5, args.runs // 2)):  # interleaved: both see the same machine load
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "sync"],
-                           check=True, stdout=subprocess.DEVNULL, env=env)
-            wall.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
-            base.append(time.perf_counter() - t)
+            for kind, env in (("bytecode", cache), ("source", source)):
+                wall, base = walls[kind]
+                t = time.perf_counter()
+                subprocess.run(sync, check=True, stdout=subprocess.DEVNULL, env=env)
+                wall.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
+                base.append(time.perf_counter() - t)
     floor_kind = "C, built with cc -O2" if exe else "Python os.scandir loop (no compiler found)"
     print(f"nodes: {nodes} ({args.caps} MIG caps + 8 GPUs + 4 control nodes); fake root on {args.dir}; "
           f"floor: {floor_kind}; {args.runs} runs each")
-    print(line("cold pass in-process (every link created)", cold, cold_floor))
-    print(line("no-op pass in-process", noop, noop_floor))
-    print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`", wall, base))
+    print(line("cold pass in-process (every link created), wall", cold, cold_floor))
+    print(line("cold pass in-process (every link created), thread CPU", cold_cpu, cold_floor_cpu))
+    print(line("no-op pass in-process, wall", noop, noop_floor))
+    print(line("no-op pass in-process, thread CPU", noop_cpu, noop_floor_cpu))
+    print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`, from bytecode", *walls["bytecode"]))
+    print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`, PYTHONDONTWRITEBYTECODE", *walls["source"]))
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from nvsymlinkd.access.cgroup import find_cgroup_mounts
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.devchar.snapshot import read_majors
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify import cache as cachemod
@@ -269,6 +270,139 @@ def test_a_wall_clock_step_back_drops_the_kept_files(fakehost, v1_parent):
     hits = cache.files.hits
     verify_all(root, Config(), use_bus=False, with_host=False, cache=cache)
     assert cache.files.hits == hits, "files kept before the step were trusted after it"
+
+
+# --- the host's nodes and the absent baselines: kept while their directories are unchanged -------
+
+CAP_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)],
+                    env=["NVIDIA_VISIBLE_DEVICES=0"])
+
+
+def _mig_host(fakehost):
+    root = _host(fakehost)
+    fakehost.proc_devices({"nvidia-frontend": 195, "nvidia-caps": 509})
+    for minor in (1, 2):
+        fakehost.node(f"/dev/nvidia-caps/nvidia-cap{minor}", 509, minor)
+    return root
+
+
+def _counting_scans(monkeypatch) -> list:
+    calls = []
+    real = cachemod.scan_nodes
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cachemod, "scan_nodes", counted)
+    return calls
+
+
+def test_host_nodes_are_scanned_again_when_a_node_directory_changes(fakehost, v1_parent, monkeypatch):
+    """The container's cgroup grants the caps: which of them the host has shows in its report
+    (`granted`), so a node made, removed, re-made with another rdev, or a nvidia-caps directory
+    swapped for a link must show in the cached pass exactly as in a fresh one."""
+    root = _mig_host(fakehost)
+    Layouts(fakehost).runc("runc1", CAP_SPEC, cgroup=v1_cgroup(
+        v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw", "c 509:* r"]))
+    time.sleep(0.05)  # the directories' ctime a tick behind the changes below
+    scans = _counting_scans(monkeypatch)
+    oracle = Oracle(root, VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9))
+    caps = fakehost.path("/dev/nvidia-caps")
+
+    def granted(what: str) -> list:
+        oracle.check(what)
+        report = verify_all(root, Config(), use_bus=False, with_host=False, cache=oracle.cache)
+        return sorted(k for k in report.containers[0].granted if k.startswith("c 509:"))
+
+    assert granted("the first pass") == ["c 509:1", "c 509:2"]
+    before = len(scans)
+    assert granted("nothing") == ["c 509:1", "c 509:2"]
+    assert len(scans) == before, "an unchanged host was scanned again (the test proves nothing)"
+    fakehost.node("/dev/nvidia-caps/nvidia-cap3", 509, 3)
+    assert granted("a node made") == ["c 509:1", "c 509:2", "c 509:3"]
+    time.sleep(0.02)
+    os.unlink(caps / "nvidia-cap1")
+    assert granted("a node removed") == ["c 509:2", "c 509:3"]
+    time.sleep(0.02)
+    os.unlink(caps / "nvidia-cap2")
+    fakehost.node("/dev/nvidia-caps/nvidia-cap2", 509, 7)  # the same name, another rdev
+    assert granted("a name re-made") == ["c 509:3", "c 509:7"]
+    time.sleep(0.02)
+    os.rename(caps, fakehost.path("/dev/caps-real"))
+    os.symlink("caps-real", caps)  # never scanned through a link
+    assert granted("nvidia-caps swapped for a link") == []
+    time.sleep(0.02)
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    assert granted("the caps major gone") == []
+
+
+def test_host_nodes_changed_in_the_tick_of_the_stamps_are_scanned_again(fakehost, monkeypatch):
+    """Directories whose ctime is the moment of the read (a change in the same clock tick keeps the
+    same stamps) are never trusted: the scan runs again, and a node made meanwhile is seen."""
+    root = _mig_host(fakehost)
+    cache = VerifyCache()
+    frozen = cachemod._node_dir_stamps(root, "/dev")
+    monkeypatch.setattr(cachemod, "_node_dir_stamps", lambda root, base: frozen)
+    cache.files._now_ns = lambda: frozen[0][3]  # read in the tick of the last change
+    majors = read_majors(root)
+    assert [n.minor for n in cache.host_nodes(root, "/", majors) if n.major == 509] == [1, 2]
+    fakehost.node("/dev/nvidia-caps/nvidia-cap3", 509, 3)  # the stamps (frozen) do not show it
+    assert [n.minor for n in cache.host_nodes(root, "/", majors) if n.major == 509] == [1, 2, 3]
+
+
+def test_absent_baselines_are_listed_again_when_their_directory_changes(fakehost, v1_parent, monkeypatch):
+    root = _host(fakehost)
+    Layouts(fakehost).runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
+    Layouts(fakehost).runc("runc2", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc2", ["c 195:0 rw", "c 195:255 rw"]))
+    baselinemod.record(root, Config(), "runc2", 1000, {Device.char(195, 0): "rw"})
+    time.sleep(0.05)
+    opened = []
+    real_load = baselinemod.load
+
+    def counted(root, config, container_id, *args, **kwargs):
+        opened.append(container_id)
+        return real_load(root, config, container_id, *args, **kwargs)
+
+    monkeypatch.setattr(baselinemod, "load", counted)
+    oracle = Oracle(root, VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9))
+    oracle.check("the first pass")
+    opened.clear()
+    verify_all(root, Config(), use_bus=False, with_host=False, cache=oracle.cache)
+    assert opened == ["runc2"], "a container without a baseline had its file opened (or one with it not)"
+    # a baseline appears: nvidia1 becomes expected of runc1, which lacks it
+    baselinemod.record(root, Config(), "runc1", 1000, {Device.char(195, 1): "rw"})
+    assert oracle.unchanged("a new baseline")["runc1"] == "lost"
+    time.sleep(0.02)
+    os.unlink(root.path(baselinemod.baseline_path(Config(), "runc1")))
+    assert oracle.unchanged("the baseline removed")["runc1"] == "ok"
+
+
+def test_a_baseline_made_in_the_tick_of_the_listing_is_seen(fakehost, monkeypatch):
+    """The directory shows the stamps it had when listed (a change in the same coarse clock tick):
+    only the racy rule makes the new baseline seen."""
+    root = _host(fakehost)
+    baselinemod.record(root, Config(), "other", 1000, {Device.char(195, 0): "rw"})  # the directory exists
+    directory = root.path(baselinemod.baseline_dir(Config()))
+    first = os.stat(directory)
+    files = cachemod.FileCache(now_ns=lambda: first.st_ctime_ns)  # read in the tick of the last change
+    path = root.path(baselinemod.baseline_path(Config(), "runc1"))
+    assert files.absent(path)
+    files.end_pass()
+    baselinemod.record(root, Config(), "runc1", 1000, {Device.char(195, 1): "rw"})
+    real_stat = os.stat
+    monkeypatch.setattr(cachemod.os, "stat", lambda p, *a, **k: first if p == directory else real_stat(p, *a, **k))
+    assert not files.absent(path)
+
+
+def test_a_baseline_directory_made_between_passes_is_seen(fakehost):
+    root = _host(fakehost)
+    path = root.path(baselinemod.baseline_path(Config(), "runc1"))
+    files = cachemod.FileCache(now_ns=lambda: time.time_ns() + 10 * 10**9)
+    assert files.absent(path)  # no directory at all: no baseline
+    files.end_pass()
+    baselinemod.record(root, Config(), "runc1", 1000, {Device.char(195, 1): "rw"})
+    assert not files.absent(path)
 
 
 # --- the daemon: its kept cache still sees a change no runtime file shows ------------------------

@@ -20,15 +20,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from nvsymlinkd.devchar.plan import CREATE, CREATE_NODE, REMOVE, REPLACE, Action, Plan
+from nvsymlinkd.devchar.plan import CHANGES, CREATE, CREATE_NODE, REMOVE, REPLACE, Action, Plan
 from nvsymlinkd.host.nodes import SUBDIRS, TMP_PREFIX
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
+_new = tuple.__new__  # an Outcome without NamedTuple's keyword-handling __new__: one per action
 
-@dataclass(frozen=True)
-class Outcome:
+
+class Outcome(NamedTuple):  # a tuple: one per action, thousands per MIG pass
     action: Action
     error: str | None = None  # None: applied (or nothing to do)
     raced: bool = False  # another writer changed the path between planning and applying
@@ -51,8 +52,8 @@ def apply_plan(root: HostRoot, plan: Plan) -> list:
         for path in plan.stale_temps:
             _remove_stale(dirs, path)
         for action in plan.actions:
-            if not action.changes:
-                outcomes.append(Outcome(action))
+            if action.action not in CHANGES:  # the property, inlined: thousands of keeps per pass
+                outcomes.append(_new(Outcome, (action, None, False)))
                 continue
             try:
                 _APPLY[action.action](dirs, action)
@@ -61,7 +62,7 @@ def apply_plan(root: HostRoot, plan: Plan) -> list:
             except OSError as exc:
                 outcomes.append(Outcome(action, _describe(exc, action)))
             else:
-                outcomes.append(Outcome(action))
+                outcomes.append(_new(Outcome, (action, None, False)))
     finally:
         dirs.close()
     return outcomes

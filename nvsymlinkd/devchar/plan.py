@@ -92,8 +92,7 @@ class Plan:
 
 
 def plan_sync(snap: HostSnapshot, create_nodes: bool = False) -> Plan:
-    notes = [f"ignored {i.path}: {i.reason}" for i in snap.ignored]
-    notes += [f"stale temporary {path} of exited pid {pid}: sync removes it" for path, pid in snap.stale_temps]
+    notes = snapshot_notes(snap)
     node_actions: list[Action] = []
     planned_nodes: list[NvidiaNode] = []
     if create_nodes:
@@ -101,6 +100,13 @@ def plan_sync(snap: HostSnapshot, create_nodes: bool = False) -> Plan:
         notes.extend(node_notes)
     link_actions = plan_links(snap, list(snap.nodes) + planned_nodes)
     return Plan(tuple(node_actions + link_actions), tuple(notes), tuple(path for path, _ in snap.stale_temps))
+
+
+def snapshot_notes(snap: HostSnapshot) -> list[str]:
+    """The plan's notes on what the snapshot saw: ignored nodes, dead syncs' temporaries."""
+    notes = [f"ignored {i.path}: {i.reason}" for i in snap.ignored]
+    notes += [f"stale temporary {path} of exited pid {pid}: sync removes it" for path, pid in snap.stale_temps]
+    return notes
 
 
 def plan_links(snap: HostSnapshot, nodes: list[NvidiaNode]) -> list[Action]:
@@ -126,9 +132,10 @@ def _desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
     """"M:m" -> the node its link should name, in device-number order (the canonical node of a shared rdev)."""
     by_rdev: dict[tuple[int, int], NvidiaNode] = {}
     for node in nodes:
-        have = by_rdev.setdefault((node.major, node.minor), node)
-        if have is not node and _preference(node) < _preference(have):
-            by_rdev[(node.major, node.minor)] = node
+        key = (node.major, node.minor)
+        have = by_rdev.get(key)
+        if have is None or _preference(node) < _preference(have):
+            by_rdev[key] = node
     return {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from nvsymlinkd.devchar.apply import Outcome, apply_plan
 from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import CONFLICT, Plan, plan_sync
+from nvsymlinkd.devchar.quick import observe_and_plan
 from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.summary import sync_counts, sync_line
 
@@ -63,7 +64,10 @@ class SyncResult:
 
 def reconcile(root, config, dry_run: bool = False) -> SyncResult:
     start = time.perf_counter()
-    snap = observe(root, config.driver_root, config.dev_char_path, with_driver_info=config.create_nodes)
-    plan = plan_sync(snap, create_nodes=config.create_nodes)
+    if config.create_nodes:
+        snap = observe(root, config.driver_root, config.dev_char_path, with_driver_info=True)
+        plan = plan_sync(snap, create_nodes=True)
+    else:  # the same snapshot and plan, exact links settled in the observing loop
+        snap, plan = observe_and_plan(root, config.driver_root, config.dev_char_path)
     outcomes = () if dry_run else tuple(apply_plan(root, plan))
     return SyncResult(snap, plan, outcomes, dry_run, time.perf_counter() - start)

@@ -68,7 +68,8 @@ def classify(relpath: str) -> str | None:
     if kind is not None:
         return kind
     if relpath.startswith("nvidia-caps/"):  # the common case on MIG hosts: thousands of these
-        return "cap" if _CAP.fullmatch(relpath) else None
+        # _CAP's fullmatch without the regex: \d+ is str.isdecimal (Unicode Nd, like re's \d)
+        return "cap" if relpath.startswith("nvidia-caps/nvidia-cap") and relpath[22:].isdecimal() else None
     for kind, (pattern, _) in KINDS.items():
         if pattern.fullmatch(relpath):
             return kind

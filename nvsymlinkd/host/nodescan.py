@@ -6,6 +6,7 @@ the majors each must carry) is decided in host/nodes.py, which stays pure.
 from __future__ import annotations
 
 import os
+from stat import S_ISCHR
 
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.nodes import (
@@ -18,6 +19,8 @@ from nvsymlinkd.host.nodes import (
     node_from_stat,
 )
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
+
+_new = tuple.__new__  # a NamedTuple without its keyword-handling __new__: thousands per pass
 
 
 def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, temps: list | None = None):
@@ -33,6 +36,9 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, tem
     nodes: list = []
     ignored: list = []
     fds: list = []
+    # (kind, major) -> whether node_from_stat takes a char device of that kind and major: asked
+    # once per pair, not per node (a MIG host has ~2,000 caps on one major)
+    accepted: dict = {}
     try:
         for rel, entry in _candidates(root, base, fds):
             if rel.rpartition("/")[2].startswith(TMP_PREFIX):
@@ -46,12 +52,20 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, tem
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
+            if S_ISCHR(st.st_mode):
+                major = os.major(st.st_rdev)
+                ok = accepted.get((kind, major))
+                if ok is None:
+                    ok = accepted[kind, major] = type(node_from_stat("", kind, st, by_major)) is NvidiaNode
+                if ok:
+                    nodes.append(_new(NvidiaNode, (f"{prefix}/{rel}", kind, major, os.minor(st.st_rdev))))
+                    continue
             found = node_from_stat(f"{prefix}/{rel}", kind, st, by_major)
             (nodes if type(found) is NvidiaNode else ignored).append(found)
     finally:
         for fd in fds:
             os.close(fd)
-    nodes.sort(key=lambda n: n.path)
+    nodes.sort()  # by path: a node's first field, and no two nodes share a path
     ignored.sort(key=lambda n: n.path)
     return nodes, ignored
 

@@ -18,8 +18,17 @@ nothing is keyed by a guess of what changed, only the expensive parts of getting
 - cgroup v1 devices.list is read every pass (writes to devices.allow/deny do not move its mtime) and
   parsed again only when its text changed.
 
+- the host's NVIDIA nodes (host_nodes) are scanned again only when DRIVER_ROOT/dev or one of its
+  NVIDIA subdirectories changed (device, inode, mtime, ctime of each, through the same confined
+  fds the scan uses) or /proc/devices did: a node's type and rdev never change (a new rdev is a
+  new inode, and making, removing or renaming a name changes its directory), and the racy rule
+  above applies to the directories' ctimes. A node made since the last pass is seen.
+- a baseline file that is absent (absent): the directory's names are listed again only when the
+  directory changed (same identity and racy rule); a baseline that is there is loaded as above.
+
 What stays read every pass: the runtimes' directories, pid files, /proc/<pid>/stat (a reused pid) and
-/proc/<pid>/cgroup, exec.fifo, each container's own /dev, the scopes' DeviceAllow, the host's nodes.
+/proc/<pid>/cgroup, exec.fifo, each container's own /dev (container-writable: never cached), the
+scopes' DeviceAllow, /proc/devices, the stamps of the node and baseline directories.
 
 One pass at a time (the daemon's worker runs them one after the other). Entries not used by a pass
 are dropped at its end: the cache holds at most what the host has now.
@@ -28,10 +37,14 @@ are dropped at its end: the cache holds at most what the host has now.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from typing import Any, Callable
 
 from nvsymlinkd.containers.ocispec import MAX_JSON_BYTES, loads_object, open_regular, read_fd
+from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
+from nvsymlinkd.host.nodescan import scan_nodes
+from nvsymlinkd.host.root import HostRoot
 
 # Linux stamps files with the coarse clock (one tick: 1-10 ms); 50 ms leaves room for a loaded host.
 RACY_NS = 50_000_000
@@ -48,6 +61,8 @@ class FileCache:
         self._now_ns = now_ns  # tests move it to make a fresh file count as settled
         self._entries: dict[tuple, tuple] = {}  # (real path, parse, limit) -> (identity, value)
         self._used: set[tuple] = set()
+        self._names: dict[str, tuple] = {}  # real directory -> (its stamp, frozenset of its names)
+        self._pass_names: dict[str, frozenset | None] = {}  # this pass's listings (None: unreadable)
         self.hits = self.reads = 0
 
     def load(self, real_path: str, parse: Callable[[dict], Any] | None = None, limit: int = MAX_JSON_BYTES) -> Any:
@@ -77,10 +92,43 @@ class FileCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._names.clear()
+
+    def absent(self, real_path: str) -> bool:
+        """True when no file is at real_path, by its directory's names as listed this pass (listed
+        again only when the directory changed); False when that cannot be told (the caller opens it)."""
+        directory, _, name = real_path.rpartition("/")
+        if directory not in self._pass_names:
+            self._pass_names[directory] = self._listing(directory)
+        names = self._pass_names[directory]
+        return names is not None and name not in names
+
+    def _listing(self, directory: str) -> frozenset | None:
+        read_at = self._now_ns()  # before the stat: a change after it has a later ctime
+        try:
+            st = os.stat(directory)
+            stamp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            kept = self._names.get(directory)
+            if kept is not None and kept[0] == stamp:
+                return kept[1]
+            names = frozenset(os.listdir(directory))
+        except FileNotFoundError:  # no directory (no baseline recorded yet): nothing in it, this pass
+            self._names.pop(directory, None)
+            return frozenset()
+        except OSError:
+            self._names.pop(directory, None)
+            return None
+        if st.st_ctime_ns < read_at - RACY_NS:
+            self._names[directory] = (stamp, names)
+        else:
+            self._names.pop(directory, None)  # changed too recently to trust its stamps
+        return names
 
     def end_pass(self) -> None:
         self._entries = {k: v for k, v in self._entries.items() if k in self._used}
         self._used = set()
+        self._names = {k: v for k, v in self._names.items() if k in self._pass_names}
+        self._pass_names = {}
 
 
 class VerifyCache:
@@ -103,6 +151,7 @@ class VerifyCache:
             # the wall clock went back (a step, or slewing adding up) by more than RACY_NS leaves
             # after a tick: a new write could be stamped like an old one, so trust no kept file
             self.files.clear()
+            self._memo = {k: v for k, v in self._memo.items() if k[0] != "nodes"}
             self._offset = offset
         self._offset = max(self._offset, offset)
         self.verdict_hits = 0
@@ -111,6 +160,24 @@ class VerifyCache:
         self.files.end_pass()
         self._memo = {k: v for k, v in self._memo.items() if k in self._used}
         self._used = set()
+
+    def host_nodes(self, root: HostRoot, driver_root: str, majors: Any) -> tuple:
+        """The NVIDIA nodes under DRIVER_ROOT/dev (scan_nodes' nodes), scanned again only when a
+        directory the scan reads, or the majors, changed since the last pass."""
+        key = ("nodes", driver_root)
+        self._used.add(key)
+        read_at = self.files._now_ns()  # before the stamps: a change after them has a later ctime
+        stamps = _node_dir_stamps(root, dev_dir(driver_root))
+        inputs = (stamps, majors)
+        kept = self._memo.get(key)
+        if stamps is not None and kept is not None and kept[0] == inputs:
+            return kept[1]  # type: ignore[no-any-return]
+        nodes = tuple(scan_nodes(root, driver_root, majors)[0])
+        if stamps is not None and all(s is None or s[3] < read_at - RACY_NS for s in stamps):
+            self._memo[key] = (inputs, nodes)
+        else:
+            self._memo.pop(key, None)  # changed too recently to trust its stamps: scanned again next time
+        return nodes
 
     def same(self, what: str, value: Any) -> Any:
         """The object kept from the last pass when it equals value, else value (kept for the next).
@@ -140,3 +207,28 @@ class VerifyCache:
         value = compute()
         self._memo[key] = (inputs, value)
         return value, False
+
+
+def _node_dir_stamps(root: HostRoot, base: str) -> tuple | None:
+    """(dev, ino, mtime, ctime) of DRIVER_ROOT/dev and of each NVIDIA subdirectory name in it (its
+    lstat: scan_nodes never descends through a symlink; None where absent), through the same confined
+    lookups as the scan. None when DRIVER_ROOT/dev cannot be opened (then nothing is kept)."""
+    try:
+        fd = root.open_dir(base)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        out: list = [(st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)]
+        for name in SUBDIRS:
+            try:
+                sub = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                out.append(None)
+                continue
+            out.append((sub.st_dev, sub.st_ino, sub.st_mtime_ns, sub.st_ctime_ns, stat.S_IFMT(sub.st_mode)))
+        return tuple(out)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

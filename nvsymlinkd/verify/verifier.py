@@ -36,8 +36,10 @@ from nvsymlinkd.containers.expected import (
 )
 from nvsymlinkd.containers.ocispec import gpu_signs
 from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
-from nvsymlinkd.devchar.snapshot import observe
+from nvsymlinkd.devchar.snapshot import observe, read_majors
 from nvsymlinkd.host.devices import RW, Access, Device
+from nvsymlinkd.host.nodescan import scan_nodes
+from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify.cache import VerifyCache
 from nvsymlinkd.verify.hostcheck import check_host
@@ -178,8 +180,16 @@ def _read_live(policy, expected: Expected, host: HostDevices, dev_nodes) -> _Liv
     candidates = set(expected.devices) | {Device.char(n.major, n.minor) for n in host.nodes}
     candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
     live = _Live()
+    classes = getattr(policy, "equivalence_key", None)
+    decided: dict = {}  # equivalence key -> _letters' answer, where the policy can tell (access.cgroup)
     for key in sorted(candidates):
-        got, why, whole = _letters(policy, key, RW)
+        eq = classes(*key) if classes is not None else None
+        answer = decided.get(eq) if eq is not None else None
+        if answer is None:
+            answer = _letters(policy, key, RW)
+            if eq is not None and not answer[1]:  # an unknown's reason may name the device: never shared
+                decided[eq] = answer
+        got, why, whole = answer
         if whole:
             live.together.add(key)
         if got:
@@ -411,14 +421,25 @@ class Report:
 
 
 class _HostContext:
-    """What every container's evaluation shares: majors, host nodes, scopes, the access reader."""
+    """What every container's evaluation shares: majors, host nodes, scopes, the access reader.
 
-    def __init__(self, root: HostRoot, config: Config):
-        self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
-        majors = self.snapshot.majors
+    The whole HostSnapshot (with /dev/char, a readlink per link) only for the host findings; the
+    containers need the nodes alone, which the daemon's cache scans again only when they changed.
+    """
+
+    def __init__(self, root: HostRoot, config: Config, with_host: bool = True, cache: VerifyCache | None = None):
+        self.snapshot = None
+        if with_host:
+            self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
+            majors, nodes = self.snapshot.majors, self.snapshot.nodes
+        else:
+            majors = read_majors(root)
+            driver_root = normalize(config.driver_root)
+            nodes = cache.host_nodes(root, driver_root, majors) if cache is not None else \
+                tuple(scan_nodes(root, driver_root, majors)[0])
         self.majors = majors
         self.nvidia_majors = nvidia_majors_of(majors)
-        self.host = HostDevices(self.snapshot.nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
+        self.host = HostDevices(nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
         self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
 
 
@@ -458,9 +479,17 @@ def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_device
     return report
 
 
+def _baseline(root: HostRoot, config: Config, c: Container, cache: VerifyCache | None):
+    if not c.live:
+        return None
+    if cache is not None and cache.files.absent(root.path(baselinemod.baseline_path(config, c.id))):
+        return None  # what load() answers for a missing file, without opening it (most containers have none)
+    return baselinemod.load(root, config, c.id, c.init_start, cache.files if cache else None)
+
+
 def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
                 update_baseline: bool, cache: VerifyCache | None = None) -> ContainerReport:
-    base = baselinemod.load(root, config, c.id, c.init_start, cache.files if cache else None) if c.live else None
+    base = _baseline(root, config, c, cache)
     if cache is None:
         signs, expected = _expect(c, base, ctx)
     else:
@@ -498,7 +527,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
     start = time.perf_counter()
     if cache is not None:
         cache.begin_pass()
-    ctx = _HostContext(root, config)
+    ctx = _HostContext(root, config, with_host, cache)
     if cache is not None:
         ctx.host = cache.same("host", ctx.host)
         ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)

@@ -1,0 +1,153 @@
+"""observe() and plan_sync() in one loop, for the common case of a link that is already exact.
+
+A no-op pass over a MIG host (~2,000 links) was 4x the syscall floor: the work per name, not the
+syscalls (an entry resolved from its text, the wanted text computed, the planner's comparisons,
+four tuples built through NamedTuple's keyword-handling constructors). Here the wanted text of
+every link is computed once per node directory, and a desired name whose readlink(2) text is
+exactly that text is settled on the spot: it is exact by construction (the text names the node's
+real path, which this pass just lstat'ed with that rdev), so the planner would keep it. Every
+other name (a missing link, another text, a foreign entry, a name no node wants) is observed by
+snapshot.py's own functions and decided by plan.py's own functions, in the same order: the
+result is the same HostSnapshot and Plan as `plan_sync(observe(...))`
+(tests/test_sync_quick.py holds them equal over random trees).
+
+Nodes the driver should have (create_nodes) need the whole-host plan_nodes: not done here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase
+from nvsymlinkd.devchar.plan import (
+    CREATE,
+    KEEP,
+    Action,
+    Plan,
+    _desired_links,
+    _link_action,
+    _stale_links,
+    plan_links,
+    snapshot_notes,
+)
+from nvsymlinkd.devchar.snapshot import _is_dangling, _observe_entry, read_majors, stale_temporaries
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.driverinfo import DriverInfo
+from nvsymlinkd.host.nodes import TMP_PREFIX, dev_dir
+from nvsymlinkd.host.nodescan import scan_nodes
+from nvsymlinkd.host.paths import link_target, normalize, target_of
+from nvsymlinkd.host.root import HostRoot
+
+_new = tuple.__new__  # a NamedTuple built without its keyword-handling __new__ (same tuple, ~2x cheaper)
+EXACT = "link is exact"
+
+
+def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/char") -> tuple:
+    """-> (HostSnapshot, Plan), equal to (observe(...), plan_sync(that snapshot)) without driver info."""
+    driver_root = normalize(driver_root)
+    dev_char_path = normalize(dev_char_path)
+    majors = read_majors(root)
+    temps: list = []
+    nodes, ignored = scan_nodes(root, driver_root, majors, temps)
+    base = dev_dir(driver_root)
+    dev_real = root.resolve_prefix(base)
+    char_real = root.resolve_prefix(dev_char_path)
+    rebased = dev_real and dev_real != base  # else a node's real path is its path (_rebase)
+    by_path = {_rebase(n.path, base, dev_real) if rebased else n.path: (n.major, n.minor) for n in nodes}
+    desired = _desired_links(nodes)
+    # name -> (wanted text, the node's real path, its rdev): only where the text provably names
+    # that path (the planner's link_target read back by the observer's target_of)
+    wanted: dict = {}
+    dirs: dict = {}
+    for name, node in desired.items():
+        real = _rebase(node.path, base, dev_real) if rebased else node.path
+        parent, _, leaf = real.rpartition("/")
+        if parent not in dirs:
+            dirs[parent] = _text_prefix(char_real or dev_char_path, char_real, parent)
+        prefix = dirs[parent]
+        if prefix is not None:
+            wanted[name] = (prefix + leaf, real, (node.major, node.minor))
+    state, entries, exact = _observe_dev_char(root, dev_char_path, char_real, by_path, temps, wanted)
+    snap = HostSnapshot(
+        majors=majors, nodes=tuple(nodes), ignored=tuple(ignored), driver=DriverInfo(),
+        driver_root=driver_root, dev_char_path=dev_char_path, dev_char_state=state, entries=entries,
+        existing_paths=frozenset(n.path for n in nodes) | frozenset(i.path for i in ignored),
+        dev_dir_real=dev_real, dev_char_real=char_real, stale_temps=tuple(stale_temporaries(temps)),
+    )
+    notes = snapshot_notes(snap)
+    if state != "dir":
+        actions = plan_links(snap, list(nodes))
+    else:
+        head = dev_char_path + "/"
+        actions = []
+        for name, node in desired.items():
+            text = exact.get(name)
+            if text is not None:
+                actions.append(_new(Action, (KEEP, head + name, text, _new(Device, ("c", node.major, node.minor)),
+                                             EXACT, None, None, None, None)))
+            elif name not in entries and name in wanted:  # _link_action's create, its text as wanted
+                actions.append(_new(Action, (CREATE, head + name, wanted[name][0],
+                                             _new(Device, ("c", node.major, node.minor)), f"no link for {node.path}",
+                                             None, None, None, None)))
+            else:
+                actions.append(_link_action(snap, name, node))
+        actions += _stale_links(snap, desired)
+    return snap, Plan(tuple(actions), tuple(notes), tuple(path for path, _ in snap.stale_temps))
+
+
+def _text_prefix(plan_char: str, char_real: str, node_dir: str) -> str | None:
+    """The link text up to the node's name for nodes in `node_dir` ('../nvidia-caps/'), or None where
+    the observer would not read that text back as exactly `node_dir`/NAME.
+
+    The planner's text is a function of the directories plus the name appended (host.paths.link_target),
+    and so is the path the observer reads a text as (target_of, for a name that is not '.' or '..':
+    node names never are): one probe per directory answers for every node in it."""
+    probe = f"{node_dir}/nvidia"
+    text = link_target(f"{plan_char}/0:0", probe)
+    if not text.endswith("/nvidia") and text != "nvidia":
+        return None
+    return text[: -len("nvidia")] if target_of(f"{char_real}/0:0", text) == probe else None
+
+
+def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, by_path: dict, temps: list,
+                      wanted: dict):
+    """snapshot._observe_dev_char, plus {name: text} of the desired links found exact."""
+    try:
+        fd = root.open_dir(dev_char_path)
+    except FileNotFoundError:
+        return ("not-dir" if _is_dangling(root, dev_char_path) else "missing"), {}, {}
+    except OSError:
+        return "not-dir", {}, {}
+    entries: dict = {}
+    exact: dict = {}
+    readlink = os.readlink
+    try:
+        with os.scandir(fd) as it:
+            for de in it:
+                name = de.name
+                want = wanted.get(name)
+                if want is not None and de.is_symlink():
+                    try:
+                        text = readlink(name, dir_fd=fd)
+                    except OSError:
+                        text = None
+                    if text == want[0]:
+                        # what _observe_link builds for a text naming a scanned node
+                        entries[name] = _new(DevCharEntry, (name, "symlink", text, want[1], want[2], "char"))
+                        exact[name] = text
+                        continue
+                major, colon, minor = name.partition(":")
+                if colon and major.isdecimal() and minor.isdecimal() and major.isascii() and minor.isascii():
+                    entry = _observe_entry(root, fd, char_real, de, by_path)
+                    if entry is not None:
+                        entries[name] = entry
+                elif name.startswith(TMP_PREFIX):
+                    temps.append(f"{dev_char_path}/{name}")
+    except OSError:
+        return "missing", {}, {}
+    finally:
+        os.close(fd)
+    return "dir", entries, exact
+
+
+__all__ = ["observe_and_plan"]
