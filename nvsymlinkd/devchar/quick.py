@@ -30,10 +30,10 @@ from nvsymlinkd.devchar.plan import (
     plan_links,
     snapshot_notes,
 )
-from nvsymlinkd.devchar.snapshot import _is_dangling, _observe_entry, read_majors, stale_temporaries
+from nvsymlinkd.devchar.snapshot import _is_dangling, observe_name, read_majors, stale_temporaries
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import DriverInfo
-from nvsymlinkd.host.nodes import TMP_PREFIX, dev_dir
+from nvsymlinkd.host.nodes import dev_dir
 from nvsymlinkd.host.nodescan import scan_nodes
 from nvsymlinkd.host.paths import link_target, normalize, target_of
 from nvsymlinkd.host.root import HostRoot
@@ -136,13 +136,7 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, by_pat
                         entries[name] = _new(DevCharEntry, (name, "symlink", text, want[1], want[2], "char"))
                         exact[name] = text
                         continue
-                major, colon, minor = name.partition(":")
-                if colon and major.isdecimal() and minor.isdecimal() and major.isascii() and minor.isascii():
-                    entry = _observe_entry(root, fd, char_real, de, by_path)
-                    if entry is not None:
-                        entries[name] = entry
-                elif name.startswith(TMP_PREFIX):
-                    temps.append(f"{dev_char_path}/{name}")
+                observe_name(root, fd, dev_char_path, char_real, de, by_path, entries, temps)
     except OSError:
         return "missing", {}, {}
     finally:

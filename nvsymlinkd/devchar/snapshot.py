@@ -95,24 +95,30 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, dev_char_real: str, by
         return ("not-dir" if _is_dangling(root, dev_char_path) else "missing"), {}
     except OSError:
         return "not-dir", {}
-    entries = {}
+    entries: dict = {}
     try:
         with os.scandir(fd) as it:
             for de in it:
-                name = de.name
-                major, colon, minor = name.partition(":")
-                # DEV_CHAR_NAME without the regex: thousands of names per pass
-                if colon and major.isdecimal() and minor.isdecimal() and major.isascii() and minor.isascii():
-                    entry = _observe_entry(root, fd, dev_char_real, de, by_path)
-                    if entry is not None:
-                        entries[name] = entry
-                elif name.startswith(TMP_PREFIX):
-                    temps.append(f"{dev_char_path}/{name}")
+                observe_name(root, fd, dev_char_path, dev_char_real, de, by_path, entries, temps)
     except OSError:
         return "missing", {}
     finally:
         os.close(fd)
     return "dir", entries
+
+
+def observe_name(root: HostRoot, fd: int, dev_char_path: str, dev_char_real: str, de: os.DirEntry,
+                 by_path: dict, entries: dict, temps: list) -> None:
+    """One /dev/char entry: an M:m name is observed into entries, a dead sync's temporary listed."""
+    name = de.name
+    major, colon, minor = name.partition(":")
+    # DEV_CHAR_NAME without the regex: thousands of names per pass
+    if colon and major.isdecimal() and minor.isdecimal() and major.isascii() and minor.isascii():
+        entry = _observe_entry(root, fd, dev_char_real, de, by_path)
+        if entry is not None:
+            entries[name] = entry
+    elif name.startswith(TMP_PREFIX):
+        temps.append(f"{dev_char_path}/{name}")
 
 
 def _is_dangling(root: HostRoot, inside: str) -> bool:
