@@ -26,7 +26,7 @@ from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
 from nvsymlinkd.host.devices import LETTERS, RWM, Access, Device, Rule
 from nvsymlinkd.host.procdevices import decimal
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.systemd.bus import close
+from nvsymlinkd.systemd.bus import close, quiet_dropped_writes
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
@@ -176,6 +176,7 @@ async def _query(scopes, address) -> dict:
 
     if address is None:
         address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/var/run/dbus/system_bus_socket"
+    quiet_dropped_writes()
     bus = await asyncio.wait_for(MessageBus(bus_address=address).connect(), BUS_TIMEOUT)
     out = {}
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from nvsymlinkd.errors import NvsymlinkdError
-from nvsymlinkd.systemd.bus import close
+from nvsymlinkd.systemd.bus import close, quiet_dropped_writes
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
@@ -46,6 +46,7 @@ async def _connect(timeout: float):
 
     from nvsymlinkd.systemd.bus import bus_address
 
+    quiet_dropped_writes()
     try:
         return await asyncio.wait_for(MessageBus(bus_type=BusType.SYSTEM).connect(), timeout)
     except asyncio.TimeoutError:
