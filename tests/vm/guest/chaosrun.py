@@ -569,8 +569,10 @@ class Soak:
             windows[ctr.name] = log.windows
             if log.open_window is not None:
                 open_[ctr.name] = log.open_window
-            if ctr in self.ctrs.values() and not log.last_alive:
-                viol.append(f"{ctr.name}: its poller has not said ALIVE (not running?)")
+            # gpupoll says ALIVE a second after its start: a container made by this step may not have yet
+            if ctr in self.ctrs.values() and not log.last_alive and not wait_for(
+                    lambda c=ctr: c.poll_log().last_alive, timeout=30, interval=0.2)[0]:
+                viol.append(f"{ctr.name}: its poller has not said ALIVE in 30 s (not running?)")
         if open_ and step.budget_s:
             time.sleep(min(step.budget_s, max(0.0, t_action_end + step.budget_s - time.time())))
         den = chaos.judge_denials(windows, open_, t_start, time.time(), step.budget_s)
