@@ -610,9 +610,20 @@ class Soak:
                   + (f"; VIOLATIONS {rec['violations']}" if rec["violations"] else ""), flush=True)
             if rec["violations"]:
                 failed.append(f"step {i + 1} {step}: {'; '.join(rec['violations'])[:600]}")
+                self.keep_journal(f"seed{seed}-step{i + 1}", t0)
         self.sc.timing(f"seed{seed}_s", time.monotonic() - t_seq)
         return self.sc.check(f"seed {seed}: 20 steps, invariants (a)-(e) hold after each", not failed,
                              " | ".join(failed)[:3000])
+
+    def keep_journal(self, what: str, since: float) -> None:
+        """nvsymlinkd's, containerd's and Docker's journal from a violating step's start (and 30 s before it) into
+        results/chaos-<what>-journal.txt at once: the boot's journal.txt comes only when the whole
+        soak ends, and a soak that runs out of time never writes it."""
+        out = sh("journalctl", "-b", "--no-pager", "-o", "short-monotonic", "-u", UNIT, "-u", "containerd",
+                 "-u", "docker", "--since", f"@{since - 30:.0f}", check=False).stdout
+        path = os.path.join(os.environ.get("VM_RESULTS", "/mnt/run/results"), f"chaos-{what}-journal.txt")
+        with open(path, "w") as f:
+            f.write(out)
 
     def finish(self) -> None:
         """At the end: every poller alive with no window open, and every container's access
