@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,15 @@ def _skip_or_fail(reason: str):
 def need_root():
     if os.geteuid() != 0:
         _skip_or_fail("needs root (mknod, cgroups)")
+
+
+@pytest.fixture
+def example_base(need_root):
+    """A root-owned scratch directory for property tests: hypothesis runs many examples in one
+    function call, so each example makes its own directory under this one (tmp_path is per call)."""
+    d = Path(tempfile.mkdtemp(prefix="nvsymlinkd-examples-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def need_tool(name: str) -> str:

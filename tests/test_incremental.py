@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 from fakehost import standard_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -133,17 +132,10 @@ class Harness:
         assert self.state.summary()["conflict"] == full.summary()["conflict"]
 
 
-@pytest.fixture
-def base(need_root):
-    d = Path(tempfile.mkdtemp(prefix="nvsymlinkd-incr-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=ops)
-def test_incremental_equals_full_pass(base, steps):
-    work = Path(tempfile.mkdtemp(dir=base))
+def test_incremental_equals_full_pass(example_base, steps):
+    work = Path(tempfile.mkdtemp(dir=example_base))
     h = Harness(work)
     try:
         for batch in steps:
@@ -156,10 +148,10 @@ def test_incremental_equals_full_pass(base, steps):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_name_reuse_with_another_rdev_is_seen(base):
+def test_name_reuse_with_another_rdev_is_seen(example_base):
     """rm + mknod of the same name, another minor, read as one batch of events: the old link goes,
     the new one comes, without a full pass."""
-    h = Harness(base)
+    h = Harness(example_base)
     try:
         os.mknod(h.caps(1), 0o20600, os.makedev(CAPS, 1))
         h.settle()
@@ -175,8 +167,8 @@ def test_name_reuse_with_another_rdev_is_seen(base):
         h.close()
 
 
-def test_unknown_major_falls_back_to_a_full_pass(base):
-    h = Harness(base)
+def test_unknown_major_falls_back_to_a_full_pass(example_base):
+    h = Harness(example_base)
     try:
         h.host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS, "nvidia-nvswitch": 240})
         h.host.node("/dev/nvidia-nvswitch0", 240, 0)

@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 from fakehost import FakeHost
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -93,17 +92,10 @@ def make_tree(base: Path, tree: dict) -> tuple:
     return host, HostRoot(str(host.root)), droot
 
 
-@pytest.fixture
-def base(need_root):
-    d = Path(tempfile.mkdtemp(prefix="nvsymlinkd-quick-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tree=tree_st)
-def test_quick_pass_equals_observe_and_plan(base, tree):
-    work = Path(tempfile.mkdtemp(dir=base))
+def test_quick_pass_equals_observe_and_plan(example_base, tree):
+    work = Path(tempfile.mkdtemp(dir=example_base))
     try:
         host, root, droot = make_tree(work, tree)
         oracle = observe(root, droot, "/dev/char", with_driver_info=False)
@@ -122,9 +114,9 @@ def test_quick_pass_equals_observe_and_plan(base, tree):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_exact_links_are_settled_without_the_planner(base, monkeypatch):
+def test_exact_links_are_settled_without_the_planner(example_base, monkeypatch):
     """A no-op MIG pass: every link exact, and the planner's per-link decider is never asked."""
-    host, root, _ = make_tree(base, {"driver_root": "/", "dev_symlinked": False, "dev_char": "dir",
+    host, root, _ = make_tree(example_base, {"driver_root": "/", "dev_symlinked": False, "dev_char": "dir",
                                      "nodes": [("cap", i, i) for i in range(6)], "entries": [], "temp": False})
     reconcile(root, Config())
     def refuse(*args):
