@@ -95,9 +95,9 @@ class SystemdWatch:
         from dbus_next import BusType
         from dbus_next.aio import MessageBus
 
+        quiet_dropped_writes()  # the loop's, once: every connection below lives on it
         delay = self.backoff_start
         while True:
-            quiet_dropped_writes()
             try:
                 bus = await asyncio.wait_for(MessageBus(bus_type=BusType.SYSTEM).connect(), self.connect_timeout)
             except asyncio.CancelledError:
