@@ -578,10 +578,12 @@ def guest_cmdline(name: str, nvsymlinkd: str) -> str:
 
 def guest_options() -> Dict[str, str]:
     """The run dir's options.json: the chaos soak's re-run of one seed or one printed sequence
-    (NVSYMLINKD_CHAOS_SEEDS / NVSYMLINKD_CHAOS_STEPS, docs/vm.md "Chaos soak"), read by
+    (NVSYMLINKD_CHAOS_SEEDS / NVSYMLINKD_CHAOS_STEPS, docs/vm.md "Chaos soak"), and
+    NVSYMLINKD_CHAOS_DEBUG=1 (the daemon journals its debug entries: each pass and why), read by
     chaosrun.cmdline_option."""
     options = {}
-    for env, key in (("NVSYMLINKD_CHAOS_SEEDS", "chaos_seeds"), ("NVSYMLINKD_CHAOS_STEPS", "chaos_steps")):
+    for env, key in (("NVSYMLINKD_CHAOS_SEEDS", "chaos_seeds"), ("NVSYMLINKD_CHAOS_STEPS", "chaos_steps"),
+                     ("NVSYMLINKD_CHAOS_DEBUG", "chaos_debug")):
         value = os.environ.get(env, "").strip()
         if value:
             options[key] = value

@@ -233,6 +233,8 @@ class Soak:
 
     def setup(self) -> None:
         t0 = time.monotonic()
+        if cmdline_option("chaos_debug") == "1":
+            self.debug_daemon()
         majors = load_fake_driver(uvm=True)
         self.uvm_major = majors["nvidia-uvm"]
         self.nvidia_majors.add(self.uvm_major)
@@ -264,6 +266,17 @@ class Soak:
         self.sc.fact("rss_start_kb", self.rss_start)
         self.cursor = journal_cursor()
         self.sc.timing("setup_s", time.monotonic() - t0)
+
+    def debug_daemon(self) -> None:
+        """NVSYMLINKD_CHAOS_DEBUG=1: the daemon journals its debug entries (every pass, its reasons
+        and its duration), for a replay that must explain a late prevention."""
+        dropin = "/run/systemd/system/nvsymlinkd.service.d"
+        os.makedirs(dropin, exist_ok=True)
+        with open(os.path.join(dropin, "50-chaos-debug.conf"), "w") as f:
+            f.write("[Service]\nEnvironment=NVSYMLINKD_DEBUG=1\n")
+        daemon_reload()
+        sh("systemctl", "restart", UNIT, timeout=120)
+        self.sc.fact("daemon_debug", True)
 
     def wait_settled(self, timeout: float) -> None:
         """Every hook-granted container prevented: `nvsymlinkd check --json` says ok for all."""
