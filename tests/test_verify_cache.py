@@ -422,3 +422,24 @@ def test_daemon_sees_a_device_cgroup_change_between_cached_passes(runc_host, sys
     c.allow("c 195:0 rw")
     message, _ = d.wait_entry("container-ok", c.id, mark)
     assert "can open all its GPU devices again" in message
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_pass_that_records_a_baseline_judges_as_the_next_one_will(fakehost, v1_parent, cached):
+    """A hook-granted container seen for the first time: the daemon's pass records its baseline and
+    judges it on that baseline in the same pass (what the hook granted is expected, so at risk now),
+    not a pass later that a daemon-reload may come before (chaos soak, seed 38)."""
+    root = _host(fakehost)
+    Layouts(fakehost).runc("hook2", GPU_SPEC,
+                           cgroup=v1_cgroup(v1_parent, "hook2", ["c 195:0 rw", "c 195:1 rw", "c 195:255 rw"]))
+    cache = VerifyCache() if cached else None
+    config = Config()
+    first = verify_all(root, config, update_baseline=True, use_bus=False, with_host=False, cache=cache)
+    (c,) = first.containers
+    assert c.baseline == "recorded"
+    assert c.expected["c 195:1"]["sources"] == ["baseline"], c.expected
+    later = verify_all(root, config, update_baseline=True, use_bus=False, with_host=False, cache=cache)
+    (d,) = later.containers
+    assert d.baseline == "loaded"
+    assert {**_doc(first)["containers"][0], "baseline": None} == {**_doc(later)["containers"][0], "baseline": None}
+    assert c.verdict == "at-risk" and any(f.devices == ("c 195:1",) for f in c.findings), c.findings

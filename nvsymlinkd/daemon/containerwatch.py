@@ -51,7 +51,12 @@ REASON_NAMES = 3
 # up to ~200 ms under qemu TCG). A read inside that window shows devices lost that are not. A new
 # finding a window can make (a loss, uvm not granted, unknown) is read again before it is journaled
 # or repaired: after systemd finished reloading, then SETTLE_SECONDS later. A real loss persists.
+# On cgroup v2 systemd attaches a unit's new device program before it detaches the old one
+# (src/core/bpf-devices.c, bpf_devices_apply_policy): no deny-all moment, so a loss read there is
+# real and is repaired at once (waiting for the reload and a second read kept a container without
+# its GPUs seconds longer when reloads came back to back). Only an unreadable program can pass.
 WINDOW_KINDS = frozenset({FindingKind.LOST, FindingKind.AT_RISK_UVM, FindingKind.UNKNOWN})
+WINDOW_KINDS_V2 = frozenset({FindingKind.UNKNOWN})
 SETTLE_SECONDS = 0.5
 RELOAD_WAIT = 15.0  # at most this long for Reloading(false) (a missed signal must not stall the verifier)
 CONFIRM_READS = 3  # reads after the first, while each shows a new finding the one before did not
@@ -174,11 +179,6 @@ class ContainerWatch(ContainerHook):
         # denied part of the container's devices for that moment, and a baseline never grows back
         report = verifier.verify_all(self.root, config, update_baseline=self._not_reloading.is_set(),
                                      use_bus=self.use_bus, with_host=False, cache=self.verify_cache)
-        if any(c.baseline == "recorded" and c.verdict == "at-risk" for c in report.containers):
-            # a baseline recorded just now makes hook-injected devices expected: decide on it at once,
-            # not at the next trigger (a reload may come first and take them)
-            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False,
-                                         cache=self.verify_cache)
         report = self._confirmed(config, report)
         self.passes += 1
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
@@ -194,7 +194,8 @@ class ContainerWatch(ContainerHook):
         out = {}
         for c in report.containers:
             before = self.said.findings.get(c.id, frozenset())
-            new = frozenset(k for k in map(finding_key, c.findings) if k[0] in WINDOW_KINDS and k not in before)
+            window = WINDOW_KINDS if c.cgroup.get("devices") else WINDOW_KINDS_V2
+            new = frozenset(k for k in map(finding_key, c.findings) if k[0] in window and k not in before)
             if new:
                 out[c.id] = new
         return out

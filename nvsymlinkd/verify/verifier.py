@@ -490,12 +490,7 @@ def _baseline(root: HostRoot, config: Config, c: Container, cache: VerifyCache |
 def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
                 update_baseline: bool, cache: VerifyCache | None = None) -> ContainerReport:
     base = _baseline(root, config, c, cache)
-    if cache is None:
-        signs, expected = _expect(c, base, ctx)
-    else:
-        signs, expected = cache.memo("expected", (c.namespace, c.id),
-                                     (c.spec, c.state, base, ctx.host, ctx.nvidia_majors),
-                                     lambda: _expect(c, base, ctx))[0]
+    signs, expected = _expected(c, base, ctx, cache)
     if not signs and not expected.devices:
         return _evaluate(c, signs, expected, None, None, None, ctx.host, (), cache)
     policy, why = _read_policy(root, c, ctx.mounts, cache) if c.live else (None, None)
@@ -510,11 +505,24 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
         devices = baseline_devices(report)
         if devices:
             try:
-                baselinemod.record(root, config, c.id, c.init_start, devices)
-                report.baseline = "recorded"
+                base = baselinemod.record(root, config, c.id, c.init_start, devices)
             except OSError as exc:
                 report.problems = report.problems + (f"cannot write baseline: {exc.strerror}",)
+            else:
+                # judged again at once on what was just recorded (the same reads): what a hook granted
+                # is expected from now on, so it is at risk in this pass, not the next one a reload
+                # may come before
+                signs, expected = _expected(c, base, ctx, cache)
+                report = _evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes, cache)
+                report.baseline = "recorded"
     return report
+
+
+def _expected(c: Container, base, ctx: _HostContext, cache: VerifyCache | None) -> tuple:
+    if cache is None:
+        return _expect(c, base, ctx)
+    return cache.memo("expected", (c.namespace, c.id), (c.spec, c.state, base, ctx.host, ctx.nvidia_majors),
+                      lambda: _expect(c, base, ctx))[0]
 
 
 def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,
