@@ -358,3 +358,89 @@ def test_letters_allowed_apart_but_not_together_is_lost():
     r = run(GPU0, policy_of("c 195:0 r\nc 195:0 w\nc 195:255 rw\n"))
     assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
     assert r.granted["c 195:0"] == "rw"  # each letter alone is allowed, and the report says so
+
+
+MANY_SCOPES_TEMPLATE = """
+import os
+import dbus
+
+BUS_NAME = "org.freedesktop.systemd1"
+MAIN_OBJ = "/org/freedesktop/systemd1"
+MAIN_IFACE = "org.freedesktop.systemd1.Manager"
+SYSTEM_BUS = True
+N = int(os.environ["FAKE_SYSTEMD_SCOPES"])
+
+
+def unit_path(i):
+    return "/org/freedesktop/systemd1/unit/docker_2ds%d_2escope" % i
+
+
+def load(mock, parameters):
+    mock.AddMethod(MAIN_IFACE, "GetUnit", "s", "o",
+                   "open(os.environ['FAKE_SYSTEMD_ASKED'], 'a').write(args[0] + '\\\\n')\\n"
+                   "name = args[0]\\n"
+                   "if not (name.startswith('docker-s') and name.endswith('.scope')"
+                   " and name[8:-6].isdigit() and int(name[8:-6]) < %d):\\n"
+                   "    raise dbus.exceptions.DBusException('no unit', name='org.freedesktop.systemd1.NoSuchUnit')\\n"
+                   "ret = dbus.ObjectPath('/org/freedesktop/systemd1/unit/docker_2ds' + name[8:-6] + '_2escope')" % N)
+    for i in range(N):
+        mock.AddObject(unit_path(i), "org.freedesktop.systemd1.Scope", {
+            "DeviceAllow": dbus.Array([("/dev/char/195:%d" % i, "rw")], signature="(ss)"),
+            "DevicePolicy": "strict" if i % 2 else "closed",
+        }, [])
+"""
+
+
+@pytest.fixture
+def many_scopes_bus(tmp_path, need_root, monkeypatch):
+    from privatebus import need_dbusmock, start_bus, start_mock
+
+    need_dbusmock()
+    n = 100  # more than the calls kept in flight at once (scopes.BUS_IN_FLIGHT)
+    monkeypatch.setenv("FAKE_SYSTEMD_SCOPES", str(n))
+    monkeypatch.setenv("FAKE_SYSTEMD_ASKED", str(tmp_path / "asked"))
+    (tmp_path / "many_scopes.py").write_text(MANY_SCOPES_TEMPLATE)
+    bus = start_bus(tmp_path)
+    mock = None
+    try:
+        mock = start_mock(bus.address, tmp_path / "many_scopes.py")
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
+        yield n, tmp_path / "asked"
+    finally:
+        if mock is not None:
+            mock.kill()
+            mock.wait()
+        bus.kill()
+
+
+def test_many_scopes_asked_at_once_each_get_their_own_answer(many_scopes_bus, fakehost):
+    from nvsymlinkd.containers import scopes as scopesmod
+
+    n, asked = many_scopes_bus
+    assert n > scopesmod.BUS_IN_FLIGHT
+    names = [f"docker-s{i}.scope" for i in range(n)] + ["docker-gone.scope"]
+    got = scopesmod.read_scopes(HostRoot(str(fakehost.root)), names, Majors({}))
+    for i in range(n):
+        sd = got[f"docker-s{i}.scope"]
+        assert sd.source == "dbus" and sd.entries == ((f"/dev/char/195:{i}", "rw"),), (i, sd)
+        assert sd.policy == ("strict" if i % 2 else "closed")
+    assert got["docker-gone.scope"] is None
+    assert sorted(asked.read_text().split()) == sorted(names)
+
+
+def test_only_gpu_containers_scopes_are_asked_for(many_scopes_bus, fakehost, v1_parent):
+    from nvsymlinkd.verify.verifier import verify_all
+
+    _, asked = many_scopes_bus
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    fakehost.node("/dev/nvidia0", 195, 0)
+    fakehost.path("/sys/fs").mkdir(parents=True)
+    os.symlink("/sys/fs/cgroup", fakehost.path("/sys/fs/cgroup"))
+    lay = Layouts(fakehost)
+    gpu = oci_spec(rules=[spec_rule(195, 0)], nodes=[spec_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    lay.docker("s1", gpu, cgroup=v1_cgroup(v1_parent, "docker-s1.scope", ["c 195:0 rw"]), systemd=True)
+    lay.docker("s2", oci_spec(), cgroup=v1_cgroup(v1_parent, "docker-s2.scope", []), systemd=True)
+    report = verify_all(HostRoot(str(fakehost.root)), Config(), use_bus=True, with_host=False)
+    assert [c.id for c in report.containers] == ["s1"] and report.not_gpu == 1
+    assert report.containers[0].scope == "docker-s1.scope"
+    assert asked.read_text().split() == ["docker-s1.scope"]

@@ -487,10 +487,20 @@ def _baseline(root: HostRoot, config: Config, c: Container, cache: VerifyCache |
     return baselinemod.load(root, config, c.id, c.init_start, cache.files if cache else None)
 
 
-def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
-                update_baseline: bool, cache: VerifyCache | None = None) -> ContainerReport:
+def _prepare(root: HostRoot, config: Config, ctx: _HostContext, c: Container, cache: VerifyCache | None) -> tuple:
+    """(baseline, gpu signs, expected access): all a container needs before its cgroup and scope are read."""
     base = _baseline(root, config, c, cache)
-    signs, expected = _expected(c, base, ctx, cache)
+    return (base,) + _expected(c, base, ctx, cache)
+
+
+def _is_gpu(prepared: tuple) -> bool:
+    _, signs, expected = prepared
+    return bool(signs or expected.devices)
+
+
+def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
+                update_baseline: bool, cache: VerifyCache | None = None, prepared: tuple | None = None) -> ContainerReport:
+    base, signs, expected = prepared or _prepare(root, config, ctx, c, cache)
     if not signs and not expected.devices:
         return _evaluate(c, signs, expected, None, None, None, ctx.host, (), cache)
     policy, why = _read_policy(root, c, ctx.mounts, cache) if c.live else (None, None)
@@ -540,10 +550,13 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         ctx.host = cache.same("host", ctx.host)
         ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)
     containers = discover(root, cache.files if cache is not None else None)
-    scopes = read_scopes(root, [c.scope for c in containers if c.live and c.scope], ctx.majors, use_bus, cache)
+    prepared = [_prepare(root, config, ctx, c, cache) for c in containers]
+    # only GPU containers' scopes are judged: a plain container's costs no D-Bus call
+    scopes = read_scopes(root, [c.scope for c, p in zip(containers, prepared) if c.live and c.scope and _is_gpu(p)],
+                         ctx.majors, use_bus, cache)
     reports, not_gpu = [], 0
-    for c in containers:
-        r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline, cache)
+    for c, p in zip(containers, prepared):
+        r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline, cache, p)
         if r.verdict == NOT_GPU:
             not_gpu += 1
         else:
@@ -565,7 +578,8 @@ def verify_container(root: HostRoot, config: Config, container_id_or_scope: str,
     c = find(discover(root), container_id_or_scope)
     if c is None:
         return None
+    prepared = _prepare(root, config, ctx, c, None)
     scope_devices = None
-    if c.scope and c.live:
+    if c.scope and c.live and _is_gpu(prepared):
         scope_devices = read_scopes(root, [c.scope], ctx.majors, use_bus).get(c.scope)
-    return _verify_one(root, config, ctx, c, scope_devices, update_baseline)
+    return _verify_one(root, config, ctx, c, scope_devices, update_baseline, prepared=prepared)
