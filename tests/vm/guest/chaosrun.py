@@ -625,7 +625,7 @@ class Soak:
                 failed.append(f"step {i + 1} {step}: {'; '.join(rec['violations'])[:600]}")
                 self.keep_journal(f"seed{seed}-step{i + 1}", t0)
         self.sc.timing(f"seed{seed}_s", time.monotonic() - t_seq)
-        return self.sc.check(f"seed {seed}: 20 steps, invariants (a)-(e) hold after each", not failed,
+        return self.sc.check(f"seed {seed}: {len(steps)} steps, invariants (a)-(e) hold after each", not failed,
                              " | ".join(failed)[:3000])
 
     def keep_journal(self, what: str, since: float) -> None:
