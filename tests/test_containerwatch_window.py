@@ -40,7 +40,7 @@ def _lost_said(journal) -> list:
     return [(f["container_id"], m) for k, m, f in journal.events if k == "container-lost"]
 
 
-def test_a_v2_loss_read_during_a_reload_is_said_at_once(fakehost, v2, monkeypatch):
+def test_a_v2_loss_read_during_a_reload_is_said_at_once(fakehost, v2, monkeypatch):  # noqa: F811
     monkeypatch.setattr(containerwatch, "RELOAD_WAIT", 0.2)  # the old code's wait, short
     root = _host(fakehost)
     cgroup = v2.make("lost")

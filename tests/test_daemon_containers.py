@@ -526,3 +526,36 @@ def test_a_device_reapply_window_is_not_a_loss(runc_host, systemd_bus, start_dae
     assert c.open_error("/dev/nvidia0") == "ENXIO"
     assert len(d.entries(mark, "container-lost", c.id)) == 1, d.output()
     assert d.alive()
+
+
+def test_a_runtime_state_event_verifies_only_the_containers_it_names(runc_host, systemd_mock, start_daemon):
+    """runc's state.json landing asks for the containers it names, not for every one on the host: the pass
+    between a hook's grant and its prevention is as short as one container's; the others' findings and
+    baselines stay as they were, and the next full pass still judges them."""
+    others = [runc_host.run(f"gpu-old-{i}", **gpu0()) for i in range(3)]
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d.wait_for_line(r"verified 3 GPU containers in [\d.]+ ms \(daemon started\)")
+    baselines = runc_host.root / "run/nvsymlinkd/baselines"
+    kept = sorted(p.name for p in baselines.iterdir())
+    assert kept == sorted(f"{c.id}.json" for c in others), kept
+    others[0].deny("c 195:0 rw")  # a loss only a full pass is asked to see
+    scope = "runc-gpu-named.scope"
+    cgroups_path = f"{runc_host.parent}/{scope}"
+    freezer = f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root),
+                           devices=f"/sys/fs/cgroup/devices{cgroups_path}", freezer=freezer)
+    mark = d.mark()
+    c, proc = runc_host.create_async("gpu-named", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+                                     nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)],
+                                     env=["NVIDIA_VISIBLE_DEVICES=0,1"],
+                                     hooks=grant_hook(runc_host, cgroups_path, "c 195:1 rw"))
+    assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()
+    runc_host.link_proc(c)
+    d.wait_entry("repair-prevented", c.id, mark)
+    d.wait_for_line(r"verified 1 GPU containers in [\d.]+ ms \(runtime state written: gpu-named\)", after=mark)
+    assert not d.entries(mark, "container-lost"), d.output()  # the others were not read
+    assert sorted(p.name for p in baselines.iterdir()) == sorted(kept + ["gpu-named.json"])  # none pruned
+    mark = d.mark()
+    reload(systemd_mock)
+    message, _ = d.wait_entry("container-lost", others[0].id, mark)
+    assert "(check triggered by: systemd reload finished)" in message

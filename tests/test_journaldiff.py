@@ -130,3 +130,20 @@ def test_quiet_repair_outcomes_once_per_findings():
     assert repair_is_news(state, CID, "repair-reported", "would grant c 195:0 rw")[0]  # new findings: news again
     _, state = journal_changes(state, Report([], []), "test")
     assert state == JournalState()  # gone: all forgotten
+
+
+def test_a_partial_report_keeps_what_was_said_of_the_others():
+    """The daemon's pass for the containers whose runtime state was just written holds only those: the
+    others' findings carry over (a full pass later says nothing new of them, and no recovery)."""
+    other = "b" * 64
+    state = JournalState()
+    entries, state = journal_changes(state, Report([lost, container(AT_RISK, cid=other)], []), "full")
+    assert sorted(e.kind for e in entries) == ["container-at-risk-not-in-spec", "container-lost"]
+    entries, state = journal_changes(state, Report([container(AT_RISK, cid=other)], []), "one", partial=True)
+    assert entries == [] and CID in state.findings and CID in state.problems
+    entries, state = journal_changes(state, Report([lost, container(AT_RISK, cid=other)], []), "full again")
+    assert entries == []  # nothing forgotten: the loss is not news again
+    # without partial, a container missing from the report is gone: said again if it comes back
+    entries, state = journal_changes(state, Report([container(AT_RISK, cid=other)], []), "full, one gone")
+    entries, state = journal_changes(state, Report([lost, container(AT_RISK, cid=other)], []), "back")
+    assert [e.kind for e in entries] == ["container-lost"]

@@ -92,6 +92,7 @@ class ContainerWatch(ContainerHook):
         self.passes = 0
         self.verify_cache: VerifyCache | None = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
         self._pending: set = set()
+        self._pending_ids: set = set()  # the containers runtime state events named since the last pass
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._last_end = 0.0  # loop time the last verification ended
@@ -123,6 +124,8 @@ class ContainerWatch(ContainerHook):
     async def runtime_state_written(self, containers: list) -> None:
         names = [c.rpartition("/")[2] for c in containers]
         more = f" and {len(names) - REASON_NAMES} more" if len(names) > REASON_NAMES else ""
+        # a name in parentheses ("(overflow)", "(unreadable events)") names no container: all are verified
+        self._pending_ids.update(n if not n.startswith("(") else None for n in names)
         self._request(f"{RUNTIME_REASON}: {', '.join(names[:REASON_NAMES])}{more}")
 
     async def nodes_changed(self, result) -> None:
@@ -154,17 +157,22 @@ class ContainerWatch(ContainerHook):
                     await asyncio.sleep(rest)  # a burst of starts: what lands meanwhile joins this pass
             self._wake.clear()
             reasons, self._pending = sorted(self._pending), set()
+            ids, self._pending_ids = self._pending_ids, set()
+            # runtime state events alone: only the containers they name (their hooks just ran: the
+            # sooner they are judged, the sooner a hook's grant is protected from the next reload)
+            only = frozenset(ids) if runtime_only and ids and None not in ids else None
             started = loop.time()
             try:
-                await loop.run_in_executor(None, self.verify_and_repair, ", ".join(reasons))
+                await loop.run_in_executor(None, self.verify_and_repair, ", ".join(reasons), only)
             except Exception as exc:  # noqa: BLE001 - the link keeper must outlive any verifier bug
                 self.journal.log(journalmod.ERR, f"container verification failed: {type(exc).__name__}: {exc}")
             self._last_end = loop.time()
             self._last_seconds = self._last_end - started
             self._last_runtime_only = runtime_only
 
-    def verify_and_repair(self, why: str):
-        """One verification of every container (blocking; runs in a worker thread)."""
+    def verify_and_repair(self, why: str, only: frozenset | None = None):
+        """One verification of every container, or of those with the ids in `only` (blocking; runs in a
+        worker thread)."""
         from nvsymlinkd.repair.apply import recover_frozen
         from nvsymlinkd.verify import verifier
         from nvsymlinkd.verify.cache import VerifyCache
@@ -178,15 +186,15 @@ class ContainerWatch(ContainerHook):
         # no baseline from a read while systemd reloads: on cgroup v1 its device re-apply may have
         # denied part of the container's devices for that moment, and a baseline never grows back
         report = verifier.verify_all(self.root, config, update_baseline=self._not_reloading.is_set(),
-                                     use_bus=self.use_bus, with_host=False, cache=self.verify_cache)
-        report = self._confirmed(config, report)
+                                     use_bus=self.use_bus, with_host=False, cache=self.verify_cache, only=only)
+        report = self._confirmed(config, report, only)
         self.passes += 1
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")
-        self._journal_changes(report, why)
-        if self.metrics is not None:
+        self._journal_changes(report, why, partial=only is not None)
+        if self.metrics is not None and only is None:  # the gauges count every container
             self.metrics.on_containers(report)
         if config.repair != "off" and report.problems:
-            self._repair(config, report)
+            self._repair(config, report, only)
         return report
 
     def _new_in_window(self, report) -> dict:
@@ -200,7 +208,7 @@ class ContainerWatch(ContainerHook):
                 out[c.id] = new
         return out
 
-    def _confirmed(self, config, report):
+    def _confirmed(self, config, report, only: frozenset | None = None):
         """The report to journal and repair from: read again while a new loss may be a re-apply window.
 
         Only what persists across two reads, the second outside systemd's reload and after the
@@ -221,27 +229,28 @@ class ContainerWatch(ContainerHook):
             self.journal.debug(f"new findings: {names}; reading again in {self.settle:g} s "
                                "(systemd's device re-apply denies all for a moment on cgroup v1)")
             time.sleep(self.settle)
-            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False)
+            report = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False, only=only)
             now = self._new_in_window(report)
             # persisted from the read before: confirmed; anything new this time is read once more
             suspects = {cid: keys - suspects.get(cid, frozenset()) for cid, keys in now.items()}
             suspects = {cid: keys for cid, keys in suspects.items() if keys}
         return report
 
-    def _journal_changes(self, report, why: str) -> None:
-        entries, self.said = journal_changes(self.said, report, why)
+    def _journal_changes(self, report, why: str, partial: bool = False) -> None:
+        entries, self.said = journal_changes(self.said, report, why, partial=partial)
         for e in entries:
             if e.kind is None:
                 self.journal.log(e.priority, e.message, None, **e.fields)
             else:
                 self.journal.event(e.kind, e.priority, e.message, **e.fields)
 
-    def _repair(self, config, report) -> None:
+    def _repair(self, config, report, only: frozenset | None = None) -> None:
         from nvsymlinkd.repair.apply import RepairHistory, repair_all
 
         if self.history is None:
             self.history = RepairHistory()
-        self.history.forget_except([c.id for c in report.containers])
+        if only is None:  # a report of every container: the history of those gone can go
+            self.history.forget_except([c.id for c in report.containers])
         results = repair_all(self.root, config, report=report, history=self.history, clock=self.clock,
                              journal=_SayOnce(self.journal, self), use_bus=self.use_bus)
         if self.metrics is not None:
@@ -252,7 +261,7 @@ class ContainerWatch(ContainerHook):
             from nvsymlinkd.verify import verifier
 
             fresh = verifier.verify_all(self.root, config, use_bus=self.use_bus, with_host=False,
-                                        cache=self.verify_cache)
-            self._journal_changes(fresh, "after repair")
-            if self.metrics is not None:
+                                        cache=self.verify_cache, only=only)
+            self._journal_changes(fresh, "after repair", partial=only is not None)
+            if self.metrics is not None and only is None:
                 self.metrics.on_containers(fresh)

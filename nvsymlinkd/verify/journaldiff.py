@@ -86,13 +86,15 @@ def journal_entries(report: ContainerReport) -> list[tuple[str, int, str, dict[s
     return out
 
 
-def journal_changes(previous: JournalState, report: Report, why: str) -> tuple[list[Entry], JournalState]:
+def journal_changes(previous: JournalState, report: Report, why: str,
+                    partial: bool = False) -> tuple[list[Entry], JournalState]:
     """The entries `report` adds to what `previous` says was journaled, and the state after them.
 
     Per container: each problem once; each finding when it is new (an at-risk finding only once until
     the container is clean again, even across a loss and its repair); `container-ok` when its findings
     are gone or a loss is over; a repair outcome is news again once its findings change.
     `why` (what triggered the verification) ends every finding's message.
+    partial: the report holds only some containers; what was said of the others carries over.
     """
     findings: dict[str, frozenset[FindingKey]] = {}
     risks: dict[str, frozenset[FindingKey]] = {}
@@ -116,6 +118,12 @@ def journal_changes(previous: JournalState, report: Report, why: str) -> tuple[l
             entries += _recovered_entries(c, before, now)
         if now and risks_now:
             risks[c.id] = risks_now
+    if partial:
+        seen = {c.id for c in report.containers}
+        findings.update((cid, v) for cid, v in previous.findings.items() if cid not in seen)
+        risks.update((cid, v) for cid, v in previous.risks.items() if cid not in seen)
+        problems.update((cid, v) for cid, v in previous.problems.items() if cid not in seen)
+        repairs.update((cid, v) for cid, v in previous.repairs.items() if cid not in seen)
     return entries, JournalState(findings, risks, problems, repairs)
 
 

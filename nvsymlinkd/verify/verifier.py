@@ -536,11 +536,13 @@ def _expected(c: Container, base, ctx: _HostContext, cache: VerifyCache | None) 
 
 
 def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,
-               with_host: bool = True, cache: VerifyCache | None = None) -> Report:
+               with_host: bool = True, cache: VerifyCache | None = None, only: frozenset | None = None) -> Report:
     """Every container on the host, plus host findings. The daemon passes update_baseline=True.
 
     cache: the daemon's verify.cache.VerifyCache, kept from pass to pass (what did not change is not
     parsed or judged again); the report is the same as without it.
+    only: container ids: the report holds only those (the daemon's pass for containers whose runtime
+    state was just written); no baseline is pruned then.
     """
     start = time.perf_counter()
     if cache is not None:
@@ -550,6 +552,8 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         ctx.host = cache.same("host", ctx.host)
         ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)
     containers = discover(root, cache.files if cache is not None else None)
+    if only is not None:
+        containers = [c for c in containers if c.id in only]
     prepared = [_prepare(root, config, ctx, c, cache) for c in containers]
     # only GPU containers' scopes are judged: a plain container's costs no D-Bus call
     scopes = read_scopes(root, [c.scope for c, p in zip(containers, prepared) if c.live and c.scope and _is_gpu(p)],
@@ -564,7 +568,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
     host = []
     if with_host:
         host = check_host(root, config, ctx.snapshot)
-    if update_baseline:
+    if update_baseline and only is None:  # pruning needs every container's id
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     if cache is not None:
         cache.end_pass()
