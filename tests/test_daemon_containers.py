@@ -422,22 +422,30 @@ def grant_hook(runc_host, cgroups_path: str, rule: str) -> dict:
                           "args": [sys.executable, "-c", GRANT_HOOK, str(runc_host.root), str(devices), rule]}]}
 
 
-def test_new_hook_granted_container_is_prevented_once_runc_wrote_its_state(runc_host, systemd_mock, start_daemon):
-    """No scope signal, no resync: the daemon learns that the hooks are done from runc's state.json landing."""
-    scope = "runc-gpu-new.scope"
-    keep = [("/dev/char/1:3", "rwm"), ("/dev/char/5:0", "rwm")]
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+def create_hook_granted(runc_host, systemd_mock, name: str, keep: list):
+    """`runc create` of a container in its own systemd scope (DeviceAllow=keep) whose spec grants c 195:0
+    and whose prestart hook grants c 195:1, as the legacy NVIDIA hook does; returns it once created."""
+    scope = f"runc-{name}.scope"
     cgroups_path = f"{runc_host.parent}/{scope}"
     freezer = f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state"
     systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=f"/sys/fs/cgroup/devices{cgroups_path}",
                            freezer=freezer)
-    mark = d.mark()
-    c, proc = runc_host.create_async("gpu-new", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+    c, proc = runc_host.create_async(name, cgroup_leaf=scope, rules=[device_rule(195, 0)],
                                      nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)],
                                      env=["NVIDIA_VISIBLE_DEVICES=0,1"],
                                      hooks=grant_hook(runc_host, cgroups_path, "c 195:1 rw"))
     assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()
     runc_host.link_proc(c)
+    return c
+
+
+def test_new_hook_granted_container_is_prevented_once_runc_wrote_its_state(runc_host, systemd_mock, start_daemon):
+    """No scope signal, no resync: the daemon learns that the hooks are done from runc's state.json landing."""
+    scope = "runc-gpu-new.scope"
+    keep = [("/dev/char/1:3", "rwm"), ("/dev/char/5:0", "rwm")]
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    mark = d.mark()
+    c = create_hook_granted(runc_host, systemd_mock, "gpu-new", keep)
     message, _ = d.wait_entry("container-at-risk-not-in-spec", c.id, mark)
     assert "GPU device access at risk (at-risk-not-in-spec): c 195:1" in message
     assert "(check triggered by: runtime state written: gpu-new)" in message, d.output()
@@ -539,18 +547,8 @@ def test_a_runtime_state_event_verifies_only_the_containers_it_names(runc_host, 
     kept = sorted(p.name for p in baselines.iterdir())
     assert kept == sorted(f"{c.id}.json" for c in others), kept
     others[0].deny("c 195:0 rw")  # a loss only a full pass is asked to see
-    scope = "runc-gpu-named.scope"
-    cgroups_path = f"{runc_host.parent}/{scope}"
-    freezer = f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state"
-    systemd_mock.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root),
-                           devices=f"/sys/fs/cgroup/devices{cgroups_path}", freezer=freezer)
     mark = d.mark()
-    c, proc = runc_host.create_async("gpu-named", cgroup_leaf=scope, rules=[device_rule(195, 0)],
-                                     nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)],
-                                     env=["NVIDIA_VISIBLE_DEVICES=0,1"],
-                                     hooks=grant_hook(runc_host, cgroups_path, "c 195:1 rw"))
-    assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()
-    runc_host.link_proc(c)
+    c = create_hook_granted(runc_host, systemd_mock, "gpu-named", [("/dev/char/1:3", "rwm")])
     d.wait_entry("repair-prevented", c.id, mark)
     d.wait_for_line(r"verified 1 GPU containers in [\d.]+ ms \(runtime state written: gpu-named\)", after=mark)
     assert not d.entries(mark, "container-lost"), d.output()  # the others were not read

@@ -3,6 +3,7 @@ runtime fixtures whose cgroups are real v1 device cgroups."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -289,12 +290,14 @@ def load(mock, parameters):
 """
 
 
-@pytest.fixture
-def systemd_bus(tmp_path, need_root, monkeypatch):
+@contextlib.contextmanager
+def mock_systemd(tmp_path, monkeypatch, template: str):
+    """A private bus with python-dbusmock running TEMPLATE as systemd; yields the bus address (also
+    DBUS_SYSTEM_BUS_ADDRESS meanwhile)."""
     from privatebus import need_dbusmock, start_bus, start_mock
 
     need_dbusmock()
-    (tmp_path / "fake_systemd.py").write_text(SYSTEMD_TEMPLATE)
+    (tmp_path / "fake_systemd.py").write_text(template)
     bus = start_bus(tmp_path)
     mock = None
     try:
@@ -306,6 +309,12 @@ def systemd_bus(tmp_path, need_root, monkeypatch):
             mock.kill()
             mock.wait()
         bus.kill()
+
+
+@pytest.fixture
+def systemd_bus(tmp_path, need_root, monkeypatch):
+    with mock_systemd(tmp_path, monkeypatch, SYSTEMD_TEMPLATE) as address:
+        yield address
 
 
 def test_scopes_from_dbus_then_files(systemd_bus, fakehost):
@@ -393,24 +402,11 @@ def load(mock, parameters):
 
 @pytest.fixture
 def many_scopes_bus(tmp_path, need_root, monkeypatch):
-    from privatebus import need_dbusmock, start_bus, start_mock
-
-    need_dbusmock()
     n = 100  # more than the calls kept in flight at once (scopes.BUS_IN_FLIGHT)
     monkeypatch.setenv("FAKE_SYSTEMD_SCOPES", str(n))
     monkeypatch.setenv("FAKE_SYSTEMD_ASKED", str(tmp_path / "asked"))
-    (tmp_path / "many_scopes.py").write_text(MANY_SCOPES_TEMPLATE)
-    bus = start_bus(tmp_path)
-    mock = None
-    try:
-        mock = start_mock(bus.address, tmp_path / "many_scopes.py")
-        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
+    with mock_systemd(tmp_path, monkeypatch, MANY_SCOPES_TEMPLATE):
         yield n, tmp_path / "asked"
-    finally:
-        if mock is not None:
-            mock.kill()
-            mock.wait()
-        bus.kill()
 
 
 def test_many_scopes_asked_at_once_each_get_their_own_answer(many_scopes_bus, fakehost):
