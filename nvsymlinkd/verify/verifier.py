@@ -11,7 +11,6 @@ MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -474,8 +473,10 @@ def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_device
     if hit:
         cache.verdict_hits += 1
     # a copy the caller may amend (baseline, problems), the kept one stays as evaluate() made it
-    report = copy.copy(report)
-    report.findings = list(report.findings)
+    # (copy.copy's shallow copy, without its reduce protocol: one per container per pass)
+    kept, report = report, object.__new__(ContainerReport)
+    report.__dict__.update(kept.__dict__)
+    report.findings = list(kept.findings)
     return report
 
 
