@@ -59,7 +59,7 @@ class ScopeDevices:
 def unit_settings(text: str) -> tuple:
     """The DevicePolicy=/DeviceAllow= settings of one unit file or drop-in, in order: ("policy", value),
     ("allow", (spec, access)), or ("allow", None) for an empty DeviceAllow= (which resets the list)."""
-    out = []
+    out: list = []
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line[0] in "#;[":
