@@ -17,13 +17,13 @@ to another device or to nothing is replaced or removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, is_nvidia_path
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.nodes import NvidiaNode, dev_dir
 from nvsymlinkd.host.paths import link_target
+from nvsymlinkd.record import dataclass
 
 if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
     from nvsymlinkd.host.driverinfo import NodeOwnership
