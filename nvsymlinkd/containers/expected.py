@@ -50,9 +50,10 @@ def nvidia_majors_of(majors) -> frozenset:
     return frozenset(majors.nvidia_majors) | {FRONTEND_MAJOR}
 
 
-def candidate_devices(host_nodes, spec, state, baseline, nvidia_majors: frozenset) -> set:
-    """NVIDIA devices worth asking about: host nodes, declared nodes, explicitly named rules, baseline."""
-    keys = {Device.char(n.major, n.minor) for n in host_nodes}
+def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozenset) -> set:
+    """NVIDIA devices worth asking about: the host nodes' (Devices), declared nodes, explicitly named rules,
+    baseline."""
+    keys = set(host_devices)
     for facts in (spec, state):
         if facts is None:
             continue

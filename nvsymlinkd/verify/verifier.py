@@ -81,6 +81,11 @@ class HostDevices:
     nodes: tuple  # NvidiaNode on the host
     nvidia_majors: frozenset
     uvm_major: int | None = None
+    devices: frozenset = field(init=False, repr=False, compare=False)  # the nodes' Devices
+
+    def __post_init__(self) -> None:
+        # made once a pass, not per container (a MIG host has ~2,000 nodes)
+        object.__setattr__(self, "devices", frozenset(Device.char(n.major, n.minor) for n in self.nodes))
 
     @property
     def uvm_node(self):
@@ -176,7 +181,7 @@ class _Live:
 
 
 def _read_live(policy, expected: Expected, host: HostDevices, dev_nodes) -> _Live:
-    candidates = set(expected.devices) | {Device.char(n.major, n.minor) for n in host.nodes}
+    candidates = set(expected.devices) | host.devices
     candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
     live = _Live()
     classes = getattr(policy, "equivalence_key", None)
@@ -456,7 +461,7 @@ def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = Non
 
 def _expect(c: Container, base, ctx: _HostContext) -> tuple:
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
-    cands = candidate_devices(ctx.host.nodes, c.spec, c.state, base, ctx.nvidia_majors)
+    cands = candidate_devices(ctx.host.devices, c.spec, c.state, base, ctx.nvidia_majors)
     return signs, expected_access(cands, c.spec, c.state, base)
 
 
