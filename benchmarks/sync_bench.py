@@ -3,7 +3,8 @@
 
 Prints, each beside a floor measured in the same run and the ratio to it:
 - the in-process cold pass (observe + plan + apply, every link created) and no-op pass
-  (observe + plan, nothing to change) vs the floor: a minimal pass doing only the syscalls
+  (observe + plan, nothing to change) vs the floor (and, for the no-op pass, the tightest Python
+  loop doing the same syscalls, vs the C floor and vs the pass: what Python costs before any logic): a minimal pass doing only the syscalls
   the job needs (scandir of DRIVER_ROOT/dev and dev/nvidia-caps, lstat of each nvidia* entry,
   scandir of /dev/char and readlink of each link; for the cold floor, symlink of each link).
   The floor is a C program built here with the machine's cc; without a compiler, the
@@ -224,6 +225,8 @@ def main() -> None:
             noop_cpu.append(time.thread_time() - c)
             assert not r.plan.changes
         noop_floor, noop_floor_cpu = floor_runs(exe, host.root, "noop", args.runs)
+        # the same syscalls from the tightest Python loop: what any Python pass pays before its logic
+        py_floor_cpu = [python_floor(host.root, "noop")[1] for _ in range(args.runs)] if exe else None
         sync = [sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "sync"]
         # as installed: modules read from bytecode (a package ships or compiles it), kept in a
         # cache of this run (PYTHONPYCACHEPREFIX, the interpreter's too); and as before, with
@@ -251,6 +254,10 @@ def main() -> None:
     print(line("cold pass in-process (every link created), thread CPU", cold_cpu, cold_floor_cpu))
     print(line("no-op pass in-process, wall", noop, noop_floor))
     print(line("no-op pass in-process, thread CPU", noop_cpu, noop_floor_cpu))
+    if py_floor_cpu:
+        print(line("  the tightest Python os.scandir loop over the same syscalls (no-op), thread CPU, vs the C floor",
+                   py_floor_cpu, noop_floor_cpu))
+        print(line("  no-op pass in-process, thread CPU, vs that Python loop", noop_cpu, py_floor_cpu))
     print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`, from bytecode", *walls["bytecode"]))
     print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`, PYTHONDONTWRITEBYTECODE", *walls["source"]))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

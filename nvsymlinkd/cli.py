@@ -1,23 +1,30 @@
 """Command line: global options, then one subcommand per module in nvsymlinkd.commands.
 
-Command modules stay cheap to import: each imports its heavy parts inside
-its run function, so `nvsymlinkd sync` never pays for D-Bus or jinja2.
+Only the module of the command that runs is imported (the others appear in `--help` by
+their one-line summary), and command modules stay cheap to import: each imports its heavy
+parts inside its run function, so `nvsymlinkd sync` never pays for D-Bus or jinja2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import re
-import shlex
 import sys
 
 from nvsymlinkd import __version__
 from nvsymlinkd.errors import NvsymlinkdError, UsageError
 
-# Each name is a module nvsymlinkd.commands.<name> with register(subparsers).
+# Each name is a module nvsymlinkd.commands.<name> with register(subparsers); its summary (the
+# subparser's help=) is here, so `nvsymlinkd --help` lists every command without importing them.
 COMMANDS = ("sync", "run", "render", "check", "repair")
+SUMMARIES = {
+    "sync": "create, fix and remove /dev/char/M:m links for NVIDIA nodes, once",
+    "run": "run the event daemon: keep /dev/char exact as nodes, modules and systemd change",
+    "render": "write (or print) the udev rule and systemd units for this config",
+    "check": "verify GPU containers' device access and the host (read-only)",
+    "repair": "re-grant NVIDIA devices GPU containers lost (or are about to lose)",
+}
 
 EPILOG = """\
 examples:
@@ -38,6 +45,17 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         raise _CommandLineError(message)
 
+    def _get_formatter(self):
+        # While the parser is built, argparse makes a formatter per add_argument only to check a
+        # metavar (no width used): a fixed width spares sync's start the `shutil` import (~1.5 ms)
+        # that asks the terminal's. Help and usage text are formatted after, at the real width.
+        if _building:
+            return self.formatter_class(prog=self.prog, width=80)
+        return super()._get_formatter()
+
+
+_building = False
+
 
 def _global_options(parser, default_root, default_config) -> None:
     parser.add_argument("--root", default=default_root, metavar="DIR",
@@ -46,27 +64,47 @@ def _global_options(parser, default_root, default_config) -> None:
                         help="config file (default /etc/nvsymlinkd/nvsymlinkd.toml inside --root)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.",
-                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"nvsymlinkd {__version__}")
-    _global_options(parser, "/", None)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
-    for name in COMMANDS:
-        importlib.import_module(f"nvsymlinkd.commands.{name}").register(sub)
-    # the global options are accepted after the subcommand too (`nvsymlinkd sync --root X`);
-    # SUPPRESS: given there, they win; not given, the value from before the subcommand stays
-    for command_parser in sub.choices.values():
-        _global_options(command_parser, argparse.SUPPRESS, argparse.SUPPRESS)
-    return parser
+def build_parser(only: str | None = None, stubs: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, that command's parser in full and every other one a
+    stub (its summary for `--help`, no options: never chosen once `only` is the command given);
+    with `stubs`, every command a stub (enough to learn which command argv names)."""
+    global _building
+    _building = True
+    try:
+        parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--version", action="version", version=f"nvsymlinkd {__version__}")
+        _global_options(parser, "/", None)
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+        sub.required = True
+        for name in COMMANDS:
+            if stubs or only not in (None, name):
+                sub.add_parser(name, help=SUMMARIES[name], add_help=False)
+                continue
+            importlib.import_module(f"nvsymlinkd.commands.{name}").register(sub)
+            # the global options are accepted after the subcommand too (`nvsymlinkd sync --root X`);
+            # SUPPRESS: given there, they win; not given, the value from before the subcommand stays
+            _global_options(sub.choices[name], argparse.SUPPRESS, argparse.SUPPRESS)
+        return parser
+    finally:
+        _building = False
+
+
+def parse_args(argv: list) -> argparse.Namespace:
+    """argv parsed by the parser of the command it names, the other commands' modules not imported.
+
+    The stub pass's top-level parser is the full one's (same options, summaries, errors, --help,
+    --version), and a stub takes no options (`sync --help` is left for the full pass), so both
+    passes read the global options and the command name from argv the same way."""
+    command = build_parser(stubs=True).parse_known_args(argv)[0].command
+    return build_parser(only=command).parse_args(argv)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = root = None
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
         from nvsymlinkd.config import load_config
         from nvsymlinkd.host.root import HostRoot
 
@@ -88,6 +126,8 @@ def main(argv=None) -> int:
 
 
 def _print_json_error(message: str, exit_code: int) -> None:
+    import json  # only on this error path: not on every command's start
+
     try:
         json.dump({"ok": False, "error": message, "exit_code": exit_code}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -103,4 +143,6 @@ def with_root(text: str, root) -> str:
     """A fix hint that names an nvsymlinkd command, with this run's --root put in (so it can be pasted)."""
     if not text or root.is_real_root:
         return text
+    import shlex  # only with --root: not on every command's start
+
     return _COMMAND_HINT.sub(f"nvsymlinkd --root {shlex.quote(root.root)} ", text)

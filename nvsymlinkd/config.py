@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, fields, replace
 
 from nvsymlinkd.errors import ConfigError
+from nvsymlinkd.record import dataclass, fields, replace
 
 DEFAULT_CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
 

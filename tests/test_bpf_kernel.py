@@ -10,7 +10,6 @@ ENXIO = allow) and mknod() for `m`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 
@@ -19,6 +18,7 @@ import pytest
 from bpfasm import CgroupDirs, kernel_probe, make_nodes
 from conftest import _skip_or_fail
 
+from nvsymlinkd import record
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access
@@ -156,7 +156,7 @@ def test_producer_shapes_match_kernel(kernel):
                     for _ in range(rng.randint(1, 4))]
             # a full wildcard would leave the original program unreachable: the verifier (and
             # so libnvidia-container itself) rejects that, so it never reaches a cgroup
-            spec = [(dataclasses.replace(r, access="rw") if r.dev_type == "a" and r.major is None
+            spec = [(record.replace(r, access="rw") if r.dev_type == "a" and r.major is None
                      and r.minor is None else r, allow) for r, allow in spec]
             insns = bpfasm.nvidia_prepend(spec, base, temp_reg=rng.choice([2, 6]))
         leaf = kernel["dirs"].make(f"shape{n}")

@@ -305,7 +305,7 @@ PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.d
         "nvsymlinkd.access", "nvsymlinkd.access.rules", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
         "nvsymlinkd.verify.journaldiff",
         "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
-        "nvsymlinkd.devchar.plan"}
+        "nvsymlinkd.devchar.plan", "nvsymlinkd.record"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
 
 

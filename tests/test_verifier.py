@@ -60,7 +60,7 @@ def container(spec=None, status="running", scope=None, cid="c1"):
 
 def run(spec, policy, host=HOST, scope_devices=None, scope=None, status="running", dev_nodes=(), base=None):
     c = container(spec, status, scope)
-    cands = candidate_devices(host.nodes, c.spec, None, base, MAJORS)
+    cands = candidate_devices(host.devices, c.spec, None, base, MAJORS)
     exp = expected_access(cands, c.spec, None, base)
     signs = ["NVIDIA_VISIBLE_DEVICES=0"]
     return evaluate(c, signs, exp, policy, "no cgroup" if policy is None else None, scope_devices, host, dev_nodes)

@@ -22,6 +22,7 @@ from nvsymlinkd.access.cgroup import find_cgroup_mounts
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.containers import scopes as scopesmod
 from nvsymlinkd.devchar.snapshot import read_majors
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
@@ -403,6 +404,58 @@ def test_a_baseline_directory_made_between_passes_is_seen(fakehost):
     files.end_pass()
     baselinemod.record(root, Config(), "runc1", 1000, {Device.char(195, 1): "rw"})
     assert not files.absent(path)
+
+
+def test_scope_unit_files_are_parsed_again_only_when_they_change(fakehost, v1_parent, monkeypatch):
+    """The scope's transient unit and its system.control drop-ins (systemd's DeviceAllow without a bus):
+    kept by identity, the drop-in directory by its stamps; every change below is still seen."""
+    root = _host(fakehost)
+    lay = Layouts(fakehost)
+    pid = lay.crio("crio1", GPU_SPEC)  # runc's state says systemd driver: its scope's DeviceAllow counts
+    fakehost.write(f"/proc/{pid}/cgroup", lay.v1_cgroup(v1_cgroup(v1_parent, "crio1", ["c 195:0 rw", "c 195:255 rw"])))
+    lay.runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))  # unchanged
+    unit = "/run/systemd/transient/crio-crio1.scope"
+    fakehost.write(unit, "[Scope]\nDevicePolicy=strict\nDeviceAllow=/dev/char/195:0 rw\nDeviceAllow=char-nvidia-frontend rw\n")
+    dropins = fakehost.path("/run/systemd/system.control/crio-crio1.scope.d")
+    parsed: list = []
+    real_settings = scopesmod.unit_settings
+
+    def counted(text):
+        parsed.append(text)
+        return real_settings(text)
+
+    monkeypatch.setattr(scopesmod, "unit_settings", counted)
+    time.sleep(0.05)
+    oracle = Oracle(root, VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9))
+    assert oracle.check("the first pass")["crio1"] == "ok"
+    verify_all(root, Config(), use_bus=False, with_host=False, cache=oracle.cache)
+    parsed.clear()
+    assert oracle.unchanged("nothing")["crio1"] == "ok"
+    assert len(parsed) == 1, "the cached pass parsed the unchanged unit file again (or the fresh one did not)"
+
+    # a drop-in appears (systemctl set-property --runtime): DeviceAllow= resets the list, no GPU left
+    dropins.mkdir(parents=True)
+    (dropins / "50-DeviceAllow.conf").write_text("[Scope]\nDeviceAllow=\nDeviceAllow=char-pts rw\n")
+    assert oracle.unchanged("a drop-in added")["crio1"] == "at-risk"
+    listed: list = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(str(path)) or real_listdir(path))
+    verify_all(root, Config(), use_bus=False, with_host=False, cache=oracle.cache)
+    assert str(dropins) not in listed, "the cached pass listed the unchanged drop-in directory again"
+    # the drop-in rewritten in place, same size, mtime put back: the GPUs are back
+    _rewrite_same_size_keep_mtime(dropins / "50-DeviceAllow.conf", "DeviceAllow=\nDeviceAllow=char-pts rw",
+                                  "DeviceAllow=char-nvidia-frontend rwm")
+    assert oracle.unchanged("a drop-in rewritten in place")["crio1"] == "ok"
+    # a second drop-in sorting after it takes them again
+    (dropins / "60-more.conf").write_text("[Scope]\nDeviceAllow=\n")
+    assert oracle.unchanged("a second drop-in")["crio1"] == "at-risk"
+    os.unlink(dropins / "60-more.conf")
+    assert oracle.unchanged("a drop-in removed")["crio1"] == "ok"
+    # the unit file itself rewritten in place, same size, mtime put back (only ctime tells)
+    _rewrite_same_size_keep_mtime(fakehost.path(unit), "195:0 rw\nDeviceAllow=char-nvidia-frontend",
+                                  "195:9 rw\nDeviceAllow=char-nvidia-frontenX")
+    (dropins / "50-DeviceAllow.conf").unlink()
+    assert oracle.unchanged("the unit rewritten in place")["crio1"] == "at-risk"
 
 
 # --- the daemon: its kept cache still sees a change no runtime file shows ------------------------

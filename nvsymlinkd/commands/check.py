@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
@@ -19,7 +20,7 @@ finding kinds, host findings and the JSON schema: man nvsymlinkd-check
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="verify GPU containers' device access and the host (read-only)",
+    p = sub.add_parser("check", help=SUMMARIES["check"],
                        description="Find GPU containers, compare their device cgroup with what their spec, "
                                    "runtime state and baseline expect, predict losses at the next "
                                    "daemon-reload, and check the host. Exit 0 all ok, 1 findings, 2 error.",

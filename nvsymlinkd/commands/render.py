@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.config import has_control_character
 from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
 
@@ -23,7 +24,7 @@ what becomes ExecStart= flags and ReadWritePaths=: man nvsymlinkd-render
 def register(sub) -> None:
     from nvsymlinkd.commands.sync import add_link_options
 
-    p = sub.add_parser("render", help="write (or print) the udev rule and systemd units for this config",
+    p = sub.add_parser("render", help=SUMMARIES["render"],
                        description="Render 71-nvsymlinkd.rules, nvsymlinkd.service and nvsymlinkd-sync.service "
                                    "from the templates, with values from the config file and these options. "
                                    "Packaging runs this at build time: use --config /dev/null there so the "

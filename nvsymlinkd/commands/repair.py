@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 # Every command (`sync` at boot too) imports every command module to build its parser: what only
@@ -22,7 +23,7 @@ mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-re
 
 
 def register(sub) -> None:
-    p = sub.add_parser("repair", help="re-grant NVIDIA devices GPU containers lost (or are about to lose)",
+    p = sub.add_parser("repair", help=SUMMARIES["repair"],
                        description="Verify GPU containers, then grant back exactly the expected devices each one "
                                    "lost (or whose systemd scope lacks them), by the mechanism the host allows, "
                                    "and verify again. Without CONTAINER: every GPU container with findings.",

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.commands.sync import add_link_options
 
 EPILOG = """\
@@ -20,7 +21,7 @@ event sources, signals, journal MESSAGE_IDs and metrics: man nvsymlinkd-run
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="run the event daemon: keep /dev/char exact as nodes, modules and systemd change",
+    p = sub.add_parser("run", help=SUMMARIES["run"],
                        description="Keep DEV_CHAR_PATH exact on every device-node, udev and systemd event, and "
                                    "notice systemd reloads. Runs until SIGTERM; SIGHUP re-reads the config.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
@@ -30,7 +30,7 @@ def add_link_options(p) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sync", help="create, fix and remove /dev/char/M:m links for NVIDIA nodes, once",
+    p = sub.add_parser("sync", help=SUMMARIES["sync"],
                        description="Make DEV_CHAR_PATH/MAJOR:MINOR a relative symlink for every NVIDIA device node.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_link_options(p)
@@ -52,6 +52,8 @@ def run(args, root, config) -> int:
     for w in warnings:
         sys.stderr.write(f"nvsymlinkd: warning: {w}\n")
     if args.json:
+        import json  # only for --json: sync's start stays light
+
         doc = result.to_json()
         doc["warnings"] = warnings
         json.dump(doc, sys.stdout, indent=2)

@@ -50,9 +50,10 @@ def nvidia_majors_of(majors) -> frozenset:
     return frozenset(majors.nvidia_majors) | {FRONTEND_MAJOR}
 
 
-def candidate_devices(host_nodes, spec, state, baseline, nvidia_majors: frozenset) -> set:
-    """NVIDIA devices worth asking about: host nodes, declared nodes, explicitly named rules, baseline."""
-    keys = {Device.char(n.major, n.minor) for n in host_nodes}
+def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozenset) -> set:
+    """NVIDIA devices worth asking about: the host nodes' (Devices), declared nodes, explicitly named rules,
+    baseline."""
+    keys = set(host_devices)
     for facts in (spec, state):
         if facts is None:
             continue
@@ -73,34 +74,53 @@ def _relevant(rules, majors: set) -> tuple:
 
 
 def expected_access(candidates, spec, state, baseline) -> Expected:
+    """What each candidate device must be allowed, from the spec's and the runtime state's rules and
+    the baseline.
+
+    The rules are asked once per class of devices they cannot tell apart (a MIG host makes every one
+    of its ~2,000 capability nodes a candidate of every container): one type and major, and a minor
+    no rule names (a rule matches a type, a major or any, a minor or any); a minor some rule names
+    is its own class. The baseline is looked up per device."""
     majors = {k.major for k in candidates}
     spec_rules = _relevant(spec.rules, majors) if spec is not None else None
     state_rules = _relevant(state.rules, majors) if state is not None and state.rules is not None else None
+    named = {r.minor for r in (spec_rules or ()) + (state_rules or ()) if r.minor is not None}
+    by_class: dict = {}  # (type, major, named minor or None) -> (sources, access) from the rules
     devices: dict = {}
     declared = set()
     sources: dict = {}
     for key in sorted(candidates):
         key = Device(*key)
-        got = []
-        access = Access()
-        if spec_rules is not None:
-            a = usable(rules_access(spec_rules, key))
-            if a:
-                got.append(SPEC)
-                access = access.union(a)
-        if state_rules is not None:
-            a = usable(rules_access(state_rules, key))
-            if a:
-                got.append(RUNTIME_STATE)
-                access = access.union(a)
+        cls = (key.type, key.major, key.minor if key.minor in named else None)
+        from_rules = by_class.get(cls)
+        if from_rules is None:
+            from_rules = by_class[cls] = _from_rules(spec_rules, state_rules, key)
+        got, access = from_rules
         if got:
             declared.add(key)
         if baseline is not None and key in baseline.devices:
             a = usable(baseline.devices[key])
             if a:
-                got.append(BASELINE)
+                got = got + (BASELINE,)
                 access = access.union(a)
         if got:
             devices[key] = access
-            sources[key] = tuple(got)
+            sources[key] = got
     return Expected(devices, frozenset(declared), sources)
+
+
+def _from_rules(spec_rules, state_rules, key: Device) -> tuple:
+    """(sources, access) the spec's and the runtime state's rules grant one device."""
+    got: tuple = ()
+    access = Access()
+    if spec_rules is not None:
+        a = usable(rules_access(spec_rules, key))
+        if a:
+            got += (SPEC,)
+            access = access.union(a)
+    if state_rules is not None:
+        a = usable(rules_access(state_rules, key))
+        if a:
+            got += (RUNTIME_STATE,)
+            access = access.union(a)
+    return got, access

@@ -57,8 +57,10 @@ class ScopeDevices:
         return any(r.covers(device, access) for r in self.rules)
 
 
-def parse_unit_text(text: str, entries: list, policy: list) -> None:
-    """Apply DeviceAllow=/DevicePolicy= lines of one unit file or drop-in, in order."""
+def unit_settings(text: str) -> tuple:
+    """The DevicePolicy=/DeviceAllow= settings of one unit file or drop-in, in order: ("policy", value),
+    ("allow", (spec, access)), or ("allow", None) for an empty DeviceAllow= (which resets the list)."""
+    out: list = []
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line[0] in "#;[":
@@ -70,38 +72,68 @@ def parse_unit_text(text: str, entries: list, policy: list) -> None:
         if len(value) >= 2 and value[0] == value[-1] == '"':
             value = value[1:-1]
         if key == "DevicePolicy":
-            policy[:] = [value or "auto"]
+            out.append(("policy", value or "auto"))
         elif key == "DeviceAllow":
             if not value:
-                entries.clear()
+                out.append(("allow", None))
                 continue
             spec, _, access = value.partition(" ")
-            entries.append((spec, access.strip() or RWM))
+            out.append(("allow", (spec, access.strip() or RWM)))
+    return tuple(out)
 
 
-def read_scope_files(root: HostRoot, scope: str) -> ScopeDevices | None:
+def _apply_settings(settings: tuple, entries: list, policy: list) -> None:
+    for key, value in settings:
+        if key == "policy":
+            policy[:] = [value]
+        elif value is None:
+            entries.clear()
+        else:
+            entries.append(value)
+
+
+def parse_unit_text(text: str, entries: list, policy: list) -> None:
+    """Apply DeviceAllow=/DevicePolicy= lines of one unit file or drop-in, in order."""
+    _apply_settings(unit_settings(text), entries, policy)
+
+
+def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | None:
+    """The scope's DeviceAllow from its transient unit file and system.control drop-ins.
+
+    files: a verify.cache.FileCache: each file parsed again only when its identity changed, the
+    drop-in directory listed again only when it changed (the daemon's pass; `check` reads afresh).
+    """
     if not SCOPE_NAME.fullmatch(scope):
         return None
     entries: list = []
     policy = ["auto"]
     found = False
+
+    def settings_of(inside: str) -> tuple:
+        if files is not None:
+            return files.load(root.path(inside), unit_settings, MAX_SMALL_BYTES, str)  # type: ignore[no-any-return]
+        return unit_settings(read_bounded(root.path(inside), MAX_SMALL_BYTES).decode("utf-8", "replace"))
+
     try:
-        text = read_bounded(root.path(f"{TRANSIENT_DIR}/{scope}"), MAX_SMALL_BYTES).decode("utf-8", "replace")
-        parse_unit_text(text, entries, policy)
+        _apply_settings(settings_of(f"{TRANSIENT_DIR}/{scope}"), entries, policy)
         found = True
     except OSError:
         pass
     dropins = f"{CONTROL_DIR}/{scope}.d"
-    try:
-        names = sorted(n for n in os.listdir(root.path(dropins)) if n.endswith(".conf"))
-    except OSError:
-        names = []
+    if files is not None:
+        listed = files.names(root.path(dropins))
+        names = sorted(n for n in listed or () if n.endswith(".conf"))
+    else:
+        try:
+            names = sorted(n for n in os.listdir(root.path(dropins)) if n.endswith(".conf"))
+        except OSError:
+            names = []
     for name in names[:256]:
         try:
-            text = read_bounded(root.path(f"{dropins}/{name}"), MAX_SMALL_BYTES).decode("utf-8", "replace")
+            settings = settings_of(f"{dropins}/{name}")
         except OSError:
             continue
-        parse_unit_text(text, entries, policy)
+        _apply_settings(settings, entries, policy)
         found = True
     if not found:
         return None
@@ -234,7 +266,7 @@ def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cac
     live = read_scopes_bus(scopes) if use_bus else {}
     out: dict = {}
     for scope in scopes:
-        sd = live.get(scope) or read_scope_files(root, scope)
+        sd = live.get(scope) or read_scope_files(root, scope, cache.files if cache is not None else None)
         if sd is None:
             out[scope] = None
         elif cache is not None and _by_number(sd):

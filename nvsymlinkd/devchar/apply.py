@@ -46,14 +46,15 @@ class ChangedUnderUs(Exception):
 
 
 def apply_plan(root: HostRoot, plan: Plan) -> list:
-    outcomes = []
+    outcomes: list = []
+    append = outcomes.append
     dirs = _Dirs(root)
     try:
         for path in plan.stale_temps:
             _remove_stale(dirs, path)
         for action in plan.actions:
-            if action.action not in CHANGES:  # the property, inlined: thousands of keeps per pass
-                outcomes.append(_new(Outcome, (action, None, False)))
+            if action[0] not in CHANGES:  # action.action (the property, inlined): thousands of keeps per pass
+                append(_new(Outcome, (action, None, False)))
                 continue
             try:
                 _APPLY[action.action](dirs, action)

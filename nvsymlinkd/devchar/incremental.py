@@ -31,6 +31,7 @@ import dataclasses
 import sys
 import time
 
+from nvsymlinkd import record
 from nvsymlinkd.devchar.apply import Outcome, apply_plan
 from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, KEEP, Action, Plan, foreign_links, plan_links
@@ -56,7 +57,7 @@ class LinkState:
         self.root = root
         # majors, driver, paths: what only a full pass re-reads (its node and entry lists are
         # in the dicts below: not kept twice)
-        self.base = dataclasses.replace(snap, nodes=(), ignored=(), entries={}, existing_paths=frozenset())
+        self.base = record.replace(snap, nodes=(), ignored=(), entries={}, existing_paths=frozenset())
         self.by_major = names_by_major(snap.majors)
         self.nvidia_majors = snap.majors.nvidia_majors
         self.dev_base = dev_dir(snap.driver_root)
@@ -158,7 +159,7 @@ class LinkState:
 
     def snapshot(self) -> HostSnapshot:
         """The picture as a HostSnapshot (what a full observe would see, if no event is unread)."""
-        return dataclasses.replace(
+        return record.replace(
             self.base,
             nodes=tuple(sorted(self.nodes.values(), key=lambda n: n.path)),
             ignored=tuple(sorted(self.ignored.values(), key=lambda i: i.path)),
@@ -234,7 +235,7 @@ class LinkState:
             return Delta(self, (), (), time.perf_counter() - start)
         self._refresh_entries(affected)
         nodes = [n for name in affected for n in self.by_rdev.get(name, ())]
-        sub = dataclasses.replace(snap, nodes=tuple(nodes),
+        sub = record.replace(snap, nodes=tuple(nodes),
                                   entries={name: self.entries[name] for name in affected if name in self.entries})
         actions = plan_links(sub, nodes)
         outcomes = apply_plan(self.root, Plan(tuple(actions)))

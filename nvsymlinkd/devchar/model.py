@@ -6,11 +6,11 @@ tests run anywhere; devchar/snapshot.py does the observing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.nodes import IgnoredNode, NvidiaNode, dev_dir
+from nvsymlinkd.record import dataclass, field
 
 if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
     from nvsymlinkd.host.driverinfo import DriverInfo

@@ -17,13 +17,13 @@ to another device or to nothing is replaced or removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, is_nvidia_path
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.nodes import NvidiaNode, dev_dir
 from nvsymlinkd.host.paths import link_target
+from nvsymlinkd.record import dataclass
 
 if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
     from nvsymlinkd.host.driverinfo import NodeOwnership
@@ -131,12 +131,13 @@ def _real_char(snap: HostSnapshot) -> str:
 def _desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
     """"M:m" -> the node its link should name, in device-number order (the canonical node of a shared rdev)."""
     by_rdev: dict[tuple[int, int], NvidiaNode] = {}
+    get = by_rdev.get
     for node in nodes:
-        key = (node.major, node.minor)
-        have = by_rdev.get(key)
+        key = node[2:]  # (node.major, node.minor): thousands per pass
+        have = get(key)
         if have is None or _preference(node) < _preference(have):
             by_rdev[key] = node
-    return {f"{major}:{minor}": by_rdev[major, minor] for major, minor in sorted(by_rdev)}
+    return {f"{major}:{minor}": node for (major, minor), node in sorted(by_rdev.items())}  # keys unique
 
 
 def _link_action(snap: HostSnapshot, name: str, node: NvidiaNode) -> Action:

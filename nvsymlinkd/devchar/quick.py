@@ -53,25 +53,32 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
     dev_real = root.resolve_prefix(base)
     char_real = root.resolve_prefix(dev_char_path)
     rebased = dev_real and dev_real != base  # else a node's real path is its path (_rebase)
-    by_path = {_rebase(n.path, base, dev_real) if rebased else n.path: (n.major, n.minor) for n in nodes}
+    by_path: dict = {}
+
+    def real_paths() -> dict:  # the observer's by_path, built for the first name not settled on the spot
+        if nodes and not by_path:
+            by_path.update({_rebase(n.path, base, dev_real) if rebased else n.path: (n.major, n.minor)
+                            for n in nodes})
+        return by_path
+
     desired = _desired_links(nodes)
     # name -> (wanted text, the node's real path, its rdev): only where the text provably names
     # that path (the planner's link_target read back by the observer's target_of)
     wanted: dict = {}
     dirs: dict = {}
-    for name, node in desired.items():
-        real = _rebase(node.path, base, dev_real) if rebased else node.path
+    for name, (path, _, major, minor) in desired.items():  # NvidiaNode: path, kind, major, minor
+        real = _rebase(path, base, dev_real) if rebased else path
         parent, _, leaf = real.rpartition("/")
-        if parent not in dirs:
-            dirs[parent] = _text_prefix(char_real or dev_char_path, char_real, parent)
-        prefix = dirs[parent]
+        prefix = dirs.get(parent, False)
+        if prefix is False:
+            prefix = dirs[parent] = _text_prefix(char_real or dev_char_path, char_real, parent)
         if prefix is not None:
-            wanted[name] = (prefix + leaf, real, (node.major, node.minor))
-    state, entries, exact = _observe_dev_char(root, dev_char_path, char_real, by_path, temps, wanted)
+            wanted[name] = (prefix + leaf, real, (major, minor))
+    state, entries, exact = _observe_dev_char(root, dev_char_path, char_real, real_paths, temps, wanted)
     snap = HostSnapshot(
         majors=majors, nodes=tuple(nodes), ignored=tuple(ignored), driver=DriverInfo(),
         driver_root=driver_root, dev_char_path=dev_char_path, dev_char_state=state, entries=entries,
-        existing_paths=frozenset(n.path for n in nodes) | frozenset(i.path for i in ignored),
+        existing_paths=frozenset([n[0] for n in nodes] + [i.path for i in ignored]),  # n[0]: n.path
         dev_dir_real=dev_real, dev_char_real=char_real, stale_temps=tuple(stale_temporaries(temps)),
     )
     notes = snapshot_notes(snap)
@@ -80,11 +87,12 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
     else:
         head = dev_char_path + "/"
         actions = []
+        append, exact_text, new = actions.append, exact.get, _new  # thousands of exact links: locals
         for name, node in desired.items():
-            text = exact.get(name)
+            text = exact_text(name)
             if text is not None:
-                actions.append(_new(Action, (KEEP, head + name, text, _new(Device, ("c", node.major, node.minor)),
-                                             EXACT, None, None, None, None)))
+                append(new(Action, (KEEP, head + name, text, new(Device, ("c", node[2], node[3])),  # major, minor
+                                    EXACT, None, None, None, None)))
             elif name not in entries and name in wanted:  # _link_action's create, its text as wanted
                 actions.append(_new(Action, (CREATE, head + name, wanted[name][0],
                                              _new(Device, ("c", node.major, node.minor)), f"no link for {node.path}",
@@ -109,9 +117,10 @@ def _text_prefix(plan_char: str, char_real: str, node_dir: str) -> str | None:
     return text[: -len("nvidia")] if target_of(f"{char_real}/0:0", text) == probe else None
 
 
-def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, by_path: dict, temps: list,
+def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, real_paths, temps: list,
                       wanted: dict):
-    """snapshot._observe_dev_char, plus {name: text} of the desired links found exact."""
+    """snapshot._observe_dev_char, plus {name: text} of the desired links found exact (real_paths():
+    the observer's by_path, asked for only where a name is not settled here)."""
     try:
         fd = root.open_dir(dev_char_path)
     except FileNotFoundError:
@@ -136,7 +145,7 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, by_pat
                         entries[name] = _new(DevCharEntry, (name, "symlink", text, want[1], want[2], "char"))
                         exact[name] = text
                         continue
-                observe_name(root, fd, dev_char_path, char_real, de, by_path, entries, temps)
+                observe_name(root, fd, dev_char_path, char_real, de, real_paths(), entries, temps)
     except OSError:
         return "missing", {}, {}
     finally:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from nvsymlinkd.devchar.apply import Outcome, apply_plan
 from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import CONFLICT, Plan, plan_sync
 from nvsymlinkd.devchar.quick import observe_and_plan
 from nvsymlinkd.devchar.snapshot import observe
+from nvsymlinkd.record import dataclass
 from nvsymlinkd.summary import sync_counts, sync_line
 
 

@@ -13,8 +13,9 @@ Pure and standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
+
+from nvsymlinkd.record import dataclass
 
 LETTERS = "rwm"  # the cgroup's access letters, in the kernel's (and runc's) canonical order
 TYPES = ("c", "b")  # a device's type; a rule may also say "a" (all)

@@ -11,11 +11,11 @@ All read with paths resolved confined to the host root (HostRoot.read_confined).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.procdevices import decimal
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.record import dataclass, field
 
 GPUS_DIR = "/proc/driver/nvidia/gpus"
 PARAMS = "/proc/driver/nvidia/params"

@@ -14,12 +14,12 @@ import functools
 import os
 import re
 import stat
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.record import dataclass
 
 # kind -> (regex on the path relative to DRIVER_ROOT/dev, allowed /proc/devices names)
 KINDS = {

@@ -21,6 +21,10 @@ from nvsymlinkd.host.nodes import (
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 _new = tuple.__new__  # a NamedTuple without its keyword-handling __new__: thousands per pass
+os_major, os_minor = os.major, os.minor
+CAPS_DIR = "nvidia-caps/"
+CAP_NAME = "nvidia-cap"  # classify's "cap": nvidia-caps/nvidia-capN, N decimal (re's \d is str.isdecimal)
+CAP_DIGITS = len(CAP_NAME)
 
 
 def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, temps: list | None = None):
@@ -39,29 +43,39 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, tem
     # (kind, major) -> whether node_from_stat takes a char device of that kind and major: asked
     # once per pair, not per node (a MIG host has ~2,000 caps on one major)
     accepted: dict = {}
+    append = nodes.append
     try:
-        for rel, entry in _candidates(root, base, fds):
-            if rel.rpartition("/")[2].startswith(TMP_PREFIX):
-                if temps is not None:
-                    temps.append(f"{prefix}/{rel}")
-                continue
-            kind = classify(rel)
-            if kind is None:
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if S_ISCHR(st.st_mode):
-                major = os.major(st.st_rdev)
-                ok = accepted.get((kind, major))
-                if ok is None:
-                    ok = accepted[kind, major] = type(node_from_stat("", kind, st, by_major)) is NvidiaNode
-                if ok:
-                    nodes.append(_new(NvidiaNode, (f"{prefix}/{rel}", kind, major, os.minor(st.st_rdev))))
+        for sub, entries in _candidates(root, base, fds):
+            caps = sub == CAPS_DIR
+            for entry in entries:
+                name = entry.name
+                if name.startswith(TMP_PREFIX):
+                    if temps is not None:
+                        temps.append(f"{prefix}/{sub}{name}")
                     continue
-            found = node_from_stat(f"{prefix}/{rel}", kind, st, by_major)
-            (nodes if type(found) is NvidiaNode else ignored).append(found)
+                # classify(), inlined for the thousands of MIG capabilities: in nvidia-caps/ a name
+                # is a cap (nvidia-capN) or nothing
+                if caps:
+                    kind = "cap" if name.startswith(CAP_NAME) and name[CAP_DIGITS:].isdecimal() else None
+                else:
+                    kind = classify(sub + name)
+                if kind is None:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if S_ISCHR(st.st_mode):
+                    rdev = st.st_rdev
+                    major = os_major(rdev)
+                    ok = accepted.get((kind, major))
+                    if ok is None:
+                        ok = accepted[kind, major] = type(node_from_stat("", kind, st, by_major)) is NvidiaNode
+                    if ok:
+                        append(_new(NvidiaNode, (f"{prefix}/{sub}{name}", kind, major, os_minor(rdev))))
+                        continue
+                found = node_from_stat(f"{prefix}/{sub}{name}", kind, st, by_major)
+                (nodes if type(found) is NvidiaNode else ignored).append(found)
     finally:
         for fd in fds:
             os.close(fd)
@@ -112,27 +126,30 @@ def _listed(fd: int, fds: list) -> list | None:
 
 
 def _candidates(root: HostRoot, base: str, fds: list):
-    """(path relative to base, DirEntry) of every nvidia* entry (and applier temporary),
-    one level into the NVIDIA subdirs. The directory fds go to `fds`: the entries
-    stat through them, so the caller closes them when done."""
+    """(directory relative to base: "" or "NAME/", its candidate DirEntries): the nvidia* entries
+    (and applier temporaries) of base, and every entry of the NVIDIA subdirs, one level in. The
+    directory fds go to `fds`: the entries stat through them, so the caller closes them when done."""
     try:
         fd = root.open_dir(base)
     except OSError:
         return
-    top = _listed(fd, fds)
-    for entry in top or ():
+    top = []
+    subdirs = []
+    for entry in _listed(fd, fds) or ():
         name = entry.name
         if not name.startswith("nvidia"):
             if name.startswith(TMP_PREFIX):
-                yield name, entry
+                top.append(entry)
             continue
         if name in SUBDIRS:
-            try:
-                # never descend through a symlinked directory (O_NOFOLLOW)
-                sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError:
-                continue
-            for child in _listed(sub, fds) or ():
-                yield f"{name}/{child.name}", child
+            subdirs.append(name)
         else:
-            yield name, entry
+            top.append(entry)
+    yield "", top
+    for name in subdirs:
+        try:
+            # never descend through a symlinked directory (O_NOFOLLOW)
+            sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            continue
+        yield f"{name}/", _listed(sub, fds) or ()

@@ -10,9 +10,8 @@ name): every line counts, a later one never re-maps an earlier one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.record import dataclass, field
 
 PROC_DEVICES = "/proc/devices"
 MAX_MAJOR = 4095  # MAJOR() is 12 bits in the kernel's dev_t

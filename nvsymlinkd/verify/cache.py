@@ -25,10 +25,13 @@ nothing is keyed by a guess of what changed, only the expensive parts of getting
   above applies to the directories' ctimes. A node made since the last pass is seen.
 - a baseline file that is absent (absent): the directory's names are listed again only when the
   directory changed (same identity and racy rule); a baseline that is there is loaded as above.
+- a scope's unit files (the transient unit and its system.control drop-ins: systemd's DeviceAllow
+  without a bus) are parsed again only when their identity changed, like the runtime files, and the
+  drop-in directory is listed again only when it changed (names()).
 
 What stays read every pass: the runtimes' directories, pid files, /proc/<pid>/stat (a reused pid) and
 /proc/<pid>/cgroup, exec.fifo, each container's own /dev (container-writable: never cached), the
-scopes' DeviceAllow, /proc/devices, the stamps of the node and baseline directories.
+scopes' DeviceAllow over D-Bus, /proc/devices, the stamps of the node, baseline and drop-in directories.
 
 One pass at a time (the daemon's worker runs them one after the other). Entries not used by a pass
 are dropped at its end: the cache holds at most what the host has now.
@@ -65,8 +68,10 @@ class FileCache:
         self._pass_names: dict[str, frozenset | None] = {}  # this pass's listings (None: unreadable)
         self.hits = self.reads = 0
 
-    def load(self, real_path: str, parse: Callable[[dict], Any] | None = None, limit: int = MAX_JSON_BYTES) -> Any:
-        key = (real_path, parse, limit)
+    def load(self, real_path: str, parse: Callable[[Any], Any] | None = None, limit: int = MAX_JSON_BYTES,
+             decode: Callable[[str], Any] = loads_object) -> Any:
+        """parse(decode(the file's text)) (decode: a JSON object by default; `str` for a text file)."""
+        key = (real_path, parse, limit, decode)
         read_at = self._now_ns()  # before the open: a write after it has a later ctime
         fd = open_regular(real_path)
         try:
@@ -81,7 +86,7 @@ class FileCache:
         finally:
             os.close(fd)
         self.reads += 1
-        doc = loads_object(data.decode("utf-8", errors="replace"))
+        doc = decode(data.decode("utf-8", errors="replace"))
         value = parse(doc) if parse is not None else doc
         if st.st_ctime_ns < read_at - RACY_NS:
             self._entries[key] = (ident, value)
@@ -98,10 +103,16 @@ class FileCache:
         """True when no file is at real_path, by its directory's names as listed this pass (listed
         again only when the directory changed); False when that cannot be told (the caller opens it)."""
         directory, _, name = real_path.rpartition("/")
+        names = self.names(directory)
+        return names is not None and name not in names
+
+    def names(self, directory: str) -> frozenset | None:
+        """The names in a directory (real path; symlinks followed, like os.listdir), as listed this
+        pass: listed again only when the directory changed. Empty when there is no directory, None
+        when it cannot be read."""
         if directory not in self._pass_names:
             self._pass_names[directory] = self._listing(directory)
-        names = self._pass_names[directory]
-        return names is not None and name not in names
+        return self._pass_names[directory]
 
     def _listing(self, directory: str) -> frozenset | None:
         read_at = self._now_ns()  # before the stat: a change after it has a later ctime

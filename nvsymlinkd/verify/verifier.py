@@ -11,7 +11,6 @@ MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -82,6 +81,11 @@ class HostDevices:
     nodes: tuple  # NvidiaNode on the host
     nvidia_majors: frozenset
     uvm_major: int | None = None
+    devices: frozenset = field(init=False, repr=False, compare=False)  # the nodes' Devices
+
+    def __post_init__(self) -> None:
+        # made once a pass, not per container (a MIG host has ~2,000 nodes)
+        object.__setattr__(self, "devices", frozenset(Device.char(n.major, n.minor) for n in self.nodes))
 
     @property
     def uvm_node(self):
@@ -177,7 +181,7 @@ class _Live:
 
 
 def _read_live(policy, expected: Expected, host: HostDevices, dev_nodes) -> _Live:
-    candidates = set(expected.devices) | {Device.char(n.major, n.minor) for n in host.nodes}
+    candidates = set(expected.devices) | host.devices
     candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
     live = _Live()
     classes = getattr(policy, "equivalence_key", None)
@@ -457,7 +461,7 @@ def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = Non
 
 def _expect(c: Container, base, ctx: _HostContext) -> tuple:
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
-    cands = candidate_devices(ctx.host.nodes, c.spec, c.state, base, ctx.nvidia_majors)
+    cands = candidate_devices(ctx.host.devices, c.spec, c.state, base, ctx.nvidia_majors)
     return signs, expected_access(cands, c.spec, c.state, base)
 
 
@@ -474,8 +478,10 @@ def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_device
     if hit:
         cache.verdict_hits += 1
     # a copy the caller may amend (baseline, problems), the kept one stays as evaluate() made it
-    report = copy.copy(report)
-    report.findings = list(report.findings)
+    # (copy.copy's shallow copy, without its reduce protocol: one per container per pass)
+    kept, report = report, object.__new__(ContainerReport)
+    report.__dict__.update(kept.__dict__)
+    report.findings = list(kept.findings)
     return report
 
 
