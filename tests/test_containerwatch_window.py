@@ -70,3 +70,36 @@ def test_a_v1_loss_read_during_a_reload_is_judged_after_it(fakehost, v1_parent, 
     # read again after the reload (here: after RELOAD_WAIT), then said: a real loss persists
     assert any(HELD_BACK in line for line in journal.lines), journal.lines
     assert [cid for cid, _ in _lost_said(journal)] == ["v1lost"]
+
+
+def test_a_reason_that_comes_while_a_burst_waits_gets_every_container_verified():
+    """Runtime state events alone ask for the containers they name; anything else that joins the same
+    pass (here a periodic resync arriving while a burst's pass waits out its duty cycle) asks for all."""
+    import asyncio
+
+    passes = []
+
+    class Watch(ContainerWatch):
+        def verify_and_repair(self, why, only=None):
+            passes.append((why, only))
+
+    async def scenario():
+        watch = Watch(RecordingJournal(), None, Config)
+        await watch.runtime_state_written(["/run/runc/a"])
+        while len(passes) < 1:
+            await asyncio.sleep(0.01)
+        watch._last_seconds = 0.3  # as if that pass took 0.3 s: the next runtime-only one waits as long
+        await watch.runtime_state_written(["/run/runc/b"])
+        await asyncio.sleep(0.05)
+        await watch.periodic()  # while the second pass waits
+        while len(passes) < 2:
+            await asyncio.sleep(0.01)
+        await watch.runtime_state_written(["/run/containerd/runc/k8s.io/c", "(overflow)"])
+        while len(passes) < 3:
+            await asyncio.sleep(0.01)
+        watch.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert passes[0] == ("runtime state written: a", frozenset({"a"}))
+    assert passes[1] == ("periodic resync, runtime state written: b", None)
+    assert passes[2][1] is None  # an overflow names no container: all are verified

@@ -160,6 +160,8 @@ class ContainerWatch(ContainerHook):
             ids, self._pending_ids = self._pending_ids, set()
             # runtime state events alone: only the containers they name (their hooks just ran: the
             # sooner they are judged, the sooner a hook's grant is protected from the next reload)
+            # (asked again: another reason may have come while the burst's pass waited above)
+            runtime_only = all(r.startswith(RUNTIME_REASON) for r in reasons)
             only = frozenset(ids) if runtime_only and ids and None not in ids else None
             started = loop.time()
             try:
