@@ -496,3 +496,21 @@ def test_the_pass_that_records_a_baseline_judges_as_the_next_one_will(fakehost, 
     assert d.baseline == "loaded"
     assert {**_doc(first)["containers"][0], "baseline": None} == {**_doc(later)["containers"][0], "baseline": None}
     assert c.verdict == "at-risk" and any(f.devices == ("c 195:1",) for f in c.findings), c.findings
+
+
+def test_a_pass_over_some_containers_keeps_the_others_cached(fakehost, v1_parent):
+    """The daemon's pass for the containers whose runtime state was just written (only=...) must not
+    drop what the others' verdicts are cached by: the next full pass still finds them unchanged."""
+    root = _host(fakehost)
+    lay = Layouts(fakehost)
+    for cid in ("one", "two"):
+        lay.runc(cid, GPU_SPEC, cgroup=v1_cgroup(v1_parent, cid, ["c 195:0 rw", "c 195:255 rw"]))
+    time.sleep(0.05)
+    cache = VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9)  # every file settled at once
+    config = Config()
+    verify_all(root, config, use_bus=False, with_host=False, cache=cache)
+    partial = verify_all(root, config, use_bus=False, with_host=False, cache=cache, only=frozenset({"one"}))
+    assert [c.id for c in partial.containers] == ["one"]
+    full = verify_all(root, config, use_bus=False, with_host=False, cache=cache)
+    assert {c.id: c.verdict for c in full.containers} == {"one": "ok", "two": "ok"}
+    assert cache.verdict_hits == 2, "the container left out of the partial pass was judged afresh"

@@ -135,10 +135,11 @@ class FileCache:
             self._names.pop(directory, None)  # changed too recently to trust its stamps
         return names
 
-    def end_pass(self) -> None:
-        self._entries = {k: v for k, v in self._entries.items() if k in self._used}
+    def end_pass(self, drop_unused: bool = True) -> None:
+        if drop_unused:
+            self._entries = {k: v for k, v in self._entries.items() if k in self._used}
+            self._names = {k: v for k, v in self._names.items() if k in self._pass_names}
         self._used = set()
-        self._names = {k: v for k, v in self._names.items() if k in self._pass_names}
         self._pass_names = {}
 
 
@@ -167,9 +168,11 @@ class VerifyCache:
         self._offset = max(self._offset, offset)
         self.verdict_hits = 0
 
-    def end_pass(self) -> None:
-        self.files.end_pass()
-        self._memo = {k: v for k, v in self._memo.items() if k in self._used}
+    def end_pass(self, drop_unused: bool = True) -> None:
+        """drop_unused=False after a pass over some containers only: what the others use is kept."""
+        self.files.end_pass(drop_unused)
+        if drop_unused:
+            self._memo = {k: v for k, v in self._memo.items() if k in self._used}
         self._used = set()
 
     def host_nodes(self, root: HostRoot, driver_root: str, majors: Any) -> tuple:

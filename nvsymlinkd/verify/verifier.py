@@ -577,7 +577,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
     if update_baseline and only is None:  # pruning needs every container's id
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     if cache is not None:
-        cache.end_pass()
+        cache.end_pass(drop_unused=only is None)  # a pass over some containers keeps the others' entries
     return Report(reports, host, not_gpu, time.perf_counter() - start)
 
 
