@@ -59,7 +59,14 @@ class IgnoredNode:
 
 _FAST = {"nvidiactl": "ctl", "nvidia-modeset": "modeset", "nvidia-uvm": "uvm", "nvidia-uvm-tools": "uvm-tools",
          "nvidia-nvswitchctl": "nvswitchctl", "nvidia-nvlink": "nvlink"}
-_CAP = KINDS["cap"][0]
+CAPS_DIR = "nvidia-caps/"
+_CAP_PREFIX = "nvidia-cap"
+
+
+def is_cap_name(name: str) -> bool:
+    r"""Whether CAPS_DIR/NAME is a capability node: KINDS["cap"]'s fullmatch without the regex, for
+    the thousands of them on a MIG host (\d+ is str.isdecimal: Unicode Nd, like re's \d)."""
+    return name.startswith(_CAP_PREFIX) and name[len(_CAP_PREFIX):].isdecimal()
 
 
 def classify(relpath: str) -> str | None:
@@ -67,9 +74,8 @@ def classify(relpath: str) -> str | None:
     kind = _FAST.get(relpath)
     if kind is not None:
         return kind
-    if relpath.startswith("nvidia-caps/"):  # the common case on MIG hosts: thousands of these
-        # _CAP's fullmatch without the regex: \d+ is str.isdecimal (Unicode Nd, like re's \d)
-        return "cap" if relpath.startswith("nvidia-caps/nvidia-cap") and relpath[22:].isdecimal() else None
+    if relpath.startswith(CAPS_DIR):  # the common case on MIG hosts: thousands of these
+        return "cap" if is_cap_name(relpath[len(CAPS_DIR):]) else None
     for kind, (pattern, _) in KINDS.items():
         if pattern.fullmatch(relpath):
             return kind

@@ -10,11 +10,13 @@ from stat import S_ISCHR
 
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.nodes import (
+    CAPS_DIR,
     SUBDIRS,
     TMP_PREFIX,
     NvidiaNode,
     classify,
     dev_dir,
+    is_cap_name,
     names_by_major,
     node_from_stat,
 )
@@ -22,9 +24,6 @@ from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
 
 _new = tuple.__new__  # a NamedTuple without its keyword-handling __new__: thousands per pass
 os_major, os_minor = os.major, os.minor
-CAPS_DIR = "nvidia-caps/"
-CAP_NAME = "nvidia-cap"  # classify's "cap": nvidia-caps/nvidia-capN, N decimal (re's \d is str.isdecimal)
-CAP_DIGITS = len(CAP_NAME)
 
 
 def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, temps: list | None = None):
@@ -53,10 +52,9 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, tem
                     if temps is not None:
                         temps.append(f"{prefix}/{sub}{name}")
                     continue
-                # classify(), inlined for the thousands of MIG capabilities: in nvidia-caps/ a name
-                # is a cap (nvidia-capN) or nothing
+                # classify()'s answer in nvidia-caps/ without its path join: a cap or nothing
                 if caps:
-                    kind = "cap" if name.startswith(CAP_NAME) and name[CAP_DIGITS:].isdecimal() else None
+                    kind = "cap" if is_cap_name(name) else None
                 else:
                     kind = classify(sub + name)
                 if kind is None:
