@@ -23,7 +23,7 @@ from typing import Optional
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.host.devices import TYPES, Access
+from nvsymlinkd.host.devices import TYPES, Access, named_minors, rule_class
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 
@@ -364,20 +364,18 @@ class AccessPolicy:
         """A key that devices share only when every check() of them, for any access, has the same
         state (the reasons name the device); None when that cannot be told.
 
-        Only for v1 sources read without error: a devices.list rule matches a device by its type,
-        its major (or *) and its minor (or *), so two devices of one type and major whose minors
-        no rule names match the very same rules. A MIG host's ~2,000 capability nodes, checked for
-        every container, are then decided once per such class. BPF programs (cgroup v2) compute on
-        the numbers however they like: their devices are checked one by one.
+        Only for v1 sources read without error: their devices.list rules' classes (host.devices.
+        rule_class). BPF programs (cgroup v2) compute on the numbers however they like: their
+        devices are checked one by one.
         """
         if self._minors is None:
             if not all(type(s) is _V1Source and s.error is None for s in self.sources):
                 self._minors = frozenset({-1})  # the marker: never
             else:
-                self._minors = frozenset(r.minor for s in self.sources for r in (s.rules or ()) if r.minor is not None)
+                self._minors = named_minors(r for s in self.sources for r in (s.rules or ()))
         if -1 in self._minors:
             return None
-        return (dev_type, major, minor if minor in self._minors else None)
+        return rule_class(dev_type, major, minor, self._minors)
 
     @property
     def key(self) -> tuple:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nvsymlinkd.containers.ocispec import FRONTEND_MAJOR
-from nvsymlinkd.host.devices import Access, Device
+from nvsymlinkd.host.devices import Access, Device, named_minors, rule_class
 
 SPEC = "spec"
 RUNTIME_STATE = "runtime-state"
@@ -77,21 +77,20 @@ def expected_access(candidates, spec, state, baseline) -> Expected:
     """What each candidate device must be allowed, from the spec's and the runtime state's rules and
     the baseline.
 
-    The rules are asked once per class of devices they cannot tell apart (a MIG host makes every one
-    of its ~2,000 capability nodes a candidate of every container): one type and major, and a minor
-    no rule names (a rule matches a type, a major or any, a minor or any); a minor some rule names
-    is its own class. The baseline is looked up per device."""
+    The rules are asked once per class of devices they cannot tell apart (host.devices.rule_class: a
+    MIG host makes every one of its ~2,000 capability nodes a candidate of every container). The
+    baseline is looked up per device."""
     majors = {k.major for k in candidates}
     spec_rules = _relevant(spec.rules, majors) if spec is not None else None
     state_rules = _relevant(state.rules, majors) if state is not None and state.rules is not None else None
-    named = {r.minor for r in (spec_rules or ()) + (state_rules or ()) if r.minor is not None}
+    named = named_minors((spec_rules or ()) + (state_rules or ()))
     by_class: dict = {}  # (type, major, named minor or None) -> (sources, access) from the rules
     devices: dict = {}
     declared = set()
     sources: dict = {}
     for key in sorted(candidates):
         key = Device(*key)
-        cls = (key.type, key.major, key.minor if key.minor in named else None)
+        cls = rule_class(key.type, key.major, key.minor, named)
         from_rules = by_class.get(cls)
         if from_rules is None:
             from_rules = by_class[cls] = _from_rules(spec_rules, state_rules, key)

@@ -13,7 +13,7 @@ Pure and standard library only.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from nvsymlinkd.record import dataclass
 
@@ -185,3 +185,16 @@ class Rule:
     def describe(self) -> str:
         """"allow c 195:* rwm": the rule with its verb, for messages."""
         return f"{'allow' if self.allow else 'deny'} {self}"
+
+
+def named_minors(rules: Iterable[Rule]) -> frozenset[int]:
+    """The minors some Rule names (None, the wildcard, names none)."""
+    return frozenset(r.minor for r in rules if r.minor is not None)
+
+
+def rule_class(dev_type: str, major: int, minor: int, named: frozenset[int]) -> tuple[str, int, Optional[int]]:
+    """A key two devices share only when they match the very same rules, for rules whose named minors
+    are `named`: a rule matches a device by its type (or all), its major (or *) and its minor (or *), so
+    devices of one type and major whose minors no rule names cannot be told apart; a minor some rule
+    names is its own class. A MIG host's ~2,000 capability nodes are then decided once per class."""
+    return (dev_type, major, minor if minor in named else None)
