@@ -504,10 +504,11 @@ def _is_gpu(prepared: tuple) -> bool:
     return bool(signs or expected.devices)
 
 
-def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, scope_devices: ScopeDevices | None,
-                update_baseline: bool, cache: VerifyCache | None = None, prepared: tuple | None = None) -> ContainerReport:
-    base, signs, expected = prepared or _prepare(root, config, ctx, c, cache)
-    if not signs and not expected.devices:
+def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, prepared: tuple,
+                scope_devices: ScopeDevices | None, update_baseline: bool, cache: VerifyCache | None = None) -> ContainerReport:
+    """prepared: _prepare's (baseline, signs, expected) for c."""
+    base, signs, expected = prepared
+    if not _is_gpu(prepared):
         return _evaluate(c, signs, expected, None, None, None, ctx.host, (), cache)
     policy, why = _read_policy(root, c, ctx.mounts, cache) if c.live else (None, None)
     if policy is None and c.init_pid and not os.path.exists(root.path(f"/proc/{c.init_pid}")):
@@ -566,7 +567,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
                          ctx.majors, use_bus, cache)
     reports, not_gpu = [], 0
     for c, p in zip(containers, prepared):
-        r = _verify_one(root, config, ctx, c, scopes.get(c.scope) if c.scope else None, update_baseline, cache, p)
+        r = _verify_one(root, config, ctx, c, p, scopes.get(c.scope) if c.scope else None, update_baseline, cache)
         if r.verdict == NOT_GPU:
             not_gpu += 1
         else:
@@ -592,4 +593,4 @@ def verify_container(root: HostRoot, config: Config, container_id_or_scope: str,
     scope_devices = None
     if c.scope and c.live and _is_gpu(prepared):
         scope_devices = read_scopes(root, [c.scope], ctx.majors, use_bus).get(c.scope)
-    return _verify_one(root, config, ctx, c, scope_devices, update_baseline, prepared=prepared)
+    return _verify_one(root, config, ctx, c, prepared, scope_devices, update_baseline)
