@@ -22,8 +22,8 @@ from nvsymlinkd.containers.ocispec import parse_spec
 from nvsymlinkd.containers.scopes import (
     ScopeDevices,
     map_entries,
-    parse_unit_text,
     read_scope_files,
+    unit_settings,
 )
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
@@ -190,10 +190,8 @@ def test_unit_text_reset_and_order(fakehost):
     assert read_scope_files(root, "../../etc/passwd") is None
 
 
-def test_parse_unit_text_char_star():
-    entries, policy = [], ["auto"]
-    parse_unit_text("DeviceAllow=char-* rwm\n", entries, policy)
-    assert entries == [("char-*", "rwm")]
+def test_unit_settings_char_star():
+    assert unit_settings("DeviceAllow=char-* rwm\n") == (("allow", ("char-*", "rwm")),)
 
 
 # --- baseline -----------------------------------------------------------------------------

@@ -92,11 +92,6 @@ def _apply_settings(settings: tuple, entries: list, policy: list) -> None:
             entries.append(value)
 
 
-def parse_unit_text(text: str, entries: list, policy: list) -> None:
-    """Apply DeviceAllow=/DevicePolicy= lines of one unit file or drop-in, in order."""
-    _apply_settings(unit_settings(text), entries, policy)
-
-
 def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | None:
     """The scope's DeviceAllow from its transient unit file and system.control drop-ins.
 
@@ -223,21 +218,17 @@ async def _query(scopes, address) -> dict:
 
 async def _scope_devices(bus, scope: str, slots: asyncio.Semaphore):
     """ScopeDevices of one scope from systemd, or None when systemd does not know it."""
-    async with slots:
-        return await _ask_scope(bus, scope)
-
-
-async def _ask_scope(bus, scope: str):
     from dbus_next import Message, MessageType
 
-    reply = await asyncio.wait_for(bus.call(Message(
-        destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
-        signature="s", body=[scope])), BUS_TIMEOUT)
-    if reply is None or reply.message_type != MessageType.METHOD_RETURN:  # None: never, a reply is expected
-        return None  # NoSuchUnit: not a systemd-managed container
-    reply = await asyncio.wait_for(bus.call(Message(
-        destination=SYSTEMD, path=reply.body[0], interface="org.freedesktop.DBus.Properties",
-        member="GetAll", signature="s", body=[SCOPE_IFACE])), BUS_TIMEOUT)
+    async with slots:
+        reply = await asyncio.wait_for(bus.call(Message(
+            destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
+            signature="s", body=[scope])), BUS_TIMEOUT)
+        if reply is None or reply.message_type != MessageType.METHOD_RETURN:  # None: never, a reply is expected
+            return None  # NoSuchUnit: not a systemd-managed container
+        reply = await asyncio.wait_for(bus.call(Message(
+            destination=SYSTEMD, path=reply.body[0], interface="org.freedesktop.DBus.Properties",
+            member="GetAll", signature="s", body=[SCOPE_IFACE])), BUS_TIMEOUT)
     if reply is None or reply.message_type != MessageType.METHOD_RETURN:
         return None
     props = reply.body[0]
