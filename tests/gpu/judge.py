@@ -175,6 +175,16 @@ def judge_container(c: Obs) -> Obs:
     if want_inside and state not in (UNKNOWN, want_inside):
         errors.append(f"scenario not reproduced: inside {state}, the scenario wanted {want_inside}")
 
+    # a loss scenario: before the loss the container must work, and check must not say it lost anything
+    before = c.get("before")
+    if before is not None:
+        before_state = inside_state(before)
+        if before_state not in (UNKNOWN, WORKS):
+            errors.append(f"scenario not reproduced: before the loss inside was {before_state}, not works")
+        before_verdict = (c.get("before_check") or {}).get("verdict")
+        if before_state == WORKS and before_verdict in ("lost", "denied", "unknown"):
+            reasons.append(f"before the loss the container uses its GPUs but check said {before_verdict}")
+
     # nvsymlinkd against the kernel
     if verdict is not None:
         if state in (FAILS, NO_CUDA) and verdict == "ok":
@@ -224,10 +234,11 @@ def _judge_repair(c: Obs, want: Optional[str], reasons: List[str], errors: List[
     if want == REPAIRED:
         if repair is None:
             errors.append("repair was not run")
+        elif status is None:
+            reasons.append(f"repair found nothing to repair (rc {rc}): the container was not given its devices back")
         elif status != "repaired":
             why = (repair.get("text") or "").strip().splitlines()
-            reasons.append(f"repair refused: {status or 'no status'} (rc {rc})"
-                           + (f": {why[0][:200]}" if why else ""))
+            reasons.append(f"repair refused: {status} (rc {rc})" + (f": {why[0][:200]}" if why else ""))
         elif after is not None and after_state == UNKNOWN:
             errors.append("after the repair, the probe inside said nothing")
         if dry is not None and dry.get("status") not in ("would-repair",) and status == "repaired":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import json
 import os
 import select
@@ -160,8 +159,13 @@ def cgroup_mounts() -> Obs:
     return found
 
 
-def cgroup_dirs(pid: int) -> Obs:
-    """The real directories of a process's v2 cgroup and v1 devices cgroup (None where absent)."""
+def cgroup_dirs(pid: int, v2_only: Optional[bool] = None) -> Obs:
+    """The real directories of a process's v2 cgroup and v1 devices cgroup (None where absent).
+
+    v2_only (default: $GPUSMOKE_V2_ONLY set): on a hybrid host, leave the v1 devices cgroup out,
+    to exercise the v2 (BPF program) paths on a machine whose runc programs v1."""
+    if v2_only is None:
+        v2_only = bool(os.environ.get("GPUSMOKE_V2_ONLY"))
     mounts = cgroup_mounts()
     out: Obs = {"v2": None, "devices": None}
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
@@ -169,7 +173,7 @@ def cgroup_dirs(pid: int) -> Obs:
         controllers, _, path = rest.partition(":")
         if hid == "0" and controllers == "" and mounts["v2"]:
             out["v2"] = mounts["v2"].rstrip("/") + path
-        elif "devices" in controllers.split(",") and mounts["devices"]:
+        elif "devices" in controllers.split(",") and mounts["devices"] and not v2_only:
             out["devices"] = mounts["devices"].rstrip("/") + path
     return out
 
@@ -244,6 +248,9 @@ def attached_program(cgroup_dir: str) -> list:
         ids = bpfprog.query_device_program_ids(cg, effective=False)
     finally:
         os.close(cg)
+    if not ids and os.environ.get("GPUSMOKE_V2_ONLY"):
+        import bpfasm  # a hybrid host's unified cgroup: no program, no v2 restriction
+        return bpfasm.runc_allow_all()
     if len(ids) != 1:
         raise RuntimeError(f"{cgroup_dir} has {len(ids)} device programs attached, expected the runtime's one")
     return bpfeval.decode(bpfprog.read_program(ids[0]).xlated)
@@ -286,14 +293,14 @@ def hook_main(argv: list) -> int:
         pid = int(state["pid"])
         nodes = json.loads(os.environ["GPUSMOKE_NODES"])
         rootfs = os.path.join(state["bundle"], os.environ.get("GPUSMOKE_ROOTFS", "rootfs"))
-        dirs = cgroup_dirs(pid)
+        dirs = cgroup_dirs(pid, v2_only=False)
         done = []
         if dirs["devices"]:
             for n in nodes:
                 with open(os.path.join(dirs["devices"], "devices.allow"), "w") as f:
                     f.write(f"c {n['major']}:{n['minor']} rw\n")
             done.append("v1 devices.allow")
-        else:
+        if not dirs["devices"] or os.environ.get("GPUSMOKE_V2_ONLY"):
             import bpfasm
 
             from nvsymlinkd.access.rules import DeviceRule
@@ -386,8 +393,7 @@ class Suite:
         timeout = max(1.0, min(timeout, self.left() - 3))
         t0 = time.monotonic()
         try:
-            p = subprocess.run([str(a) for a in argv], input=stdin, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, timeout=timeout,
+            p = subprocess.run([str(a) for a in argv], input=stdin, capture_output=True, text=True, timeout=timeout,
                                env=env or self.env, stdin=None if stdin is not None else subprocess.DEVNULL)
             res = {"rc": p.returncode, "out": p.stdout, "err": p.stderr, "error": None}
         except subprocess.TimeoutExpired as e:
@@ -605,8 +611,11 @@ class Suite:
         return str(path)
 
     def hook_env(self, nodes: list) -> list:
-        return [f"GPUSMOKE_NODES={json.dumps(nodes)}", f"GPUSMOKE_HOOK_LOG={self.work / 'hook.log'}",
-                f"PYTHONPATH={self.env['PYTHONPATH']}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+        env = [f"GPUSMOKE_NODES={json.dumps(nodes)}", f"GPUSMOKE_HOOK_LOG={self.work / 'hook.log'}",
+               f"PYTHONPATH={self.env['PYTHONPATH']}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+        if os.environ.get("GPUSMOKE_V2_ONLY"):
+            env.append(f"GPUSMOKE_V2_ONLY={os.environ['GPUSMOKE_V2_ONLY']}")
+        return env
 
     def container(self, sc: dict) -> None:
         cid = f"gpusmoke-{sc['name']}-{self.tag}"
@@ -1053,9 +1062,10 @@ def self_check(args) -> int:
             results.append((name, "FAIL", f"{type(e).__name__}: {e}"))
 
     def imports():
+        import bpfasm  # noqa: F401
+
         import nvsymlinkd.cli  # noqa: F401
         from nvsymlinkd.access import bpfeval, bpfprog  # noqa: F401
-        import bpfasm  # noqa: F401
         have = []
         for mod in ("pyudev", "dbus_next", "jinja2", "pynvml"):
             try:
