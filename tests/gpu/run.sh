@@ -19,7 +19,7 @@ fi
 out=${OUT:-}
 log=/dev/null
 if [ -n "$out" ]; then mkdir -p "$out" && log="$out/gpu-smoke.log"; fi
-budget=${GPUSMOKE_BUDGET:-360}
+budget=${GPUSMOKE_BUDGET:-300}
 {
     echo "run.sh: python $py ($("$py" --version 2>&1)); carry $carry; budget $budget s; out ${out:-none}"
     site=/tmp/gpusmoke-site

@@ -123,6 +123,10 @@ class Stop(Exception):
 
 
 def _on_signal(signum, _frame):
+    # once: the cleanup and the table that follow are not interrupted again (run.sh's timeout -k
+    # still ends everything 20 s later)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise Stop(f"signal {signum}")
 
 
@@ -195,11 +199,11 @@ FAKE_NODES = [{"name": "nvidia0", "major": 195, "minor": 0}, {"name": "nvidiactl
               {"name": "nvidia-uvm", "major": 511, "minor": 0}, {"name": "nvidia-uvm-tools", "major": 511, "minor": 1}]
 
 
-def nvidia_majors() -> set:
+def nvidia_majors(root: Path = Path("/")) -> set:
     majors = set()
     try:
         section = None
-        for line in Path("/proc/devices").read_text().splitlines():
+        for line in (root / "proc/devices").read_text().splitlines():
             line = line.strip()
             if line.endswith("devices:"):
                 section = line.split()[0]
@@ -371,9 +375,26 @@ class Suite:
             self.env.pop(k, None)
         self.nodes = nvidia_nodes()
         self.fake = False
+        self.hroot = Path("/")  # the host steps' --root: a fake tree with --fake-nodes, else the host
         if not self.nodes and args.fake_nodes:
             self.nodes, self.fake = list(FAKE_NODES), True
-        self.majors = nvidia_majors() or {n["major"] for n in self.nodes}
+            self.hroot = self.fake_host()
+        self.majors = nvidia_majors(self.hroot) or {n["major"] for n in self.nodes}
+
+    def fake_host(self) -> Path:
+        """A host tree with the fake nodes and a /proc/devices naming them (tests/fakehost.py), for the
+        host steps (sync, link check, daemon) on a machine without NVIDIA nodes."""
+        from fakehost import FakeHost
+        host = FakeHost(self.work / "host")
+        host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 511})
+        for n in FAKE_NODES:
+            host.node(f"/dev/{n['name']}", n["major"], n["minor"])
+        return host.root
+
+    def nvsd_host(self, *args, timeout: float = 60) -> Obs:
+        """The CLI for a host step: with --root where the host is a fake tree."""
+        root = [] if self.hroot == Path("/") else ["--root", str(self.hroot)]
+        return self.nvsd(*root, *args, timeout=timeout)
 
     # time
     def left(self) -> float:
@@ -448,11 +469,11 @@ class Suite:
     def sync(self) -> None:
         s: Obs = {}
         self.obs["host"]["sync"] = s
-        r = self.nvsd("sync", timeout=60)
+        r = self.nvsd_host("sync", timeout=60)
         s["rc"], s["output"] = r["rc"], (r["out"] + r["err"])[-2000:]
         if r["error"]:
             s["error"] = r["error"]
-        s["links"] = link_check(self.majors)
+        s["links"] = link_check(self.majors, self.hroot)
         log(f"link check: {s['links']}")
 
     # --- step 2: check's NVML finding -------------------------------------------------
@@ -463,7 +484,7 @@ class Suite:
         n["truth"] = {"ok": truth.get("nvml") == "ok" if truth.get("nvml") is not None else None,
                       "count": truth.get("nvml_count"), "error": None if truth.get("nvml") == "ok" else truth.get("nvml"),
                       "smi_rc": truth.get("smi_rc"), "cuinit": truth.get("cuinit")}
-        r = self.nvsd("check", "--json", "--no-bus", timeout=90)
+        r = self.nvsd_host("check", "--json", "--no-bus", timeout=90)
         try:
             doc = json.loads(r["out"])
         except ValueError:
@@ -479,10 +500,10 @@ class Suite:
         newnode: Obs = {"wanted": self.args.new_nodes, "tries": 0, "ms": [], "removed_ms": [], "failures": 0,
                         "timeout_ms": 2000}
         self.obs["host"]["relink"], self.obs["host"]["newnode"] = relink, newnode
-        if not self.nodes or self.fake:
+        if not self.nodes:
             relink["error"] = newnode["error"] = "no NVIDIA nodes on this host"
             return
-        dev_char = Path("/dev/char")
+        dev_char = self.hroot / "dev/char"
         sock_path = self.work / "notify"
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(sock_path))
@@ -492,7 +513,8 @@ class Suite:
         watch = None
         made: Optional[Path] = None
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "nvsymlinkd", "run", "--resync-interval", "0"],
+            root = [] if self.hroot == Path("/") else ["--root", str(self.hroot)]
+            proc = subprocess.Popen([sys.executable, "-m", "nvsymlinkd", *root, "run", "--resync-interval", "0"],
                                     env=env, stdin=subprocess.DEVNULL, stdout=daemon_log, stderr=daemon_log)
             if not _wait_ready(notify, proc, 30):
                 relink["error"] = newnode["error"] = "the daemon did not say READY=1 within 30 s"
@@ -515,11 +537,11 @@ class Suite:
             problem = _link_ok(dev_char / name, node)
             if problem:
                 relink.setdefault("problems", []).append(problem)
-            minor = _free_minor(node["major"])
+            minor = _free_minor(node["major"], self.hroot)
             for _ in range(self.args.new_nodes):
                 if self.left() < 30 or minor is None:
                     break
-                made = Path(f"/dev/nvidia{minor}") if node["major"] == 195 else Path(f"/dev/nvidia-gpusmoke{minor}")
+                made = self.hroot / (f"dev/nvidia{minor}" if node["major"] == 195 else f"dev/nvidia-gpusmoke{minor}")
                 lname = f"{node['major']}:{minor}"
                 watch.drain()
                 newnode["tries"] += 1
@@ -880,12 +902,12 @@ def patch_spec(spec: dict, sc: dict, cid: str, cgroup_parent: str, hook_path: Op
     return spec
 
 
-def link_check(majors: set) -> Obs:
+def link_check(majors: set, root: Path = Path("/")) -> Obs:
     """Independent of nvsymlinkd: every /dev/char/M:m with an NVIDIA major resolves to a node whose
     st_rdev is M:m, and every NVIDIA node under /dev has its link."""
     problems, nodes, exact = [], 0, 0
     seen = set()
-    dev = Path("/dev")
+    dev = root / "dev"
     candidates = []
     for sub in ("", "nvidia-caps", "nvidia-caps-imex-channels"):
         d = dev / sub if sub else dev
@@ -940,9 +962,9 @@ def _link_ok(link: Path, node: dict) -> Optional[str]:
     return None
 
 
-def _free_minor(major: int) -> Optional[int]:
+def _free_minor(major: int, root: Path = Path("/")) -> Optional[int]:
     used = set()
-    for base in ("/dev", "/dev/char"):
+    for base in (root / "dev", root / "dev/char"):
         try:
             for name in os.listdir(base):
                 try:
@@ -954,7 +976,7 @@ def _free_minor(major: int) -> Optional[int]:
         except OSError:
             pass
     for minor in range(200, 250):
-        if minor not in used and not os.path.lexists(f"/dev/nvidia{minor}"):
+        if minor not in used and not os.path.lexists(root / f"dev/nvidia{minor}"):
             return minor
     return None
 
@@ -1159,7 +1181,7 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="see docs/testing.md, 'The GPU smoke suite'")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="write gpu-smoke.json and gpu-smoke-table.txt here (default $OUT)")
-    ap.add_argument("--budget", type=float, default=360, help="seconds for the whole run (default 360)")
+    ap.add_argument("--budget", type=float, default=300, help="seconds for the whole run (default 300)")
     ap.add_argument("--runc", default="runc", help="runc binary (default: runc on PATH)")
     ap.add_argument("--tries", type=int, default=20, help="daemon relink rounds (default 20)")
     ap.add_argument("--new-nodes", type=int, default=5, help="daemon new-node rounds (default 5)")
