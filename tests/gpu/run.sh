@@ -24,8 +24,15 @@ budget=${GPUSMOKE_BUDGET:-300}
     echo "run.sh: python $py ($("$py" --version 2>&1)); carry $carry; budget $budget s; out ${out:-none}"
     site=/tmp/gpusmoke-site
     if [ -d "$carry/whl" ] && ls "$carry"/whl/*.whl >/dev/null 2>&1; then
-        timeout 120 "$py" -m pip install --quiet --no-index --no-deps --disable-pip-version-check \
-            --target "$site" "$carry"/whl/*.whl || echo "run.sh: installing the carried wheels failed (going on)"
+        # pip where the interpreter has it; a venv made by uv may not: the wheels are pure Python,
+        # and unpacking one is installing it for an import path
+        if ! timeout 120 "$py" -m pip install --quiet --no-index --no-deps --disable-pip-version-check \
+                --target "$site" "$carry"/whl/*.whl; then
+            echo "run.sh: pip install failed or no pip; unpacking the wheels into $site"
+            "$py" -c 'import sys, zipfile
+for w in sys.argv[2:]:
+    zipfile.ZipFile(w).extractall(sys.argv[1])' "$site" "$carry"/whl/*.whl || echo "run.sh: unpacking failed too (going on)"
+        fi
     else
         echo "run.sh: no wheels in $carry/whl (going on without them)"
     fi

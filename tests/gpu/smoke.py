@@ -366,6 +366,7 @@ class Suite:
         self.containers: List[str] = []
         self.cgroup_parent = f"/gpusmoke-{self.tag}"
         self.smi = shutil.which("nvidia-smi") or ""
+        self.inside_python = inside_python()
         self.env = dict(os.environ)
         path = [str(REPO)] + [p for p in self.env.get("PYTHONPATH", "").split(":") if p]
         self.env["PYTHONPATH"] = ":".join(path)
@@ -449,6 +450,7 @@ class Suite:
         m["fake_nodes"] = self.fake
         m["nvidia_majors"] = sorted(self.majors)
         m["nvidia_smi"] = self.smi or None
+        m["inside_python"] = self.inside_python
         r = self.sh([self.runc_bin, "--version"], timeout=20)
         m["runc"] = (r["out"] or r["err"] or r["error"] or "").strip().splitlines()[:1]
         for mod in ("pynvml", "pyudev", "dbus_next", "jinja2"):
@@ -682,7 +684,7 @@ class Suite:
             log(f"{cid}: ERROR {c['error']}\n{traceback.format_exc()}")
 
     def probe_inside(self, cid: str) -> Obs:
-        r = self.runc("exec", "--env", "HOME=/tmp", cid, sys.executable, "-c", PROBE, self.smi, timeout=150)
+        r = self.runc("exec", "--env", "HOME=/tmp", cid, self.inside_python, "-c", PROBE, self.smi, timeout=150)
         res = _probe_result(r)
         log(f"{cid} inside: {json.dumps(res)[:600]}")
         return res
@@ -845,6 +847,24 @@ def _probe_result(r: Obs) -> Obs:
         return json.loads(lines[-1])
     except ValueError as e:
         return {"error": f"probe output is not JSON: {e}"}
+
+
+def visible_inside(path: str) -> bool:
+    """Whether a host path is there in the suite's containers (they bind every top-level directory
+    but NOT_BOUND), itself and what it resolves to."""
+    for p in (os.path.abspath(path), os.path.realpath(path)):
+        parts = Path(p).parts
+        if len(parts) < 2 or parts[1] in NOT_BOUND:
+            return False
+    return True
+
+
+def inside_python() -> str:
+    """The interpreter the probe runs with inside: this one (its pynvml) where the container sees it."""
+    for candidate in (sys.executable, shutil.which("python3") or "", "/usr/bin/python3"):
+        if candidate and visible_inside(candidate) and os.path.exists(candidate):
+            return candidate
+    return sys.executable
 
 
 def host_top_links() -> list:
