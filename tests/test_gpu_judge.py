@@ -172,7 +172,7 @@ def test_judge_nvml(nvml, outcome, words):
 
 def test_judge_latency():
     ok = judge.judge_latency("daemon: relink", {"tries": 20, "ms": [0.5] * 19 + [0.9], "failures": 0}, 20)
-    assert ok["outcome"] == "agree" and "p50 0.50 ms p99 0.90 ms" in ok["cells"][1]
+    assert ok["outcome"] == "agree" and "20/20 p50 0.50/p99 0.90 ms" in ok["cells"][1]
     late = judge.judge_latency("daemon: relink", {"tries": 20, "ms": [0.5] * 19, "failures": 1, "timeout_ms": 2000}, 20)
     assert late["outcome"] == "DISAGREE" and "1 of 20 not linked within 2000 ms" in late["reasons"][0]
     short = judge.judge_latency("daemon: relink", {"tries": 3, "ms": [0.5] * 3, "failures": 0}, 20)
@@ -204,7 +204,7 @@ def test_exit_codes_and_one_table():
     assert any(line.startswith("e-hook-lost") and "ERROR [3]" in line for line in lines)
     assert lines[-1] == "rows: 2 agree, 1 disagree, 1 error"
     widths = {len(line.rstrip()) for line in lines[:2]}
-    assert all(len(cell) <= 44 for line in lines[2:6] for cell in line.split(" | ")[:-1])
+    assert all(len(cell.strip()) <= 56 for line in lines[2:6] for cell in line.split(" | ")[:-1])
     assert widths
 
 

@@ -265,7 +265,7 @@ def pct(values: List[float], p: float) -> float:
 def latency_text(ms: List[float]) -> str:
     if not ms:
         return "no samples"
-    return f"p50 {pct(ms, 50):.2f} ms p99 {pct(ms, 99):.2f} ms"
+    return f"p50 {pct(ms, 50):.2f}/p99 {pct(ms, 99):.2f} ms"
 
 
 def judge_sync(s: Obs) -> Obs:
@@ -333,7 +333,7 @@ def judge_latency(name: str, lat: Obs, tries_wanted: Optional[int] = None) -> Ob
         reasons.append(str(extra))
     inside = f"{len(ms)}/{tries} {latency_text(ms)}"
     if lat.get("removed_ms"):
-        inside += f"; unlinked {latency_text([float(x) for x in lat['removed_ms']])}"
+        inside += f"; unlink {latency_text([float(x) for x in lat['removed_ms']])}"
     return _row(name, inside, "daemon" if not lat.get("error") else "-", "-", "-", reasons, errors)
 
 
@@ -401,6 +401,6 @@ def render_table(rows: List[Obs], fatal: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
-def _clip(text: str, width: int = 44) -> str:
+def _clip(text: str, width: int = 56) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[:width - 3] + "..."

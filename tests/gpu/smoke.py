@@ -443,6 +443,7 @@ class Suite:
     def facts(self) -> None:
         m = self.obs["meta"]
         m["python"] = sys.version.split()[0]
+        m["nvsymlinkd"] = nvsymlinkd_version()
         m["executable"] = sys.executable
         m["kernel"] = os.uname().release
         m["cgroup"] = cgroup_mounts()
@@ -819,7 +820,9 @@ class Suite:
             table, code = "judge failed:\n" + traceback.format_exc(), 2
         for e in self.obs.get("step_errors") or []:
             table += f"\nstep error: {e}"
-        table += f"\nexit {code}; {self.obs['meta']['seconds']} s; tag {self.tag}"
+        table += (f"\nexit {code}; {self.obs['meta']['seconds']} s; tag {self.tag}; nvsymlinkd "
+                  f"{self.obs['meta'].get('nvsymlinkd') or nvsymlinkd_version()}; runc "
+                  f"{' '.join(self.obs['meta'].get('runc') or ['?'])}; kernel {os.uname().release}")
         out = self.args.out
         if out:
             try:
@@ -847,6 +850,23 @@ def _probe_result(r: Obs) -> Obs:
         return json.loads(lines[-1])
     except ValueError as e:
         return {"error": f"probe output is not JSON: {e}"}
+
+
+def nvsymlinkd_version() -> str:
+    """The package version, and the checkout's commit where git and .git are there."""
+    try:
+        import nvsymlinkd
+        version = str(nvsymlinkd.__version__)
+    except Exception as e:  # noqa: BLE001
+        version = f"? ({e})"
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0 and head.stdout.strip():
+            version += f" ({head.stdout.strip()[:70]})"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return version
 
 
 def visible_inside(path: str) -> bool:
