@@ -734,6 +734,14 @@ class Suite:
         elif unknown:
             res["status"] = "unknown"
             res["text"] = unknown[0].get("reason") or ""
+        else:  # another list naming it (e.g. "denied": never repaired, nothing trusted granted them)
+            for key, value in doc.items():
+                if key not in ("containers", "unknown", "thawed") and isinstance(value, list):
+                    named = [x for x in value if isinstance(x, dict) and x.get("container") == cid]
+                    if named:
+                        res["status"] = key
+                        res["text"] = str(named[0].get("detail") or named[0].get("reason") or "")
+                        break
         res["summary"] = doc.get("summary")
         log(f"repair{' --dry-run' if dry else ''} {cid}: {res['status']} (rc {res['rc']}) {res['text'][:300]}")
         return res
