@@ -227,7 +227,12 @@ def _judge_repair(c: Obs, want: Optional[str], reasons: List[str], errors: List[
         if rc not in (None, 0):
             reasons.append(f"repair says repaired but exits {rc}")
         after_check = c.get("after_check") or {}
-        if after_check.get("verdict") not in (None, "ok"):
+        after_verdict = after_check.get("verdict")
+        before_verdict = (c.get("before_check") or {}).get("verdict")
+        # back where it was before the loss: ok, or the same at-risk as then (a hook's grant stays
+        # outside the spec), never a loss
+        if after_verdict in ("lost", "denied", "unknown") or \
+                (after_verdict not in (None, "ok") and before_verdict is not None and after_verdict != before_verdict):
             reasons.append(f"repair says repaired but check afterwards says {check_cell(after_check)}")
     if dry and dry.get("status") == "repaired":
         reasons.append("repair --dry-run says repaired (a dry run must change nothing)")
