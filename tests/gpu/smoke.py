@@ -65,6 +65,7 @@ Obs = Dict[str, Any]
 PROBE = r"""
 import ctypes, errno, json, os, stat, subprocess, sys
 smi = sys.argv[1] if len(sys.argv) > 1 else ""
+cuda_path = sys.argv[2] if len(sys.argv) > 2 else ""
 out = {"smi_rc": None, "smi_text": "", "nvml": None, "nvml_count": None, "cuinit": None, "opens": {},
        "notes": []}
 try:
@@ -105,11 +106,21 @@ else:
         pynvml.nvmlShutdown()
     except Exception as e:
         out["nvml"] = str(e) or repr(e)
-try:
-    cuda = ctypes.CDLL("libcuda.so.1")
-except OSError as e:
-    out["notes"].append("no libcuda.so.1: %s" % e)
-else:
+cuda = None
+for name in ("libcuda.so.1", cuda_path):
+    if not name:
+        continue
+    try:
+        cuda = ctypes.CDLL(name)
+        break
+    except OSError as e:
+        out["notes"].append("no %s: %s" % (name, e))
+if cuda is not None:
+    try:
+        with open("/proc/self/maps") as maps:
+            out["libcuda"] = next((l.split()[-1] for l in maps if "libcuda.so" in l), None)
+    except OSError:
+        pass
     try:
         out["cuinit"] = int(cuda.cuInit(0))
     except Exception as e:
@@ -685,7 +696,8 @@ class Suite:
             log(f"{cid}: ERROR {c['error']}\n{traceback.format_exc()}")
 
     def probe_inside(self, cid: str) -> Obs:
-        r = self.runc("exec", "--env", "HOME=/tmp", cid, self.inside_python, "-c", PROBE, self.smi, timeout=150)
+        cuda = (self.obs["meta"].get("host_probe") or {}).get("libcuda") or ""
+        r = self.runc("exec", "--env", "HOME=/tmp", cid, self.inside_python, "-c", PROBE, self.smi, cuda, timeout=150)
         res = _probe_result(r)
         log(f"{cid} inside: {json.dumps(res)[:600]}")
         return res
