@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
+from conftest import _skip_or_fail, need_tool
 
 GPU_DIR = Path(__file__).parent / "gpu"
 sys.path.insert(0, str(GPU_DIR))
@@ -320,7 +320,7 @@ def test_the_suite_builds_each_scenario_the_kernel_agrees(tmp_path, need_root, v
     mounts = smoke.cgroup_mounts()
     if v2_only:
         if not mounts["v2"]:
-            pytest.skip("no cgroup2 mount")
+            _skip_or_fail("needs a cgroup2 mount")
         env, scenarios = {"GPUSMOKE_V2_ONLY": "1"}, ["--skip", "a", "--skip", "b", "--skip", "c"]
     else:
         env, scenarios = {}, []
