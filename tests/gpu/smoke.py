@@ -1256,7 +1256,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--budget", type=float, default=300, help="seconds for the whole run (default 300)")
     ap.add_argument("--runc", default="runc", help="runc binary (default: runc on PATH)")
     ap.add_argument("--tries", type=int, default=20, help="daemon relink rounds (default 20)")
-    ap.add_argument("--new-nodes", type=int, default=5, help="daemon new-node rounds (default 5)")
+    ap.add_argument("--new-nodes", type=int, default=20, help="daemon new-node rounds (default 20)")
     ap.add_argument("--skip", action="append", default=[], help="skip a step (facts, sync, check nvml, daemon) or a "
                                                                  "scenario (a-healthy or its letter); repeatable")
     ap.add_argument("--workdir", default=None, help="where bundles go (default: the system's temp dir)")
