@@ -224,7 +224,10 @@ def test_exit_codes_and_one_table():
     assert "255 / err / 100 NO_DEVICE" in row and "ok (rc 0)" in row and row.rstrip().endswith("NO [1,2]")
     assert "[1] check says ok but the container cannot use its GPUs (inside: fails)" in lines
     assert any(line.startswith("e-hook-lost") and "ERROR [3]" in line for line in lines)
-    assert lines[-1] == "rows: 2 agree, 1 disagree, 1 error"
+    assert "rows: 2 agree, 1 disagree, 1 error" in lines
+    said = lines.index("nvidia-smi -L inside (before the loss -> at the check -> after the repair):")
+    assert lines[said + 1:] == ["  a-healthy: GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1) (rc 0)",
+                                "  c-never-allowed: Failed to initialize NVML: Unknown Error (rc 255)"]
     widths = {len(line.rstrip()) for line in lines[:2]}
     assert all(len(cell.strip()) <= 56 for line in lines[2:6] for cell in line.split(" | ")[:-1])
     assert widths

@@ -381,7 +381,26 @@ def judge_all(obs: Obs) -> Obs:
         code = 2
     else:
         code = 0
-    return {"rows": rows, "exit": code, "table": render_table(rows, obs.get("fatal"))}
+    table = render_table(rows, obs.get("fatal"))
+    said = smi_lines(obs.get("containers") or [])
+    if said:
+        table += "\n\nnvidia-smi -L inside (before the loss -> at the check -> after the repair):\n" + "\n".join(said)
+    return {"rows": rows, "exit": code, "table": table}
+
+
+def smi_lines(containers: List[Obs]) -> List[str]:
+    """What nvidia-smi printed inside each container (its first line), at each probe."""
+    out = []
+    for c in containers:
+        seen = []
+        for key in ("before", "inside", "after"):
+            probe = c.get(key) or {}
+            if probe.get("smi_rc") is not None:
+                first = (str(probe.get("smi_text") or "").strip().splitlines() or [""])[0]
+                seen.append(f"{first[:70]} (rc {probe['smi_rc']})")
+        if seen:
+            out.append(f"  {c.get('name')}: " + " -> ".join(seen))
+    return out
 
 
 def render_table(rows: List[Obs], fatal: Optional[str] = None) -> str:
