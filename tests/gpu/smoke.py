@@ -657,6 +657,7 @@ class Suite:
         cid = f"gpusmoke-{sc['name']}-{self.tag}"
         c: Obs = {"name": sc["name"], "id": cid, "expect": sc["expect"], "steps": []}
         self.obs["containers"].append(c)
+        started = time.monotonic()
         try:
             bundle = self.bundle(sc, cid)
             self.containers.append(cid)
@@ -689,6 +690,7 @@ class Suite:
             c["repair"] = self.repair(cid)
             c["after"] = self.probe_inside(cid)
             c["after_check"] = self.check(cid)
+            c["seconds"] = round(time.monotonic() - started, 1)
         except Stop:
             raise
         except Exception as e:  # noqa: BLE001 - one scenario's failure is its row's ERROR
@@ -843,6 +845,9 @@ class Suite:
         table += (f"\nexit {code}; {self.obs['meta']['seconds']} s; tag {self.tag}; nvsymlinkd "
                   f"{self.obs['meta'].get('nvsymlinkd') or nvsymlinkd_version()}; runc "
                   f"{' '.join(self.obs['meta'].get('runc') or ['?'])}; kernel {os.uname().release}")
+        host = self.obs["meta"].get("host_probe") or {}
+        if host.get("smi_text") is not None:
+            table += f"\nhost: nvidia-smi -L rc {host.get('smi_rc')}: {(host.get('smi_text') or '').strip()[:200]}"
         out = self.args.out
         if out:
             try:
