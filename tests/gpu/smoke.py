@@ -846,7 +846,7 @@ class Suite:
                   f"{self.obs['meta'].get('nvsymlinkd') or nvsymlinkd_version()}; runc "
                   f"{' '.join(self.obs['meta'].get('runc') or ['?'])}; kernel {os.uname().release}")
         host = self.obs["meta"].get("host_probe") or {}
-        if host.get("smi_text") is not None:
+        if host.get("smi_rc") is not None:
             table += f"\nhost: nvidia-smi -L rc {host.get('smi_rc')}: {(host.get('smi_text') or '').strip()[:200]}"
         out = self.args.out
         if out:
