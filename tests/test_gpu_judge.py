@@ -121,6 +121,15 @@ CASES = [
          inside=DENIED, check={"verdict": "lost", "rc": 1}, repair={"status": "repaired", "rc": 0}, after=WORKS,
          after_check={"verdict": "at-risk", "kinds": ["at-risk-scope"], "rc": 1}),
      "DISAGREE", "check afterwards says at-risk-scope"),
+    ("the daemon's first pass gives it back",
+     ctr(expect={"verdict": "lost", "inside": "fails", "repair": "repaired"}, inside=DENIED,
+         check={"verdict": "lost", "rc": 1}, repair={"status": "repaired", "rc": None, "by": "daemon"}, after=WORKS,
+         after_check={"verdict": "ok", "rc": 0}), "agree", None),
+    ("the daemon's first pass says nothing",
+     ctr(expect={"verdict": "lost", "inside": "fails", "repair": "repaired"}, inside=DENIED,
+         check={"verdict": "ok", "rc": 0}, after=DENIED,
+         repair={"status": None, "rc": None, "by": "daemon", "text": "the daemon's first pass said nothing"}),
+     "DISAGREE", "the daemon's first pass gave nothing back"),
     ("a dry run that repairs", ctr(inside=DENIED, check={"verdict": "lost", "rc": 1}, dry={"status": "repaired", "rc": 0}),
      "DISAGREE", "a dry run must change nothing"),
     ("healthy container, repair does something", ctr(expect={"repair": "nothing"}, inside=WORKS,
@@ -324,7 +333,7 @@ def test_the_suite_builds_each_scenario_the_kernel_agrees(tmp_path, need_root, v
     if v2_only:
         if not mounts["v2"]:
             _skip_or_fail("needs a cgroup2 mount")
-        env, scenarios = {"GPUSMOKE_V2_ONLY": "1"}, ["--skip", "a", "--skip", "b", "--skip", "c"]
+        env, scenarios = {"GPUSMOKE_V2_ONLY": "1"}, ["--skip", "a", "--skip", "b", "--skip", "c", "--skip", "f"]
     else:
         env, scenarios = {}, []
     proc, got = _suite(tmp_path, *scenarios, env=env)
@@ -335,9 +344,12 @@ def test_the_suite_builds_each_scenario_the_kernel_agrees(tmp_path, need_root, v
         assert set(got["b-no-uvm"]["inside"]["opens"]) == {"/dev/nvidia0", "/dev/nvidiactl"}
         assert _opens(got["c-never-allowed"]["inside"]) == {"EPERM"}
         assert got["a-healthy"]["check"]["rc"] is not None
-    for name in ("d-replaced", "e-hook-lost"):
+    for name in ("d-replaced", "e-hook-lost") + (() if v2_only else ("f-daemon-first-pass",)):
         assert _opens(got[name]["before"]) == {"ENXIO"}, (name, got[name]["before"])   # granted first
         assert _opens(got[name]["inside"]) == {"EPERM"}, (name, got[name]["inside"])    # then taken
     assert set(got["e-hook-lost"]["before"]["opens"]) == {"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm",
                                                           "/dev/nvidia-uvm-tools"}  # made by the hook
     assert ("v2: " if v2_only else "v1: ") in got["d-replaced"]["steps"][0]
+    if not v2_only:  # the daemon was started after the loss, looked, and was stopped
+        assert got["f-daemon-first-pass"]["repair"]["by"] == "daemon"
+        assert not got["f-daemon-first-pass"]["repair"]["error"], got["f-daemon-first-pass"]["repair"]

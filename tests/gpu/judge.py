@@ -145,6 +145,8 @@ def _status_text(r: Obs) -> str:
     if r.get("error") and r.get("status") is None and r.get("rc") is None:
         return "error"
     status = r.get("status") or "none"
+    if r.get("by") == "daemon":
+        return f"daemon:{status}"
     return f"{status}({r.get('rc')})"
 
 
@@ -245,6 +247,8 @@ def _judge_repair(c: Obs, want: Optional[str], reasons: List[str], errors: List[
     if want == REPAIRED:
         if repair is None:
             errors.append("repair was not run")
+        elif status is None and repair.get("by") == "daemon":
+            reasons.append("the daemon's first pass gave nothing back: " + str(repair.get("text") or "")[:200])
         elif status is None:
             reasons.append(f"repair found nothing to repair (rc {rc}): the container was not given its devices back")
         elif status != "repaired":

@@ -518,19 +518,11 @@ class Suite:
             relink["error"] = newnode["error"] = "no NVIDIA nodes on this host"
             return
         dev_char = self.hroot / "dev/char"
-        sock_path = self.work / "notify"
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(sock_path))
-        env = dict(self.env, NOTIFY_SOCKET=str(sock_path))
-        daemon_log = open(self.work / "daemon.log", "w+")  # noqa: SIM115 - closed below
-        proc = None
+        daemon = Daemon(self, self.hroot, "daemon")
         watch = None
         made: Optional[Path] = None
         try:
-            root = [] if self.hroot == Path("/") else ["--root", str(self.hroot)]
-            proc = subprocess.Popen([sys.executable, "-m", "nvsymlinkd", *root, "run", "--resync-interval", "0"],
-                                    env=env, stdin=subprocess.DEVNULL, stdout=daemon_log, stderr=daemon_log)
-            if not _wait_ready(notify, proc, 30):
+            if not daemon.start():
                 relink["error"] = newnode["error"] = "the daemon did not say READY=1 within 30 s"
                 return
             watch = LinkWatch(dev_char)
@@ -583,22 +575,11 @@ class Suite:
                 _quiet_unlink(made)
             if watch is not None:
                 watch.close()
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-                relink["daemon_rc"] = proc.returncode
-            notify.close()
-            daemon_log.seek(0)
-            text = daemon_log.read()
-            daemon_log.close()
+            rc, text = daemon.stop()
+            relink["daemon_rc"] = rc
             relink["daemon_log_tail"] = text[-3000:]
-            log("daemon said:\n    " + "\n    ".join(text.strip().splitlines()[-20:]))
-            if proc is not None and proc.returncode not in (0, -15):
-                relink.setdefault("problems", []).append(f"the daemon exited {proc.returncode} on SIGTERM")
+            if rc not in (None, 0, -15):
+                relink.setdefault("problems", []).append(f"the daemon exited {rc} on SIGTERM")
         # the daemon's repair = auto must not be running while containers lose devices: it is stopped
 
     # --- step 4: containers ---------------------------------------------------------------
@@ -616,6 +597,9 @@ class Suite:
             {"name": "d-replaced", "nodes": gpu, "rules": gpu, "take": True,
              "expect": {"verdict": "lost", "inside": judge.FAILS, "repair": judge.REPAIRED}},
             {"name": "e-hook-lost", "nodes": [], "rules": [], "hook": gpu, "take": True,
+             "env": ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+             "expect": {"verdict": "lost", "inside": judge.FAILS, "repair": judge.REPAIRED}},
+            {"name": "f-daemon-first-pass", "nodes": [], "rules": [], "hook": gpu, "take": True, "by_daemon": True,
              "env": ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
              "expect": {"verdict": "lost", "inside": judge.FAILS, "repair": judge.REPAIRED}},
         ]
@@ -686,16 +670,67 @@ class Suite:
                 log(f"{cid}: {c['steps'][-1]}")
             c["inside"] = self.probe_inside(cid)
             c["check"] = self.check(cid)
-            c["dry_run"] = self.repair(cid, dry=True)
-            c["repair"] = self.repair(cid)
+            if sc.get("by_daemon"):
+                c["repair"] = self.daemon_repair(cid)
+            else:
+                c["dry_run"] = self.repair(cid, dry=True)
+                c["repair"] = self.repair(cid)
             c["after"] = self.probe_inside(cid)
             c["after_check"] = self.check(cid)
             c["seconds"] = round(time.monotonic() - started, 1)
+            self.delete(cid)  # judged: the next scenario's daemon (repair = "auto") must not touch it
         except Stop:
             raise
         except Exception as e:  # noqa: BLE001 - one scenario's failure is its row's ERROR
             c["error"] = f"{type(e).__name__}: {e}"
             log(f"{cid}: ERROR {c['error']}\n{traceback.format_exc()}")
+
+    def daemon_repair(self, cid: str) -> Obs:
+        """Start the daemon after the loss (nothing was watching when it happened): its first pass
+        verifies the container and, repair = "auto", gives the devices back. -> the repair it logged."""
+        res: Obs = {"rc": None, "status": None, "text": "", "error": None, "by": "daemon"}
+        daemon = Daemon(self, Path("/"), f"daemon-{cid}", debug=True)
+        try:
+            if not daemon.start():
+                res["error"] = "the daemon did not say READY=1 within 30 s"
+                return res
+            end = time.monotonic() + 30
+            quiet_since = None  # it verified the containers and said nothing about this one since
+            while time.monotonic() < end and res["status"] is None:
+                text = daemon.text()
+                if "verified " in text and " GPU containers" in text and cid not in text.rpartition("verified ")[2]:
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since > 5:
+                        break
+                else:
+                    quiet_since = None
+                for line in text.splitlines():
+                    if cid not in line:
+                        continue
+                    for words, status in (("verified: repaired", "repaired"), ("verified: failed", "failed"),
+                                          ("cannot repair automatically", "cannot-repair"), ("FAILED", "failed")):
+                        if words in line:
+                            res["status"] = status
+                            res["text"] = line.strip()[:400]
+                            break
+                time.sleep(0.2)
+            if res["status"] is None:
+                said = [line for line in daemon.text().splitlines() if cid in line]
+                res["text"] = " | ".join(said)[-400:] or "the daemon's first pass said nothing about the container"
+        finally:
+            daemon.stop()
+        log(f"daemon's first pass for {cid}: {res['status']} {res['text'][:300]}")
+        return res
+
+    def delete(self, cid: str) -> None:
+        self.runc("kill", cid, "KILL", timeout=20)
+        for _ in range(20):
+            r = self.runc("delete", "-f", cid, timeout=20)
+            if r["rc"] == 0 or "not exist" in (r["err"] or ""):
+                if cid in self.containers:
+                    self.containers.remove(cid)
+                return
+            time.sleep(0.2)
 
     def probe_inside(self, cid: str) -> Obs:
         cuda = (self.obs["meta"].get("host_probe") or {}).get("libcuda") or ""
@@ -1082,6 +1117,53 @@ def _rmdir(path: Path) -> None:
             return
         except OSError:
             time.sleep(0.05)
+
+
+class Daemon:
+    """`nvsymlinkd [--root R] run --resync-interval 0` as a subprocess, READY=1 awaited on a notify
+    socket of our own, its stderr in WORK/NAME.log."""
+
+    def __init__(self, suite: Suite, root: Path, name: str, debug: bool = False):
+        self.suite, self.root, self.name, self.debug = suite, root, name, debug
+        self.proc: Optional[subprocess.Popen] = None
+        self.notify: Optional[socket.socket] = None
+        self.log_path = suite.work / f"{name}.log"
+
+    def start(self, timeout: float = 30) -> bool:
+        sock_path = self.suite.work / f"{self.name}.notify"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(sock_path))
+        env = dict(self.suite.env, NOTIFY_SOCKET=str(sock_path))
+        if self.debug:
+            env["NVSYMLINKD_DEBUG"] = "1"  # "verified N GPU containers ...": when its first look is done
+        root = [] if self.root == Path("/") else ["--root", str(self.root)]
+        with open(self.log_path, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "nvsymlinkd", *root, "run", "--resync-interval", "0"],
+                                         env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        return _wait_ready(self.notify, self.proc, min(timeout, max(1.0, self.suite.left() - 5)))
+
+    def text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> tuple:
+        """SIGTERM (SIGKILL after 10 s); -> (exit status or None, what it said)."""
+        rc = None
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            rc = self.proc.returncode
+        if self.notify is not None:
+            self.notify.close()
+        text = self.text()
+        log(f"{self.name} said:\n    " + "\n    ".join(text.strip().splitlines()[-20:]))
+        return rc, text
 
 
 def _wait_ready(sock: socket.socket, proc, timeout: float) -> bool:
