@@ -18,6 +18,7 @@ is an ERROR row, never a crash):
        c-never     nodes in linux.devices, never allowed           -> denied, not repaired
        d-replaced  device program replaced like systemd's re-apply -> lost, repaired
        e-hook      NVIDIA hook-style grant, then replaced           -> lost, repaired
+       f-daemon    as e, then the daemon started (no repair command) -> lost, given back by its first pass
   5. one table (tests/gpu/judge.py decides), results JSON and the table into --out.
 
 Exit: 0 every row agrees, 1 a disagreement, 2 only errors (the suite could not observe something).
