@@ -353,3 +353,15 @@ def test_the_suite_builds_each_scenario_the_kernel_agrees(tmp_path, need_root, v
     if not v2_only:  # the daemon was started after the loss, looked, and was stopped
         assert got["f-daemon-first-pass"]["repair"]["by"] == "daemon"
         assert not got["f-daemon-first-pass"]["repair"]["error"], got["f-daemon-first-pass"]["repair"]
+
+
+def test_a_bind_runc_cannot_make_falls_back_to_the_essential_directories(tmp_path, need_root):
+    """Binding every top-level directory fails on some host (a mount runc cannot bind): the scenario is
+    run again with /usr, /etc, /opt, ... and the interpreter's own directories, not lost."""
+    need_tool("runc")
+    proc, got = _suite(tmp_path, "--skip", "b", "--skip", "c", "--skip", "d", "--skip", "e", "--skip", "f",
+                       env={"GPUSMOKE_TEST_BAD_BIND": "1"})
+    c = got["a-healthy"]
+    assert not c.get("error"), (c, proc.stdout[-2000:])
+    assert _opens(c["inside"]) == {"ENXIO"}
+    assert "binding every top-level directory failed" in c["steps"][0] and "'usr'" in c["steps"][0]

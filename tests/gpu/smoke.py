@@ -379,6 +379,7 @@ class Suite:
         self.cgroup_parent = f"/gpusmoke-{self.tag}"
         self.smi = shutil.which("nvidia-smi") or ""
         self.inside_python = inside_python()
+        self.binds_only: Optional[set] = None  # set once binding every top-level directory failed
         self.env = dict(os.environ)
         path = [str(REPO)] + [p for p in self.env.get("PYTHONPATH", "").split(":") if p]
         self.env["PYTHONPATH"] = ":".join(path)
@@ -605,10 +606,12 @@ class Suite:
              "expect": {"verdict": "lost", "inside": judge.FAILS, "repair": judge.REPAIRED}},
         ]
 
-    def bundle(self, sc: dict, cid: str) -> Path:
+    def bundle(self, sc: dict, cid: str, binds_only: Optional[set] = None) -> Path:
         """A runc bundle: `runc spec`, then the host's top-level directories bound read-only, a tmpfs
         on /tmp, the scenario's devices, rules, env and hook."""
         bundle = self.work / "bundles" / cid
+        if bundle.exists():
+            shutil.rmtree(bundle)
         rootfs = bundle / "rootfs"
         rootfs.mkdir(parents=True)
         r = self.sh([self.runc_bin, "spec", "--bundle", bundle], timeout=20)
@@ -616,7 +619,7 @@ class Suite:
             raise RuntimeError(f"runc spec failed: {r['err'] or r['error']}")
         spec = json.loads((bundle / "config.json").read_text())
         spec = patch_spec(spec, sc, cid, self.cgroup_parent, self.hook_path() if sc.get("hook") else None,
-                          sc.get("hook") and self.hook_env(sc["hook"]))
+                          sc.get("hook") and self.hook_env(sc["hook"]), binds_only)
         for name, target in host_top_links():
             os.symlink(target, rootfs / name)
         (bundle / "config.json").write_text(json.dumps(spec, indent=1))
@@ -644,20 +647,20 @@ class Suite:
         self.obs["containers"].append(c)
         started = time.monotonic()
         try:
-            bundle = self.bundle(sc, cid)
             self.containers.append(cid)
-            with open(bundle / "runc.log", "w+") as out:
-                t0 = time.monotonic()
-                try:
-                    p = subprocess.run([self.runc_bin, "--root", RUNC_ROOT, "run", "-d", "--bundle", str(bundle), cid],
-                                       stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                       timeout=max(5, min(60, self.left() - 3)), env=self.env)
-                    rc = p.returncode
-                except subprocess.TimeoutExpired:
-                    rc = None
-                out.seek(0)
-                text = out.read().strip()
-            log(f"runc run {cid}: rc {rc} ({time.monotonic() - t0:.2f} s) {text[-500:]}")
+            rc, text = self.run_container(sc, cid, None)
+            if rc != 0 and self.binds_only is None:
+                # binding every top-level directory failed? once more with the essential ones only,
+                # and so for the following scenarios
+                self.delete(cid)
+                self.containers.append(cid)
+                essential = set(ESSENTIAL) | top_dirs_of(self.inside_python, self.smi, sys.executable)
+                rc2, text2 = self.run_container(sc, cid, essential)
+                if rc2 == 0:
+                    self.binds_only = essential
+                    c["steps"].append(f"binding every top-level directory failed ({text[-200:]}); "
+                                      f"bound only {sorted(essential)}")
+                rc, text = rc2, text2
             if rc != 0:
                 hook_log = self.work / "hook.log"
                 extra = hook_log.read_text()[-800:] if hook_log.exists() else ""
@@ -732,6 +735,23 @@ class Suite:
                     self.containers.remove(cid)
                 return
             time.sleep(0.2)
+
+    def run_container(self, sc: dict, cid: str, binds_only: Optional[set]) -> tuple:
+        """`runc run -d`; -> (exit status or None on a timeout, what runc said)."""
+        bundle = self.bundle(sc, cid, binds_only if binds_only is not None else self.binds_only)
+        with open(bundle / "runc.log", "w+") as out:
+            t0 = time.monotonic()
+            try:
+                p = subprocess.run([self.runc_bin, "--root", RUNC_ROOT, "run", "-d", "--bundle", str(bundle), cid],
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                   timeout=max(5, min(60, self.left() - 3)), env=self.env)
+                rc = p.returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+            out.seek(0)
+            text = out.read().strip()
+        log(f"runc run {cid}: rc {rc} ({time.monotonic() - t0:.2f} s) {text[-500:]}")
+        return rc, text
 
     def probe_inside(self, cid: str) -> Obs:
         cuda = (self.obs["meta"].get("host_probe") or {}).get("libcuda") or ""
@@ -942,6 +962,17 @@ def exec_dir() -> str:
     return tempfile.gettempdir()
 
 
+def top_dirs_of(*paths: str) -> set:
+    """The top-level directory names of these paths and of what they resolve to."""
+    out = set()
+    for path in paths:
+        for p in (os.path.abspath(path), os.path.realpath(path)) if path else ():
+            parts = Path(p).parts
+            if len(parts) > 1:
+                out.add(parts[1])
+    return out
+
+
 def visible_inside(path: str) -> bool:
     """Whether a host path is there in the suite's containers (they bind every top-level directory
     but NOT_BOUND), itself and what it resolves to."""
@@ -970,14 +1001,22 @@ def host_top_links() -> list:
     return out
 
 
-def host_binds() -> list:
-    """A read-only recursive bind of each top-level host directory but /proc, /sys, /dev, /tmp, /run."""
+# the fallback when binding every top-level directory fails (one runc cannot bind, e.g. a FUSE mount)
+ESSENTIAL = ("usr", "etc", "opt", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "root", "var")
+
+
+def host_binds(only: Optional[set] = None) -> list:
+    """A read-only recursive bind of each top-level host directory but /proc, /sys, /dev, /tmp, /run
+    (only: of these names)."""
     out = []
     for name in sorted(os.listdir("/")):
         p = os.path.join("/", name)
-        if name in NOT_BOUND or os.path.islink(p) or not os.path.isdir(p):
+        if name in NOT_BOUND or os.path.islink(p) or not os.path.isdir(p) or (only is not None and name not in only):
             continue
         out.append({"destination": p, "type": "bind", "source": p, "options": ["rbind", "ro", "nosuid"]})
+    if only is None and os.environ.get("GPUSMOKE_TEST_BAD_BIND"):  # tests: a bind runc cannot make
+        out.append({"destination": "/gpusmoke-bad", "type": "bind", "source": "/nonexistent-gpusmoke-bind",
+                    "options": ["rbind", "ro"]})
     return out
 
 
@@ -991,7 +1030,7 @@ def _node(n: dict) -> dict:
 
 
 def patch_spec(spec: dict, sc: dict, cid: str, cgroup_parent: str, hook_path: Optional[str],
-               hook_env) -> dict:
+               hook_env, binds_only: Optional[set] = None) -> dict:
     """`runc spec`'s default made into the scenario's container (pure but for host_binds())."""
     proc = spec["process"]
     proc["terminal"] = False
@@ -1002,7 +1041,7 @@ def patch_spec(spec: dict, sc: dict, cid: str, cgroup_parent: str, hook_path: Op
     spec["hostname"] = cid[:63]
     spec["root"] = {"path": "rootfs", "readonly": False}
     mounts = [m for m in spec.get("mounts") or [] if m.get("destination") != "/tmp"]
-    spec["mounts"] = host_binds() + mounts + [
+    spec["mounts"] = host_binds(binds_only) + mounts + [
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]}]
     linux = spec.setdefault("linux", {})
     linux["cgroupsPath"] = f"{cgroup_parent}/{cid}"
@@ -1279,6 +1318,9 @@ def self_check(args) -> int:
         s.cgroup_parent = "/gpusmoke-selfcheck"
         s.runc_bin = shutil.which(args.runc) or args.runc
         s.deadline = time.monotonic() + 120
+        s.binds_only = None
+        s.inside_python = inside_python()
+        s.smi = shutil.which("nvidia-smi") or ""
         try:
             names = []
             for sc in s.scenarios():
