@@ -375,7 +375,7 @@ def judge_all(obs: Obs) -> Obs:
         rows.append(judge_latency("daemon: relink", host["relink"], host["relink"].get("wanted")))
     if "newnode" in host:
         rows.append(judge_latency("daemon: new node", host["newnode"], host["newnode"].get("wanted")))
-    for c in obs.get("containers") or []:
+    for c in sorted(obs.get("containers") or [], key=lambda c: str(c.get("name"))):
         rows.append(judge_container(c))
     for step in obs.get("skipped") or []:
         rows.append(_row(str(step.get("name")), "-", "-", "-", "-", [], [f"not run: {step.get('why')}"]))
