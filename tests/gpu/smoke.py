@@ -1405,7 +1405,15 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    return Suite(args).run()
+    try:
+        suite = Suite(args)
+    except Exception:  # noqa: BLE001 - even then, one table
+        why = traceback.format_exc()
+        print(why, file=sys.stderr)
+        print("\n" + "=" * 30 + " GPU smoke table " + "=" * 30)
+        print(judge.judge_all({"fatal": "the suite could not start: " + why.strip().splitlines()[-1]})["table"])
+        return 2
+    return suite.run()
 
 
 if __name__ == "__main__":
