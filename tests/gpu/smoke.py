@@ -868,6 +868,12 @@ class Suite:
             self.obs["fatal"] = str(e)
             log(f"stopping: {e}")
         finally:
+            # the cleanup and the table are not interrupted (run.sh's timeout -k still ends all 20 s later)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    signal.signal(sig, signal.SIG_IGN)
+                except ValueError:  # not the main thread (a test calling run())
+                    pass
             try:
                 self.cleanup()
             except Stop as e:
