@@ -17,6 +17,7 @@ examples:
   nvsymlinkd repair --dry-run                   # what would be granted, and how
   nvsymlinkd repair 0f3c9a1e2b7d                # one container
   nvsymlinkd repair --json
+  nvsymlinkd repair --force 0f3c9a1e2b7d        # again within the rate limit's window (journaled as forced)
 
 mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
 """
@@ -33,6 +34,9 @@ def register(sub) -> None:
                         "or Kubernetes namespace/pod/container")
     p.add_argument("--dry-run", action="store_true", help="print what would be granted and how; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-repair)")
+    p.add_argument("--force", action="store_true",
+                   help="repair even within the rate limit's window (one repair per container per 600 s, "
+                        "against loops); journaled as forced")
     p.set_defaults(func=run)
 
 
@@ -64,7 +68,7 @@ def run(args, root, config) -> int:
     report = verifier.verify_all(root, config, with_host=False)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                             journal=journal, report=report)
+                             journal=journal, report=report, force=args.force, by_hand=True)
     except KeyError as exc:
         from nvsymlinkd.containers.discovery import no_such_container
 

@@ -85,6 +85,7 @@ class RepairResult:
     verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
     error: str | None = None
     dry_run: bool = False
+    by_hand: bool = False  # a typed `nvsymlinkd repair`, not the daemon: its words say so
 
     @property
     def request(self) -> RepairRequest:
@@ -111,8 +112,12 @@ class RepairResult:
         devices = ", ".join(str(g.rule) for g in self.plan.grants)
         if self.status == NOTHING:
             head = f"{who}{unit}: nothing to grant"
+        elif self.status == CANNOT and r.kind == AT_RISK:
+            # nothing is lost: a prevention that cannot be made is no failed repair (the at-risk finding says it)
+            head = f"{who}{unit}: cannot prevent the loss: {self.plan.cannot}"
         elif self.status == CANNOT:
-            head = f"{who}{unit}: cannot repair automatically: {self.plan.cannot}"
+            how = "cannot repair" if self.by_hand else "cannot repair automatically"
+            head = f"{who}{unit}: {how}: {self.plan.cannot}"
         elif self.status == WOULD:
             head = f"{who}{unit}: would grant {devices} via {self.plan.mechanism}"
         elif self.status == FAILED:
@@ -120,7 +125,11 @@ class RepairResult:
         else:
             verb = "granted" if self.status == REPAIRED else "added to DeviceAllow before a reload took it:"
             head = f"{who}{unit}: {verb} {devices} via {self.plan.mechanism}; verified: {self.status}"
+        if self.plan.forced and self.status in (REPAIRED, PREVENTED, FAILED):
+            head += " (forced by hand: rate limit bypassed)"
         lines = [head]
+        if self.by_hand and self.plan.rate_limited:
+            lines.append("  note: `nvsymlinkd repair --force` repairs anyway (journaled as forced)")
         for g, why in self.plan.refused:
             lines.append(f"  not granted {g.rule} ({g.source}): {why}")
         for note in self.plan.notes:
@@ -645,7 +654,7 @@ def _journal(journal, result: RepairResult) -> None:
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
-                  container_name=r.container_name)
+                  container_name=r.container_name, forced=1 if result.plan.forced else None)
     kind = JOURNAL_KINDS.get(result.status)
     if kind is None:  # nothing to do: nothing changed, nothing to say
         return
@@ -657,8 +666,12 @@ def _journal(journal, result: RepairResult) -> None:
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
                      history: RepairHistory | None = None, clock=time.time, journal=None,
                      window: float = DEFAULT_WINDOW_SECONDS, timeout: float = SETTLE_TIMEOUT,
-                     reverify=None, lock_wait: float = LOCK_WAIT) -> RepairResult:
+                     reverify=None, lock_wait: float = LOCK_WAIT, force: bool = False,
+                     by_hand: bool = False) -> RepairResult:
     """Plan and (unless dry_run) apply one repair, then verify it.
+
+    force: bypass the rate limit (a person's `repair --force`; journaled as forced). by_hand: the
+    result's words are for a typed command, not the daemon's.
 
     reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
@@ -670,7 +683,8 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             parent_rules = read_rules(root, parent)
         except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
-    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules)
+    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
+                       force=force)
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
@@ -709,6 +723,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
         if history is not None and record_attempt and result.status != PREVENTED:
             history.record(request.container_id, clock(), prevention=request.kind == AT_RISK)
+    result.by_hand = by_hand
     _journal(journal, result)
     return result
 
@@ -720,7 +735,7 @@ def history_path(root: HostRoot, config) -> str:
 def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = False,
                history: RepairHistory | None = None, clock=time.time, journal=None,
                window: float = DEFAULT_WINDOW_SECONDS, report=None, use_bus: bool | None = None,
-               lock_wait: float = LOCK_WAIT) -> list:
+               lock_wait: float = LOCK_WAIT, force: bool = False, by_hand: bool = False) -> list:
     """Verify, then repair every GPU container with findings (or just the given ids).
 
     config.repair: "off" -> nothing; "report" -> plans only (like dry_run); "auto" -> repair.
@@ -765,5 +780,6 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         if request is None:
             continue
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
-                                        journal=journal, window=window, reverify=reverify, lock_wait=lock_wait))
+                                        journal=journal, window=window, reverify=reverify, lock_wait=lock_wait,
+                                        force=force, by_hand=by_hand))
     return results
