@@ -78,17 +78,23 @@ def run(args, root, config) -> int:
     chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
     repaired = {r.request.container_id for r in results}
     unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
+    # findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
+    # `check` counts them, with their fix, never dropped
+    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown
+                 and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
             history.save(hist_file)
         except OSError as exc:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown
+    ok = all(r.ok for r in results) and not unknown and not unfixable
+    summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable)}
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
-               "summary": _summary(results), "thawed": thawed}
+               "not_repairable": [_unfixable_json(c) for c in unfixable],
+               "summary": summary, "thawed": thawed}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -101,9 +107,13 @@ def run(args, root, config) -> int:
                 print(f"  step: {step}")
         for c in unknown:
             print(f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}")
+        for c in unfixable:
+            for f in c.findings:
+                print(f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no "
+                      f"trusted source); fix: {f.fix}")
         from nvsymlinkd.summary import repair_line
 
-        print(repair_line(results, _summary(results), args.dry_run))
+        print(repair_line(results, summary, args.dry_run))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 
@@ -111,6 +121,11 @@ def _unknown_reason(report) -> str:
     from nvsymlinkd.verify.kinds import FindingKind
 
     return next((f.detail for f in report.findings if f.kind == FindingKind.UNKNOWN), "unknown")
+
+
+def _unfixable_json(report) -> dict:
+    return {"container": report.id, "verdict": str(report.verdict),
+            "findings": [{"kind": str(f.kind), "devices": list(f.devices), "fix": f.fix} for f in report.findings]}
 
 
 def _summary(results) -> dict:
