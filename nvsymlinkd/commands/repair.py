@@ -91,7 +91,9 @@ def run(args, root, config) -> int:
     ok = all(r.ok for r in results) and not unknown and not unfixable
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable)}
     if args.json:
-        doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
+        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
                "not_repairable": [_unfixable_json(c) for c in unfixable],
                "summary": summary, "thawed": thawed}

@@ -88,7 +88,9 @@ def run(args, root, config) -> int:
     if args.json:
         import json  # only for --json: sync's start stays light
 
-        doc = result.to_json()
+        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+
+        doc = {"schema_version": JSON_SCHEMA_VERSION, **result.to_json()}
         doc["warnings"] = warnings
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
