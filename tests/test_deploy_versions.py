@@ -100,5 +100,5 @@ def test_overlays_combine_with_the_component(tmp_path, name):
 
 def test_the_docs_name_the_versions_validated():
     text = (KUBE.parent.parent / "docs/operations.md").read_text()
-    assert f"Kubernetes 1.25 to 1.29" in text and "1.30" in text
+    assert "Kubernetes 1.25 to 1.29" in text and "1.30" in text
     assert os.path.isdir(KUBE / "components/before-1.30")

@@ -289,9 +289,9 @@ def test_stories_set_conditions_that_clear(runc_host, monkeypatch, tmp_path):
     history, now = RepairHistory(), [1000.0]
     npd = NPD(load())
 
-    def daemon_pass(config=Config()) -> list:
+    def daemon_pass() -> list:
         mark = len(entries)
-        results = repair_all(root, config, journal=j, history=history, clock=lambda: now[0], use_bus=False)
+        results = repair_all(root, Config(), journal=j, history=history, clock=lambda: now[0], use_bus=False)
         for e in entries[mark:]:
             npd.push(e["MESSAGE"])
         return [(r.request.container_id, str(r.status)) for r in results]
@@ -356,7 +356,15 @@ def test_prevented_and_forced_lines_fire_their_events():
     """The prevention's line (systemd driver) as the repairer words it, plain and forced."""
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import RepairResult
-    from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest, RepairStatus, plan_repair
+    from nvsymlinkd.repair.plan import (
+        AT_RISK,
+        LOST,
+        Grant,
+        RepairHistory,
+        RepairRequest,
+        RepairStatus,
+        plan_repair,
+    )
 
     grant = Grant(Device.char(195, 0), "rw", "spec")
     for kind, status, reason in ((AT_RISK, RepairStatus.PREVENTED, "GPUDeviceAccessLossPrevented"),
