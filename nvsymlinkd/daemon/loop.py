@@ -685,12 +685,21 @@ class Daemon:
 
 
 def config_changes(old, new) -> str:
-    """`repair "auto" -> "report", resync_interval 60.0 -> 30.0`, or `nothing changed`."""
+    """`repair "auto" -> "report", resync_interval 60 -> 30`, or `nothing changed` (values as TOML writes them)."""
+    import json
+
     from nvsymlinkd.record import fields
 
-    changed = [f"{f.name} {getattr(old, f.name)!r} -> {getattr(new, f.name)!r}" for f in fields(new)
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return json.dumps(value) if isinstance(value, str) else str(value)  # quoted, control characters escaped
+
+    changed = [f"{f.name} {shown(getattr(old, f.name))} -> {shown(getattr(new, f.name))}" for f in fields(new)
                if f.name != "source" and getattr(old, f.name) != getattr(new, f.name)]
-    return ", ".join(changed).replace("'", '"') if changed else "nothing changed"
+    return ", ".join(changed) if changed else "nothing changed"
 
 
 def _preload_bus() -> None:
