@@ -311,8 +311,9 @@ def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes:
         return []
     return [Finding(
         AT_RISK_UVM, (str(key),),
-        "the host has nvidia-uvm but this container was not given it (device plugin started before "
-        "nvidia-uvm was loaded): CUDA fails or falls back to the CPU",
+        "the host has nvidia-uvm but this container was not given it ("
+        + ("the device plugin started before nvidia-uvm was loaded" if kubernetes else
+           "created before nvidia-uvm was loaded") + "): CUDA fails or falls back to the CPU",
         "restart the device plugin after nvidia-uvm is loaded, then recreate this container" if kubernetes else
         "recreate this container: nvidia-uvm is loaded now, so the runtime grants it to a new one (load it "
         "at boot, before containers start: nvidia-modprobe -u -c=0)")]
