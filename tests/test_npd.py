@@ -416,3 +416,46 @@ def test_a_match_needs_the_newest_line():
     npd = NPD(load())
     assert npd.push("sync failed: /proc/devices: is a directory") == ["NVSymlinkdSyncFailed"]
     assert npd.push("created link /dev/char/195:0 -> ../nvidia0 (c 195:0)") == []
+
+
+def test_prevented_and_forced_stories_through_systemd(tmp_path, need_root, monkeypatch):
+    """The systemd stories with real entries: the repairer against test_repair_dbus's systemd (a private
+    bus, SetUnitProperties) and a real cgroup2 directory: prevented, repaired, refused at the keyboard
+    (no "automatically"), forced by hand. Each fires its event; no condition is set."""
+    from test_repair_dbus import SystemdMock, gpu0, link_cgroups, need_dbusmock, v2_cgroup
+
+    from nvsymlinkd.repair.apply import repair_container
+    from nvsymlinkd.repair.plan import RepairHistory, RepairRequest
+
+    need_dbusmock()
+    host = standard_host(tmp_path / "root")
+    link_cgroups(host)
+    m = SystemdMock(tmp_path / "bus")
+    m.start()
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", m.address)
+    cgdir, cgpath = v2_cgroup()
+    entries: list = []
+    j, history, now = recording_journal(entries), RepairHistory(), [1000.0]
+    unit = "docker-npdprev.scope"
+    try:
+        m.add_scope(unit, [("/dev/null", "rwm")], root=str(host.root))
+
+        def repair(kind, **kw):
+            req = RepairRequest("npdprev", "docker", unit, None, cgpath, None, "systemd", gpu0(), kind)
+            return repair_container(HostRoot(str(host.root)), Config(), req, journal=j, history=history,
+                                    clock=lambda: now[0], **kw).status
+
+        statuses = [repair("at-risk"), repair("lost")]
+        now[0] += 10
+        statuses += [repair("lost", by_hand=True), repair("lost", by_hand=True, force=True)]
+    finally:
+        cgdir.rmdir()
+        m.close()
+    assert statuses == ["prevented", "repaired", "cannot-repair", "repaired"], (statuses, entries)
+    npd = NPD(load())
+    fired = [npd.push(e["MESSAGE"]) for e in entries]
+    assert fired == [["GPUDeviceAccessLossPrevented"], ["GPUDeviceAccessRepaired"], ["GPUDeviceRepairRefused"],
+                     ["GPUDeviceAccessRepaired"]], [e["MESSAGE"] for e in entries]
+    assert ": cannot repair: the last repair attempt was 10 s ago" in entries[2]["MESSAGE"]
+    assert entries[3]["NVSYMLINKD_FORCED"] == "1" and "FORCED" not in "".join(entries[1])
+    assert npd.conditions == {}
