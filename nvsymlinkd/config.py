@@ -138,7 +138,7 @@ def _coerce(key: Key, value, where: str):
             raise bad("a number of seconds")
         if value != 0 and not key.minimum <= value <= key.maximum:
             raise bad(f"0 (off) or a number of seconds from {key.minimum:g} to {key.maximum:g}")
-        return float(value)
+        return float(value) if value != 0 else 0.0  # -0.0 is off too, never rendered "-0"
     if key.kind == "choice":
         if value not in key.choices:
             raise bad("one of " + ", ".join(f'"{c}"' for c in key.choices))

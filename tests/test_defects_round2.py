@@ -59,3 +59,48 @@ def test_daemon_and_sync_agree_on_non_ascii_digit_names(host, tmp_path):
     proc = cli("--root", host.root, "--config", cfg, "sync")
     assert proc.returncode == 0, proc.stderr
     assert os.path.islink(host.path(f"/dev/char/{ARABIC}"))
+
+
+# -- 10. smaller ----------------------------------------------------------------------------------------------
+
+def test_record_dataclass_refuses_a_mutable_default_like_dataclasses():
+    import dataclasses
+
+    from nvsymlinkd import record
+
+    for default in ([], {}, set()):
+        with pytest.raises(ValueError, match="mutable default"):
+            dataclasses.dataclass(frozen=True)(type("A", (), {"__annotations__": {"x": "list"}, "x": default}))
+        with pytest.raises(ValueError, match="mutable default"):
+            record.dataclass(frozen=True)(type("B", (), {"__annotations__": {"x": "list"}, "x": default}))
+    record.dataclass(frozen=True)(type("C", (), {"__annotations__": {"x": "tuple"}, "x": ()}))
+
+
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_negative_zero_resync_interval_renders_as_off(tmp_path, where):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("resync_interval = -0.0\n" if where == "file" else "")
+    flags = ["--resync-interval", "-0.0"] if where == "flag" else []
+    proc = cli("--config", cfg, "render", *flags)
+    assert proc.returncode == 0, proc.stderr
+    assert "-0" not in proc.stdout.replace("--", "  "), proc.stdout
+    assert "--resync-interval 0" in proc.stdout
+
+
+def test_a_directory_left_at_a_temporary_name_is_removed_not_reported_forever(host):
+    host.params()
+    odd = host.path("/dev/char/.nvsymlinkd-tmp-4194000-195:0")
+    odd.parent.mkdir(parents=True, exist_ok=True)
+    odd.mkdir()
+    first = cli("--root", host.root, "--config", os.devnull, "sync")
+    assert first.returncode == 0, first.stderr
+    assert not odd.exists()
+    again = cli("--root", host.root, "--config", os.devnull, "sync", "--dry-run")
+    assert ".nvsymlinkd-tmp-" not in again.stdout + again.stderr
+    # a full directory there is nobody's temporary of ours: not emptied, and not "removed" on every run
+    odd.mkdir()
+    (odd / "keep").write_text("")
+    for _ in range(2):
+        proc = cli("--root", host.root, "--config", os.devnull, "sync")
+        assert ".nvsymlinkd-tmp-" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert (odd / "keep").exists()

@@ -115,8 +115,26 @@ def observe_name(root: HostRoot, fd: int, dev_char_path: str, dev_char_real: str
         entry = _observe_entry(root, fd, dev_char_real, de, by_path)
         if entry is not None:
             entries[name] = entry
-    elif name.startswith(TMP_PREFIX):
+    elif name.startswith(TMP_PREFIX) and _removable(fd, de):
         temps.append(f"{dev_char_path}/{name}")
+
+
+def _removable(dirfd: int, de: os.DirEntry) -> bool:
+    """A temporary name the sync can remove: not a directory with something in it (we only ever make links
+    and nodes; an empty directory is rmdir'ed, a full one is not ours to empty, so never "removed" each pass)."""
+    try:
+        if not de.is_dir(follow_symlinks=False):
+            return True
+        fd = os.open(de.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return True
+    try:
+        with os.scandir(fd) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _is_dangling(root: HostRoot, inside: str) -> bool:
