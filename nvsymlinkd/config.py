@@ -15,6 +15,7 @@ from nvsymlinkd.errors import ConfigError
 from nvsymlinkd.record import dataclass, fields, replace
 
 DEFAULT_CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
+MAX_CONFIG_BYTES = 1 << 20  # a flat file of ten keys: a MiB is a mistake, not a config
 
 
 @dataclass(frozen=True)
@@ -169,18 +170,32 @@ def parse_config(data: bytes, path: str) -> Config:
 
 
 def load_config(root, explicit_path: str | None = None) -> Config:
-    """Load the config file; an absent default file is fine, an absent --config file is not."""
-    if explicit_path is not None:
-        real, shown = explicit_path, explicit_path
-    else:
-        real, shown = root.path(DEFAULT_CONFIG), DEFAULT_CONFIG
+    """Load the config file; an absent default file is fine, an absent --config file is not.
+
+    Read as runtime files are: a regular file (or /dev/null), at most MAX_CONFIG_BYTES, never blocking
+    on a fifo; the default path is resolved confined to --root (an explicit --config is taken as given).
+    """
+    import os
+
+    from nvsymlinkd.errors import UnsafeFile
+    from nvsymlinkd.host.root import read_regular
+
+    shown = explicit_path if explicit_path is not None else DEFAULT_CONFIG
     try:
-        with open(real, "rb") as f:
-            data = f.read()
+        if explicit_path is not None:
+            fd = os.open(explicit_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+        else:
+            fd = root.open_file(DEFAULT_CONFIG)
+        try:
+            data = read_regular(fd, shown, MAX_CONFIG_BYTES)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         if explicit_path is not None:
             raise ConfigError(f"{shown}: no such file; check the --config path")
         return Config()
+    except UnsafeFile as exc:
+        raise ConfigError(f"{exc}; the config must be a regular TOML file of at most {MAX_CONFIG_BYTES >> 20} MiB")
     except IsADirectoryError:
         raise ConfigError(f"{shown}: is a directory, not a TOML file")
     except OSError as exc:

@@ -104,3 +104,32 @@ def test_a_directory_left_at_a_temporary_name_is_removed_not_reported_forever(ho
         proc = cli("--root", host.root, "--config", os.devnull, "sync")
         assert ".nvsymlinkd-tmp-" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert (odd / "keep").exists()
+
+
+# -- 3. the config file, read as runtime files are -----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "default-fifo", "too-big"])
+def test_config_that_is_no_regular_file_is_refused_at_once(tmp_path, kind):
+    root = tmp_path / "root"
+    (root / "etc/nvsymlinkd").mkdir(parents=True)
+    argv = ["--root", root]
+    if kind == "dev-zero":
+        argv += ["--config", "/dev/zero"]
+    elif kind == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        argv += ["--config", tmp_path / "fifo"]
+    elif kind == "default-fifo":
+        os.mkfifo(root / "etc/nvsymlinkd/nvsymlinkd.toml")
+    else:
+        big = tmp_path / "big.toml"
+        big.write_text("# " + "x" * (2 << 20) + "\n")
+        argv += ["--config", big]
+    start = time.monotonic()
+    proc = cli(*argv, "sync", "--dry-run", timeout=20)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 2, proc.stderr
+    no_traceback(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert ("not a regular file" if kind != "too-big" else "larger than") in proc.stderr
+    # /dev/null stays "no config" (packaging renders with it)
+    assert cli("--config", "/dev/null", "render").returncode == 0

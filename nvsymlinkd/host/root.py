@@ -165,6 +165,11 @@ class HostRoot:
         with open(fd, encoding="utf-8", errors="replace") as f:
             return f.read()
 
+    def open_file(self, inside: str) -> int:
+        """fd of the file `inside` names for reading, resolved confined to the root; never blocks on a
+        fifo (O_NONBLOCK) and never becomes a controlling terminal. The caller closes it."""
+        return self._open(inside, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+
     def _open(self, inside: str, flags: int) -> int:
         rootfd = os.open(self.root, DIR_FLAGS)
         try:
@@ -236,3 +241,37 @@ def walk_confined(rootfd: int, inside: str, flags: int) -> int:
     finally:
         for fd in stack:
             os.close(fd)
+
+
+def read_regular(fd: int, shown: str, limit: int) -> bytes:
+    """The content of an open file that must be a regular one (or /dev/null: empty), at most `limit` bytes.
+
+    Raises UnsafeFile (an OSError) for anything else: a fifo would block, /dev/zero never ends.
+    """
+    from nvsymlinkd.errors import UnsafeFile
+
+    st = os.fstat(fd)
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+        return b""  # /dev/null: "no config", as packaging passes it
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(f"{shown}: not a regular file (a {file_kind(st.st_mode)})")
+    chunks = []
+    left = limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise UnsafeFile(f"{shown}: larger than {limit} bytes")
+    return data
+
+
+def file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symlink")):
+        if test(mode):
+            return name
+    return "special file"
