@@ -133,3 +133,44 @@ def test_config_that_is_no_regular_file_is_refused_at_once(tmp_path, kind):
     assert ("not a regular file" if kind != "too-big" else "larger than") in proc.stderr
     # /dev/null stays "no config" (packaging renders with it)
     assert cli("--config", "/dev/null", "render").returncode == 0
+
+
+# -- 2, 5, 6. what a container can write, in the operator's terminal; the exit status through a pipe ----------
+
+EVIL = "docker-x\x1b[2J\x1b[31mPWNED\nforged line"  # item 6; with "\ud800" appended: item 2
+
+
+@pytest.fixture(params=["escape", "escape+surrogate"])
+def evil_host(fakehost, v1_parent, request):
+    """A lost GPU container (plain runc, systemd driver names) whose state.json names an evil scope."""
+    import json
+
+    from test_hostile_input import LostHost
+
+    h = LostHost(fakehost, v1_parent, "runc")
+    doc = h.doc(h.state)
+    doc["config"]["cgroups"].update(name=EVIL + ("\ud800" if "surrogate" in request.param else ""), scope_prefix="docker", Systemd=True)
+    h.put(h.state, json.dumps(doc))
+    return h
+
+
+def _assert_escaped(out: str) -> None:
+    assert "\x1b" not in out and "\ud800" not in out, repr(out)
+    assert not any(line.startswith("forged line") for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("command", [["check", "--no-host", "--no-bus"], ["repair", "--dry-run"]])
+def test_untrusted_names_are_escaped_in_human_output(evil_host, command):
+    proc = cli("--root", evil_host.root, *command)
+    no_traceback(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    _assert_escaped(proc.stdout)
+    assert "\\x1b[2J" in proc.stdout, proc.stdout  # still there to be read, escaped
+
+
+def test_check_into_a_closed_pipe_keeps_the_exit_status_of_what_was_found(evil_host):
+    # `check | head -1` under pipefail (`| true`: a reader gone before the first write, every time): the host is not as desired, whatever the reader did
+    cmd = " ".join(["set -o pipefail;", *NVS, "--root", str(evil_host.root), "check", "--no-bus", "|", "true"])  # gone before the first write
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

@@ -81,25 +81,24 @@ def run(args, root, config) -> int:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
                              "the rate limit will not see this repair\n")
     ok = all(r.ok for r in results) and not unknown
+    from nvsymlinkd.cli import printable, write_output
+
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
                "summary": _summary(results), "thawed": thawed}
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(doc, indent=2) + "\n")
     else:
-        for e in thawed:
-            print(thawed_line(e))
+        lines = [thawed_line(e) for e in thawed]
         for r in results:
-            for line in r.human_lines():
-                print(line)
-            for step in r.steps:
-                print(f"  step: {step}")
-        for c in unknown:
-            print(f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}")
+            lines += r.human_lines()
+            lines += [f"  step: {step}" for step in r.steps]
+        lines += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
         from nvsymlinkd.summary import repair_line
 
-        print(repair_line(results, _summary(results), args.dry_run))
+        lines.append(repair_line(results, _summary(results), args.dry_run))
+        # scope names and cgroup paths come from files a container can write: escaped for the terminal
+        write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 
