@@ -174,3 +174,61 @@ def test_check_into_a_closed_pipe_keeps_the_exit_status_of_what_was_found(evil_h
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+# -- 1. state written outside --root -------------------------------------------------------------------------
+
+@pytest.fixture
+def lost_host(fakehost, v1_parent):
+    from test_hostile_input import LostHost
+
+    return LostHost(fakehost, v1_parent, "runc")
+
+
+def _all_files(top) -> list:
+    return sorted(os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files)
+
+
+@pytest.mark.parametrize("link", ["absolute", "relative"])
+def test_state_is_never_written_outside_the_root(lost_host, tmp_path, link):
+    """ROOT/run/nvsymlinkd and the metrics directory are links that lead out of the root when followed by
+    the host's rules: the repair history, the lock, the baselines and the textfile stay inside."""
+    root = lost_host.host.root
+    outside = tmp_path / "outside"
+    for sub in ("state", "metrics"):
+        (outside / sub).mkdir(parents=True)
+    (outside / "metrics" / "keep").write_text("")
+    up = os.path.relpath(outside, root / "run")
+    os.symlink(str(outside / "state") if link == "absolute" else f"{up}/state", root / "run/nvsymlinkd")
+    os.symlink(str(outside / "metrics") if link == "absolute" else f"../{up}/metrics", root / "srv/metrics")
+    before = _all_files(outside)
+    proc = cli("--root", root, "repair")
+    no_traceback(proc)
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text('resync_interval = 1\nmetrics_textfile = "/srv/metrics/nvsymlinkd.prom"\n')
+    d = DaemonProcess(root, config=cfg, env={"NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_for_line(r"verified \d+ GPU container")
+        time.sleep(1.5)  # a resync, a metrics write
+    finally:
+        d.stop()
+    assert _all_files(outside) == before, proc.stdout + proc.stderr + d.output()
+    # the freeze path's lock and record (a systemd-driver repair): refused, or written inside
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.errors import RepairError
+    from nvsymlinkd.host.root import HostRoot
+    from nvsymlinkd.repair.apply import FreezeRecord, RepairLock
+    from nvsymlinkd.repair.plan import RepairRequest
+
+    hr = HostRoot(str(root))
+    try:
+        with RepairLock(hr, Config(), wait=0.1):
+            pass
+    except RepairError as exc:
+        assert "symlink to a missing directory" in str(exc)
+    request = RepairRequest("lost1", "runc", "x.scope", "/lost1", None, "/lost1", "systemd", ())
+    try:
+        FreezeRecord(hr, Config(), request).write()
+    except OSError:
+        pass
+    assert _all_files(outside) == before

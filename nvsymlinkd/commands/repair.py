@@ -41,18 +41,18 @@ def run(args, root, config) -> int:
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
         history_path,
+        load_history,
         recover_frozen,
         repair_all,
+        save_history,
         thawed_line,
     )
-    from nvsymlinkd.repair.plan import RepairHistory
     from nvsymlinkd.verify import verifier
     from nvsymlinkd.verify.kinds import Verdict
 
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
-    hist_file = history_path(root, config)
-    history = RepairHistory.load(hist_file)
+    history = load_history(root, config)
     # every change to a container's device access is journaled when journald is there (an audit trail);
     # the terminal gets the same facts from the printed report instead
     journal: Journal | None = Journal(target="journal")
@@ -76,9 +76,10 @@ def run(args, root, config) -> int:
     unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
     if not args.dry_run and any(r.steps for r in results):
         try:
-            history.save(hist_file)
+            save_history(root, config, history)
         except OSError as exc:
-            sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
+            sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
+                             f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
     ok = all(r.ok for r in results) and not unknown
     from nvsymlinkd.cli import printable, write_output
