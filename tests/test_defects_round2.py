@@ -232,3 +232,78 @@ def test_state_is_never_written_outside_the_root(lost_host, tmp_path, link):
     except OSError:
         pass
     assert _all_files(outside) == before
+
+
+# -- 8. locks and floods -------------------------------------------------------------------------------------
+
+HOLD_LOCK = """
+import sys, time
+from nvsymlinkd.config import Config
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair.apply import RepairLock
+with RepairLock(HostRoot(sys.argv[1]), Config(), wait=5):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_repair_lock_holds_when_its_file_is_unlinked(tmp_path, need_root):
+    """A repair holds the host's repair lock (from its freeze to its thaw); someone removes repair.lock
+    meanwhile ("a stale lock file"): a second repair still waits for the first, never overlaps it."""
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(root), "10"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.unlink(root / "run/nvsymlinkd/repair.lock")
+        second = subprocess.run([sys.executable, "-c", HOLD_LOCK.replace("wait=5", "wait=0.5"), str(root), "0"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "RepairBusy" in second.stderr, second.stdout + second.stderr
+        assert "held" not in second.stdout
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder gone, the lock is free again (and its file made anew)
+    again = subprocess.run([sys.executable, "-c", HOLD_LOCK, str(root), "0"], capture_output=True, text=True,
+                           timeout=60)
+    assert again.stdout.strip() == "held", again.stderr
+
+
+def test_a_flapping_link_writer_is_corrected_every_time_and_said_once_with_a_count(host, tmp_path):
+    import threading
+
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = DaemonProcess(host.root, config=cfg, env={"NVSYMLINKD_DEBUG": "1"})
+    stop = threading.Event()
+    flips = [0]
+
+    def flap():
+        tmp = host.path("/dev/char/.flapper-tmp")
+        while not stop.is_set():
+            try:
+                os.symlink("../nvidia9", tmp)
+                os.rename(tmp, host.path("/dev/char/195:0"))
+                flips[0] += 1
+            except OSError:
+                pass
+            time.sleep(0.001)
+
+    try:
+        d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+        d.wait_for_line(r"links directory watched")
+        t = threading.Thread(target=flap)
+        t.start()
+        time.sleep(3)
+        stop.set()
+        t.join()
+        d.wait_until(lambda: links(host) == STANDARD_LINKS, "195:0 corrected after the writer stopped")
+    finally:
+        code = d.stop()
+    out = d.output()
+    said = [line for line in out.splitlines() if "replaced link /dev/char/195:0" in line]
+    assert flips[0] > 100
+    assert 1 <= len(said) <= 2, out[-3000:]
+    counted = [line for line in out.splitlines() if "replaced /dev/char/195:0" in line]
+    assert len(counted) == 1 and "another writer keeps changing it" in counted[0], out[-3000:]
+    assert code == 0
