@@ -307,3 +307,25 @@ def test_a_flapping_link_writer_is_corrected_every_time_and_said_once_with_a_cou
     counted = [line for line in out.splitlines() if "replaced /dev/char/195:0" in line]
     assert len(counted) == 1 and "another writer keeps changing it" in counted[0], out[-3000:]
     assert code == 0
+
+
+# -- 9. a MIG capability node's mode is its access control --------------------------------------------------
+
+def test_create_nodes_never_makes_a_capability_node_whose_mode_the_driver_does_not_say(fakehost):
+    import stat
+
+    fakehost.proc_devices({"nvidia": 195, "nvidia-caps": 236})
+    fakehost.gpu("0000:3b:00.0", 0)
+    fakehost.params(mode=0o666)
+    fakehost.mig_minors({"config": 1, "monitor": 2})
+    fakehost.write("/proc/driver/nvidia/capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\n")
+    # monitor's file is missing: its node is not made 0666 from the driver-wide params
+    proc = cli("--root", fakehost.root, "--config", os.devnull, "sync", "--create-nodes")
+    no_traceback(proc)
+    assert stat.S_IMODE(os.lstat(fakehost.path("/dev/nvidia-caps/nvidia-cap1")).st_mode) == 0o400
+    assert not os.path.lexists(fakehost.path("/dev/nvidia-caps/nvidia-cap2"))
+    assert "MIG capability monitor" in proc.stdout + proc.stderr and "not created" in proc.stdout + proc.stderr
+    # a file without a mode line is the same
+    fakehost.write("/proc/driver/nvidia/capabilities/mig/monitor", "DeviceFileMinor: 2\n")
+    cli("--root", fakehost.root, "--config", os.devnull, "sync", "--create-nodes")
+    assert not os.path.lexists(fakehost.path("/dev/nvidia-caps/nvidia-cap2"))
