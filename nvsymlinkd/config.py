@@ -111,12 +111,26 @@ def has_control_character(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _coerce(key: Key, value, where: str):
     def bad(what: str):
         return ConfigError(f"{where}: key '{key.name}' must be {what}, got {value!r}")
 
     if isinstance(value, str) and has_control_character(value):
         raise bad("free of control characters (newline, tab, ...)")
+    if isinstance(value, str) and not is_utf8(value):
+        # a command-line byte that is not UTF-8 (os.fsdecode made it a lone surrogate): a systemd unit
+        # and the journal are UTF-8, and the value is shown with its bytes escaped
+        from nvsymlinkd.cli import printable
+
+        raise ConfigError(f"{where}: key '{key.name}' must be UTF-8 text, got '{printable(value)}'")
 
     if key.kind == "bool":
         if not isinstance(value, bool):

@@ -329,3 +329,27 @@ def test_create_nodes_never_makes_a_capability_node_whose_mode_the_driver_does_n
     fakehost.write("/proc/driver/nvidia/capabilities/mig/monitor", "DeviceFileMinor: 2\n")
     cli("--root", fakehost.root, "--config", os.devnull, "sync", "--create-nodes")
     assert not os.path.lexists(fakehost.path("/dev/nvidia-caps/nvidia-cap2"))
+
+
+# -- 2. non-UTF-8 bytes on the command line, a corrupt repairs.json -----------------------------------------
+
+@pytest.mark.parametrize("option", ["--driver-root", "--dev-char-path", "--state-dir", "--bindir"])
+@pytest.mark.parametrize("where", ["--output", "--drop-ins"])
+def test_render_refuses_a_non_utf8_command_line_path_in_one_line(tmp_path, option, where):
+    proc = cli("--config", os.devnull, "render", option, b"/a\xffb", where, tmp_path / "out")
+    no_traceback(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "UTF-8" in proc.stderr and "\\xff" in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.service*"))
+
+
+@pytest.mark.parametrize("corrupt", ["huge-number", "deep"])
+def test_repair_reads_a_corrupt_history_as_empty(lost_host, corrupt):
+    history = lost_host.host.path("/run/nvsymlinkd/repairs.json")
+    history.parent.mkdir(parents=True, exist_ok=True)
+    history.write_text('{"last": {"lost1": 1' + "0" * 400 + "}}" if corrupt == "huge-number"
+                       else "[" * 100_000 + "]" * 100_000)
+    proc = cli("--root", lost_host.root, "repair")
+    no_traceback(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "repaired" in proc.stdout
