@@ -136,13 +136,14 @@ def _coerce(key: Key, value, where: str):
         if not isinstance(value, bool):
             raise bad("true or false")
         return value
-    if key.kind == "path":
-        if not isinstance(value, str) or not value.startswith("/"):
-            raise bad("an absolute path (a string starting with /)")
-        return value
-    if key.kind == "optional_path":
-        if not isinstance(value, str) or not (value == "" or value.startswith("/")):
-            raise bad('an absolute path or "" (off)')
+    if key.kind in ("path", "optional_path"):
+        if not isinstance(value, str) or not (value.startswith("/") or key.kind == "optional_path" and value == ""):
+            raise bad("an absolute path (a string starting with /)" if key.kind == "path"
+                      else 'an absolute path or "" (off)')
+        value = normal_path(value) if value else value
+        problem = path_problem(key.name, value)
+        if problem is not None:
+            raise ConfigError(f"{where}: key '{key.name}' = {value!r}: {problem}")
         return value
     if key.kind == "listen":
         if not isinstance(value, str) or not (value == "" or _is_listen(value)):
@@ -159,6 +160,52 @@ def _coerce(key: Key, value, where: str):
             raise bad("one of " + ", ".join(f'"{c}"' for c in key.choices))
         return value
     raise AssertionError(key.kind)
+
+
+def normal_path(path: str) -> str:
+    """`path` as systemd wants it in a unit (it ignores a path that is not normalized): no `.`, `..`, `//`
+    or trailing `/`. Lexical, as systemd's own path_simplify."""
+    import posixpath
+
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+# Directories a config may not make writable: ReadWritePaths= of one of them undoes ProtectSystem=strict
+# for all of it (dev_char_path = "/" rendered ReadWritePaths=-/), and the daemon would write among the
+# system's own files. The metrics textfile's directory counts (the unit opens it for the atomic rename).
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+                         "/opt", "/proc", "/run", "/sbin", "/sys", "/usr", "/var", "/var/cache", "/var/lib", "/var/log",
+                         "/var/spool", "/run/systemd"})
+SYSTEM_TREES = ("/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/usr")
+# Private to the unit (PrivateTmp=yes, ProtectHome=yes): the daemon would use another directory than a CLI
+# run from a shell, or none at all; systemd's /tmp is also cleaned behind its back.
+PRIVATE_TREES = ("/tmp", "/var/tmp", "/home", "/root", "/run/user")
+WRITABLE_KEYS = {"dev_char_path": "links are made in it", "state_dir": "the daemon writes its state there",
+                 "metrics_textfile": "its directory is made writable for the atomic replace"}
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree + "/")
+
+
+def path_problem(key: str, path: str) -> str | None:
+    """Why a normalized path makes no sense for this key (see SYSTEM_DIRS, PRIVATE_TREES), or None."""
+    if key not in WRITABLE_KEYS or not path:
+        return None
+    directory = path.rpartition("/")[0] or "/" if key == "metrics_textfile" else path
+    what = "its directory " + directory if directory != path else "it"
+    if key == "metrics_textfile" and path == "/":
+        return "names no file; give a file in a directory of its own, e.g. " \
+               "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+    if directory in SYSTEM_DIRS or any(_within(directory, t) for t in SYSTEM_TREES):
+        return (f"{what} is a system directory the units keep read-only ({WRITABLE_KEYS[key]}); "
+                "use a directory of its own")
+    for tree in PRIVATE_TREES:
+        if _within(directory, tree):
+            return (f"{what} is under {tree}, which the units make private (PrivateTmp=, ProtectHome=): "
+                    "the daemon and the command line would use different directories; use one under /run, "
+                    "/var/lib or /srv")
+    return None
 
 
 def _is_listen(value: str) -> bool:

@@ -353,3 +353,62 @@ def test_repair_reads_a_corrupt_history_as_empty(lost_host, corrupt):
     no_traceback(proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "repaired" in proc.stdout
+
+
+# -- 4. units that say what the config says -----------------------------------------------------------------
+
+# config text -> (directive, the path systemd must read from it), or None: refused
+UNIT_CASES = {
+    "not-normalized-state": ('state_dir = "/var/lib/../srv/nvs"\n', ("ReadWritePaths", "/var/srv/nvs")),
+    "not-normalized-var-lib": ('state_dir = "/var/lib/./nv//state/"\n', ("StateDirectory", "nv/state")),
+    "dollar-state-dir": ('state_dir = "/var/lib/nv$x"\n', ("StateDirectory", "nv$x")),
+    "dollar-run": ('state_dir = "/run/nv$x"\n', ("RuntimeDirectory", "nv$x")),
+    "dollar-dev-char": ('dev_char_path = "/srv/d$v"\n', ("ReadWritePaths", "-/srv/d$v")),
+    "dollar-textfile": ('metrics_textfile = "/srv/m$t/n.prom"\n', ("ReadWritePaths", "-/srv/m$t")),
+    "percent-space": ('state_dir = "/srv/a b%c"\n', ("ReadWritePaths", "/srv/a b%c")),
+    "dev-char-root": ('dev_char_path = "/"\n', None),
+    "textfile-root": ('metrics_textfile = "/"\n', None),
+    "textfile-etc": ('metrics_textfile = "/etc/n.prom"\n', None),
+    "textfile-top": ('metrics_textfile = "/n.prom"\n', None),
+    "state-var-lib-itself": ('state_dir = "/var/lib"\n', None),
+    "state-dotdot-etc": ('state_dir = "/var/lib/../../etc"\n', None),
+    "dev-char-usr": ('dev_char_path = "/usr/lib/x"\n', None),
+}
+
+
+def _unit_words(value: str) -> list:
+    """A path-list value as systemd reads it: words split, quotes removed, %% unescaped, $ kept."""
+    import shlex
+
+    return [w.replace("%%", "%") for w in shlex.split(value)]
+
+
+@pytest.mark.parametrize("case", sorted(UNIT_CASES))
+def test_rendered_units_say_what_the_config_says(tmp_path, case):
+    from conftest import need_tool
+
+    text, expect = UNIT_CASES[case]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    out = tmp_path / "out"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvsymlinkd").write_text("#!/bin/sh\n")
+    (bindir / "nvsymlinkd").chmod(0o755)
+    proc = cli("--config", cfg, "render", "--bindir", bindir, "--output", out)
+    no_traceback(proc)
+    if expect is None:
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "c.toml" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    tool = need_tool("systemd-analyze")
+    service = (out / "nvsymlinkd.service").read_text()
+    for unit in ("nvsymlinkd.service", "nvsymlinkd-sync.service"):
+        v = subprocess.run([tool, "verify", "--man=no", str(out / unit)], capture_output=True, text=True,
+                           timeout=120, cwd=out)
+        assert v.returncode == 0 and v.stderr == "", f"{unit}:\n{v.stderr}"
+    directive, path = expect
+    words = [w for line in service.splitlines() if line.startswith(directive + "=")
+             for w in _unit_words(line.partition("=")[2])]
+    assert path in words, (directive, words)
