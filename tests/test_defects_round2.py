@@ -412,3 +412,42 @@ def test_rendered_units_say_what_the_config_says(tmp_path, case):
     words = [w for line in service.splitlines() if line.startswith(directive + "=")
              for w in _unit_words(line.partition("=")[2])]
     assert path in words, (directive, words)
+
+
+# -- prove or refute: the verify cache on a filesystem with one-second timestamps --------------------------
+
+@pytest.fixture
+def coarse_fs(tmp_path, need_root):
+    """ext4 with 128-byte inodes: whole-second timestamps (no room for the nanoseconds)."""
+    from conftest import need_tool
+
+    mkfs = need_tool("mkfs.ext4")
+    image, mnt = tmp_path / "ext4-128.img", tmp_path / "mnt"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    subprocess.run([mkfs, "-q", "-F", "-I", "128", str(image)], check=True, capture_output=True)
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_verify_cache_sees_a_same_size_rewrite_within_the_second_on_coarse_timestamps(coarse_fs):
+    import json
+
+    from nvsymlinkd.verify.cache import FileCache
+
+    path = str(coarse_fs / "config.json")
+    for _ in range(3):
+        time.sleep(1 - time.time() % 1 + 0.01)  # just after a second boundary
+        with open(path, "w") as f:
+            f.write(json.dumps({"v": "a"}))
+        assert os.stat(path).st_ctime_ns % 1_000_000_000 == 0  # the filesystem keeps seconds only
+        cache = FileCache()
+        time.sleep(0.1)  # older than the fine-clock racy window
+        assert cache.load(path) == {"v": "a"}
+        with open(path, "r+") as f:  # in place, same size, same second: every stamp as it was
+            f.write(json.dumps({"v": "b"}))
+        assert cache.load(path) == {"v": "b"}
