@@ -373,6 +373,12 @@ UNIT_CASES = {
     "state-var-lib-itself": ('state_dir = "/var/lib"\n', None),
     "state-dotdot-etc": ('state_dir = "/var/lib/../../etc"\n', None),
     "dev-char-usr": ('dev_char_path = "/usr/lib/x"\n', None),
+    # prove or refute: PrivateTmp=yes, ProtectHome=yes would give the daemon other directories than the CLI
+    "state-tmp": ('state_dir = "/tmp/nvsymlinkd"\n', None),
+    "state-var-tmp": ('state_dir = "/var/tmp/nvsymlinkd"\n', None),
+    "state-home": ('state_dir = "/home/ops/nvsymlinkd"\n', None),
+    "state-root-home": ('state_dir = "/root/nvsymlinkd"\n', None),
+    "textfile-tmp": ('metrics_textfile = "/tmp/prom/n.prom"\n', None),
 }
 
 
