@@ -222,10 +222,20 @@ class HostRoot:
         finally:
             os.close(fd)
 
-    def real_resolved(self, inside: str) -> str:
-        """Real path of `inside` with its links resolved confined to the root (lexically: for reads
-        through path-taking APIs, so they look where the confined writes went)."""
-        return self.path(self.resolve_prefix(inside))
+    def real_resolved(self, inside: str, follow_last: bool = False) -> str:
+        """Real path of `inside` for a path-taking API, its directories' links resolved confined to the
+        root (lexically), the last component as it is unless follow_last: an absolute link on the host
+        (/var/lib/docker -> /data/docker) means ROOT/data/docker under --root, never the caller's own
+        /data, and a reader's O_NOFOLLOW still refuses a final link. Where the confined writes go."""
+        inside = normalize(inside)
+        if self.root == "/":
+            return inside  # the kernel's own lookup is the confined one
+        if follow_last:
+            return self.path(self.resolve_prefix(inside))
+        parent, _, name = inside.rpartition("/")
+        if not name:
+            return self.root
+        return self.path(self.resolve_prefix(parent or "/").rstrip("/") + "/" + name)
 
     def _open(self, inside: str, flags: int) -> int:
         rootfd = os.open(self.root, DIR_FLAGS)
