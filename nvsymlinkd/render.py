@@ -142,7 +142,7 @@ def checked(config: Config) -> Config:
     from nvsymlinkd.config import KEY_BY_NAME, normal_path, path_problem
     from nvsymlinkd.record import replace
 
-    changes = {}
+    changes: dict = {}
     for key in KEY_BY_NAME.values():
         value = getattr(config, key.name)
         if key.kind in ("path", "optional_path") and value:
