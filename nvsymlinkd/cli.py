@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         config = load_config(root, args.config)
         return args.func(args, root, config)
     except NvsymlinkdError as exc:
-        message = with_root(str(exc), root) if root is not None else str(exc)
+        message = printable(with_root(str(exc), root) if root is not None else str(exc))
         prefix = "error: " if isinstance(exc, _CommandLineError) else ""
         sys.stderr.write(f"nvsymlinkd: {prefix}{message}\n")
         wants_json = getattr(args, "json", False) if args is not None else "--json" in argv
