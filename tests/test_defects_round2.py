@@ -487,3 +487,11 @@ def test_an_absolute_symlinked_data_root_is_followed_inside_the_root(fakehost, t
     by_id = {c["id"]: c for c in doc["containers"]}
     assert by_id[docker_id].get("container_name") == "web", by_id[docker_id]
     assert podman_id in by_id, doc  # its spec (a GPU sign) found in ROOT/data/containers
+
+
+def test_sync_dry_run_into_a_closed_pipe_keeps_its_exit_status(host):
+    cmd = " ".join(["set -o pipefail;", *NVS, "--root", str(host.root), "--config", os.devnull, "sync", "--dry-run",
+                    "|", "true"])
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr  # links would be created: not as desired
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
