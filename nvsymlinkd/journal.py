@@ -100,9 +100,12 @@ class Journal:
                 return
             except OSError:
                 pass  # journald restarting: fall through to stderr, lose nothing
+        # names from container-writable files: one line, no terminal escapes
+        from nvsymlinkd.cli import printable
+
         prefix = f"<{priority}>" if self.prefix_priority else ""
         try:
-            self.stream.write(f"{prefix}{IDENTIFIER}: {message}\n")
+            self.stream.write(f"{prefix}{IDENTIFIER}: {printable(message)}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr closed: nowhere left to complain

@@ -495,3 +495,19 @@ def test_sync_dry_run_into_a_closed_pipe_keeps_its_exit_status(host):
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr  # links would be created: not as desired
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_daemon_log_lines_on_stderr_escape_untrusted_names(evil_host, tmp_path):
+    """Without journald the daemon writes one line per entry to stderr (journald's stream parser, or a
+    terminal): a newline in a scope name would forge an entry, an escape sequence reach the terminal."""
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text('resync_interval = 0\nrepair = "report"\n')
+    d = DaemonProcess(evil_host.root, config=cfg, env={"NVSYMLINKD_DEBUG": "1"})
+    try:
+        d.wait_for_line(r"verified \d+ GPU container")
+        time.sleep(0.5)
+    finally:
+        d.stop()
+    out = d.output()
+    assert "PWNED" in out, out  # the name is there, escaped
+    _assert_escaped(out)
