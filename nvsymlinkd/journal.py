@@ -9,7 +9,8 @@ Where entries go (env NVSYMLINKD_LOG=auto|journal|stderr, default auto):
 - journal: systemd.journal.send (python3-systemd) to the journal socket;
 - stderr: one plain line per entry; prefixed with `<N>` (the syslog priority,
   which journald's stdout stream parser understands) only when JOURNAL_STREAM
-  names our stderr, so a terminal never sees the prefixes.
+  names our stderr, so a terminal never sees the prefixes; control characters in the message
+  (from container-writable names) are escaped, so an entry stays one line.
 auto picks the journal when the socket exists, python3-systemd imports and
 stderr is not a terminal (a foreground run stays readable); tests force
 stderr so they can read what the daemon says.
