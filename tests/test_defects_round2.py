@@ -186,21 +186,51 @@ def lost_host(fakehost, v1_parent):
 
 
 def _all_files(top) -> list:
-    return sorted(os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files)
+    """Every name under top, with a file's content and a link's text: what a write outside would change."""
+    out = []
+    for d, dirs, files in os.walk(top):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            if os.path.islink(p):
+                out.append((p, "->", os.readlink(p)))
+            elif os.path.isfile(p):
+                out.append((p, open(p, "rb").read()))
+            else:
+                out.append((p,))
+    return sorted(out)
 
 
-@pytest.mark.parametrize("link", ["absolute", "relative"])
+@pytest.mark.parametrize("link", ["absolute", "relative", "run-absolute", "inner-links"])
 def test_state_is_never_written_outside_the_root(lost_host, tmp_path, link):
-    """ROOT/run/nvsymlinkd and the metrics directory are links that lead out of the root when followed by
-    the host's rules: the repair history, the lock, the baselines and the textfile stay inside."""
+    """ROOT/run/nvsymlinkd (or ROOT/run, or what is in the state dir) and the metrics directory are links
+    that lead out of the root when followed by the host's rules: the repair history, the lock, the
+    baselines and the textfile stay inside."""
     root = lost_host.host.root
     outside = tmp_path / "outside"
-    for sub in ("state", "metrics"):
+    for sub in ("state", "metrics", "run/nvsymlinkd"):
         (outside / sub).mkdir(parents=True)
     (outside / "metrics" / "keep").write_text("")
     up = os.path.relpath(outside, root / "run")
-    os.symlink(str(outside / "state") if link == "absolute" else f"{up}/state", root / "run/nvsymlinkd")
-    os.symlink(str(outside / "metrics") if link == "absolute" else f"../{up}/metrics", root / "srv/metrics")
+    if link == "run-absolute":  # a link higher up: ROOT/run -> /outside/run (lost_host's files moved there)
+        import shutil
+
+        for name in os.listdir(root / "run"):
+            shutil.move(str(root / "run" / name), str(outside / "run" / name))
+        os.rmdir(root / "run")
+        os.symlink(str(outside / "run"), root / "run")
+        shutil.copytree(outside / "run", root / str(outside / "run").lstrip("/"), symlinks=True)
+        shutil.rmtree(root / str(outside / "run/nvsymlinkd").lstrip("/"))
+    elif link == "inner-links":  # the state dir is real; what is in it points out
+        state = root / "run/nvsymlinkd"
+        state.mkdir()
+        for name in ("baselines", "frozen"):
+            os.symlink(str(outside / "state"), state / name)
+        for name in ("repairs.json", "repair.lock"):
+            (outside / "state" / name).write_text("{}\n")
+            os.symlink(str(outside / "state" / name), state / name)
+    else:
+        os.symlink(str(outside / "state") if link == "absolute" else f"{up}/state", root / "run/nvsymlinkd")
+    os.symlink(str(outside / "metrics") if link != "relative" else f"../{up}/metrics", root / "srv/metrics")
     before = _all_files(outside)
     proc = cli("--root", root, "repair")
     no_traceback(proc)
@@ -225,7 +255,7 @@ def test_state_is_never_written_outside_the_root(lost_host, tmp_path, link):
         with RepairLock(hr, Config(), wait=0.1):
             pass
     except RepairError as exc:
-        assert "symlink to a missing directory" in str(exc)
+        assert "cannot open the repair lock" in str(exc)  # a link to a missing directory, or the lock a link
     request = RepairRequest("lost1", "runc", "x.scope", "/lost1", None, "/lost1", "systemd", ())
     try:
         FreezeRecord(hr, Config(), request).write()
