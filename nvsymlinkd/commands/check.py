@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
@@ -58,17 +57,21 @@ def run(args, root, config) -> int:
     else:
         report = verify_all(root, config, use_bus=use_bus, with_host=not args.no_host)
     _hints_with_root(report, root)
+    from nvsymlinkd.cli import write_output
+
     if args.json:
-        json.dump(json_document(report), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(json_document(report), indent=2) + "\n")
     else:
-        for line in human_lines(report, width=None if args.wide else terminal_width()):
-            print(line)
+        lines = human_lines(report, width=None if args.wide else terminal_width())
+        write_output("".join(line + "\n" for line in lines))
+    # what was found, even when the reader went away (`check | head -1` under pipefail)
     return EXIT_OK if report.all_ok else EXIT_NOT_DESIRED
 
 
 def terminal_width() -> int | None:
     """The terminal's width (COLUMNS first) when stdout is one; None (full lines) for a pipe or file."""
+    import sys
+
     if not sys.stdout.isatty():
         return None
     import shutil
@@ -132,6 +135,7 @@ def _hints_with_root(report, root) -> None:
 def human_lines(report, width: int | None = None) -> list:
     """The report for people; with `width` (a terminal's), every line fits it (wrapped, nothing cut)."""
     # in here: every command imports this module (see repair.py)
+    from nvsymlinkd.cli import printable
     from nvsymlinkd.summary import plural
     from nvsymlinkd.verify.kinds import Verdict
 
@@ -145,6 +149,8 @@ def human_lines(report, width: int | None = None) -> list:
             continue
         for i, f in enumerate(c.findings):
             rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(f.devices) or "-", f.fix))
+    # names, scopes and cgroup paths come from files a container can write: escaped before measuring
+    rows = [tuple(printable(cell) for cell in r) for r in rows]
     last = len(rows[0]) - 1  # FIX: not padded
     widths = [max(len(r[i]) for r in rows) for i in range(last)]
     lines = []
@@ -175,4 +181,8 @@ def human_lines(report, width: int | None = None) -> list:
 
 
 def _fit(line: str, width: int | None, indent: int) -> list:
+    # escaped first (untrusted names; main's printable), then wrapped: the widths are what is shown
+    from nvsymlinkd.cli import printable
+
+    line = printable(line)
     return [line] if width is None else _wrap(line, width, indent)

@@ -74,6 +74,7 @@ def add_ctk_options(p) -> None:
 
 
 def run(args, root, config) -> int:
+    from nvsymlinkd.cli import write_output
     from nvsymlinkd.devchar.reconcile import reconcile
     from nvsymlinkd.summary import sync_warnings
 
@@ -92,9 +93,8 @@ def run(args, root, config) -> int:
 
         doc = {"schema_version": JSON_SCHEMA_VERSION, **result.to_json()}
         doc["warnings"] = warnings
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(doc, indent=2) + "\n")
     else:
-        for line in result.human_lines():
-            print(line)
+        write_output("".join(line + "\n" for line in result.human_lines()))
+    # what the pass found, even when the reader went away (`sync --dry-run | head -1` under pipefail)
     return EXIT_OK if result.as_desired else EXIT_NOT_DESIRED
