@@ -311,7 +311,10 @@ def _request_signs(c: Container) -> list:
 def _denied_finding(c: Container, expected: Expected, live: _Live, policy, host: HostDevices, dev_nodes,
                     lost: list) -> list:
     """NVIDIA devices the container has (nodes in its spec, its runtime state or its /dev: a sign, never a
-    grant) or asks for, that the kernel denies and no trusted source expects: never ok, never repaired."""
+    grant) or asks for, that the kernel denies and no trusted source expects: never ok, never repaired.
+    Not while a runtime file is unreadable: what it hides may be the very grant (the container is unknown)."""
+    if c.unreadable:
+        return []
     have = {node.device for facts in (c.spec, c.state) if facts is not None
             for node in facts.nodes if node.type == "c" and node.major in host.nvidia_majors}
     have |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
