@@ -557,3 +557,23 @@ def test_a_runtime_state_event_verifies_only_the_containers_it_names(runc_host, 
     reload(systemd_mock)
     message, _ = d.wait_entry("container-lost", others[0].id, mark)
     assert "(check triggered by: systemd reload finished)" in message
+
+
+def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, systemd_bus, start_daemon):
+    """Issue 24: a Docker --gpus style container (legacy NVIDIA hook, NVIDIA_VISIBLE_DEVICES, the grant
+    outside the spec) loses a device while nvsymlinkd is not running: no baseline, yet the daemon's
+    first pass finds it lost (source nvidia-hook, reconstructed) and gives it back; the kernel agrees."""
+    from test_hook_trust_runc import fake_driver, hook_granted
+
+    fake_driver(runc_host)
+    c = hook_granted(runc_host, "gpu-nodaemon", "1", ("c 195:255 rw", "c 195:1 rw"))
+    c.deny("c 195:1 rw")
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"
+    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    message, _ = d.wait_entry("container-lost", c.id)
+    assert "GPU device access lost: c 195:1" in message and "nvidia-hook" in message, message
+    assert "(check triggered by: daemon started)" in message
+    _, fields = d.wait_entry("repair-done", c.id)
+    assert "c 195:1:rw" in fields["NVSYMLINKD_DEVICES"], fields
+    assert c.open_error("/dev/nvidia1", rw=True) == "ENXIO"
+    assert d.entries(kind="container-denied") == []

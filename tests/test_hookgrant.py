@@ -33,7 +33,10 @@ def req(env=None, hooks=(HOOK,), mounts=(), privileged=False) -> HookRequest:
     return HookRequest(tuple(hooks), dict(env or {}), tuple(mounts), privileged)
 
 
-def grant(request, config=ToolkitConfig(), driver=DRIVER):
+DEFAULTS = ToolkitConfig()  # no config.toml: the toolkit's defaults
+
+
+def grant(request, config=DEFAULTS, driver=DRIVER):
     return reconstruct(request, config, driver)
 
 

@@ -283,9 +283,10 @@ def _not_in_spec_fix(c: Container, expected: Expected, devices: list, who: str) 
     source expects (the reconstructed NVIDIA hook grant, a baseline) is ever granted by a repair."""
     recreate = "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate"
     if any(k not in expected.devices for k in devices):
-        return (f"{recreate}; until then run the nvsymlinkd daemon before any reload: it records them as this "
-                "container's baseline and keeps them (with no trusted record of the grant, nvsymlinkd repair "
-                "cannot give them back)")
+        then = (f"adds them to {c.scope}'s DeviceAllow before a reload can take them" if c.scope else
+                "gives them back after a loss")
+        return (f"{recreate}; until then keep the nvsymlinkd daemon running: it records them as this container's "
+                f"baseline, then {then} (nothing trusted records this grant yet, so nvsymlinkd repair cannot)")
     if c.scope:
         return (f"nvsymlinkd repair {who} adds them to {c.scope}'s DeviceAllow now, so reloads keep them (the "
                 f"daemon does it by itself); for good, {recreate}")
