@@ -31,7 +31,7 @@ def fake_driver(runc_host, gpus=4) -> None:
                              f"Model:\t\t Fake GPU\nGPU UUID:\t GPU-fake-{m}\nDevice Minor:\t {m}\n")
 
 
-def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),)):
+def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None):
     """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
     devices granted by the hook (here: `allow`), none of them in the spec's rules."""
     hook = runc_host.base / "bin" / "nvidia-container-runtime-hook"
@@ -39,12 +39,13 @@ def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/
         hook.parent.mkdir(parents=True, exist_ok=True)
         hook.write_text(FAKE_HOOK.format(python=sys.executable))
         hook.chmod(0o755)
-    cgroups_path = f"{runc_host.parent}/{cid}"
+    cgroups_path = f"{runc_host.parent}/{cgroup_leaf or cid}"
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",
                                    "TEST_ALLOW=" + ";".join(allow)]}]}
     spec_nodes = [device_node(p, 195, m) for p, m in nodes] + [device_node("/dev/nvidiactl", 195, 255)]
-    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}"], hooks=hooks)
+    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}"], hooks=hooks,
+                         cgroup_leaf=cgroup_leaf)
 
 
 def check_json(cli, root, *extra, code=1) -> dict:
