@@ -43,7 +43,8 @@ def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",
                                    "TEST_ALLOW=" + ";".join(allow)]}]}
-    spec_nodes = [device_node(p, 195, m) for p, m in nodes] + [device_node("/dev/nvidiactl", 195, 255)]
+    spec_nodes = [device_node(p, 195, m) for p, m in nodes]
+    spec_nodes += [device_node("/dev/nvidiactl", 195, 255)] if nodes else []
     return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}"], hooks=hooks,
                          cgroup_leaf=cgroup_leaf)
 
@@ -113,12 +114,32 @@ def test_nodes_never_allowed_are_denied_and_not_repaired(runc_host, nvsymlinkd_c
     assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"  # nothing was granted
 
 
-def test_gpu_request_with_no_node_and_no_access_is_denied(runc_host, nvsymlinkd_cli):
-    """Asks for GPUs (NVIDIA_VISIBLE_DEVICES) and has no NVIDIA node nor any access: not ok either."""
-    runc_host.run("gpu-asks", env=["NVIDIA_VISIBLE_DEVICES=all"])
+def test_hook_request_with_no_node_and_no_access_is_denied(runc_host, nvsymlinkd_cli):
+    """Asks for GPUs through the NVIDIA hook (a MIG device: not reconstructed), has no NVIDIA node and no
+    access at all: not ok either."""
+    fake_driver(runc_host)
+    hook_granted(runc_host, "gpu-asks", "MIG-0c7d8f2e", ("c 1:3 rw",), nodes=())
     got = one(check_json(nvsymlinkd_cli, str(runc_host.root)))
-    assert got["verdict"] == "denied" and "asks for GPUs" in got["findings"][0]["detail"]
-    assert got["findings"][0]["devices"] == ["c 195:0", "c 195:1", "c 195:2", "c 195:3", "c 195:255"]
+    assert got["verdict"] == "denied" and "asks for GPUs" in got["findings"][0]["detail"], got["findings"]
+    assert "MIG" in got["findings"][0]["detail"]
+
+
+def test_cuda_image_env_alone_is_no_request(runc_host, nvsymlinkd_cli):
+    """NVIDIA_VISIBLE_DEVICES=all from a CUDA image, no hook, no node: nothing acts on it, nothing denied."""
+    runc_host.run("cpu-cuda", env=["NVIDIA_VISIBLE_DEVICES=all"])
+    got = one(check_json(nvsymlinkd_cli, str(runc_host.root), code=0))
+    assert got["verdict"] == "ok" and got["findings"] == []
+
+
+def test_hook_that_grants_nothing_by_config_is_no_request(runc_host, nvsymlinkd_cli):
+    """The toolkit refuses unprivileged env requests: the hook granted nothing, exactly; not denied."""
+    fake_driver(runc_host)
+    runc_host.fake.write("/etc/nvidia-container-runtime/config.toml",
+                         "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
+    hook_granted(runc_host, "cpu-pod", "all", ("c 1:3 rw",), nodes=())
+    got = one(check_json(nvsymlinkd_cli, str(runc_host.root), code=0))
+    assert got["nvidia_hook"] == {"trusted": True, "devices": {}, "detail": got["nvidia_hook"]["detail"]}
+    assert got["verdict"] == "ok", got["findings"]
 
 
 @pytest.mark.parametrize("why,setup", [

@@ -34,7 +34,7 @@ from nvsymlinkd.containers.expected import (
     nvidia_majors_of,
 )
 from nvsymlinkd.containers.hookgrant import HookRequest, reconstruct
-from nvsymlinkd.containers.ocispec import CDI_ANNOTATION, NVIDIA_HOOK, gpu_signs, is_void
+from nvsymlinkd.containers.ocispec import CDI_ANNOTATION, gpu_signs
 from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
 from nvsymlinkd.devchar.snapshot import observe, read_majors
 from nvsymlinkd.host.devices import RW, Access, Device
@@ -294,18 +294,22 @@ def _not_in_spec_fix(c: Container, expected: Expected, devices: list, who: str) 
             f"nvsymlinkd repair {who} gives them back")
 
 
-def _request_signs(c: Container) -> list:
-    """Why the container asks for GPUs (not nodes: those are judged one by one)."""
+def _request_signs(c: Container, expected: Expected) -> list:
+    """Why the container asks for GPUs in a way a runtime acts on (nodes are judged one by one).
+
+    CDI annotations, or the legacy NVIDIA hook whose grant cannot be reconstructed. Not
+    NVIDIA_VISIBLE_DEVICES alone: the CUDA images set it to `all` for every container, and without the
+    hook nothing reads it; nor a hook whose exact reconstruction grants nothing (void, or the toolkit's
+    config refusing an unprivileged request): there the runtime was asked and deliberately gave nothing.
+    """
     signs = []
-    spec = c.spec
-    if spec is not None:
-        if not is_void(spec.visible_devices):
-            signs.append(f"NVIDIA_VISIBLE_DEVICES={spec.visible_devices}")
-        if any(k.startswith(CDI_ANNOTATION) for k in spec.annotations):
-            signs.append("CDI annotations")
-    hooks = (c.spec.hooks if c.spec else ()) + (c.state.hooks if c.state else ())
-    if any(NVIDIA_HOOK in h or os.path.basename(h) in ("nvidia-container-toolkit", "nvidia-ctk") for h in hooks):
-        signs.append("an NVIDIA hook")
+    if c.spec is not None and any(k.startswith(CDI_ANNOTATION) for k in c.spec.annotations):
+        signs.append("CDI annotations")
+    hook = expected.hook
+    if hook is not None and not hook.trusted:
+        visible = c.spec.visible_devices if c.spec is not None else None
+        signs.append(f"the NVIDIA hook with NVIDIA_VISIBLE_DEVICES={visible}" if visible is not None
+                     else "the NVIDIA hook")
     return signs
 
 
@@ -335,7 +339,7 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy, host:
     if denied:
         why = "its NVIDIA nodes are denied by the device cgroup"
     else:
-        asks = _request_signs(c)
+        asks = _request_signs(c, expected)
         can_open = any(k.major in host.nvidia_majors for k in live.granted)
         if asks and not have and not can_open and not expected.devices and not lost:
             ctl_gpu = [Device.char(n.major, n.minor) for n in host.nodes if n.kind in ("ctl", "gpu")]
