@@ -68,8 +68,9 @@ def read_driver_map(root: HostRoot, host_nodes) -> DriverMap:
     """host_nodes: the pass's NvidiaNode list (for the uvm nodes)."""
     uvm = tuple(sorted(Device.char(n.major, n.minor) for n in host_nodes if n.kind in ("uvm", "uvm-tools")))
     names = _list(root, GPUS_DIR)
-    if names is None:
-        return DriverMap(readable=False, why=f"cannot list {GPUS_DIR}", uvm=uvm)
+    if not names:  # absent: no driver loaded, so no GPU the hook could have selected is known
+        return DriverMap(readable=False, why=f"{GPUS_DIR} lists no GPU" if names is not None else
+                         f"cannot list {GPUS_DIR}", uvm=uvm)
     gpus = []
     for pci in names:
         path = f"{GPUS_DIR}/{pci}/information"
