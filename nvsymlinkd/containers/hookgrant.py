@@ -220,7 +220,7 @@ def reconstruct(request: HookRequest, config: ToolkitConfig, driver: DriverMap) 
     for g in gpus:
         granted[Device.char(FRONTEND_MAJOR, g.minor)] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
-    detail = (f"NVIDIA hook grant reconstructed from {'/'.join(devices) or 'none'} with capabilities "
+    detail = (f"the NVIDIA hook's grant for devices {','.join(devices) or 'none'} with capabilities "
               f"{','.join(sorted(caps)) or '-'}: {shown}")
     return HookGrant(True, granted, detail + ("; " + "; ".join(notes) if notes else ""))
 
