@@ -33,7 +33,7 @@ from nvsymlinkd.containers.expected import (
     expected_access,
     nvidia_majors_of,
 )
-from nvsymlinkd.containers.hookgrant import HookRequest, reconstruct
+from nvsymlinkd.containers.hookgrant import HookRequest, legacy_hook, reconstruct
 from nvsymlinkd.containers.ocispec import CDI_ANNOTATION, gpu_signs
 from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
 from nvsymlinkd.devchar.snapshot import observe, read_majors
@@ -558,8 +558,6 @@ def _hook_grant(c: Container, ctx: _HostContext):
     if c.spec is None or not c.spec.hook_entries:
         return None
     request = hook_request(c.spec)
-    from nvsymlinkd.containers.hookgrant import legacy_hook
-
     if legacy_hook(request.hooks) is None:
         return None
     return reconstruct(request, *ctx.hook_facts())

@@ -1,4 +1,4 @@
-"""Scenario 16: hook-granted GPUs lost while nvsymlinkd was stopped, given back by its first pass.
+"""Scenario 24: hook-granted GPUs lost while nvsymlinkd was stopped, given back by its first pass.
 
 Docker `--gpus all` (dockerd adds the legacy NVIDIA prestart hook) and containerd driven with ctr
 through the nvidia-container-runtime wrapper (legacy mode: the wrapper adds the same hook) start
@@ -10,28 +10,47 @@ nvsymlinkd.service, its first pass repairs both (journal repair-done), gpupoll o
 /dev/nvidia0 again, and a further daemon-reload takes nothing.
 
 The fake driver has no /proc/driver/nvidia: the GPU list the hook's grant is reconstructed from
-(/proc/driver/nvidia/gpus/<pci>/information, `Device Minor`, `GPU UUID`) is a tmpfs over
-/proc/driver, as the real driver would publish it for one GPU at minor 0.
+(/proc/driver/nvidia/gpus/<pci>/information, `Device Minor`, `GPU UUID`) is a directory bound over
+/proc/driver, as the real driver would publish it for one GPU at minor 0, on the host and (a
+drop-in's BindReadOnlyPaths=: the unit mounts its own /proc) in nvsymlinkd.service.
 """
 # vm: nvsymlinkd=deb timeout=900 matrix=full
 import os
 import time
 
 from stacks import Containerd, Docker, check_json, install_nvidia_toolkit, journal_since
-from vmguest import Scenario, daemon_reload, expect_nvsymlinkd, load_fake_driver, mknod, nvsymlinkd, sh, wait_for
+from vmguest import (
+    Scenario,
+    daemon_reload,
+    expect_nvsymlinkd,
+    load_fake_driver,
+    mknod,
+    nvsymlinkd,
+    sh,
+    wait_for,
+)
 
 from nvsymlinkd.journal import MESSAGE_IDS
 
 UNIT = "nvsymlinkd.service"
 
 
+FAKE_PROC_DRIVER = "/run/vmtest/proc-driver"
+DROP_IN = "/run/systemd/system/nvsymlinkd.service.d/50-proc-driver.conf"
+
+
 def fake_proc_driver() -> bool:
+    """Before any container exists: the daemon-reload that loads the drop-in takes nothing."""
     if not os.path.isdir("/proc/driver"):
         return False
-    sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/proc/driver")
-    os.makedirs("/proc/driver/nvidia/gpus/0000:00:05.0")
-    with open("/proc/driver/nvidia/gpus/0000:00:05.0/information", "w") as f:
+    os.makedirs(f"{FAKE_PROC_DRIVER}/nvidia/gpus/0000:00:05.0", exist_ok=True)
+    with open(f"{FAKE_PROC_DRIVER}/nvidia/gpus/0000:00:05.0/information", "w") as f:
         f.write("Model: \t\t Fake GPU\nGPU UUID: \t GPU-00000000-vm00-0000-0000-000000000000\nDevice Minor: \t 0\n")
+    sh("mount", "--bind", FAKE_PROC_DRIVER, "/proc/driver")
+    os.makedirs(os.path.dirname(DROP_IN), exist_ok=True)
+    with open(DROP_IN, "w") as f:
+        f.write(f"[Service]\nBindReadOnlyPaths={FAKE_PROC_DRIVER}:/proc/driver\n")
+    daemon_reload()
     return True
 
 
@@ -43,9 +62,9 @@ with Scenario() as sc:
     for node in nodes:
         ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
         sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    sh("systemctl", "stop", UNIT, timeout=120)
     sc.check("the driver's GPU list is published under /proc/driver/nvidia/gpus", fake_proc_driver())
     install_nvidia_toolkit()
-    sh("systemctl", "stop", UNIT, timeout=120)
     sc.check("nvsymlinkd.service is stopped", sh("systemctl", "is-active", UNIT, check=False).stdout.strip()
              in ("inactive", "failed"))
     docker, containerd = Docker(), Containerd()
