@@ -14,7 +14,7 @@ The fake driver has no /proc/driver/nvidia: the GPU list the hook's grant is rec
 /proc/driver, as the real driver would publish it for one GPU at minor 0, on the host and (a
 drop-in's BindReadOnlyPaths=: the unit mounts its own /proc) in nvsymlinkd.service.
 """
-# vm: nvsymlinkd=deb timeout=900 matrix=full
+# vm: nvsymlinkd=deb timeout=900 matrix=full hierarchies=v2,v1
 import os
 import time
 
