@@ -238,3 +238,69 @@ def test_never_more_than_requested():
         got = devices(grant(req({"NVIDIA_VISIBLE_DEVICES": value})))
         asked = {g.minor for g in GPUS if str(g.minor) in value.split(",") or (g.uuid or "") == value}
         assert got == BASE | gpus(*asked), value
+
+
+# ---------------------------------------------------------------- hookhost: reading the inputs under --root
+
+def _tree(tmp_path, files: dict):
+    from nvsymlinkd.host.root import HostRoot
+
+    for inside, text in files.items():
+        path = tmp_path / inside.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return HostRoot(str(tmp_path))
+
+
+def test_read_toolkit_config_absent_is_the_defaults(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_toolkit_config
+
+    assert read_toolkit_config(_tree(tmp_path, {})) == ToolkitConfig()
+
+
+def test_read_toolkit_config_invalid_toml_is_not_readable(tmp_path):
+    from nvsymlinkd.containers.hookhost import TOOLKIT_CONFIG, read_toolkit_config
+
+    config = read_toolkit_config(_tree(tmp_path, {TOOLKIT_CONFIG: "[nvidia-container-cli\n"}))
+    assert not config.readable and TOOLKIT_CONFIG in config.why and "invalid TOML" in config.why
+
+
+def test_read_toolkit_config_a_directory_is_not_readable(tmp_path):
+    from nvsymlinkd.containers.hookhost import TOOLKIT_CONFIG, read_toolkit_config
+
+    (tmp_path / TOOLKIT_CONFIG.lstrip("/")).mkdir(parents=True)
+    assert not read_toolkit_config(_tree(tmp_path, {})).readable
+
+
+def test_read_toolkit_config_overlays_the_defaults(tmp_path):
+    from nvsymlinkd.containers.hookhost import TOOLKIT_CONFIG, read_toolkit_config
+
+    text = '[nvidia-container-cli]\nno-cgroups = true\nroot = "/run/nvidia/driver"\n'
+    config = read_toolkit_config(_tree(tmp_path, {TOOLKIT_CONFIG: text}))
+    assert config.readable and config.no_cgroups and config.load_kmods and config.accept_envvar_unprivileged
+    assert config.driver_root == "/run/nvidia/driver"
+
+
+def test_read_driver_map(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_driver_map
+
+    info = "Model:\t\t X\nIRQ:\t\t 1\nGPU UUID:\t GPU-1234-abcd\nDevice Minor:\t 3\n"
+    root = _tree(tmp_path, {"/proc/driver/nvidia/gpus/0000:3b:00.0/information": info,
+                            "/proc/driver/nvidia/capabilities/gpu3/mig/gi1/access": "DeviceFileMinor: 12\n"})
+    driver = read_driver_map(root, ())
+    assert driver.readable and driver.gpus == (GpuEntry("0000:3b:00.0", 3, "GPU-1234-abcd"),)
+    assert driver.mig_instances
+
+
+@pytest.mark.parametrize("files,why", [
+    ({}, "lists no GPU"),
+    ({"/proc/driver/nvidia/gpus/0000:3b:00.0/information": "Device Minor: 300\n"}, "Device Minor"),
+    ({"/proc/driver/nvidia/gpus/0000:3b:00.0/information": "GPU UUID: GPU-1\n"}, "Device Minor"),
+])
+def test_read_driver_map_not_readable(tmp_path, files, why):
+    from nvsymlinkd.containers.hookhost import read_driver_map
+
+    driver = read_driver_map(_tree(tmp_path, files), ())
+    assert not driver.readable and why in driver.why
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}), DEFAULTS, driver)
+    assert g is not None and not g.trusted
