@@ -9,7 +9,8 @@ Where entries go (env NVSYMLINKD_LOG=auto|journal|stderr, default auto):
 - journal: systemd.journal.send (python3-systemd) to the journal socket;
 - stderr: one plain line per entry; prefixed with `<N>` (the syslog priority,
   which journald's stdout stream parser understands) only when JOURNAL_STREAM
-  names our stderr, so a terminal never sees the prefixes.
+  names our stderr, so a terminal never sees the prefixes; control characters in the message
+  (from container-writable names) are escaped, so an entry stays one line.
 auto picks the journal when the socket exists, python3-systemd imports and
 stderr is not a terminal (a foreground run stays readable); tests force
 stderr so they can read what the daemon says.
@@ -101,9 +102,12 @@ class Journal:
                 return
             except OSError:
                 pass  # journald restarting: fall through to stderr, lose nothing
+        # names from container-writable files: one line, no terminal escapes
+        from nvsymlinkd.cli import printable
+
         prefix = f"<{priority}>" if self.prefix_priority else ""
         try:
-            self.stream.write(f"{prefix}{IDENTIFIER}: {message}\n")
+            self.stream.write(f"{prefix}{IDENTIFIER}: {printable(message)}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr closed: nowhere left to complain

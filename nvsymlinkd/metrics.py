@@ -242,7 +242,10 @@ class Metrics:
         from nvsymlinkd.host.atomicfile import write_atomic
 
         try:
-            write_atomic(path, self.render())
+            if self.root is not None:  # confined to --root: a link on the way never leads the write outside
+                self.root.write_file(self.config.metrics_textfile, self.render(), 0o644, dir_mode=None)
+            else:
+                write_atomic(path, self.render())
         except OSError as exc:
             shown = self.config.metrics_textfile
             message = f"cannot write metrics to {shown}: {exc.strerror or exc}"
