@@ -49,6 +49,7 @@ MESSAGE_IDS = {
     # container verifier: "container-" + each finding kind, and "container-ok" (verify.verifier.JOURNAL_KINDS)
     "container-ok": "b0c3e0dd255749f89757d1b6405543cf",
     "container-lost": "483c260197bb4a5082cbaae3b26d085c",
+    "container-denied": "6319b0c3b41544b2abc25c1ebf2c08b0",
     "container-at-risk-scope": "dc9a8c0480ee41a0a6a7ec454776bee3",
     "container-at-risk-not-in-spec": "e22f202c38134d758577be98caa78c07",
     "container-at-risk-uvm-missing": "3b40d429af264d4d893899337d991187",

@@ -82,6 +82,7 @@ REPAIR_WORDS = {  # status -> how the summary says it
     "repaired": "repaired", "prevented": "prevented", "nothing-to-do": "nothing to do",
     "would-repair": "would repair", "cannot-repair": "cannot repair", "failed": "failed",
     "cannot-judge": "cannot judge", "not-repairable": "not repairable (recreate)",
+    "denied": "denied, not repaired",
 }
 
 
@@ -90,5 +91,5 @@ def repair_line(results, counts: dict, dry_run: bool) -> str:
     `check` would count, the ones no repair can help (cannot-judge, not-repairable) included."""
     head = "repair (dry run)" if dry_run else "repair"
     parts = [f"{n} {REPAIR_WORDS.get(k, k)}" for k, n in counts.items() if n]
-    total = len(results) + counts.get("cannot-judge", 0) + counts.get("not-repairable", 0)
+    total = len(results) + sum(counts.get(k, 0) for k in ("cannot-judge", "not-repairable", "denied"))
     return f"{head}: {plural(total, 'container')} with findings" + (": " + ", ".join(parts) if parts else "")

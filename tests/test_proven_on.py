@@ -27,11 +27,13 @@ VERDICT_WORDS = re.compile(r"\bnot yet\b|\bFAIL(ED)?\b|\bfails\b|\bfroze\b")
 def annotation(stem: str) -> str:
     """How docs/vm.md's scenario table says where a scenario runs, from its header."""
     opts = vmhost.scenario_options(stem)
-    if opts["matrix"] == "full":
-        return "(full matrix only)"
 
     def words(hierarchies):
         return ["v2" if h == "v2" else f"`@{h}`" for h in hierarchies]
+
+    if opts["matrix"] == "full":
+        every = opts["hierarchies"].split(",") + (opts["full"].split(",") if opts["full"] else [])
+        return "(full matrix only)" if every == ["v2"] else f"(full matrix only: {', and '.join(words(every))})"
 
     text = ", and ".join(words(opts["hierarchies"].split(",")))
     if opts["full"]:

@@ -52,7 +52,7 @@ def run(args, root, config) -> int:
         thawed_line,
     )
     from nvsymlinkd.verify import verifier
-    from nvsymlinkd.verify.kinds import Verdict
+    from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
@@ -78,10 +78,13 @@ def run(args, root, config) -> int:
     chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
     repaired = {r.request.container_id for r in results}
     unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
-    # findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
+    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
+    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
+    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
+    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
     # `check` counts them, with their fix, never dropped
     unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown
-                 and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
+                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
             save_history(root, config, history)
@@ -89,8 +92,9 @@ def run(args, root, config) -> int:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
                              f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown and not unfixable
-    summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable)}
+    ok = all(r.ok for r in results) and not unknown and not denied and not unfixable
+    summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
+               "denied": len([c for c in denied if c.id not in repaired])}
     from nvsymlinkd.cli import printable, write_output
 
     if args.json:
@@ -99,6 +103,7 @@ def run(args, root, config) -> int:
         doc = {"schema_version": JSON_SCHEMA_VERSION, "dry_run": args.dry_run, "ok": ok,
                "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
+               "denied": [_denied_json(c) for c in denied],
                "not_repairable": [_unfixable_json(c) for c in unfixable],
                "summary": summary, "thawed": thawed}
         write_output(json.dumps(doc, indent=2) + "\n")
@@ -108,6 +113,10 @@ def run(args, root, config) -> int:
             lines += r.human_lines()
             lines += [f"  step: {step}" for step in r.steps]
         lines += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
+        for c in denied:
+            f = _denied_json(c)
+            lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted "
+                         f"them): {f['fix']}")
         lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
                   f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
         from nvsymlinkd.summary import repair_line
@@ -116,6 +125,13 @@ def run(args, root, config) -> int:
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _denied_json(report) -> dict:
+    from nvsymlinkd.verify.kinds import FindingKind
+
+    f = next(f for f in report.findings if f.kind == FindingKind.DENIED)
+    return {"container": report.id, "devices": list(f.devices), "detail": f.detail, "fix": f.fix}
 
 
 def _unknown_reason(report) -> str:

@@ -320,6 +320,11 @@ def scope_of(*paths) -> str | None:
 
 
 def _finish(root: HostRoot, c: Container) -> None:
+    if c.state is not None and c.state.config_missing and c.spec is None:
+        # runc's state.json names neither the rules runc programmed nor (in its labels) the bundle: the
+        # container may well be a GPU container; it stays in the report as unknown, never dropped
+        _unreadable(c, c.state_path or "state.json",
+                    f"{c.state.config_missing}: the device rules runc programmed and the bundle's spec are unknown")
     if c.state is not None:
         c.init_pid = c.state.init_pid or c.init_pid
         c.init_start = c.state.init_start

@@ -30,8 +30,9 @@ from nvsymlinkd.verify.kinds import FindingKind, Verdict
 if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
     from nvsymlinkd.verify.verifier import ContainerReport
 
-# Where a grant's device comes from. Only the first three are grounds to grant.
-TRUSTED_SOURCES = ("spec", "runtime-state", "baseline")
+# Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
+# grant as containers.hookgrant reconstructs it exactly, never a guess).
+TRUSTED_SOURCES = ("spec", "runtime-state", "nvidia-hook", "baseline")
 UNTRUSTED_SOURCES = ("container-dev",)
 
 # Mechanisms (also the `mechanism` value in the JSON output and the journal)
@@ -209,7 +210,8 @@ def refusal(grant: Grant) -> str | None:
             return ("seen only as a node in the container's own /dev: a container that can mknod can make any "
                     "node, so that is no ground to grant it")
         if grant.source == "unexpected":
-            return "allowed or wanted now, but expected by no trusted source (spec, runtime state, baseline)"
+            return ("allowed or wanted now, but expected by no trusted source (spec, runtime state, NVIDIA hook "
+                    "grant, baseline)")
         return f"untrusted source {grant.source!r}"
     device = grant.device
     if device.type != "c":
