@@ -130,10 +130,15 @@ def _maximal(masks: frozenset[int]) -> list[int]:
                   key=lambda m: (-bin(m).count("1"), m))
 
 
-def _block(cls: DeviceClass, masks: frozenset[int], stop: bool) -> list[Rule]:
-    """A class's rules: one allow of every letter it allows when that says exactly the allowed requests
-    (r, w, rw, m: a rule allows each whose letters it has), else one allow per maximal request; then
-    (stop) a deny of the rest."""
+def _block(cls: DeviceClass, masks: frozenset[int], falls_to: frozenset[int]) -> list[Rule]:
+    """A class's rules. A rule allows (or denies) each request whose letters it has, so when every
+    allowed request's own requests are allowed too (r and w with rw): one allow of every allowed letter
+    when that says exactly the allowed requests, else one allow per maximal request; then a deny of the
+    rest when the rules after it (`falls_to` allows) would allow some of it. Otherwise (rw allowed, r
+    not: a program can say that) one rule per request, the smaller first, each deciding only itself."""
+    if any(sub & m == sub and sub not in masks for m in masks for sub in ACCESS_MASKS):
+        order = sorted(ACCESS_MASKS, key=lambda m: (bin(m).count("1"), m))
+        return [cls.rule(m in masks, access_letters(m)) for m in order]
     union = 0
     for m in masks:
         union |= m
@@ -141,7 +146,7 @@ def _block(cls: DeviceClass, masks: frozenset[int], stop: bool) -> list[Rule]:
         rules = [cls.rule(True, access_letters(union))]
     else:
         rules = [cls.rule(True, access_letters(m)) for m in _maximal(masks)]
-    if stop and masks != FULL:
+    if falls_to - masks:
         rules.append(cls.rule(False, "rwm"))
     return rules
 
@@ -150,19 +155,11 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
     """The AND of `programs` plus the grants, as first-match Rules with a default deny.
 
     Most specific first: exact devices, then MAJOR:*, then *:MINOR, then *:*. A class's block ends
-    with a deny of what it does not allow, so nothing falls through to a wider rule; a block that
+    with a deny of what it does not allow when a wider rule after it would allow that; a block that
     would say what the request falls through to anyway is left out. CannotEvaluate when a program is
-    not fully decoded, ValueError when a class's allowed access sets cannot be stated as rules (one
-    allowed set without its subsets, e.g. rw allowed but r denied: no device rule says that)."""
-    table: dict[DeviceClass, frozenset[int]] = {}
-    for cls in classes(programs, (d for d, _ in grants)):
-        masks = allowed(programs, cls.sample) | _grant_masks(cls, grants)
-        for m in masks:
-            for sub in ACCESS_MASKS:
-                if sub & m == sub and sub not in masks:   # rw allowed, r or w not
-                    raise ValueError(f"{cls} allows {access_letters(m)} but not {access_letters(sub)}: no device "
-                                     "rule states that")
-        table[cls] = masks
+    not fully decoded."""
+    table = {cls: allowed(programs, cls.sample) | _grant_masks(cls, grants)
+             for cls in classes(programs, (d for d, _ in grants))}
     rules: list[Rule] = []
     for t in TYPES:
         mine = [c for c in table if c.type == t]
@@ -179,12 +176,12 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
             else:
                 falls_to = table[rest]
             if table[c] != falls_to:
-                rules += _block(c, table[c], True)
+                rules += _block(c, table[c], falls_to)
         for m in sorted(kept_major):
-            rules += _block(by_major[m], table[by_major[m]], True)
+            rules += _block(by_major[m], table[by_major[m]], table[rest])
         for n in sorted(kept_minor):
-            rules += _block(by_minor[n], table[by_minor[n]], True)
-        rules += _block(rest, table[rest], False)   # the program's default deny ends it
+            rules += _block(by_minor[n], table[by_minor[n]], table[rest])
+        rules += _block(rest, table[rest], frozenset())   # the program's default deny ends it
     return rules
 
 
