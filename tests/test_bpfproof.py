@@ -182,3 +182,9 @@ def test_policy_rules_then_prove_round_trip(rules, default_allow, more, grant_nu
             old = first_match(rules, default_allow, dev, access) and (not more or first_match(more, True, dev, access))
             granted = any(dev == g and Access(a).covers(access) for g, a in grants)
             assert be.check(new, dev.type, dev.major, dev.minor, access).allowed is (old or granted), (dev, access)
+
+
+def test_nothing_is_emitted_after_a_rule_that_decides_everything():
+    # the verifier rejects unreachable instructions (found by the kernel differential test)
+    prog = bpfgen.program([Rule(True, "a", None, None, "rwm"), Rule(False, "c", 1, 3, "r")])
+    assert prog == list(bpfgen.LOAD_CTX) + [mov32(0, 1), exit_()]

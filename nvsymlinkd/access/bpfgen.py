@@ -136,6 +136,10 @@ def program(rules: Sequence[Rule], default_allow: bool = False) -> list[Insn]:
             if number is not None and not 0 <= number <= top:
                 raise ValueError(f"rule {rule.describe()}: {number} is outside the kernel's dev_t")
         rule_block(prog, rule)
+        if rule.type == "a" and rule.major is None and rule.minor is None and rule.access == RWM:
+            # `a *:* rwm` decides every request: what follows is unreachable, which the verifier
+            # rejects ("unreachable insn"); runc's emulator never emits rules after it either
+            return prog
     prog += [mov32(0, 1 if default_allow else 0), exit_()]
     return prog
 
