@@ -365,6 +365,8 @@ def guess_producer(name: str, insns: Sequence[Insn]) -> str:
     """Best guess of who generated a device program, for humans only (never for decisions)."""
     if name.startswith("sd_"):
         return "systemd"
+    if name == "nvsymlinkd":
+        return "nvsymlinkd repair"     # repair.bpfrepair.PROGRAM_NAME
     if not insns:
         return "unknown producer"
     first = insns[0]
