@@ -188,3 +188,14 @@ def test_nothing_is_emitted_after_a_rule_that_decides_everything():
     # the verifier rejects unreachable instructions (found by the kernel differential test)
     prog = bpfgen.program([Rule(True, "a", None, None, "rwm"), Rule(False, "c", 1, 3, "r")])
     assert prog == list(bpfgen.LOAD_CTX) + [mov32(0, 1), exit_()]
+
+
+def test_a_major_block_without_a_stop_lets_nothing_reach_a_minor_wildcard_it_should_not():
+    # found by the kernel differential test (seed 3): c 195:0 m was denied by the first rule, but the
+    # derived program let it fall through `c 195:* r` (no stop needed against *:*) to `c *:0 rm`
+    rules = [Rule(False, "a", 195, None, "m"), Rule(True, "a", None, 0, "rm"), Rule(True, "c", None, 1, "m"),
+             Rule(True, "c", 195, None, "rm"), Rule(True, "c", 195, 0, "rw"), Rule(True, "b", 195, 7, "m")]
+    prog = bpfgen.program(rules)
+    derived = bpfproof.policy_rules([prog])
+    assert bpfproof.prove([prog], [bpfgen.program(derived)], []).ok
+    assert be.check(bpfgen.program(derived), "c", 195, 0, "m").allowed is False

@@ -155,34 +155,41 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
     """The AND of `programs` plus the grants, as first-match Rules with a default deny.
 
     Most specific first: exact devices, then MAJOR:*, then *:MINOR, then *:*. A class's block ends
-    with a deny of what it does not allow when a wider rule after it would allow that; a block that
-    would say what the request falls through to anyway is left out. CannotEvaluate when a program is
+    with a deny of what it does not allow when a rule after it would allow that; a block that would
+    say what the class's requests fall through to anyway is left out. CannotEvaluate when a program is
     not fully decoded."""
     table = {cls: allowed(programs, cls.sample) | _grant_masks(cls, grants)
              for cls in classes(programs, (d for d, _ in grants))}
     rules: list[Rule] = []
     for t in TYPES:
         mine = [c for c in table if c.type == t]
-        rest = next(c for c in mine if c.major is None and c.minor is None)
-        by_minor = {c.minor: c for c in mine if c.major is None and c.minor is not None}
-        by_major = {c.major: c for c in mine if c.major is not None and c.minor is None}
-        kept_minor = {n for n, c in by_minor.items() if table[c] != table[rest]}
-        kept_major = {m for m, c in by_major.items() if table[c] != table[rest]}
-        for c in sorted(x for x in mine if x.major is not None and x.minor is not None):
-            if c.major in kept_major:
-                falls_to = table[by_major[c.major]]
-            elif c.minor in kept_minor:
-                falls_to = table[by_minor[c.minor]]
-            else:
-                falls_to = table[rest]
+        # built from the least specific block up: each block is weighed against the rules that will
+        # follow it (what its class's requests fall through to), emitted only where that differs
+        tail = _block(next(c for c in mine if c.major is None and c.minor is None),
+                      table[next(c for c in mine if c.major is None and c.minor is None)], frozenset())
+        order = (sorted((c for c in mine if c.major is None and c.minor is not None), reverse=True)
+                 + sorted((c for c in mine if c.major is not None and c.minor is None), reverse=True)
+                 + sorted((c for c in mine if c.major is not None and c.minor is not None), reverse=True))
+        for c in order:
+            falls_to = first_match(tail, c.sample)
             if table[c] != falls_to:
-                rules += _block(c, table[c], falls_to)
-        for m in sorted(kept_major):
-            rules += _block(by_major[m], table[by_major[m]], table[rest])
-        for n in sorted(kept_minor):
-            rules += _block(by_minor[n], table[by_minor[n]], table[rest])
-        rules += _block(rest, table[rest], frozenset())   # the program's default deny ends it
+                tail = _block(c, table[c], falls_to) + tail
+        rules += tail
     return rules
+
+
+def first_match(rules: Sequence[Rule], device: Device) -> frozenset[int]:
+    """The requests (access masks) the rules allow for a device, the first matching rule deciding
+    (what bpfgen.program() emits, its default deny included)."""
+    out = set()
+    for m in ACCESS_MASKS:
+        letters = access_letters(m)
+        for r in rules:
+            if r.matches(device) and r.access.covers(letters):
+                if r.allow:
+                    out.add(m)
+                break
+    return frozenset(out)
 
 
 @dataclass(frozen=True)
