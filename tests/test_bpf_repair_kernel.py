@@ -22,7 +22,7 @@ import bpfasm
 import pytest
 from bpfasm import CgroupDirs, kernel_probe, make_nodes
 from conftest import _skip_or_fail
-from fixtures.runtimes.layouts import Layouts
+from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 from test_verify_cache import GPU_SPEC, Program, _host
 
 from nvsymlinkd.access import bpfeval as be
@@ -70,12 +70,12 @@ def no_bus(monkeypatch):
 class Gpu:
     """A GPU container (containerd layout, cgroupfs driver) whose cgroup2 directory is real."""
 
-    def __init__(self, fakehost, v2, tmp_path, cid: str):
+    def __init__(self, fakehost, v2, tmp_path, cid: str, spec=GPU_SPEC):
         self.root = _host(fakehost)
         self.cid = cid
         self.cgroup = v2.make(cid)
         self.real = v2.real(self.cgroup)
-        pid = Layouts(fakehost).containerd(cid, GPU_SPEC, cgroup=self.cgroup)
+        pid = Layouts(fakehost).containerd(cid, spec, cgroup=self.cgroup)
         fakehost.write(f"/proc/{pid}/cgroup", Layouts.v2_cgroup(self.cgroup))  # pure v2: the program decides
         (tmp_path / "nodes").mkdir()
         (tmp_path / "scratch").mkdir()
@@ -127,8 +127,8 @@ class Gpu:
 def gpu(fakehost, v2, tmp_path):
     made = []
 
-    def make(cid="v2gpu-0f3c9a1e"):
-        g = Gpu(fakehost, v2, tmp_path, cid)
+    def make(cid="v2gpu-0f3c9a1e", spec=GPU_SPEC):
+        g = Gpu(fakehost, v2, tmp_path, cid, spec)
         made.append(g)
         return g
 
@@ -164,6 +164,38 @@ def test_lost_device_gets_a_new_program_and_the_kernel_agrees(gpu, nvsymlinkd_cl
     # and the verifier, through its normal path, finds the container fine
     summary = json.loads(nvsymlinkd_cli("--root", g.root.root, "check", "--json").stdout)["summary"]
     assert (summary["ok"], summary["lost"], summary["unknown"]) == (1, 0, 0)
+
+
+# the legacy NVIDIA hook's container: the spec has only nvidiactl; the hook grants the GPU itself
+HOOK_SPEC = oci_spec(rules=[spec_rule(195, 255)], nodes=[spec_node("/dev/nvidiactl", 195, 255)],
+                     env=["NVIDIA_VISIBLE_DEVICES=0"])
+
+
+@pytest.mark.parametrize("temp_reg", [6, 2])
+def test_a_hook_granted_device_is_given_back_from_the_baseline(gpu, nvsymlinkd_cli, temp_reg):
+    """libnvidia-container prepends its blocks to the runtime's program (nvcgo ebpf.go); the daemon records
+    the healthy access as the baseline; the runtime's program alone comes back (the hook's grant gone):
+    the baseline is the trusted source, and the new program gives exactly c 195:0 back."""
+    from nvsymlinkd.verify.verifier import verify_all
+
+    g = gpu("v2hook-7b22e0c1", HOOK_SPEC)
+    prog = g.runtime_program(LOST)
+    hooked = bpfasm.nvidia_prepend([(DeviceRule("c", 195, 0, "rw"), True)], bpfasm.runc_program(LOST, False),
+                                   temp_reg=temp_reg)
+    new = bpfprog.load_device_program(be.encode(hooked))
+    bpfprog.attach_device_program(prog.cg_fd, new, bpfprog.BPF_F_ALLOW_MULTI)
+    prog.detach()
+    prog.prog_fd = new
+    assert g.kernel()[0] == "allow"
+    report = verify_all(g.root, Config(), update_baseline=True, use_bus=False, with_host=False)  # the daemon's pass
+    assert [c.baseline for c in report.containers] == ["recorded"]
+    prog.replace(LOST)
+    assert g.kernel()[0] == "deny"
+    proc, doc = repair_cli(nvsymlinkd_cli, g, g.cid)
+    (res,) = doc["containers"]
+    assert res["status"] == "repaired" and res["mechanism"] == "bpf-program", res
+    assert [(x["minor"], x["source"]) for x in res["grants"]] == [(0, "baseline")]
+    assert g.kernel() == ["allow", "allow", "deny", "allow"]
 
 
 def test_dry_run_shows_the_program_and_changes_nothing(gpu, nvsymlinkd_cli):
