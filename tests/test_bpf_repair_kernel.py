@@ -198,6 +198,24 @@ def test_a_hook_granted_device_is_given_back_from_the_baseline(gpu, nvsymlinkd_c
     assert g.kernel() == ["allow", "allow", "deny", "allow"]
 
 
+def test_bpfdrop_takes_devices_away_and_repair_gives_them_back(gpu, nvsymlinkd_cli):
+    """tests/bpfdrop.py, the GPU suite's way to make the loss on a real host, then the repair."""
+    import subprocess
+    import sys
+
+    g = gpu()
+    g.runtime_program(HEALTHY)
+    proc = subprocess.run([sys.executable, "tests/bpfdrop.py", g.real, "c 195:0", "c 195:255"], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[:2] == ["deny c 195:0 rw", "deny c 195:255 rw"]
+    assert g.kernel() == ["deny", "deny", "deny", "allow"] and g.own()[0] == ["bpfdrop"]
+    proc, doc = repair_cli(nvsymlinkd_cli, g, g.cid)
+    (res,) = doc["containers"]
+    assert res["status"] == "repaired" and [x["minor"] for x in res["grants"]] == [0, 255], res
+    assert g.kernel() == ["allow", "allow", "deny", "allow"]
+
+
 def test_dry_run_shows_the_program_and_changes_nothing(gpu, nvsymlinkd_cli):
     g = gpu()
     g.runtime_program(LOST)
