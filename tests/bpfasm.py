@@ -25,7 +25,6 @@ import stat
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen
 from nvsymlinkd.access.bpfgen import (  # noqa: F401 - the package's assembler, re-exported for the tests
-    LOAD_CTX,
     Label,
     alu,
     exit_,
@@ -40,6 +39,7 @@ from nvsymlinkd.access.bpfgen import place as _place
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.host.devices import Rule
 
+LOAD_CTX = list(bpfgen.LOAD_CTX)   # a list: tests build programs by `+`
 ACC_BITS = bpfgen.ACCESS_BITS
 TYPE_BITS = bpfgen.TYPE_BITS
 

@@ -94,6 +94,22 @@ class Gpu:
         self.programs.append(prog)
         return prog
 
+    def runtime_reattach(self, rules) -> None:
+        """runc (1.1, ebpf_linux.go) with one old program: BPF_F_ALLOW_MULTI | BPF_F_REPLACE over it."""
+        cg_fd = bpfprog.open_cgroup_dir(self.real)
+        try:
+            (old,) = bpfprog.query_device_program_ids(cg_fd, effective=False)
+            old_fd = bpfprog.program_fd(old)
+            runc_fd = bpfprog.load_device_program(be.encode(bpfasm.runc_program(rules, False)))
+            try:
+                bpfprog.attach_device_program(cg_fd, runc_fd, bpfprog.BPF_F_ALLOW_MULTI | bpfprog.BPF_F_REPLACE,
+                                              old_fd)
+            finally:
+                os.close(old_fd)
+                os.close(runc_fd)
+        finally:
+            os.close(cg_fd)
+
     def kernel(self) -> list:
         """What the kernel does to a process in the container's cgroup, per PROBES."""
         return kernel_probe([self.real + "/cgroup.procs"], self.nodes, self.scratch, PROBES)
@@ -275,17 +291,7 @@ def test_the_runtime_attaching_its_program_again_is_repaired_again_within_the_ra
         return res
 
     assert repair().status == "repaired" and g.kernel()[0] == "allow"
-    # runc (1.1: ebpf_linux.go) with one old program: BPF_F_ALLOW_MULTI | BPF_F_REPLACE, replace_bpf_fd = ours
-    cg_fd = bpfprog.open_cgroup_dir(g.real)
-    try:
-        (ours,) = bpfprog.query_device_program_ids(cg_fd, effective=False)
-        ours_fd = bpfprog.program_fd(ours)
-        runc_fd = bpfprog.load_device_program(be.encode(bpfasm.runc_program(LOST, False)))
-        bpfprog.attach_device_program(cg_fd, runc_fd, bpfprog.BPF_F_ALLOW_MULTI | bpfprog.BPF_F_REPLACE, ours_fd)
-        os.close(ours_fd)
-        os.close(runc_fd)
-    finally:
-        os.close(cg_fd)
+    g.runtime_reattach(LOST)
     assert g.kernel()[0] == "deny" and g.own()[0] == [""]
     now[0] += 60   # the next resync
     res = repair()
@@ -293,6 +299,37 @@ def test_the_runtime_attaching_its_program_again_is_repaired_again_within_the_ra
     assert g.kernel()[0] == "deny"
     now[0] += 600  # past the window
     assert repair().status == "repaired" and g.kernel()[0] == "allow"
+
+
+def test_the_daemon_repairs_at_its_next_pass_and_reports_a_loss_that_comes_back(gpu):
+    """The real daemon (periodic resync every second: nothing in the kernel announces a new device
+    program): a lost device gets a new program at its next pass; when the runtime attaches its own program
+    again, the next pass sees the loss and, inside the rate limit's window, reports it (repair-refused)
+    instead of repairing in a loop."""
+    import time
+
+    from daemonproc import DaemonProcess
+
+    g = gpu()
+    g.runtime_program(LOST)
+    d = DaemonProcess(g.root.root, "--resync-interval", "1", journal=True)
+    try:
+        _, fields = d.wait_entry("repair-done", g.cid)
+        assert fields["NVSYMLINKD_MECHANISM"] == "bpf-program" and fields["NVSYMLINKD_DEVICES"] == "c 195:0:rw"
+        assert g.kernel()[0] == "allow" and g.own()[0] == ["nvsymlinkd"]
+        mark = d.mark()
+        g.runtime_reattach(LOST)   # the runtime's program again, in ours' place
+        taken = time.monotonic()
+        assert g.kernel()[0] == "deny"
+        message, _ = d.wait_entry("repair-refused", g.cid, mark)
+        noticed = time.monotonic() - taken
+        assert "rate limit" in message
+        d.wait_entry("container-lost", g.cid, mark)
+        assert g.kernel()[0] == "deny"   # reported, not repaired in a loop
+        print(f"\nruntime re-attached its program -> the daemon's report: {noticed:.2f} s (resync_interval 1 s)")
+        assert d.alive()
+    finally:
+        d.stop()
 
 
 # --- the differential test ----------------------------------------------------------------------
