@@ -397,7 +397,8 @@ def guess_producer(name: str, insns: Sequence[Insn]) -> str:
 
 MAJOR, MINOR = "major", "minor"
 ACCESS_SETS = tuple(range(1, 8))   # every non-empty combination of ACC_MKNOD | ACC_READ | ACC_WRITE
-MAX_PATHS = 20000                  # symbolic paths per program (a runc program of n rules has O(n^2))
+MAX_PATHS = 200_000                # symbolic paths per program (a runc program of n exact rules: ~14 n)
+MAX_TOTAL_STEPS = 20_000_000       # instructions run over all of them (~10 s): beyond, not decoded
 
 
 class _Sym(NamedTuple):
@@ -432,6 +433,7 @@ def distinguished(insns: Sequence[Insn]) -> Distinguished:
     majors: dict[str, set[int]] = {t: set() for t in DEV_TYPES}
     minors: dict[str, dict[Optional[int], set[int]]] = {t: {} for t in DEV_TYPES}
     paths = 0
+    budget = [MAX_TOTAL_STEPS]
     for tname, tbits in DEV_TYPES.items():
         for access in ACCESS_SETS:
             # a path: (pc, registers, known numbers, numbers excluded), depth first
@@ -446,7 +448,7 @@ def distinguished(insns: Sequence[Insn]) -> Distinguished:
                     raise CannotEvaluate(f"more than {MAX_PATHS} paths through the program")
                 pc, regs, known, excluded = todo.pop()
                 forks = _run_symbolic(insns, pc, regs, known, excluded, tbits, access,
-                                      majors[tname], minors[tname])
+                                      majors[tname], minors[tname], budget)
                 todo.extend(forks)
     return Distinguished({t: frozenset(v) for t, v in majors.items()},
                          {t: {k: frozenset(v) for k, v in by.items()} for t, by in minors.items()})
@@ -454,7 +456,7 @@ def distinguished(insns: Sequence[Insn]) -> Distinguished:
 
 def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], known: dict[str, int],
                   excluded: dict[str, frozenset[int]], ctx_type: int, access: int, majors: set[int],
-                  minors: dict[Optional[int], set[int]]) -> list[
+                  minors: dict[Optional[int], set[int]], budget: list[int]) -> list[
                       tuple[int, list[Union[Reg, _Sym]], dict[str, int], dict[str, frozenset[int]]]]:
     """Run one path until it exits (no forks returned) or compares an unknown number (two returned)."""
     n = len(insns)
@@ -490,8 +492,9 @@ def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], 
         if not 0 <= pc < n:
             raise CannotEvaluate(f"cannot decode: execution left the program at insn {pc}")
         steps += 1
-        if steps > MAX_STEPS:
-            fail("step limit")
+        budget[0] -= 1
+        if steps > MAX_STEPS or budget[0] < 0:
+            fail(f"step limit: more than {MAX_TOTAL_STEPS} instructions over every path")
         insn = insns[pc]
         if insn.dst >= NREGS or insn.src >= NREGS:
             fail(f"register out of range in {describe_insn(insn)}")
