@@ -213,3 +213,13 @@ def test_bpf_program_has_the_same_rate_limit():
     plan = plan_repair(req(v1=None, v2="/docker/abc"), now=200.0, history=history, window=600)
     assert plan.action == "cannot" and "rate limit" in plan.cannot
     assert plan_repair(req(v1=None, v2="/docker/abc"), now=800.0, history=history, window=600).mechanism == BPF_PROGRAM
+
+
+def test_what_can_never_be_done_is_said_before_the_rate_limit():
+    """An at-risk container on the cgroupfs driver, right after its loss was repaired: the daemon's next
+    passes must give the same reason (said once), not "the last repair attempt was N s ago" (new each time)."""
+    history = RepairHistory()
+    history.record("abc", 100.0)
+    for v1, v2 in (("/docker/abc", None), (None, "/docker/abc")):
+        plans = [plan_repair(req(v1=v1, v2=v2, kind=AT_RISK), now=now, history=history) for now in (103.0, 106.0)]
+        assert plans[0].cannot == plans[1].cannot and "rate limit" not in plans[0].cannot

@@ -344,7 +344,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
                 window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
                 others_v2: Iterable[str | None] = ()) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
-    repair (rate limit, wrong unit, no mechanism), else the mechanism.
+    repair (wrong unit, no mechanism, rate limit), else the mechanism.
 
     `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
     None when unknown or not v1. `now` and `history` implement the rate limit. `others_v2`: the
@@ -353,11 +353,18 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     grants, refused = _accepted(request.grants)
     if not grants:
         return RepairPlan(request, None, (), tuple(refused))
-    cannot = _rate_limited(request, now, history, window) or _wrong_unit(request)
+    # what the host can never do comes before the rate limit: its reason stays the same from pass to pass
+    # (the daemon says it once), where "the last repair attempt was N s ago" would be news at every pass
+    # (an at-risk container on the cgroupfs driver, right after its loss was repaired)
+    cannot = _wrong_unit(request)
     mechanism: str | None = None
     notes: tuple[str, ...] = ()
     if cannot is None:
         mechanism, notes, cannot = _mechanism(request, grants, parent_rules, others_v2)
+    if cannot is None:
+        cannot = _rate_limited(request, now, history, window)
+        if cannot is not None:
+            mechanism, notes = None, ()
     if cannot is not None:
         return RepairPlan(request, None, (), tuple(refused), cannot)
     return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes))
