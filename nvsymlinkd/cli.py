@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         config = load_config(root, args.config)
         return args.func(args, root, config)
     except NvsymlinkdError as exc:
-        message = with_root(str(exc), root) if root is not None else str(exc)
+        message = printable(with_root(str(exc), root) if root is not None else str(exc))
         prefix = "error: " if isinstance(exc, _CommandLineError) else ""
         sys.stderr.write(f"nvsymlinkd: {prefix}{message}\n")
         wants_json = getattr(args, "json", False) if args is not None else "--json" in argv
@@ -122,7 +122,52 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        _stdout_gone()
         return 0
+
+
+def write_output(text: str) -> None:
+    """Write a command's report to stdout; a reader that went away (`check | head -1`) ends it quietly.
+
+    The caller returns its own exit status after (what it found), never 0 for "the pipe closed": a
+    pipefail script must still see that the host is not as desired.
+    """
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_gone()
+
+
+def _stdout_gone() -> None:
+    import os
+
+    try:  # the interpreter flushes stdout at exit: into /dev/null, not a second BrokenPipeError
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+# C0, DEL, C1, line and paragraph separators, bidi and zero-width controls, lone surrogates: what a
+# terminal acts on, or what cannot be encoded. In what a container can write (scope names, cgroup paths,
+# names), human output shows them as \xNN / \uNNNN, as journalctl shows such bytes escaped.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on escaped (idempotent: the result is printable)."""
+    if _UNPRINTABLE.search(text) is None:
+        return text
+    return _UNPRINTABLE.sub(_escape_char, text)
+
+
+def _escape_char(m) -> str:
+    code = ord(m.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode (surrogateescape): show the byte
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _print_json_error(message: str, exit_code: int) -> None:

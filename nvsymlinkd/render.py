@@ -38,12 +38,16 @@ class RenderOptions:
     bindir: str = DEFAULT_BINDIR  # where the nvsymlinkd entry point is installed
 
 
-def systemd_word(word: str) -> str:
-    """One word of a unit-file command line or path list: specifiers and variables escaped."""
+def systemd_word(word: str, variables: bool = True) -> str:
+    """One word of a unit-file command line (variables=True: `$` is expanded there, so `$$`) or of a path
+    list (ReadWritePaths=, StateDirectory=, RuntimeDirectory=: variables=False, since those expand
+    specifiers only and `$$` would name another path). Specifiers (`%`) are escaped in both."""
     if has_control_character(word):
         # a unit line cannot carry one (a newline would start a new directive); config refuses them first
         raise NvsymlinkdError(f"{word!r}: a control character cannot be written into a systemd unit")
-    escaped = word.replace("%", "%%").replace("$", "$$")
+    escaped = word.replace("%", "%%")
+    if variables:
+        escaped = escaped.replace("$", "$$")
     if _PLAIN_WORD.fullmatch(word):
         return escaped
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -123,10 +127,36 @@ def runtime_directory(config: Config) -> str | None:
 
 def state_directory_line(config: Config) -> str | None:
     found = state_directory(config)
-    return f"{found[0]}={systemd_word(found[1])}" if found else None
+    return f"{found[0]}={systemd_path(found[1])}" if found else None
+
+
+def systemd_path(path: str) -> str:
+    """One path of a path-list directive: specifiers escaped, `$` kept (see systemd_word)."""
+    return systemd_word(path, variables=False)
+
+
+def checked(config: Config) -> Config:
+    """The config with its paths normalized (systemd ignores a path that is not: "path is not normalized"),
+    or NvsymlinkdError for a path that makes no sense in a unit (config.path_problem): a Config built in
+    code gets the checks a config file gets."""
+    from nvsymlinkd.config import KEY_BY_NAME, normal_path, path_problem
+    from nvsymlinkd.record import replace
+
+    changes: dict = {}
+    for key in KEY_BY_NAME.values():
+        value = getattr(config, key.name)
+        if key.kind in ("path", "optional_path") and value:
+            normal = normal_path(value)
+            problem = path_problem(key.name, normal)
+            if problem is not None:
+                raise NvsymlinkdError(f"{key.name} = {value!r}: {problem}")
+            if normal != value:
+                changes[key.name] = normal
+    return replace(config, **changes) if changes else config
 
 
 def template_values(config: Config, options: RenderOptions) -> dict:
+    config = checked(config)
     exe = posixpath.join(options.bindir, "nvsymlinkd")
     flags = link_flags(config)
     run_flags = list(flags)
@@ -139,10 +169,10 @@ def template_values(config: Config, options: RenderOptions) -> dict:
         "watchdog_sec": _seconds(config.watchdog_sec) if config.watchdog_sec > 0 else None,
         "state_directory": state_directory_line(config),
         "runtime_directory": runtime_directory(config),
-        "extra_rw_paths": [systemd_word(p) for p in writable_paths(config, for_daemon=True)],
+        "extra_rw_paths": [systemd_path(p) for p in writable_paths(config, for_daemon=True)],
         # no "-": a missing state_dir fails the start loudly instead of losing every baseline write
-        "state_rw_path": systemd_word(config.state_dir) if state_directory(config) is None else None,
-        "sync_rw_paths": [systemd_word(p) for p in writable_paths(config, for_daemon=False)],
+        "state_rw_path": systemd_path(config.state_dir) if state_directory(config) is None else None,
+        "sync_rw_paths": [systemd_path(p) for p in writable_paths(config, for_daemon=False)],
         "metrics_listen": getattr(config, "metrics_listen", ""),
         **network_policy(config),
     }

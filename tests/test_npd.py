@@ -235,6 +235,8 @@ VERDICT_LINES = {
     "container 0123456789ab (cri-containerd-0123456789ab.scope): GPU device access lost: c 195:0 rw: "
     "open() of /dev/nvidia0 is denied by the device cgroup": "GPUContainerLostDevices",
     "container 0123456789ab: GPU device access lost: c 195:0 rw: denied": "GPUContainerLostDevices",
+    "container 0123456789ab (gpu-team/trainer-0/cuda): GPU device access denied: c 195:0, c 195:255: its NVIDIA "
+    "nodes are denied by the device cgroup, and nothing trusted ...": "GPUContainerDeniedDevices",
     "container abc (docker-abc.scope): GPU device access at risk (at-risk-scope): c 195:0 rw: "
     "the scope's DeviceAllow lacks /dev/char/195:0": "GPUContainerAtRisk",
     "container abc: GPU device access at risk: c 510:0 rw: nvidia-uvm not granted": "GPUContainerAtRisk",

@@ -82,7 +82,8 @@ def test_state_dir_elsewhere_must_exist():
     # no "-": a missing directory fails the start instead of silently losing every baseline
     assert "ReadWritePaths=/sys/fs/cgroup /srv/nvsymlinkd\n" in service
     assert "Directory=" not in service
-    assert "StateDirectory" not in render_all(Config(state_dir="/var/lib/../etc"))["nvsymlinkd.service"]
+    with pytest.raises(NvsymlinkdError, match="system directory"):  # normalized: /etc
+        render_all(Config(state_dir="/var/lib/../../etc"))
 
 
 def test_seconds_are_plain_decimals(tmp_path, nvsymlinkd_cli):

@@ -106,8 +106,11 @@ def test_node_made_inside_the_container_is_never_granted(runc_host, nvsymlinkd_c
     assert c.open_error("/dev/nvidia0") == "EPERM"
     listed = c.devices_list()
     proc = repair_cli(nvsymlinkd_cli, runc_host, "gpu-mknod")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout)["containers"] == []  # nothing trusted expects it: no request at all
+    # it cannot open the node it holds, and nothing trusted granted it: denied, reported, exit 1
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["containers"] == []  # nothing trusted expects it: no request at all
+    assert [(d["container"], d["devices"]) for d in doc["denied"]] == [("gpu-mknod", ["c 195:0"])]
     assert c.devices_list() == listed
     assert c.open_error("/dev/nvidia0") == "EPERM"
 

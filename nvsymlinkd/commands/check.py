@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
@@ -55,12 +54,13 @@ def run(args, root, config) -> int:
     else:
         report = verify_all(root, config, use_bus=use_bus, with_host=not args.no_host)
     _hints_with_root(report, root)
+    from nvsymlinkd.cli import write_output
+
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(report.to_json(), indent=2) + "\n")
     else:
-        for line in human_lines(report):
-            print(line)
+        write_output("".join(line + "\n" for line in human_lines(report)))
+    # what was found, even when the reader went away (`check | head -1` under pipefail)
     return EXIT_OK if report.all_ok else EXIT_NOT_DESIRED
 
 
@@ -79,6 +79,7 @@ def _hints_with_root(report, root) -> None:
 
 def human_lines(report) -> list:
     # in here: every command imports this module (see repair.py)
+    from nvsymlinkd.cli import printable
     from nvsymlinkd.summary import plural
     from nvsymlinkd.verify.kinds import Verdict
 
@@ -92,6 +93,8 @@ def human_lines(report) -> list:
             continue
         for i, f in enumerate(c.findings):
             rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(f.devices) or "-", f.fix))
+    # names, scopes and cgroup paths come from files a container can write: escaped before measuring
+    rows = [tuple(printable(cell) for cell in r) for r in rows]
     last = len(rows[0]) - 1  # FIX: not padded
     widths = [max(len(r[i]) for r in rows) for i in range(last)]
     lines = []
@@ -117,4 +120,4 @@ def human_lines(report) -> list:
         for h in report.host:
             fix = f"  fix: {h.fix}" if h.fix and h.status == "warn" else ""
             lines.append(f"  {h.status:4s} {h.kind}: {h.detail}{fix}")
-    return lines
+    return [printable(line) for line in lines]

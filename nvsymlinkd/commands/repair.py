@@ -41,18 +41,18 @@ def run(args, root, config) -> int:
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
         history_path,
+        load_history,
         recover_frozen,
         repair_all,
+        save_history,
         thawed_line,
     )
-    from nvsymlinkd.repair.plan import RepairHistory
     from nvsymlinkd.verify import verifier
-    from nvsymlinkd.verify.kinds import Verdict
+    from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
-    hist_file = history_path(root, config)
-    history = RepairHistory.load(hist_file)
+    history = load_history(root, config)
     # every change to a container's device access is journaled when journald is there (an audit trail);
     # the terminal gets the same facts from the printed report instead
     journal: Journal | None = Journal(target="journal")
@@ -74,33 +74,49 @@ def run(args, root, config) -> int:
     chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
     repaired = {r.request.container_id for r in results}
     unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
+    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
+    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
+    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
     if not args.dry_run and any(r.steps for r in results):
         try:
-            history.save(hist_file)
+            save_history(root, config, history)
         except OSError as exc:
-            sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
+            sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
+                             f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown
+    ok = all(r.ok for r in results) and not unknown and not denied
+    from nvsymlinkd.cli import printable, write_output
+
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
+               "denied": [_denied_json(c) for c in denied],
                "summary": _summary(results), "thawed": thawed}
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(doc, indent=2) + "\n")
     else:
-        for e in thawed:
-            print(thawed_line(e))
+        lines = [thawed_line(e) for e in thawed]
         for r in results:
-            for line in r.human_lines():
-                print(line)
-            for step in r.steps:
-                print(f"  step: {step}")
-        for c in unknown:
-            print(f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}")
+            lines += r.human_lines()
+            lines += [f"  step: {step}" for step in r.steps]
+        lines += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
+        for c in denied:
+            f = _denied_json(c)
+            lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted "
+                         f"them): {f['fix']}")
         from nvsymlinkd.summary import repair_line
 
-        print(repair_line(results, _summary(results), args.dry_run))
+        lines.append(repair_line(results, _summary(results), args.dry_run)
+                     + (f"; {len(denied)} denied, not repaired" if denied else ""))
+        # scope names and cgroup paths come from files a container can write: escaped for the terminal
+        write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _denied_json(report) -> dict:
+    from nvsymlinkd.verify.kinds import FindingKind
+
+    f = next(f for f in report.findings if f.kind == FindingKind.DENIED)
+    return {"container": report.id, "devices": list(f.devices), "detail": f.detail, "fix": f.fix}
 
 
 def _unknown_reason(report) -> str:

@@ -40,6 +40,7 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
+    from nvsymlinkd.cli import write_output
     from nvsymlinkd.devchar.reconcile import reconcile
     from nvsymlinkd.summary import sync_warnings
 
@@ -56,9 +57,8 @@ def run(args, root, config) -> int:
 
         doc = result.to_json()
         doc["warnings"] = warnings
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(doc, indent=2) + "\n")
     else:
-        for line in result.human_lines():
-            print(line)
+        write_output("".join(line + "\n" for line in result.human_lines()))
+    # what the pass found, even when the reader went away (`sync --dry-run | head -1` under pipefail)
     return EXIT_OK if result.as_desired else EXIT_NOT_DESIRED

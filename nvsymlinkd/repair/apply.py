@@ -35,7 +35,6 @@ from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.containers.discovery import display_name
 from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
-from nvsymlinkd.host.atomicfile import write_atomic
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import (
     AT_RISK,
@@ -198,7 +197,12 @@ def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -
 
 
 class RepairLock:
-    """flock() on STATE_DIR/repair.lock, from before a freeze until after its thaw.
+    """flock() on STATE_DIR itself and on STATE_DIR/repair.lock, from before a freeze until after its thaw.
+
+    The directory is the lock that cannot be unlinked away (an `rm repair.lock` while a repair holds it
+    would let the next one lock a new file and overlap); the file, checked to still be the one its name
+    holds once locked, keeps out repairs of versions that lock only the file, and tells the holder's pid.
+    Both are opened confined to --root, like every state file.
 
     Two repairs of one container (a CLI and the daemon, or two CLIs) would otherwise interleave: the
     second finds the first's FROZEN, leaves it "as it is", and the first thaws while systemd still
@@ -213,49 +217,85 @@ class RepairLock:
         self.journal = journal
         self.dry_run = dry_run  # report orphaned freezes, thaw nothing
         self.inside = f"{config.state_dir.rstrip('/')}/{LOCK_FILE}"
-        self.fd = None
+        self.fd: int | None = None
+        self.dir_fd: int | None = None
         self.thawed: list = []
 
     def __enter__(self):
-        real = self.root.path(self.inside)
+        deadline = time.monotonic() + self.wait
         try:
-            os.makedirs(os.path.dirname(real), mode=0o755, exist_ok=True)
-            self.fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self.dir_fd = self.root.make_dirs(self.config.state_dir, 0o755)
         except OSError as exc:
             raise RepairError(f"cannot open the repair lock {self.inside}: {exc.strerror}; not freezing the "
                               "container (set state_dir to a writable directory)")
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = self._holder(self.fd)
-                    os.close(self.fd)
-                    self.fd = None
-                    raise RepairBusy(f"another repair is running (pid {holder}) and held {self.inside} for "
-                                     f"{self.wait:g} s; nothing was changed, try again")
-                time.sleep(0.05)
+        try:
+            self._take(self.dir_fd, deadline)
+            while True:
+                try:
+                    self.fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                      dir_fd=self.dir_fd)
+                except OSError as exc:
+                    raise RepairError(f"cannot open the repair lock {self.inside}: {exc.strerror}; not freezing "
+                                      "the container (set state_dir to a writable directory)")
+                self._take(self.fd, deadline)
+                if self._still_named(self.fd):
+                    break
+                os.close(self.fd)  # unlinked or replaced between our open and our lock: lock what it names now
+                self.fd = None
+        except BaseException:
+            self._release()
+            raise
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode("ascii"), 0)
         self.thawed = _thaw_orphans(self.root, self.config, self.journal, self.dry_run)
         return self
 
-    def _holder(self, fd: int) -> str:
+    def _take(self, fd: int, deadline: float) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RepairBusy(f"another repair is running (pid {self._holder()}) and held {self.inside} "
+                                     f"for {self.wait:g} s; nothing was changed, try again")
+                time.sleep(0.05)
+
+    def _still_named(self, fd: int) -> bool:
+        try:
+            named = os.stat(LOCK_FILE, dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        mine = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _holder(self) -> str:
+        try:
+            fd = os.open(LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.dir_fd)
+        except OSError:
+            return "unknown"
         try:
             text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         except OSError:
             text = ""
+        finally:
+            os.close(fd)
         return text if text.isdigit() else "unknown"
+
+    def _release(self) -> None:
+        for name in ("fd", "dir_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)  # releases its lock
 
     def __exit__(self, *exc_info):
         if self.fd is not None:
             try:
                 os.ftruncate(self.fd, 0)
-            finally:
-                os.close(self.fd)  # releases the lock
-                self.fd = None
+            except OSError:
+                pass
+        self._release()
         return False
 
 
@@ -263,22 +303,18 @@ class FreezeRecord:
     """STATE_DIR/frozen/<hash>.json: written (atomic, fsync'd) before FROZEN, removed after THAWED."""
 
     def __init__(self, root: HostRoot, config, request: RepairRequest):
+        self.root = root
         self.doc = {"freezer": request.freezer, "container_id": request.container_id, "unit": request.scope,
                     "pid": os.getpid(), "frozen_at": time.time()}
         freezer = _needed(request.freezer, "freezer cgroup path")
         name = hashlib.sha256(freezer.encode("utf-8", "replace")).hexdigest()[:32] + ".json"
         self.inside = f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}/{name}"
-        self.real = root.path(self.inside)
 
     def write(self) -> None:
-        os.makedirs(os.path.dirname(self.real), mode=0o700, exist_ok=True)
-        write_atomic(self.real, json.dumps(self.doc, sort_keys=True) + "\n", 0o600)
+        self.root.write_file(self.inside, json.dumps(self.doc, sort_keys=True) + "\n", 0o600, dir_mode=0o700)
 
     def drop(self) -> None:
-        try:
-            os.unlink(self.real)
-        except FileNotFoundError:
-            pass
+        self.root.unlink(self.inside)
 
 
 class Frozen:
@@ -358,36 +394,36 @@ def _thaw_orphans(root: HostRoot, config, journal=None, dry_run: bool = False) -
     that froze it), state (what freezer.state read, "gone" for no cgroup), action (thawed, would-thaw, none,
     kept: the record stays for the next lock holder).
     """
-    directory = root.path(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}")
+    directory = f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}"
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted(root.listdir(directory))
     except OSError:
         return []
     out = []
     for name in names:
-        real = os.path.join(directory, name)
+        inside = f"{directory}/{name}"
         if not name.endswith(".json"):
             if name.endswith(".tmp") and not dry_run:
-                _unlink(real)  # a record whose writer died before the rename: it never froze anything
+                _unlink(root, inside)  # a record whose writer died before the rename: it never froze anything
             continue
-        entry = _thaw_one(root, real, journal, dry_run)
+        entry = _thaw_one(root, inside, journal, dry_run)
         if entry["action"] != "kept" and not dry_run:
-            _unlink(real)
+            _unlink(root, inside)
         out.append(entry)
     return out
 
 
-def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
-    from nvsymlinkd.containers.ocispec import read_json
+def _thaw_one(root: HostRoot, inside: str, journal, dry_run: bool) -> dict:
+    from nvsymlinkd.containers.ocispec import loads_object
 
     entry: dict[str, Any] = {"container": None, "unit": None, "freezer": None, "freezer_dir": None, "pid": None,
                              "state": None, "action": "none"}
     try:
-        doc = read_json(real, MAX_RECORD_BYTES)
+        doc = loads_object(root.read_file(inside, MAX_RECORD_BYTES).decode("utf-8", "replace"))
     except OSError as exc:
         entry["action"] = "kept"
         if journal is not None:
-            journal.warning(f"cannot read the freeze record {root.inside(real)}: {exc.strerror}; will try again")
+            journal.warning(f"cannot read the freeze record {inside}: {exc.strerror or exc}; will try again")
         return entry
     except ValueError as exc:
         doc = {"error": str(exc)}
@@ -400,7 +436,7 @@ def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
     except RepairError as exc:
         # we never write such a record: without a valid cgroup path there is nothing we may thaw
         if journal is not None:
-            journal.warning(f"dropping the invalid freeze record {root.inside(real)}: {exc}")
+            journal.warning(f"dropping the invalid freeze record {inside}: {exc}")
         return entry
     state_file = entry["freezer_dir"] + "/freezer.state"
     try:
@@ -411,7 +447,7 @@ def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
     except OSError as exc:
         entry["action"] = "kept"
         if journal is not None:
-            journal.warning(f"cannot read {state_file} named by the freeze record {root.inside(real)}: "
+            journal.warning(f"cannot read {state_file} named by the freeze record {inside}: "
                             f"{exc.strerror}; will try again")
         return entry
     if entry["state"] not in ("FROZEN", "FREEZING"):
@@ -443,9 +479,9 @@ def thawed_line(entry: dict) -> str:
     return f"{verb} {where}{f' ({who})' if who else ''}: a repair (pid {entry['pid']}) froze it and did not finish"
 
 
-def _unlink(real: str) -> None:
+def _unlink(root: HostRoot, inside: str) -> None:
     try:
-        os.unlink(real)
+        root.unlink(inside)
     except OSError:
         pass
 
@@ -457,7 +493,7 @@ def recover_frozen(root: HostRoot, config, journal=None, dry_run: bool = False, 
     so a busy lock leaves the records to it (a record of its own is live, not an orphan).
     """
     try:
-        if not os.listdir(root.path(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}")):
+        if not root.listdir(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}"):
             return []
     except OSError:
         return []
@@ -752,8 +788,25 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
     return result
 
 
-def history_path(root: HostRoot, config) -> str:
-    return root.path(f"{config.state_dir.rstrip('/')}/{HISTORY_FILE}")
+def history_path(config) -> str:
+    """Inside path of the CLI's rate-limit record."""
+    return f"{config.state_dir.rstrip('/')}/{HISTORY_FILE}"
+
+
+MAX_HISTORY_BYTES = 4 << 20  # one time per container id
+
+
+def load_history(root: HostRoot, config) -> RepairHistory:
+    """The CLI's repair history, read confined to --root; empty when absent or unreadable in any way."""
+    try:
+        return RepairHistory.from_json(root.read_file(history_path(config), MAX_HISTORY_BYTES))
+    except OSError:
+        return RepairHistory()
+
+
+def save_history(root: HostRoot, config, history: RepairHistory) -> None:
+    """Write it atomically, confined to --root (the state dir made if missing). Raises OSError."""
+    root.write_file(history_path(config), history.to_json(), 0o644, dir_mode=0o755)
 
 
 def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = False,

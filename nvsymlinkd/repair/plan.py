@@ -18,7 +18,7 @@ Safety rules, enforced here whatever the caller passes in:
 from __future__ import annotations
 
 import json
-import os
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -30,8 +30,9 @@ from nvsymlinkd.verify.kinds import FindingKind, Verdict
 if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
     from nvsymlinkd.verify.verifier import ContainerReport
 
-# Where a grant's device comes from. Only the first three are grounds to grant.
-TRUSTED_SOURCES = ("spec", "runtime-state", "baseline")
+# Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
+# grant as containers.hookgrant reconstructs it exactly, never a guess).
+TRUSTED_SOURCES = ("spec", "runtime-state", "nvidia-hook", "baseline")
 UNTRUSTED_SOURCES = ("container-dev",)
 
 # Mechanisms (also the `mechanism` value in the JSON output and the journal)
@@ -169,13 +170,15 @@ class RepairHistory:
                 del table[cid]
 
     # The CLI keeps the history in the state dir so that repeated `nvsymlinkd repair`
-    # runs (from a cron job, say) are rate-limited like the daemon.
+    # runs (from a cron job, say) are rate-limited like the daemon (repair.apply.load_history reads it
+    # confined to --root; these two only translate).
     @classmethod
-    def load(cls, real_path: str) -> RepairHistory:
+    def from_json(cls, data: bytes) -> RepairHistory:
+        """The history a repairs.json holds; an empty one for anything unreadable (the file is ours, but a
+        corrupt one must not stop a repair: it only loses the rate limit's memory)."""
         try:
-            with open(real_path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
+            doc = json.loads(data.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's limit
             return cls()
         last = doc.get("last") if isinstance(doc, dict) else None
         if not isinstance(last, dict):
@@ -183,18 +186,21 @@ class RepairHistory:
         prevention = doc.get("last_prevention")
         return cls(_times(last), _times(prevention if isinstance(prevention, dict) else {}))
 
-    def save(self, real_path: str) -> None:
-        from nvsymlinkd.host.atomicfile import (
-            write_atomic,  # the one write of this module: kept off its imports
-        )
-
-        os.makedirs(os.path.dirname(real_path), mode=0o755, exist_ok=True)
-        write_atomic(real_path, json.dumps({"last": self.last, "last_prevention": self.last_prevention}))
+    def to_json(self) -> str:
+        return json.dumps({"last": self.last, "last_prevention": self.last_prevention})
 
 
 def _times(table: dict[Any, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in table.items()
-            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out = {}
+    for k, v in table.items():
+        if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                when = float(v)  # OverflowError: an integer of hundreds of digits
+            except OverflowError:
+                continue
+            if math.isfinite(when):
+                out[k] = when
+    return out
 
 
 def refusal(grant: Grant) -> str | None:
@@ -204,7 +210,8 @@ def refusal(grant: Grant) -> str | None:
             return ("seen only as a node in the container's own /dev: a container that can mknod can make any "
                     "node, so that is no ground to grant it")
         if grant.source == "unexpected":
-            return "allowed or wanted now, but expected by no trusted source (spec, runtime state, baseline)"
+            return ("allowed or wanted now, but expected by no trusted source (spec, runtime state, NVIDIA hook "
+                    "grant, baseline)")
         return f"untrusted source {grant.source!r}"
     device = grant.device
     if device.type != "c":
