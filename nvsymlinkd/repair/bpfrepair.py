@@ -149,7 +149,8 @@ def replace(root: HostRoot, prepared: Prepared, grants: tuple[Grant, ...], steps
             if now_ids != old_ids or flags != prepared.attach_flags:
                 raise RepairError(f"the device programs of {inside} changed while the repair was proven "
                                   f"({old_ids} -> {now_ids}): nothing attached; the next pass judges them again")
-            held = [bpfprog.program_fd(i) for i in old_ids]  # kept: they detach, and can be put back
+            for prog_id in old_ids:  # kept: they detach, and can be put back
+                held.append(bpfprog.program_fd(prog_id))
             new_fd = bpfprog.load_device_program(bpfeval.encode(prepared.insns), PROGRAM_NAME)
         except BpfError as exc:
             raise RepairError(f"nothing attached: {exc}")
