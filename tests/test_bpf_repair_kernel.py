@@ -30,7 +30,7 @@ from nvsymlinkd.access import bpfgen, bpfprog, bpfproof
 from nvsymlinkd.access.cgroup import find_cgroup_mounts
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
-from nvsymlinkd.host.devices import Rule
+from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.apply import repair_all
 from nvsymlinkd.repair.plan import RepairHistory
@@ -43,6 +43,7 @@ RUNC_DEFAULTS = [DeviceRule("c", None, None, "m"), DeviceRule("b", None, None, "
                  DeviceRule("c", 136, None, "rwm"), DeviceRule("c", 5, 2, "rwm"), DeviceRule("c", 10, 200, "rwm")]
 HEALTHY = RUNC_DEFAULTS + [DeviceRule("c", 195, 0, "rw"), DeviceRule("c", 195, 255, "rw")]
 LOST = RUNC_DEFAULTS + [DeviceRule("c", 195, 255, "rw")]
+C0_DEVICE = Device("c", 195, 0)
 PROBES = [("c", 195, 0, "rw"), ("c", 195, 255, "rw"), ("c", 195, 1, "rw"), ("c", 195, 0, "m")]
 
 
@@ -275,6 +276,28 @@ def test_a_program_not_fully_decoded_is_refused_and_left_alone(gpu, nvsymlinkd_c
     assert "on the device's minor" in res["cannot"]
     assert proc.returncode != 0
     assert g.own() == before and g.kernel()[0] == "deny"
+
+
+@pytest.mark.parametrize("flags", [bpfprog.BPF_F_ALLOW_MULTI, 0])
+def test_a_read_back_that_does_not_prove_puts_the_old_program_back(gpu, monkeypatch, flags):
+    """After the swap the kernel's own view is proven again; when it does not prove (here: made to fail),
+    the old program goes back and the repair fails: never a program nvsymlinkd could not prove."""
+    from nvsymlinkd.errors import RepairError
+    from nvsymlinkd.repair import bpfrepair
+    from nvsymlinkd.repair.plan import Grant as PlanGrant
+    from nvsymlinkd.repair.plan import RepairRequest
+
+    g = gpu()
+    g.runtime_program(LOST, flags=flags)
+    grants = (PlanGrant(C0_DEVICE, "rw", "spec"),)
+    request = RepairRequest(g.cid, "containerd", None, None, g.cgroup, None, "cgroupfs", grants)
+    prepared = bpfrepair.prepare(g.root, request, grants)
+    monkeypatch.setattr(bpfproof, "prove", lambda *a: bpfproof.Proof(1, 4, (), ("made to fail",)))
+    steps = []
+    with pytest.raises(RepairError, match="does not prove: made to fail"):
+        bpfrepair.replace(g.root, prepared, grants, steps)
+    assert steps[-1].startswith("put back the old programs")
+    assert g.own() == ([""], flags) and g.kernel()[0] == "deny"
 
 
 def test_the_runtime_attaching_its_program_again_is_repaired_again_within_the_rate_limit(gpu):

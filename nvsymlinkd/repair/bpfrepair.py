@@ -177,14 +177,14 @@ def replace(root: HostRoot, prepared: Prepared, grants: tuple[Grant, ...], steps
         if failed:
             raise RepairError(f"attached prog {new_id}, but could not detach {'; '.join(failed)}: the cgroup runs "
                               "both, which allows only what both allow (never more than before)")
-        _read_back(root, prepared, grants, cg_fd, new_id, held[:-1], new_fd, multi, steps)
+        _read_back(root, prepared, grants, cg_fd, new_id, held[:-1], new_fd, attach_flags, steps)
     finally:
         _close_all(held)
         os.close(cg_fd)
 
 
 def _read_back(root: HostRoot, prepared: Prepared, grants, cg_fd: int, new_id: int, old_fds: list, new_fd: int,
-               multi: bool, steps: list) -> None:
+               attach_flags: int, steps: list) -> None:
     """The kernel's view after the swap: only our program is the cgroup's own, and its xlated code (what the
     kernel runs, after the verifier's rewrites) with the inherited programs proves like the emitted one."""
     inside = prepared.cgroup_dir
@@ -204,11 +204,12 @@ def _read_back(root: HostRoot, prepared: Prepared, grants, cg_fd: int, new_id: i
                      "classes: the grants are the only difference")
         return
     # put the old programs back before saying so: never leave a program we could not prove
-    if multi and len(old_fds) == len(prepared.own):
+    if len(old_fds) == len(prepared.own):
         try:
-            for fd in old_fds:
-                bpfprog.attach_device_program(cg_fd, fd, bpfprog.BPF_F_ALLOW_MULTI)
-            bpfprog.detach_device_program(cg_fd, new_fd)
+            for fd in old_fds:   # without BPF_F_ALLOW_MULTI the one old program takes our place again
+                bpfprog.attach_device_program(cg_fd, fd, attach_flags)
+            if attach_flags & bpfprog.BPF_F_ALLOW_MULTI:
+                bpfprog.detach_device_program(cg_fd, new_fd)
             steps.append(f"put back the old programs of {inside}")
         except BpfError as exc:
             problems.append(f"could not put the old programs back: {exc}")
