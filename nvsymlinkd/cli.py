@@ -26,6 +26,10 @@ SUMMARIES = {
     "repair": "re-grant NVIDIA devices GPU containers lost (or are about to lose)",
 }
 
+# Every --json document (and the JSON error document) starts with this; a change that is not purely
+# additive (a key renamed, removed or given another meaning) increments it. Added keys do not.
+JSON_SCHEMA_VERSION = 1
+
 EPILOG = """\
 examples:
   nvsymlinkd sync --dry-run                     # what the links need; nothing changed
@@ -56,6 +60,31 @@ class _Parser(argparse.ArgumentParser):
 
 _building = False
 
+# Commands for the shell completions only (completions/): never in --help, the man pages or the docs.
+HIDDEN_COMMANDS = ("complete-containers",)
+
+
+def _complete_containers(args, root, config) -> int:
+    """The words `check` and `repair` take for CONTAINER, one per line: each GPU container's short id
+    and its names. Discovery only (no verification, no bus): fast enough for a TAB, and quiet."""
+    from nvsymlinkd.containers.discovery import _names_of, discover
+    from nvsymlinkd.containers.ocispec import gpu_signs
+    from nvsymlinkd.devchar.snapshot import read_majors
+
+    try:
+        majors = frozenset(read_majors(root).nvidia_majors)
+    except NvsymlinkdError:
+        majors = frozenset()
+    words = []
+    for c in discover(root):
+        if not gpu_signs(c.spec, c.state, majors):
+            continue
+        for word in (c.short_id, *sorted(_names_of(c))):
+            if word not in words and word.isprintable() and not any(ch.isspace() for ch in word):
+                words.append(word)
+    sys.stdout.write("".join(w + "\n" for w in words))
+    return 0
+
 
 def _global_options(parser, default_root, default_config) -> None:
     parser.add_argument("--root", default=default_root, metavar="DIR",
@@ -85,6 +114,10 @@ def build_parser(only: str | None = None, stubs: bool = False) -> argparse.Argum
             # the global options are accepted after the subcommand too (`nvsymlinkd sync --root X`);
             # SUPPRESS: given there, they win; not given, the value from before the subcommand stays
             _global_options(sub.choices[name], argparse.SUPPRESS, argparse.SUPPRESS)
+        for name in HIDDEN_COMMANDS:  # no help=: not listed in --help, not documented (shells call it)
+            hidden = sub.add_parser(name, add_help=False)
+            hidden.set_defaults(func=_complete_containers)
+            _global_options(hidden, argparse.SUPPRESS, argparse.SUPPRESS)
         return parser
     finally:
         _building = False
@@ -174,7 +207,8 @@ def _print_json_error(message: str, exit_code: int) -> None:
     import json  # only on this error path: not on every command's start
 
     try:
-        json.dump({"ok": False, "error": message, "exit_code": exit_code}, sys.stdout, indent=2)
+        json.dump({"schema_version": JSON_SCHEMA_VERSION, "ok": False, "error": message, "exit_code": exit_code},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
         sys.stdout.flush()
     except (OSError, ValueError):

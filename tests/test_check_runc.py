@@ -158,7 +158,9 @@ def test_uvm_not_given(runc_host):
     report = verify(runc_host, "gpu-nouvm")
     assert report.verdict == "at-risk"
     assert kinds(report) == {"at-risk-uvm-missing": ("c 509:0",)}
-    assert "restart the device plugin" in report.findings[0].fix
+    # a plain runc container: the runtime's hook allocated it, no device plugin to restart
+    assert "restart the device plugin" not in report.findings[0].fix
+    assert report.findings[0].fix.startswith("recreate this container: nvidia-uvm is loaded now")
     c.exec("mknod", "/dev/nvidia-uvm", "c", "509", "0")
     assert c.open_error("/dev/nvidia-uvm") == "EPERM"
 

@@ -179,3 +179,45 @@ def test_daemon_entry_point_honours_the_repair_key_and_its_clock(runc_host):
     now[0] += 600  # the window has passed: repaired again
     (res,) = repair_all(root, auto, history=history, clock=lambda: now[0], use_bus=False)
     assert res.status == "repaired" and c.open_error("/dev/nvidia0") == "ENXIO"
+
+
+def test_a_person_can_force_a_repair_within_the_rate_limit(runc_host, nvsymlinkd_cli):
+    """The rate limit guards against loops; `repair --force` is a person's decision, and says so."""
+    c = runc_host.run("gpu-force", **gpu0())
+    c.deny("c 195:0 rw")
+    assert repair_cli(nvsymlinkd_cli, runc_host, "gpu-force").returncode == 0
+    c.deny("c 195:0 rw")
+    human = nvsymlinkd_cli("--root", runc_host.root, "repair", "gpu-force")
+    assert human.returncode == 1, human.stdout + human.stderr
+    assert "cannot repair: the last repair attempt was" in human.stdout, human.stdout
+    assert "automatically" not in human.stdout  # a typed command is no automatic repair
+    assert "nvsymlinkd repair --force" in human.stdout
+    assert c.open_error("/dev/nvidia0") == "EPERM"
+
+    proc = repair_cli(nvsymlinkd_cli, runc_host, "--force", "gpu-force")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (res,) = json.loads(proc.stdout)["containers"]
+    assert (res["status"], res["forced"]) == ("repaired", True)
+    assert any(n.startswith("forced: the last repair attempt was") for n in res["notes"]), res["notes"]
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+
+
+def test_a_forced_repair_is_journaled_as_forced(runc_host):
+    from test_npd import recording_journal
+
+    from nvsymlinkd.repair.apply import repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
+
+    c = runc_host.run("gpu-forcej", **gpu0())
+    root = HostRoot(str(runc_host.root))
+    history, entries = RepairHistory(), []
+    c.deny("c 195:0 rw")
+    (res,) = repair_all(root, Config(), history=history, use_bus=False)
+    assert res.status == "repaired" and not res.plan.forced
+    c.deny("c 195:0 rw")
+    (res,) = repair_all(root, Config(), history=history, use_bus=False, force=True, by_hand=True,
+                        journal=recording_journal(entries))
+    assert res.status == "repaired" and res.plan.forced
+    (entry,) = entries
+    assert entry["NVSYMLINKD_FORCED"] == "1"
+    assert entry["MESSAGE"].endswith("verified: repaired (forced by hand: rate limit bypassed)"), entry

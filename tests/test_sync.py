@@ -240,7 +240,7 @@ def test_cli_json_schema_and_exit_codes(tmp_path, need_root, nvsymlinkd_cli):
     host = standard_host(tmp_path)
     proc = nvsymlinkd_cli("--root", host.root, "sync", "--json", check=0)
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"dry_run", "actions", "summary", "notes", "warnings"}
+    assert set(doc) == {"schema_version", "dry_run", "actions", "summary", "notes", "warnings"}
     assert doc["summary"]["create"] == 6 and doc["summary"]["error"] == 0
     a = next(x for x in doc["actions"] if x["link"] == "/dev/char/195:0")
     assert a == {"action": "create", "link": "/dev/char/195:0", "target": "../nvidia0",

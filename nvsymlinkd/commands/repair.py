@@ -17,6 +17,7 @@ examples:
   nvsymlinkd repair --dry-run                   # what would be granted, and how
   nvsymlinkd repair 0f3c9a1e2b7d                # one container
   nvsymlinkd repair --json
+  nvsymlinkd repair --force 0f3c9a1e2b7d        # again within the rate limit's window (journaled as forced)
 
 mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
 """
@@ -33,6 +34,9 @@ def register(sub) -> None:
                         "or Kubernetes namespace/pod/container")
     p.add_argument("--dry-run", action="store_true", help="print what would be granted and how; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-repair)")
+    p.add_argument("--force", action="store_true",
+                   help="repair even within the rate limit's window (one repair per container per 600 s, "
+                        "against loops); journaled as forced")
     p.set_defaults(func=run)
 
 
@@ -64,7 +68,7 @@ def run(args, root, config) -> int:
     report = verifier.verify_all(root, config, with_host=False)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                             journal=journal, report=report)
+                             journal=journal, report=report, force=args.force, by_hand=True)
     except KeyError as exc:
         from nvsymlinkd.containers.discovery import no_such_container
 
@@ -77,6 +81,10 @@ def run(args, root, config) -> int:
     # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
     # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
     denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
+    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
+    # `check` counts them, with their fix, never dropped
+    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown
+                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
             save_history(root, config, history)
@@ -84,14 +92,20 @@ def run(args, root, config) -> int:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
                              f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown and not denied
+    ok = all(r.ok for r in results) and not unknown and not denied and not unfixable
+    summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
+               "denied": len([c for c in denied if c.id not in repaired])}
     from nvsymlinkd.cli import printable, write_output
 
     if args.json:
-        doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
+        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "dry_run": args.dry_run, "ok": ok,
+               "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
                "denied": [_denied_json(c) for c in denied],
-               "summary": _summary(results), "thawed": thawed}
+               "not_repairable": [_unfixable_json(c) for c in unfixable],
+               "summary": summary, "thawed": thawed}
         write_output(json.dumps(doc, indent=2) + "\n")
     else:
         lines = [thawed_line(e) for e in thawed]
@@ -103,10 +117,11 @@ def run(args, root, config) -> int:
             f = _denied_json(c)
             lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted "
                          f"them): {f['fix']}")
+        lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+                  f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
         from nvsymlinkd.summary import repair_line
 
-        lines.append(repair_line(results, _summary(results), args.dry_run)
-                     + (f"; {len(denied)} denied, not repaired" if denied else ""))
+        lines.append(repair_line(results, summary, args.dry_run))
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
@@ -123,6 +138,11 @@ def _unknown_reason(report) -> str:
     from nvsymlinkd.verify.kinds import FindingKind
 
     return next((f.detail for f in report.findings if f.kind == FindingKind.UNKNOWN), "unknown")
+
+
+def _unfixable_json(report) -> dict:
+    return {"container": report.id, "verdict": str(report.verdict),
+            "findings": [{"kind": str(f.kind), "devices": list(f.devices), "fix": f.fix} for f in report.findings]}
 
 
 def _summary(results) -> dict:

@@ -138,6 +138,7 @@ class Daemon:
         self._periodic_task = None
         self._status_sent = 0.0
         self._status_handle: asyncio.TimerHandle | None = None
+        self._said_no_driver = False  # "NVIDIA driver not loaded" is said once, again only after it was loaded
 
     # -- requests from event sources ------------------------------------
 
@@ -481,6 +482,7 @@ class Daemon:
         assert state is not None  # the pass that just succeeded left its picture
         if self.linkwatch is not None:
             self.linkwatch.majors = state.nvidia_majors
+        self._driver_note(bool(state.nvidia_majors))
         if self._arm_linkwatch():
             # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
             # before the watch was on is only seen by looking again
@@ -544,6 +546,16 @@ class Daemon:
         result = state.result(delta.outcomes)
         result.full = False
         return result
+
+    def _driver_note(self, loaded: bool) -> None:
+        """Once, not at every pass: a daemon that links nothing should say why."""
+        if not loaded and not self._said_no_driver:
+            self._said_no_driver = True
+            self.journal.warning("NVIDIA driver not loaded (no nvidia entry in /proc/devices): no nodes to link "
+                                 "yet; linking as soon as the module loads (udev event or the next resync)")
+        elif loaded and self._said_no_driver:
+            self._said_no_driver = False
+            self.journal.info("NVIDIA driver loaded: linking its nodes")
 
     def _failed(self, message: str) -> None:
         self._last_status = f"last sync failed: {message}"
@@ -664,7 +676,8 @@ class Daemon:
             return
         old, self.config = self.config, new
         self.metrics.config = new  # a new metrics_textfile applies at the next write; metrics_listen at restart
-        self.journal.event("config-reloaded", INFO, f"config reloaded from {new.source or 'defaults'}")
+        self.journal.event("config-reloaded", INFO,
+                           f"config reloaded from {new.source or 'defaults'}: {config_changes(old, new)}")
         if new.driver_root != old.driver_root:
             self._stop_devwatch()
             self._start_devwatch()
@@ -708,6 +721,24 @@ class Daemon:
 
     def _interval_text(self) -> str:
         return f"{self.config.resync_interval:g} s" if self.config.resync_interval > 0 else "never (disabled)"
+
+
+def config_changes(old, new) -> str:
+    """`repair "auto" -> "report", resync_interval 60 -> 30`, or `nothing changed` (values as TOML writes them)."""
+    import json
+
+    from nvsymlinkd.record import fields
+
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return json.dumps(value) if isinstance(value, str) else str(value)  # quoted, control characters escaped
+
+    changed = [f"{f.name} {shown(getattr(old, f.name))} -> {shown(getattr(new, f.name))}" for f in fields(new)
+               if f.name != "source" and getattr(old, f.name) != getattr(new, f.name)]
+    return ", ".join(changed) if changed else "nothing changed"
 
 
 def _preload_bus() -> None:

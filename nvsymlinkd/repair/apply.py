@@ -87,6 +87,7 @@ class RepairResult:
     error: str | None = None
     dry_run: bool = False
     program: list | None = None  # bpf-program: the new program's rules ("allow c 195:0 rw", ...)
+    by_hand: bool = False  # a typed `nvsymlinkd repair`, not the daemon: its words say so
 
     @property
     def request(self) -> RepairRequest:
@@ -113,8 +114,12 @@ class RepairResult:
         devices = ", ".join(str(g.rule) for g in self.plan.grants)
         if self.status == NOTHING:
             head = f"{who}{unit}: nothing to grant"
+        elif self.status == CANNOT and r.kind == AT_RISK:
+            # nothing is lost: a prevention that cannot be made is no failed repair (the at-risk finding says it)
+            head = f"{who}{unit}: cannot prevent the loss: {self.plan.cannot}"
         elif self.status == CANNOT:
-            head = f"{who}{unit}: cannot repair automatically: {self.plan.cannot}"
+            how = "cannot repair" if self.by_hand else "cannot repair automatically"
+            head = f"{who}{unit}: {how}: {self.plan.cannot}"
         elif self.status == WOULD:
             head = f"{who}{unit}: would grant {devices} via {self.plan.mechanism}"
         elif self.status == FAILED:
@@ -122,7 +127,11 @@ class RepairResult:
         else:
             verb = "granted" if self.status == REPAIRED else "added to DeviceAllow before a reload took it:"
             head = f"{who}{unit}: {verb} {devices} via {self.plan.mechanism}; verified: {self.status}"
+        if self.plan.forced and self.status in (REPAIRED, PREVENTED, FAILED):
+            head += " (forced by hand: rate limit bypassed)"
         lines = [head]
+        if self.by_hand and self.plan.rate_limited:
+            lines.append("  note: `nvsymlinkd repair --force` repairs anyway (journaled as forced)")
         for g, why in self.plan.refused:
             lines.append(f"  not granted {g.rule} ({g.source}): {why}")
         for note in self.plan.notes:
@@ -697,7 +706,7 @@ def _journal(journal, result: RepairResult) -> None:
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
-                  container_name=r.container_name)
+                  container_name=r.container_name, forced=1 if result.plan.forced else None)
     kind = JOURNAL_KINDS.get(result.status)
     if kind is None:  # nothing to do: nothing changed, nothing to say
         return
@@ -726,8 +735,12 @@ def _dry_run(root: HostRoot, plan: RepairPlan) -> RepairResult:
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
                      history: RepairHistory | None = None, clock=time.time, journal=None,
                      window: float = DEFAULT_WINDOW_SECONDS, timeout: float = SETTLE_TIMEOUT,
-                     reverify=None, lock_wait: float = LOCK_WAIT, others_v2=()) -> RepairResult:
+                     reverify=None, lock_wait: float = LOCK_WAIT, force: bool = False,
+                     by_hand: bool = False, others_v2=()) -> RepairResult:
     """Plan and (unless dry_run) apply one repair, then verify it.
+
+    force: bypass the rate limit (a person's `repair --force`; journaled as forced). by_hand: the
+    result's words are for a typed command, not the daemon's.
 
     reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
@@ -741,7 +754,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
     plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
-                       others_v2=others_v2)
+                       force=force, others_v2=others_v2)
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
@@ -755,6 +768,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             result.program = apply_plan(root, config, plan, result.steps, timeout, journal, lock_wait)
         except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
             result = _refused(plan, str(exc), False)
+            result.by_hand = by_hand
             _journal(journal, result)
             return result
         except RepairBusy as exc:
@@ -784,6 +798,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
         if history is not None and record_attempt and result.status != PREVENTED:
             history.record(request.container_id, clock(), prevention=request.kind == AT_RISK)
+    result.by_hand = by_hand
     _journal(journal, result)
     return result
 
@@ -812,7 +827,7 @@ def save_history(root: HostRoot, config, history: RepairHistory) -> None:
 def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = False,
                history: RepairHistory | None = None, clock=time.time, journal=None,
                window: float = DEFAULT_WINDOW_SECONDS, report=None, use_bus: bool | None = None,
-               lock_wait: float = LOCK_WAIT) -> list:
+               lock_wait: float = LOCK_WAIT, force: bool = False, by_hand: bool = False) -> list:
     """Verify, then repair every GPU container with findings (or just the given ids).
 
     config.repair: "off" -> nothing; "report" -> plans only (like dry_run); "auto" -> repair.
@@ -859,5 +874,5 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         others = [o.cgroup.get("unified") for o in report.containers if o.id != c.id]
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
                                         journal=journal, window=window, reverify=reverify, lock_wait=lock_wait,
-                                        others_v2=others))
+                                        force=force, by_hand=by_hand, others_v2=others))
     return results

@@ -132,6 +132,8 @@ class RepairPlan:
     refused: tuple[tuple[Grant, str], ...] = ()  # (grant, why), never granted
     cannot: str | None = None  # "cannot repair automatically" reason
     notes: tuple[str, ...] = ()
+    rate_limited: bool = False  # `cannot` is the rate limit (a person may say --force)
+    forced: bool = False  # the rate limit was bypassed by hand (repair --force)
 
     @property
     def action(self) -> str:
@@ -142,7 +144,8 @@ class RepairPlan:
     def to_json(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "grants": [g.to_json() for g in self.grants],
                 "refused": [{"grant": g.to_json(), "why": why} for g, why in self.refused],
-                "cannot": self.cannot, "notes": list(self.notes)}
+                "cannot": self.cannot, "notes": list(self.notes), "rate_limited": self.rate_limited,
+                "forced": self.forced}
 
 
 @dataclass
@@ -258,7 +261,11 @@ def _rate_limited(request: RepairRequest, now: float, history: RepairHistory | N
              if history is not None else None)
     if since is None or not 0 <= since < window:
         return None
-    return (f"the last repair attempt was {since:.0f} s ago (rate limit: one per {window:.0f} s per container); "
+    limit = f"rate limit: one per {window:.0f} s per container"
+    if request.kind == AT_RISK:  # nothing is lost yet: no claim that something keeps taking devices
+        return (f"the last repair attempt was {since:.0f} s ago ({limit}); the devices are still usable, "
+                "the prevention waits for the window to pass")
+    return (f"the last repair attempt was {since:.0f} s ago ({limit}); "
             "something keeps taking its devices away: find it (runc update? a reload with missing /dev/char "
             "links?) instead of repairing in a loop")
 
@@ -349,10 +356,12 @@ def _mechanism(request: RepairRequest, grants: list[Grant], parent_rules: Sequen
 
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
                 window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
-                others_v2: Iterable[str | None] = ()) -> RepairPlan:
+                others_v2: Iterable[str | None] = (), force: bool = False) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
-    repair (wrong unit, no mechanism, rate limit), else the mechanism.
+    repair (wrong unit, no mechanism, then the rate limit), else the mechanism.
 
+    The rate limit speaks last: only when a repair could be done and is refused for it, never in
+    place of a reason that no repair can help. `force` (a person's `repair --force`) bypasses it.
     `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
     None when unknown or not v1. `now` and `history` implement the rate limit. `others_v2`: the
     cgroup v2 paths of the host's other containers (a BPF_PROGRAM repair never touches theirs).
@@ -360,21 +369,19 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     grants, refused = _accepted(request.grants)
     if not grants:
         return RepairPlan(request, None, (), tuple(refused))
-    # what the host can never do comes before the rate limit: its reason stays the same from pass to pass
-    # (the daemon says it once), where "the last repair attempt was N s ago" would be news at every pass
-    # (an at-risk container on the cgroupfs driver, right after its loss was repaired)
     cannot = _wrong_unit(request)
     mechanism: str | None = None
     notes: tuple[str, ...] = ()
     if cannot is None:
         mechanism, notes, cannot = _mechanism(request, grants, parent_rules, others_v2)
-    if cannot is None:
-        cannot = _rate_limited(request, now, history, window)
-        if cannot is not None:
-            mechanism, notes = None, ()
     if cannot is not None:
         return RepairPlan(request, None, (), tuple(refused), cannot)
-    return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes))
+    limited = _rate_limited(request, now, history, window)
+    if limited is not None and not force:
+        return RepairPlan(request, None, (), tuple(refused), limited, rate_limited=True)
+    if limited is not None:
+        notes = (*notes, f"forced: {limited.split(';')[0]}")
+    return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes), forced=limited is not None)
 
 
 def requests_from_report(report: ContainerReport, cgroup_driver: str | None = None,

@@ -11,6 +11,7 @@ daemon/containerwatch.py holds the `JournalState` between passes and writes the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Tuple
 
@@ -129,6 +130,9 @@ def journal_changes(previous: JournalState, report: Report, why: str,
     return entries, JournalState(findings, risks, problems, repairs)
 
 
+_AGO = re.compile(r"\b\d+ s ago")
+
+
 def repair_is_news(state: JournalState, container_id: str | None, kind: str,
                    message: str) -> tuple[bool, JournalState]:
     """Whether a repair outcome entry should be written, and the state after it.
@@ -139,6 +143,7 @@ def repair_is_news(state: JournalState, container_id: str | None, kind: str,
     if kind not in QUIET_REPEATS or container_id is None:
         return True, state
     said = state.repairs.get(container_id, frozenset())
+    message = _AGO.sub("N s ago", message)  # the rate limit's age grows each pass: the same news
     if (kind, message) in said:
         return False, state
     repairs = {**state.repairs, container_id: said | {(kind, message)}}

@@ -11,6 +11,7 @@ MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass, field
@@ -235,11 +236,16 @@ def _unreadable_finding(c: Container, expected: Expected) -> Finding | None:
     unreadable = list(c.unreadable)
     if not unreadable or c.status == "stopped":
         return None
+    # Permission denied is this user's lack of rights, not damage: the advice must not send anyone
+    # to delete a runtime's state file
+    denied = os.strerror(errno.EACCES)
+    fix = (f"run nvsymlinkd as root: {denied} means this user may not read the runtime's files, not that "
+           "they are damaged" if any(u.endswith(denied) for u in unreadable) else
+           "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
+           "container); until then its device access cannot be judged")
     return Finding(
         UNKNOWN, _devices(sorted(expected.devices)),
-        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""),
-        "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
-        "container); until then its device access cannot be judged")
+        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""), fix)
 
 
 def _no_policy_finding(expected: Expected, policy_error: str | None) -> Finding:
@@ -381,8 +387,10 @@ def _scope_finding(c: Container, expected: Expected, scope_devices, lost: list, 
         f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}")]
 
 
-def _uvm_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
-    """The host has nvidia-uvm, the container has GPUs but not it."""
+def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes: bool = False) -> list:
+    """The host has nvidia-uvm, the container has GPUs but not it. The fix depends on who allocated the
+    devices: the device plugin (a pod: restart it, then recreate), or the runtime's hook at create time
+    (runc, Docker, Podman: recreating is enough now that nvidia-uvm is loaded)."""
     uvm = host.uvm_node
     if uvm is None:
         return []
@@ -392,9 +400,12 @@ def _uvm_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
         return []
     return [Finding(
         AT_RISK_UVM, (str(key),),
-        "the host has nvidia-uvm but this container was not given it (device plugin started before "
-        "nvidia-uvm was loaded): CUDA fails or falls back to the CPU",
-        "restart the device plugin after nvidia-uvm is loaded, then recreate this container")]
+        "the host has nvidia-uvm but this container was not given it ("
+        + ("the device plugin started before nvidia-uvm was loaded" if kubernetes else
+           "created before nvidia-uvm was loaded") + "): CUDA fails or falls back to the CPU",
+        "restart the device plugin after nvidia-uvm is loaded, then recreate this container" if kubernetes else
+        "recreate this container: nvidia-uvm is loaded now, so the runtime grants it to a new one (load it "
+        "at boot, before containers start: nvidia-modprobe -u -c=0)")]
 
 
 def _undecided_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
@@ -458,7 +469,7 @@ def evaluate(c: Container, signs, expected: Expected, policy: AccessPolicy | Non
     findings += _denied_finding(c, expected, live, policy, host, dev_nodes, lost)
     findings += _not_in_spec_finding(c, expected, live, scope_devices, c.short_id)
     findings += _scope_finding(c, expected, scope_devices, lost, c.short_id)
-    findings += _uvm_finding(host, expected, live)
+    findings += _uvm_finding(host, expected, live, kubernetes=c.pod_namespace is not None)
     findings += _undecided_finding(host, expected, live)
     report.verdict = _verdict(findings)
     return report
