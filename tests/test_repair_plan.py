@@ -43,6 +43,7 @@ def req(grants=None, v1="/docker/abc", v2=None, driver="cgroupfs", scope=None, k
     (dict(v1=None, v2="/docker/abc", driver="cgroupfs"), BPF_PROGRAM),
     (dict(v1=None, v2="/../../kubepods/pod1/abc", driver="cgroupfs"), BPF_PROGRAM),  # seen from a pod
     (dict(v1=None, v2="/machine/abc/container", driver="cgroupfs"), BPF_PROGRAM),  # crun's leaf
+    (dict(v1=None, v2="/kubepods/pod1/crio-abc", driver="cgroupfs"), BPF_PROGRAM),  # CRI-O's cgroupfs leaf
 ])
 def test_mechanism_by_host_kind(kwargs, mechanism):
     plan = plan_repair(req(**kwargs), now=0)
@@ -56,6 +57,8 @@ def test_mechanism_by_host_kind(kwargs, mechanism):
     (dict(v1=None, v2="/kubepods.slice", driver="cgroupfs"), "is a slice"),
     (dict(v1=None, v2="/kubepods/besteffort/pod1", driver="cgroupfs"), "does not name the container id"),
     (dict(v1=None, v2="/docker/other", driver="cgroupfs"), "does not name the container id"),
+    (dict(v1=None, v2="/docker/abcd", driver="cgroupfs"), "does not name the container id"),  # only inside
+    (dict(v1=None, v2="/docker/xabc", driver="cgroupfs"), "does not name the container id"),
     (dict(v1=None, v2="/docker/abc", driver="cgroupfs", kind=AT_RISK), "outside the spec stick"),
     (dict(v1=None, v2="/system.slice/x", driver="systemd", scope=None), "no scope unit"),
     (dict(v1=None, v2=None), "no device cgroup path"),

@@ -321,7 +321,10 @@ def not_own_cgroup(request: RepairRequest, others_v2: Iterable[str | None] = ())
     if names[-1].endswith(".slice"):
         return f"its cgroup {path} is a slice, shared by everything in it: only a container's own cgroup"
     own = names[-2] if names[-1] == "container" and len(names) > 1 else names[-1]
-    if request.container_id not in own:
+    # the id itself, or after a runtime's prefix: <id> (Docker, containerd's CRI, runc), crio-<id>,
+    # libpod-<id>; never merely somewhere inside a name (a short runc id "gpu" is in "gpu-other")
+    cid = request.container_id
+    if not cid or not (own == cid or (own.endswith(cid) and own[-len(cid) - 1] in "-_:")):
         return (f"its cgroup {path} does not name the container id {request.container_id}; refusing to replace the "
                 "device program of a cgroup that may belong to another container")
     for other in others_v2:
