@@ -9,7 +9,7 @@ agrees with what each scenario was built to be (opens from inside), and nothing 
 The verdict columns are whatever this tree's nvsymlinkd says (its disagreements are the suite's
 findings, not this scenario's failures).
 """
-# vm: nvsymlinkd=off timeout=900 matrix=full
+# vm: nvsymlinkd=off timeout=1200 matrix=full
 import json
 import os
 import subprocess
@@ -25,8 +25,8 @@ with Scenario() as sc:
     mknod("/dev/nvidia-uvm-tools", majors["nvidia-uvm"], 1)
     out = os.path.join(RESULTS, "gpusmoke")
     env = dict(os.environ, PYTHONPATH=SRC, PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, f"{SRC}/tests/gpu/smoke.py", "--out", out, "--budget", "700",
-                           "--runc", "/usr/sbin/runc"], capture_output=True, text=True, timeout=850, env=env)
+    proc = subprocess.run([sys.executable, f"{SRC}/tests/gpu/smoke.py", "--out", out, "--budget", "1000",
+                           "--runc", "/usr/sbin/runc"], capture_output=True, text=True, timeout=1100, env=env)
     with open(os.path.join(RESULTS, "gpusmoke.log"), "w") as f:
         f.write(proc.stdout + proc.stderr)
     table = proc.stdout.rpartition("GPU smoke table")[2]
