@@ -305,14 +305,15 @@ PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.d
         "nvsymlinkd.access", "nvsymlinkd.access.rules", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
         "nvsymlinkd.verify.journaldiff",
         "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
-        "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant"}
+        "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant",
+        "nvsymlinkd.containers.early"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
 
 
 @pytest.mark.parametrize("module", [
     "nvsymlinkd.repair.plan", "nvsymlinkd.host.devices", "nvsymlinkd.verify.kinds",
     "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes", "nvsymlinkd.devchar.model", "nvsymlinkd.devchar.plan",
-    "nvsymlinkd.verify.journaldiff", "nvsymlinkd.containers.hookgrant",
+    "nvsymlinkd.verify.journaldiff", "nvsymlinkd.containers.hookgrant", "nvsymlinkd.containers.early",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "
