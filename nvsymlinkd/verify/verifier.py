@@ -732,8 +732,9 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     container is known (the scope is no container's being created, or the runtime wrote no bundle)."""
     from nvsymlinkd.containers.early import missing_entries, scope_of_cgroups_path
 
-    found = [c for c in discover(root)
-             if c.state is None and c.spec is not None and scope_of_cgroups_path(c.spec.cgroups_path) == unit]
+    # being created: runc's exec.fifo and no state.json yet (runc makes the fifo before the scope)
+    found = [c for c in discover(root) if c.status == "creating" and c.spec is not None
+             and scope_of_cgroups_path(c.spec.cgroups_path) == unit]
     if len(found) != 1:  # none, or two bundles naming one scope: nothing is this scope's for sure
         return None
     (c,) = found
