@@ -159,12 +159,12 @@ class ContainerWatch(ContainerHook):
         if found is None:
             self.journal.debug(f"container scope {unit}: no container being created names it in its spec")
             return None
-        c, hook, missing = found
+        c, hook, missing, seen = found
         if hook is not None and not hook.trusted:
             self.journal.debug(f"container {c.id} ({unit}) being created: the NVIDIA hook's grant is not "
                                f"reconstructed ({hook.detail}): only the spec's devices are kept")
         if not missing:
-            self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing")
+            self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing ({seen})")
             return None
         entries = [(d.dev_path, str(a)) for d, a in missing]
         shown = ", ".join(f"{d} {a}" for d, a in missing)

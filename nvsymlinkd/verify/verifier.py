@@ -728,7 +728,8 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     """The daemon's prevention while a container is being created (containers.early): for the container
     that has no runtime state yet and whose bundle's spec makes the scope `unit` (its cgroupsPath), the
     tuple (container, the NVIDIA hook's reconstructed grant or None, [(Device, Access)] the scope's
-    DeviceAllow lacks: from the spec's rules and the trusted reconstruction only); None when no such
+    DeviceAllow lacks: from the spec's rules and the trusted reconstruction only, and a line saying what
+    was expected and what the scope read, for the debug journal); None when no such
     container is known (the scope is no container's being created, or the runtime wrote no bundle)."""
     from nvsymlinkd.containers.early import missing_entries, scope_of_cgroups_path
 
@@ -743,6 +744,8 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     candidates = candidate_devices(ctx.host.devices, c.spec, None, None, ctx.nvidia_majors, hook)
     expected = expected_access(candidates, c.spec, None, None, hook)
     if not expected.devices:
-        return c, hook, []
+        return c, hook, [], "nothing trusted grants it an NVIDIA device"
     scope = read_scopes(root, [unit], ctx.majors, use_bus).get(unit)
-    return c, hook, missing_entries(expected, scope)
+    seen = "unknown" if scope is None else f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries"
+    return c, hook, missing_entries(expected, scope), \
+        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen} ({scope.source if scope else '-'})"
