@@ -19,6 +19,7 @@ Entry points (blocking; the daemon runs them in an executor thread):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -33,10 +34,11 @@ from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.containers.discovery import display_name
-from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError
+from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import (
     AT_RISK,
+    BPF_PROGRAM,
     DEFAULT_WINDOW_SECONDS,
     DEVICES_ALLOW,
     DEVICES_ALLOW_SYSTEMD,
@@ -84,6 +86,7 @@ class RepairResult:
     verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
     error: str | None = None
     dry_run: bool = False
+    program: list | None = None  # bpf-program: the new program's rules ("allow c 195:0 rw", ...)
     by_hand: bool = False  # a typed `nvsymlinkd repair`, not the daemon: its words say so
 
     @property
@@ -100,7 +103,7 @@ class RepairResult:
                 "finding": r.reason, "status": RepairStatus(self.status).value, "dry_run": self.dry_run,
                 **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
                 "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
-                "container_name": r.container_name}
+                "container_name": r.container_name, "program": self.program}
 
     def human_lines(self) -> list:
         r = self.request
@@ -133,6 +136,8 @@ class RepairResult:
             lines.append(f"  not granted {g.rule} ({g.source}): {why}")
         for note in self.plan.notes:
             lines.append(f"  note: {note}")
+        for rule in self.program or ():
+            lines.append(f"  program: {rule}")
         for dev, v in sorted(self.verification.items()):
             if v["state"] != "allow":
                 lines.append(f"  {dev}: {v['state']}: {v['reason']}")
@@ -596,20 +601,30 @@ def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: lis
 
 
 def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT,
-               journal=None, lock_wait: float = LOCK_WAIT) -> None:
-    """Carry out one plan; raises RepairError (RepairBusy: another repair held the lock, nothing done).
+               journal=None, lock_wait: float = LOCK_WAIT) -> list | None:
+    """Carry out one plan; raises RepairError (RepairBusy: another repair held the lock, nothing done;
+    RepairRefused: what the host shows rules it out, nothing done).
 
-    `steps` records what was done, in order."""
+    `steps` records what was done, in order. Returns the new program's rules (bpf-program), else None."""
     r = plan.request
     grants = plan.grants
     if plan.mechanism == SYSTEMD:
         _ensure_dev_char_links(root, config, grants, steps)
         _systemd_call(r, grants, steps, timeout)
-        return
+        return None
+    if plan.mechanism == BPF_PROGRAM:
+        from nvsymlinkd.repair import bpfrepair
+
+        # under the lock: two repairs (the CLI and the daemon) never prove against programs the other replaces
+        with RepairLock(root, config, lock_wait, journal) as lock:
+            steps.extend(thawed_line(e) for e in lock.thawed if e["action"] == "thawed")
+            prepared = bpfrepair.prepare(root, r, grants)
+            bpfrepair.replace(root, prepared, grants, steps)
+        return prepared.rule_lines
     devices_dir = cgroup_dir(root, "devices", r.v1_devices, DEVICES_FALLBACK)
     if plan.mechanism == DEVICES_ALLOW:
         write_devices_allow(root, devices_dir, grants, steps)
-        return
+        return None
     if plan.mechanism != DEVICES_ALLOW_SYSTEMD:
         raise RepairError(f"unknown mechanism {plan.mechanism!r}")
     if r.freezer is None:
@@ -628,6 +643,7 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
         after = _wait_listed(root, devices_dir, grants, timeout)
         steps.append("devices.list shows " + ", ".join(str(g.rule) for g in grants))
         _restore_dropped(root, devices_dir, before, after, steps)
+    return None
 
 
 def _freeze_unless_created(root: HostRoot, r: RepairRequest, freezer_dir: str, steps: list, timeout: float,
@@ -699,11 +715,28 @@ def _journal(journal, result: RepairResult) -> None:
     journal.event(kind, JOURNAL_PRIORITIES[result.status], "container " + result.human_lines()[0], **fields)
 
 
+def _refused(plan: RepairPlan, why: str, dry_run: bool) -> RepairResult:
+    return RepairResult(dataclasses.replace(plan, mechanism=None, grants=(), cannot=why), CANNOT, dry_run=dry_run)
+
+
+def _dry_run(root: HostRoot, plan: RepairPlan) -> RepairResult:
+    """would-repair; for bpf-program with the program it would attach (read and proven, nothing changed)."""
+    result = RepairResult(plan, WOULD, dry_run=True)
+    if plan.mechanism == BPF_PROGRAM:
+        from nvsymlinkd.repair import bpfrepair
+
+        try:
+            result.program = bpfrepair.prepare(root, plan.request, plan.grants).rule_lines
+        except RepairError as exc:  # RepairRefused, or the cgroup could not be read: it would not repair
+            return _refused(plan, str(exc), True)
+    return result
+
+
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
                      history: RepairHistory | None = None, clock=time.time, journal=None,
                      window: float = DEFAULT_WINDOW_SECONDS, timeout: float = SETTLE_TIMEOUT,
                      reverify=None, lock_wait: float = LOCK_WAIT, force: bool = False,
-                     by_hand: bool = False) -> RepairResult:
+                     by_hand: bool = False, others_v2=()) -> RepairResult:
     """Plan and (unless dry_run) apply one repair, then verify it.
 
     force: bypass the rate limit (a person's `repair --force`; journaled as forced). by_hand: the
@@ -711,6 +744,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
 
     reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
+    others_v2: the other containers' cgroup v2 paths (a bpf-program repair never touches theirs).
     """
     parent_rules = None
     if request.v1_devices is not None and request.v1_devices not in ("", "/"):
@@ -720,18 +754,23 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
     plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
-                       force=force)
+                       force=force, others_v2=others_v2)
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
         result = RepairResult(plan, NOTHING, dry_run=dry_run)
     elif dry_run:
-        result = RepairResult(plan, WOULD, dry_run=True)
+        result = _dry_run(root, plan)
     else:
         result = RepairResult(plan, FAILED)
         busy = False
         try:
-            apply_plan(root, config, plan, result.steps, timeout, journal, lock_wait)
+            result.program = apply_plan(root, config, plan, result.steps, timeout, journal, lock_wait)
+        except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
+            result = _refused(plan, str(exc), False)
+            result.by_hand = by_hand
+            _journal(journal, result)
+            return result
         except RepairBusy as exc:
             result.error, busy = str(exc), True
         except RepairError as exc:
@@ -832,7 +871,8 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         request = requests_from_report(c)
         if request is None:
             continue
+        others = [o.cgroup.get("unified") for o in report.containers if o.id != c.id]
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
                                         journal=journal, window=window, reverify=reverify, lock_wait=lock_wait,
-                                        force=force, by_hand=by_hand))
+                                        force=force, by_hand=by_hand, others_v2=others))
     return results

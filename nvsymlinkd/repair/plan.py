@@ -39,7 +39,10 @@ UNTRUSTED_SOURCES = ("container-dev",)
 SYSTEMD = "systemd"  # SetUnitProperties(DeviceAllow) on the scope (cgroup v2)
 DEVICES_ALLOW = "devices.allow"  # append to the v1 cgroup's devices.allow (cgroupfs driver)
 DEVICES_ALLOW_SYSTEMD = "devices.allow+systemd"  # both, with the container frozen (v1 + systemd driver)
-MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD)
+# cgroup v2, cgroupfs driver: a new device program (the cgroup's own programs' policy plus the grants,
+# proven to differ by the grants only) attached with BPF_F_ALLOW_MULTI, then the old ones detached
+BPF_PROGRAM = "bpf-program"
+MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, BPF_PROGRAM)
 
 # What a request repairs: a loss, or a device at risk of being lost (the verdict's words).
 LOST, AT_RISK = Verdict.LOST, Verdict.AT_RISK
@@ -299,16 +302,56 @@ def _v1_mechanism(request: RepairRequest, grants: list[Grant],
                            "from a spec that lacks the device",), None
 
 
-def _mechanism(request: RepairRequest, grants: list[Grant],
-               parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
+def not_own_cgroup(request: RepairRequest, others_v2: Iterable[str | None] = ()) -> str | None:
+    """Why the request's cgroup v2 path is not the container's own cgroup, or None.
+
+    A device program applies to the cgroup and everything below it: only a cgroup that holds this
+    container alone may get a new one. Never the root, never a slice; its name (or, for crun's
+    `container` leaf, its parent's) names the container id (the path comes from the init's
+    /proc/<pid>/cgroup, which a privileged container can move: never into another's cgroup); no other
+    container's cgroup is it or below it."""
+    path = request.v2_cgroup
+    if path is None:
+        return "no cgroup v2 path is known for the container"
+    names = [n for n in path.split("/") if n]
+    while names and names[0] == "..":  # printed relative to our cgroup namespace (a pod): climbs, then names
+        names.pop(0)
+    if not names or any(n in (".", "..") for n in names):
+        return f"its cgroup v2 path {path} is a root, not a container's own cgroup: never a host-wide program"
+    if names[-1].endswith(".slice"):
+        return f"its cgroup {path} is a slice, shared by everything in it: only a container's own cgroup"
+    own = names[-2] if names[-1] == "container" and len(names) > 1 else names[-1]
+    # the id itself, or after a runtime's prefix: <id> (Docker, containerd's CRI, runc), crio-<id>,
+    # libpod-<id>; never merely somewhere inside a name (a short runc id "gpu" is in "gpu-other")
+    cid = request.container_id
+    if not cid or not (own == cid or (own.endswith(cid) and own[-len(cid) - 1] in "-_:")):
+        return (f"its cgroup {path} does not name the container id {request.container_id}; refusing to replace the "
+                "device program of a cgroup that may belong to another container")
+    for other in others_v2:
+        if other is not None and (other == path or other.startswith(path.rstrip("/") + "/")):
+            return (f"its cgroup {path} also holds another container ({other}): a program there would change "
+                    "that container's devices too")
+    return None
+
+
+def _mechanism(request: RepairRequest, grants: list[Grant], parent_rules: Sequence[Rule] | None,
+               others_v2: Iterable[str | None] = ()) -> tuple[str | None, tuple[str, ...], str | None]:
     """(mechanism, notes, None), or (None, (), why it cannot be repaired automatically)."""
     if request.v1_devices is not None:  # hybrid hosts too: the v1 devices controller decides
         return _v1_mechanism(request, grants, parent_rules)
     if request.v2_cgroup is not None:
         if request.cgroup_driver != "systemd":
-            return None, (), (f"cgroup v2 with the cgroupfs driver: the device policy of {request.v2_cgroup} is "
-                              "the BPF program runc (or the NVIDIA hook) attached, which only the runtime can "
-                              "replace; nvsymlinkd does not replace BPF programs (recreate the container)")
+            if request.kind == AT_RISK:
+                return None, (), ("with the cgroupfs driver on cgroup v2 the only device policy is the cgroup's BPF "
+                                  "program, which the runtime replaces from the spec when it re-applies its rules; "
+                                  "nothing can make a device outside the spec stick (recreate the container with "
+                                  "the device in its spec, e.g. the device plugin's PASS_DEVICE_SPECS)")
+            why = not_own_cgroup(request, others_v2)
+            if why is not None:
+                return None, (), why
+            return BPF_PROGRAM, ("cgroupfs driver on cgroup v2: lasts until the runtime attaches a program of its "
+                                 "own again (the daemon's next pass sees the loss and repairs it within the rate "
+                                 "limit)",), None
         return SYSTEMD, (), None
     return None, (), ("no device cgroup path is known for the container (its init process is gone or "
                       "/proc/<pid>/cgroup was unreadable)")
@@ -316,14 +359,15 @@ def _mechanism(request: RepairRequest, grants: list[Grant],
 
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
                 window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
-                force: bool = False) -> RepairPlan:
+                others_v2: Iterable[str | None] = (), force: bool = False) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
     repair (wrong unit, no mechanism, then the rate limit), else the mechanism.
 
     The rate limit speaks last: only when a repair could be done and is refused for it, never in
     place of a reason that no repair can help. `force` (a person's `repair --force`) bypasses it.
     `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
-    None when unknown or not v1. `now` and `history` implement the rate limit.
+    None when unknown or not v1. `now` and `history` implement the rate limit. `others_v2`: the
+    cgroup v2 paths of the host's other containers (a BPF_PROGRAM repair never touches theirs).
     """
     grants, refused = _accepted(request.grants)
     if not grants:
@@ -332,7 +376,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     mechanism: str | None = None
     notes: tuple[str, ...] = ()
     if cannot is None:
-        mechanism, notes, cannot = _mechanism(request, grants, parent_rules)
+        mechanism, notes, cannot = _mechanism(request, grants, parent_rules, others_v2)
     if cannot is not None:
         return RepairPlan(request, None, (), tuple(refused), cannot)
     limited = _rate_limited(request, now, history, window)
