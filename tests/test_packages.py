@@ -310,3 +310,129 @@ def test_versions_agree():
     assert changelog.startswith(f"nvsymlinkd ({VERSION}) ")
     spec = (REPO / "rpm" / "nvsymlinkd.spec").read_text()
     assert re.search(rf"^Version:\s+{re.escape(VERSION)}$", spec, re.M)
+
+
+# -- the maintainer scripts: no reload of the package's takes a GPU ---------------------------------
+#
+# dpkg's call sequences (Debian Policy 6.6, "Details of unpacking, configuring, removing, purging"),
+# each step (script, arguments); the old and new package are the same build here.
+DPKG_SEQUENCES = {
+    "install": [("preinst", "install"), ("postinst", "configure")],
+    "upgrade": [("prerm", f"upgrade {VERSION}"), ("preinst", f"upgrade {VERSION}"), ("postrm", f"upgrade {VERSION}"),
+                ("postinst", f"configure {VERSION}")],
+    "remove": [("prerm", "remove"), ("postrm", "remove")],
+    "purge": [("prerm", "remove"), ("postrm", "remove"), ("postrm", "purge")],
+}
+# Every command the scripts may run, as a stub that logs its argv; `nvsymlinkd` too (the real one is
+# tested below, against a real container).
+STUBS = ("nvsymlinkd", "systemctl", "deb-systemd-helper", "deb-systemd-invoke", "py3compile", "pypy3compile",
+         "py3clean", "udevadm", "logger", "dpkg")
+RUN_SCRIPTS = textwrap.dedent("""\
+    set -u
+    mount -t tmpfs nvsymlinkd-test-run /run
+    mkdir -p /run/systemd/system /run/udev
+    {setup}
+    for step in {steps}; do
+        script=${{step%%:*}}; args=$(echo "${{step#*:}}" | tr + ' ')
+        echo "== $script $args" >> {log}
+        [ -f {ctrl}/$script ] || continue
+        sh {ctrl}/$script $args >> {log} 2>&1 || echo "!! $script exit $?" >> {log}
+    done
+    """)
+
+
+def run_maintainer_scripts(ctrl: Path, steps, work: Path, stubs: dict = None, setup: str = "") -> list:
+    """Run the given maintainer scripts in order under `unshare -m` (a private /run with
+    /run/systemd/system: "systemd runs here"), with PATH's first directory holding a stub per command
+    of STUBS (each logs `@ NAME ARGV`) unless `stubs` gives one; returns the log's lines."""
+    bindir = work / "stubs"
+    bindir.mkdir(parents=True, exist_ok=True)
+    log = work / "calls.log"
+    for name in STUBS:
+        body = (stubs or {}).get(name, 'echo "@ $(basename "$0") $*" >> "$STUB_LOG"\n')
+        (bindir / name).write_text("#!/bin/sh\n" + body)
+        (bindir / name).chmod(0o755)
+    script = RUN_SCRIPTS.format(ctrl=ctrl, log=log, setup=setup,
+                                steps=" ".join(f"{s}:{a.replace(' ', '+')}" for s, a in steps))
+    env = dict(os.environ, PATH=f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin", STUB_LOG=str(log))
+    subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env, check=True,
+                   timeout=600)
+    return log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("action", sorted(DPKG_SEQUENCES))
+def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_path, action):
+    """The built .deb's scripts, run in dpkg's order for install, upgrade (reinstall: the same calls),
+    remove and purge: every `systemctl daemon-reload` comes after a `nvsymlinkd repair --before-reload`
+    with nothing between them that could start the daemon or change units; the removal's prevention runs
+    after the daemon stopped, while nvsymlinkd is still installed (prerm), since postrm reloads without it."""
+    need_tool("unshare")
+    calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES[action], tmp_path)
+    assert not [c for c in calls if c.startswith("!!")], calls
+    reloads = [i for i, c in enumerate(calls) if c == "@ systemctl --system daemon-reload"]
+    prevents = [i for i, c in enumerate(calls) if c == "@ nvsymlinkd repair --before-reload"]
+    assert reloads, calls  # each of these actions reloads
+    for i in reloads:
+        before = [p for p in prevents if p < i]
+        assert before, f"{action}: a daemon-reload with no prevention before it:\n" + "\n".join(calls)
+        between = calls[before[-1] + 1:i]
+        assert not [c for c in between if c.startswith(("@ deb-systemd-invoke start", "@ deb-systemd-invoke restart",
+                                                         "@ systemctl")) and "daemon-reload" not in c], between
+    steps = [c for c in calls if c.startswith("== ")]
+    if action in ("install", "upgrade"):
+        # the link pass, then the prevention, then the reload and the (re)start
+        order = [c for c in calls if c.startswith(("@ nvsymlinkd", "@ systemctl", "@ deb-systemd-invoke"))]
+        # (an upgrade's preinst stops the boot one-shot first: dh_installsystemd's --no-start unit)
+        first = ["@ deb-systemd-invoke stop nvsymlinkd-sync.service"] if action == "upgrade" else []
+        assert order == first + ["@ nvsymlinkd sync", "@ nvsymlinkd repair --before-reload",
+                                 "@ systemctl --system daemon-reload",
+                                 f"@ deb-systemd-invoke {'start' if action == 'install' else 'restart'} nvsymlinkd.service"]
+        assert steps[-1] == f"== postinst configure{' ' + VERSION if action == 'upgrade' else ''}"
+    else:
+        prerm = calls[calls.index("== prerm remove") + 1:calls.index("== postrm remove")]
+        order = [c for c in prerm if c.startswith(("@ nvsymlinkd", "@ deb-systemd-invoke", "@ py3clean"))]
+        # stop the daemon (no repair in flight), then prevent, while the package's files are all there
+        assert order == ["@ deb-systemd-invoke stop nvsymlinkd.service", "@ py3clean -p nvsymlinkd",
+                         "@ nvsymlinkd repair --before-reload"], prerm
+        assert len(reloads) == 2  # postrm remove: one daemon-reload per unit (dh_installsystemd's two sections)
+        assert all(i > calls.index("== postrm remove") for i in reloads)
+    if action == "purge":
+        assert not [c for c in calls[calls.index("== postrm purge"):] if "daemon-reload" in c or "nvsymlinkd " in c]
+
+
+def test_deb_prevention_that_fails_is_reported_and_never_fails_the_script(deb_build, need_root, tmp_path):
+    need_tool("unshare")
+    failing = {"nvsymlinkd": 'echo "@ nvsymlinkd $*" >> "$STUB_LOG"; [ "$1" != repair ] || exit 1\n'}
+    calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES["purge"][:2] + [("postinst", "configure")],
+                                   tmp_path, stubs=failing)
+    assert not [c for c in calls if c.startswith("!!")], calls  # every script exited 0
+    notes = [c for c in calls if c.startswith("nvsymlinkd: not every GPU container could be kept safe")]
+    assert len(notes) == 2, calls  # on stderr, once from prerm, once from postinst ...
+    assert len([c for c in calls if c.startswith("@ logger -t nvsymlinkd -p daemon.warning")]) == 2  # ... and journaled
+    # the scripts went on: postrm's two reloads, postinst's reload and start
+    assert calls.count("@ systemctl --system daemon-reload") == 3, calls
+    assert calls[-1] == "@ deb-systemd-invoke start nvsymlinkd.service", calls
+
+
+def test_deb_without_systemd_skips_the_prevention(deb_build, need_root, tmp_path):
+    """A chroot or an image build: no /run/systemd/system, no reload, nothing to prevent."""
+    need_tool("unshare")
+    calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES["install"] + DPKG_SEQUENCES["remove"],
+                                   tmp_path, setup="rmdir /run/systemd/system")
+    assert "@ nvsymlinkd sync" in calls and not [c for c in calls if "repair" in c or "daemon-reload" in c], calls
+
+
+def test_deb_purge_keeps_freeze_records_nothing_could_thaw(deb_build, need_root, tmp_path):
+    """prerm's repair thaws what a killed repair froze; a record still there at purge names a container that
+    stays frozen: it is named and kept, the rest of the state dir goes."""
+    need_tool("unshare")
+    setup = "mkdir -p /run/nvsymlinkd/frozen /run/nvsymlinkd/baselines; echo '{}' > /run/nvsymlinkd/frozen/a.json; " \
+            "echo '{}' > /run/nvsymlinkd/baselines/c.json"
+    calls = run_maintainer_scripts(deb_build["control"], [("postrm", "purge")], tmp_path,
+                                   setup=setup + f"; trap 'ls -R /run/nvsymlinkd >> {tmp_path}/left' EXIT")
+    assert any(c.startswith("nvsymlinkd: /run/nvsymlinkd/frozen/ names container cgroups") for c in calls), calls
+    left = (tmp_path / "left").read_text().split()
+    assert "a.json" in left and "baselines" not in left and "c.json" not in left, left
+    calls = run_maintainer_scripts(deb_build["control"], [("postrm", "purge")], tmp_path / "2",
+                                   setup=f"mkdir -p /run/nvsymlinkd/baselines; trap 'ls /run >> {tmp_path}/left2' EXIT")
+    assert "nvsymlinkd" not in (tmp_path / "left2").read_text().split()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from nvsymlinkd.cli import SUMMARIES
@@ -17,6 +18,7 @@ examples:
   nvsymlinkd repair --dry-run                   # what would be granted, and how
   nvsymlinkd repair 0f3c9a1e2b7d                # one container
   nvsymlinkd repair --json
+  nvsymlinkd repair --before-reload             # package scripts, before their systemctl daemon-reload
 
 mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
 """
@@ -33,6 +35,10 @@ def register(sub) -> None:
                         "or Kubernetes namespace/pod/container")
     p.add_argument("--dry-run", action="store_true", help="print what would be granted and how; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-repair)")
+    p.add_argument("--before-reload", action="store_true",
+                   help="for package scripts about to run `systemctl daemon-reload`: repair every GPU container "
+                        "with findings (at-risk ones are prevented); print nothing when there is nothing to do or "
+                        "systemd does not run here; failures on stderr")
     p.set_defaults(func=run)
 
 
@@ -49,6 +55,14 @@ def run(args, root, config) -> int:
     from nvsymlinkd.verify import verifier
     from nvsymlinkd.verify.kinds import Verdict
 
+    if args.before_reload:
+        from nvsymlinkd.errors import UsageError
+
+        if args.containers or args.dry_run or args.json:
+            raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
+                             "CONTAINER, --dry-run or --json")
+        if not os.path.isdir(root.path("/run/systemd/system")):
+            return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
     hist_file = history_path(root, config)
@@ -87,6 +101,8 @@ def run(args, root, config) -> int:
                "summary": _summary(results), "thawed": thawed}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif args.before_reload:
+        _before_reload_report(thawed, results, unknown)
     else:
         for e in thawed:
             print(thawed_line(e))
@@ -101,6 +117,31 @@ def run(args, root, config) -> int:
 
         print(repair_line(results, _summary(results), args.dry_run))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _before_reload_report(thawed, results, unknown) -> None:
+    """What a package script shows: nothing when nothing was to be done; what was granted on stdout; what
+    could not be (failed, refused, not judged) on stderr, each line prefixed, since it lands amid apt's
+    or dnf's output. Each repair is journaled as well (repair-prevented, repair-failed, ...)."""
+    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.apply import thawed_line
+    from nvsymlinkd.summary import repair_line
+
+    acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
+    if not (thawed or acted or unknown):
+        return
+    for e in thawed:
+        print(f"nvsymlinkd: {thawed_line(e)}")
+    for r in acted:
+        out = sys.stdout if r.ok else sys.stderr
+        for line in r.human_lines():
+            out.write(f"nvsymlinkd: {line}\n")
+    for c in unknown:
+        sys.stderr.write(f"nvsymlinkd: {c.short_id}: cannot judge its device access, not repaired: "
+                         f"{_unknown_reason(c)}\n")
+    out = sys.stdout if all(r.ok for r in results) and not unknown else sys.stderr
+    sys.stdout.flush()
+    out.write(f"nvsymlinkd: {repair_line(results, _summary(results), False)} (before a daemon-reload)\n")
 
 
 def _unknown_reason(report) -> str:
