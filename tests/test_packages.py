@@ -7,6 +7,7 @@
   fallbacks replace the Fedora macros), then its file list, scripts and payload.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import _skip_or_fail, need_tool
 from debbuild import build_deb, copy_tree, run
+from privatebus import need_dbusmock
+from runcfixture import device_node, device_rule
 
 import nvsymlinkd
 from nvsymlinkd.config import Config
@@ -436,3 +439,100 @@ def test_deb_purge_keeps_freeze_records_nothing_could_thaw(deb_build, need_root,
     calls = run_maintainer_scripts(deb_build["control"], [("postrm", "purge")], tmp_path / "2",
                                    setup=f"mkdir -p /run/nvsymlinkd/baselines; trap 'ls /run >> {tmp_path}/left2' EXIT")
     assert "nvsymlinkd" not in (tmp_path / "left2").read_text().split()
+
+
+# A daemon-reload as systemd 252 does it on cgroup v1, for the scopes named in $RELOAD_SCOPES
+# ({"scope": "devices cgroup dir"}): deny everything, then allow each DeviceAllow entry of the scope as
+# the (mock) systemd has it now. What the scope lacks, the container loses.
+RELOAD = r"""
+import json, os, sys
+import dbus
+if sys.argv[1:] == ["--system", "daemon-reload"]:
+    bus = dbus.bus.BusConnection(os.environ["DBUS_SYSTEM_BUS_ADDRESS"])
+    for scope, devices in json.loads(os.environ["RELOAD_SCOPES"]).items():
+        path = "/org/freedesktop/systemd1/unit/" + "".join(c if c.isalnum() else "_%02x" % ord(c) for c in scope)
+        allow = bus.get_object("org.freedesktop.systemd1", path).Get(
+            "org.freedesktop.systemd1.Scope", "DeviceAllow", dbus_interface="org.freedesktop.DBus.Properties")
+        with open(devices + "/devices.deny", "w") as f:
+            f.write("a")
+        for entry, access in allow:
+            if entry.startswith("/dev/char/"):
+                with open(devices + "/devices.allow", "w") as f:
+                    f.write("c %s %s" % (entry.rsplit("/", 1)[1], access))
+"""
+
+
+@pytest.fixture
+def systemd_mock(tmp_path, need_root):
+    from test_repair_dbus import SystemdMock
+
+    need_dbusmock()
+    m = SystemdMock(tmp_path / "sdbus")
+    try:
+        m.start()
+        yield m
+    finally:
+        m.close()
+
+
+def without_prevention(ctrl: Path, dest: Path) -> Path:
+    """The built scripts less our prevention step: the .deb as it was before (the control)."""
+    dest.mkdir()
+    for script in ctrl.iterdir():
+        text = script.read_text()
+        dropped = re.sub(r"^# nvsymlinkd-prevent:.*?^# end nvsymlinkd-prevent\n", "", text, flags=re.M | re.S)
+        (dest / script.name).write_text(dropped)
+    return dest
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["deb", "control-without-prevention"])
+@pytest.mark.parametrize("action", ["install", "upgrade", "remove"])
+def test_deb_scripts_keep_a_real_at_risk_container_s_gpu_through_their_reload(
+        deb_build, runc_host, systemd_mock, tmp_path, action, control):
+    """The built .deb's scripts, run for real in dpkg's order against a real runc container (cgroup v1)
+    whose scope lacks its GPU (what runc 1.1.5 leaves out when /dev/char/195:0 was missing at `runc
+    create`), with python-dbusmock as systemd on a private bus. `nvsymlinkd` is the package's own code
+    (the extracted .deb) on the container's host tree; `systemctl daemon-reload` re-applies the scope's
+    DeviceAllow to the container's cgroup as systemd's v1 backend does. The kernel judges: open() of
+    /dev/nvidia0 inside the container is ENXIO (allowed, no driver) after the scripts, EPERM in the
+    control, which runs the same scripts less the prevention step."""
+    need_tool("unshare")
+    scope = "runc-gpu-pkg.scope"
+    keep = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
+            ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm"), ("/dev/char/10:200", "rwm")]
+    c = runc_host.run("gpu-pkg", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+                      nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
+    (runc_host.root / "run/systemd/system").mkdir(parents=True)  # systemd runs on this host tree
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
+    site = deb_build["tree"] / "usr/lib/python3/dist-packages"
+    stubs = {
+        "nvsymlinkd": f'echo "@ nvsymlinkd $*" >> "$STUB_LOG"\n'
+                      f'PYTHONPATH={site} exec /usr/bin/python3 -m nvsymlinkd --root {runc_host.root} "$@"\n',
+        "systemctl": f'echo "@ systemctl $*" >> "$STUB_LOG"\nexec /usr/bin/python3 -c \'{RELOAD}\' "$@"\n',
+    }
+    ctrl = without_prevention(deb_build["control"], tmp_path / "old") if control else deb_build["control"]
+    os.environ["RELOAD_SCOPES"] = json.dumps({scope: str(c.devices_dir())})
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = systemd_mock.address
+    try:
+        calls = run_maintainer_scripts(ctrl, DPKG_SEQUENCES[action], tmp_path / "run", stubs=stubs)
+    finally:
+        del os.environ["RELOAD_SCOPES"], os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+    assert "@ systemctl --system daemon-reload" in calls and not [x for x in calls if x.startswith("!!")], calls
+    assert "c 10:200 rwm" in c.devices_list()  # the reload did re-apply DeviceAllow (runc's tun is in it)
+    if control:
+        assert c.open_error("/dev/nvidia0", rw=True) == "EPERM", c.devices_list()  # the reload took the GPU
+        assert ("/dev/char/195:0", "rw") not in systemd_mock.device_allow(scope)
+        return
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO", "\n".join(calls) + c.devices_list()
+    assert ("/dev/char/195:0", "rw") in systemd_mock.device_allow(scope)
+    prevented = calls.index("@ nvsymlinkd repair --before-reload")
+    assert prevented < calls.index("@ systemctl --system daemon-reload")
+    said = calls[prevented + 1]  # what the step printed, amid dpkg's output
+    assert said.startswith("nvsymlinkd: gpu-pkg (runc-gpu-pkg.scope): added to DeviceAllow before a reload took it: "
+                           "c 195:0 rw via devices.allow+systemd; verified: prevented"), calls
+    (seen,) = systemd_mock.observed()  # one SetUnitProperties, made with the container frozen ...
+    assert seen["freezer"] == "FROZEN"
+    assert open(freezer).read().strip() == "THAWED"  # ... and nothing left frozen
+    assert not list((runc_host.root / "run/nvsymlinkd/frozen").glob("*.json"))

@@ -123,8 +123,8 @@ def _before_reload_report(thawed, results, unknown) -> None:
     """What a package script shows: nothing when nothing was to be done; what was granted on stdout; what
     could not be (failed, refused, not judged) on stderr, each line prefixed, since it lands amid apt's
     or dnf's output. Each repair is journaled as well (repair-prevented, repair-failed, ...)."""
-    from nvsymlinkd.repair.plan import RepairStatus
     from nvsymlinkd.repair.apply import thawed_line
+    from nvsymlinkd.repair.plan import RepairStatus
     from nvsymlinkd.summary import repair_line
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
