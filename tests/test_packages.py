@@ -3,8 +3,10 @@
 - .deb: dpkg-buildpackage -us -uc -b (debhelper 13, dh-python, pybuild-plugin-pyproject), lintian,
   then a real `dpkg -i` into a throwaway root: an overlayfs over / in a private mount namespace,
   with a fake NVIDIA /proc/devices and real mknod'ed nodes, so the postinst's sync must make links.
-- .rpm: rpmbuild -ta --nodeps on the sdist (Debian has no rpm database for BuildRequires; the spec's
-  fallbacks replace the Fedora macros), then its file list, scripts and payload.
+- .rpm: rpmbuild -ta --nodeps on the sdist (Debian has no rpm database for BuildRequires) for RHEL 9
+  and Fedora 42 (the target's Python named, as scripts/build-packages does: Debian has no Python rpm
+  macros), then its file list against the target's layout, Requires, scriptlets and payload. Nothing
+  here installs it on Fedora or RHEL (docs/packaging.md says what was and was not tried).
 """
 
 import json
@@ -70,20 +72,39 @@ def deb_build(tmp_path_factory):
     return {"deb": deb, "changes": changes, "tree": tree, "control": ctrl, "work": work}
 
 
+# target -> (its python3, dist tag): RHEL 9 and Fedora 41/42 (scripts/build-packages' RPM_TARGETS)
+RPM_TARGETS = {"el9": ("3.9", ".el9"), "fc42": ("3.13", ".fc42")}
+
+
 @pytest.fixture(scope="module")
-def rpm_build(tmp_path_factory):
+def sdist(tmp_path_factory):
     for tool in ("rpmbuild", "rpm", "rpm2cpio", "cpio"):
         need_tool(tool)
-    work = tmp_path_factory.mktemp("rpm")
+    work = tmp_path_factory.mktemp("sdist")
     src = copy_tree(work / "src")
     run(["/usr/bin/python3", "-m", "build", "--sdist", "--no-isolation", "--outdir", work / "dist", "."], cwd=src)
-    sdist = work / "dist" / f"nvsymlinkd-{VERSION}.tar.gz"
-    run(["rpmbuild", "-ta", "--nodeps", "--define", f"_topdir {work / 'top'}", sdist], cwd=work)
+    return work / "dist" / f"nvsymlinkd-{VERSION}.tar.gz"
+
+
+def rpmbuild(sdist: Path, work: Path, *defines, check=True):
+    argv = ["rpmbuild", "-ta", "--nodeps", "--define", f"_topdir {work / 'top'}"]
+    for d in defines:
+        argv += ["--define", d]
+    return run([*argv, sdist], cwd=work, check=check)
+
+
+@pytest.fixture(scope="module", params=sorted(RPM_TARGETS))
+def rpm_build(request, sdist, tmp_path_factory):
+    target = request.param
+    python, dist = RPM_TARGETS[target]
+    work = tmp_path_factory.mktemp(f"rpm-{target}")
+    rpmbuild(sdist, work, f"python3_version {python}", f"dist {dist}")
     rpm = next((work / "top" / "RPMS" / "noarch").glob(f"nvsymlinkd-{VERSION}-*.noarch.rpm"))
+    assert rpm.name == f"nvsymlinkd-{VERSION}-1{dist}.noarch.rpm"
     tree = work / "extracted"
     tree.mkdir()
     run(["sh", "-c", f"rpm2cpio '{rpm}' | cpio -idm --quiet"], cwd=tree)
-    return {"rpm": rpm, "sdist": sdist, "tree": tree, "work": work}
+    return {"rpm": rpm, "sdist": sdist, "tree": tree, "work": work, "target": target, "python": python}
 
 
 # -- .deb -------------------------------------------------------------------------------------------
@@ -242,15 +263,21 @@ def test_rpm_puts_files_where_fedora_expects_them(rpm_build):
             continue
         assert path in files, f"{what}: {path} missing from the .rpm"
     assert run(["rpm", "-qpc", rpm_build["rpm"]]).stdout.split() == [RPM["config"]]
-    # %license (Debian's rpm macros version the directory, Fedora's do not)
-    assert any(re.fullmatch(r"/usr/share/licenses/nvsymlinkd(-[\d.]+)?/LICENSE", f) for f in files)
+    assert "/usr/share/licenses/nvsymlinkd/LICENSE" in files  # %license, unversioned as on Fedora and RHEL
     for page in MAN_PAGES:
         assert f"/usr/share/man/man{page.rsplit('.', 1)[1]}/{page}" in files, page
-    assert any(re.fullmatch(r"/usr/lib/python3[^/]*/(site|dist)-packages/nvsymlinkd/templates/"
-                            r"nvsymlinkd\.service\.j2", f) for f in files)
-    packaged = {m.group(1) for f in files if (m := re.fullmatch(r"/usr/lib/python3[^/]*/(?:site|dist)-packages/(.+)", f))}
+    # the target's own sitelib (RHEL 9: /usr/lib/python3.9/site-packages), which its python3 has on sys.path;
+    # never Debian's /usr/lib/python3/dist-packages, nor any other place
+    sitelib = f"/usr/lib/python{rpm_build['python']}/site-packages/"
+    assert sitelib + "nvsymlinkd/templates/nvsymlinkd.service.j2" in files
+    python_files = [f for f in files if f.endswith(".py")]
+    assert python_files and all(f.startswith(sitelib) for f in python_files), python_files[:5]
+    assert not [f for f in files if "dist-packages" in f or "__pycache__" in f]
+    packaged = {f[len(sitelib):] for f in files if f.startswith(sitelib)}
     missing = [m for m in MODULES if m not in packaged]
     assert not missing, f"modules missing from the .rpm: {missing}"
+    # the entry point runs the target's interpreter
+    assert (rpm_build["tree"] / "usr/bin/nvsymlinkd").read_text().startswith("#!/usr/bin/python3\n")
 
 
 def test_rpm_units_requires_and_scripts(rpm_build):
@@ -258,16 +285,65 @@ def test_rpm_units_requires_and_scripts(rpm_build):
     assert (tree / RPM["unit"].lstrip("/")).read_text() == RENDERED["nvsymlinkd.service"]
     assert (tree / RPM["rules"].lstrip("/")).read_text() == RENDERED["71-nvsymlinkd.rules"]
     requires = run(["rpm", "-qpR", rpm_build["rpm"]]).stdout.split("\n")
-    for pkg in ("python3-pyudev", "python3-dbus-next", "python3-jinja2", "python3-systemd", "/usr/bin/kill"):
-        assert pkg in requires
-    scripts = run(["rpm", "-qp", "--scripts", rpm_build["rpm"]]).stdout
-    assert "systemctl --no-reload preset nvsymlinkd.service nvsymlinkd-sync.service" in scripts
-    assert "udevadm control --reload" in scripts
-    assert "/usr/bin/nvsymlinkd sync" in scripts
+    for pkg in ("python3-pyudev", "python3-dbus-next", "python3-jinja2", "python3-systemd", "/usr/bin/kill",
+                f"python(abi) = {rpm_build['python']}", "systemd", "util-linux"):
+        assert pkg in requires, (pkg, requires)
+    # tomllib is in Python's standard library from 3.11: tomli for RHEL 9's 3.9 only
+    assert ("python3-tomli" in requires) == (rpm_build["target"] == "el9"), requires
 
 
-def test_sdist_carries_what_the_package_builds_need(rpm_build):
-    names = run(["tar", "tzf", rpm_build["sdist"]]).stdout.split()
+def rpm_scriptlets(rpm) -> dict:
+    """`rpm -qp --scripts`: scriptlet name (postinstall, preuninstall, ...) -> its lines."""
+    out, name = {}, None
+    for line in run(["rpm", "-qp", "--scripts", rpm]).stdout.splitlines():
+        m = re.match(r"^(\w+) scriptlet \(using /bin/sh\):$", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name:
+            out[name].append(line)
+    return out
+
+
+def test_rpm_scriptlets_prevent_before_systemd_s_reload(rpm_build):
+    """rpm's scriptlets reload nothing themselves; systemd's file triggers reload at the end of the
+    transaction (%transfiletriggerin, %transfiletriggerpostun). Our last scriptlets before those prevent:
+    %post (install, upgrade: after the link pass) and %preun of an erase (after the daemon stopped)."""
+    scripts = rpm_scriptlets(rpm_build["rpm"])
+    assert sorted(scripts) == ["postinstall", "postuninstall", "preuninstall"]
+    helper = "/usr/lib/systemd/systemd-update-helper"  # what systemd-rpm-macros expand to (systemd >= 249)
+    post, preun, postun = (scripts[k] for k in ("postinstall", "preuninstall", "postuninstall"))
+    assert not [ln for ln in post + preun + postun if re.search(r"systemctl .*(daemon-reload|daemon-reexec)", ln)]
+
+    def index(lines, text):
+        return next(i for i, ln in enumerate(lines) if text in ln)
+
+    assert index(post, f"{helper} install-system-units nvsymlinkd.service nvsymlinkd-sync.service") \
+        < index(post, "/usr/bin/nvsymlinkd sync") < index(post, "/usr/bin/nvsymlinkd repair --before-reload")
+    assert "if [ -d /run/systemd/system ] && ! /usr/bin/nvsymlinkd repair --before-reload; then" in post
+    assert index(preun, f"{helper} remove-system-units nvsymlinkd.service nvsymlinkd-sync.service") \
+        < index(preun, "if [ $1 -eq 0 ] && [ -d /run/systemd/system ]; then") \
+        < index(preun, "PYTHONDONTWRITEBYTECODE=1 /usr/bin/nvsymlinkd repair --before-reload")
+    assert f"if [ $1 -ge 1 ] && [ -x \"{helper}\" ]; then {helper} mark-restart-system-units nvsymlinkd.service" \
+           in postun[0]
+    assert "rm -rf /run/nvsymlinkd" in "\n".join(postun)  # an erase removes the state (rpm has no purge)
+    for lines in (post, preun):  # a prevention that cannot finish is reported, never fatal
+        text = "\n".join(lines)
+        assert "logger -t nvsymlinkd -p daemon.warning" in text and "exit" not in text
+
+
+def test_rpm_build_without_a_target_refuses(sdist, tmp_path):
+    """Debian has no python-rpm-macros: without the target's Python the build stops, naming the fix,
+    instead of making a package that installs into a path no Fedora or RHEL Python reads."""
+    proc = rpmbuild(sdist, tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "no python3_sitelib: this is no Fedora/RHEL build host" in proc.stderr
+    assert "--rpm-target el9" in proc.stderr
+    assert not list(tmp_path.rglob("*.rpm"))
+
+
+def test_sdist_carries_what_the_package_builds_need(sdist):
+    names = run(["tar", "tzf", sdist]).stdout.split()
     prefix = f"nvsymlinkd-{VERSION}/"
     for rel in ("rpm/nvsymlinkd.spec", "man/nvsymlinkd.8.rst", "examples/nvsymlinkd.toml",
                 "rules/71-nvsymlinkd.rules.j2", "units/nvsymlinkd.service.j2", "debian/control",
@@ -297,7 +373,7 @@ def test_build_packages_with_a_foreign_python3_first_in_path(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert sorted(p.name for p in out.iterdir()) == sorted([
         f"nvsymlinkd_{VERSION}_all.deb", f"nvsymlinkd-{VERSION}.tar.gz", f"nvsymlinkd-{VERSION}-py3-none-any.whl",
-        f"nvsymlinkd-{VERSION}-1.noarch.rpm"])
+        f"nvsymlinkd-{VERSION}-1.el9.noarch.rpm", f"nvsymlinkd-{VERSION}-1.fc42.noarch.rpm"])
 
 
 def test_build_packages_usage():
