@@ -561,6 +561,27 @@ def without_prevention(ctrl: Path, dest: Path) -> Path:
     return dest
 
 
+def run_for_real(deb_build, ctrl: Path, steps, work: Path, runc_host, systemd_mock, scopes: dict) -> list:
+    """run_maintainer_scripts with the package's own `nvsymlinkd` on the runc host's tree and a
+    `systemctl daemon-reload` that re-applies `scopes` ({scope: devices cgroup dir}) from the mock."""
+    site = deb_build["tree"] / "usr/lib/python3/dist-packages"
+    stubs = {
+        "nvsymlinkd": f'echo "@ nvsymlinkd $*" >> "$STUB_LOG"\n'
+                      f'PYTHONPATH={site} exec /usr/bin/python3 -m nvsymlinkd --root {runc_host.root} "$@"\n',
+        "systemctl": f'echo "@ systemctl $*" >> "$STUB_LOG"\nexec /usr/bin/python3 -c \'{RELOAD}\' "$@"\n',
+    }
+    os.environ["RELOAD_SCOPES"] = json.dumps(scopes)
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = systemd_mock.address
+    try:
+        return run_maintainer_scripts(ctrl, steps, work, stubs=stubs)
+    finally:
+        del os.environ["RELOAD_SCOPES"], os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+
+
+SCOPE_KEEP = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
+              ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm"), ("/dev/char/10:200", "rwm")]
+
+
 @pytest.mark.parametrize("control", [False, True], ids=["deb", "control-without-prevention"])
 @pytest.mark.parametrize("action", ["install", "upgrade", "remove"])
 def test_deb_scripts_keep_a_real_at_risk_container_s_gpu_through_their_reload(
@@ -574,27 +595,16 @@ def test_deb_scripts_keep_a_real_at_risk_container_s_gpu_through_their_reload(
     control, which runs the same scripts less the prevention step."""
     need_tool("unshare")
     scope = "runc-gpu-pkg.scope"
-    keep = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
-            ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm"), ("/dev/char/10:200", "rwm")]
+    keep = SCOPE_KEEP
     c = runc_host.run("gpu-pkg", cgroup_leaf=scope, rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
     freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
     systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
     (runc_host.root / "run/systemd/system").mkdir(parents=True)  # systemd runs on this host tree
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
-    site = deb_build["tree"] / "usr/lib/python3/dist-packages"
-    stubs = {
-        "nvsymlinkd": f'echo "@ nvsymlinkd $*" >> "$STUB_LOG"\n'
-                      f'PYTHONPATH={site} exec /usr/bin/python3 -m nvsymlinkd --root {runc_host.root} "$@"\n',
-        "systemctl": f'echo "@ systemctl $*" >> "$STUB_LOG"\nexec /usr/bin/python3 -c \'{RELOAD}\' "$@"\n',
-    }
     ctrl = without_prevention(deb_build["control"], tmp_path / "old") if control else deb_build["control"]
-    os.environ["RELOAD_SCOPES"] = json.dumps({scope: str(c.devices_dir())})
-    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = systemd_mock.address
-    try:
-        calls = run_maintainer_scripts(ctrl, DPKG_SEQUENCES[action], tmp_path / "run", stubs=stubs)
-    finally:
-        del os.environ["RELOAD_SCOPES"], os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+    calls = run_for_real(deb_build, ctrl, DPKG_SEQUENCES[action], tmp_path / "run", runc_host, systemd_mock,
+                         {scope: str(c.devices_dir())})
     assert "@ systemctl --system daemon-reload" in calls and not [x for x in calls if x.startswith("!!")], calls
     assert "c 10:200 rwm" in c.devices_list()  # the reload did re-apply DeviceAllow (runc's tun is in it)
     if control:
@@ -612,3 +622,30 @@ def test_deb_scripts_keep_a_real_at_risk_container_s_gpu_through_their_reload(
     assert seen["freezer"] == "FROZEN"
     assert open(freezer).read().strip() == "THAWED"  # ... and nothing left frozen
     assert not list((runc_host.root / "run/nvsymlinkd/frozen").glob("*.json"))
+
+
+def test_deb_scripts_name_a_hook_granted_container_they_cannot_protect(deb_build, runc_host, systemd_mock, tmp_path):
+    """A device the NVIDIA hook granted (outside the spec), on a node with no daemon before the install:
+    nothing trusted expects it, so the postinst grants nothing and says so (stderr, logger), the
+    installation goes on, and the package's reload takes the device: the limit install.md states."""
+    need_tool("unshare")
+    scope = "runc-gpu-hook.scope"
+    c = runc_host.run("gpu-hook", cgroup_leaf=scope, nodes=[device_node("/dev/nvidia0", 195, 0)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"])
+    c.allow("c 195:0 rw")  # the hook's grant, after runc applied the spec
+    freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, SCOPE_KEEP, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
+    (runc_host.root / "run/systemd/system").mkdir(parents=True)
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
+    calls = run_for_real(deb_build, deb_build["control"], DPKG_SEQUENCES["install"], tmp_path / "run", runc_host,
+                         systemd_mock, {scope: str(c.devices_dir())})
+    prevent = calls.index("@ nvsymlinkd repair --before-reload")
+    said = calls[prevent + 1:calls.index("@ py3compile -p nvsymlinkd -V 3.9-")]  # up to debhelper's section
+    assert said[0] == ("nvsymlinkd: gpu-hook (runc-gpu-hook.scope): left at risk of the reload: nothing trusted "
+                       "expects the devices its scope lacks"), calls
+    assert any("not granted c 195:0 rw (unexpected)" in line for line in said), said
+    assert said[-2].startswith("nvsymlinkd: not every GPU container could be kept safe"), said
+    assert said[-1].startswith("@ logger -t nvsymlinkd -p daemon.warning"), said
+    assert calls[-1] == "@ deb-systemd-invoke start nvsymlinkd.service"
+    assert systemd_mock.observed() == []  # nothing was granted ...
+    assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"  # ... and the reload took the hook's grant

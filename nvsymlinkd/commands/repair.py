@@ -95,6 +95,8 @@ def run(args, root, config) -> int:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
                              "the rate limit will not see this repair\n")
     ok = all(r.ok for r in results) and not unknown
+    if args.before_reload:
+        ok = ok and not _unprotected(results)
     if args.json:
         doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
@@ -128,7 +130,8 @@ def _before_reload_report(thawed, results, unknown) -> None:
     from nvsymlinkd.summary import repair_line
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
-    if not (thawed or acted or unknown):
+    unprotected = _unprotected(results)
+    if not (thawed or acted or unknown or unprotected):
         return
     for e in thawed:
         print(f"nvsymlinkd: {thawed_line(e)}")
@@ -136,12 +139,28 @@ def _before_reload_report(thawed, results, unknown) -> None:
         out = sys.stdout if r.ok else sys.stderr
         for line in r.human_lines():
             out.write(f"nvsymlinkd: {line}\n")
+    for r in unprotected:
+        who = r.human_lines()[0].rsplit(": nothing to grant", 1)[0]
+        sys.stderr.write(f"nvsymlinkd: {who}: left at risk of the reload: nothing trusted expects the devices "
+                         "its scope lacks\n")
+        for line in r.human_lines()[1:]:
+            sys.stderr.write(f"nvsymlinkd: {line}\n")
     for c in unknown:
         sys.stderr.write(f"nvsymlinkd: {c.short_id}: cannot judge its device access, not repaired: "
                          f"{_unknown_reason(c)}\n")
-    out = sys.stdout if all(r.ok for r in results) and not unknown else sys.stderr
+    out = sys.stdout if all(r.ok for r in results) and not unknown and not unprotected else sys.stderr
     sys.stdout.flush()
     out.write(f"nvsymlinkd: {repair_line(results, _summary(results), False)} (before a daemon-reload)\n")
+
+
+def _unprotected(results) -> list:
+    """Containers in a systemd scope with devices a reload would take and none that may be granted (each
+    refused: expected by nothing trusted, e.g. a hook's grant with no baseline yet): "nothing to do" for
+    `repair`, but for a package script about to reload, a container it leaves at risk."""
+    from nvsymlinkd.repair.plan import RepairStatus
+
+    return [r for r in results if RepairStatus(r.status) == RepairStatus.NOTHING and r.plan.refused
+            and r.request.scope]
 
 
 def _unknown_reason(report) -> str:
