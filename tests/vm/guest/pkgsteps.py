@@ -1,4 +1,4 @@
-"""The package's own life cycle on a node with running GPU containers (issue 25): s16 and s17.
+"""The package's own life cycle on a node with running GPU containers (issue 25): s23 and s24.
 
     from pkgsteps import PackageSteps, Polled, without_prevention
     steps = PackageSteps(sc, events)
@@ -60,6 +60,7 @@ def without_prevention(deb: str) -> str:
     dest = os.path.join(PKGS, "control-" + os.path.basename(deb))
     tree = os.path.join(WORK, "repack-" + os.path.basename(deb))
     shutil.rmtree(tree, ignore_errors=True)
+    os.makedirs(WORK, exist_ok=True)
     sh("dpkg-deb", "-R", deb, tree)
     cut = 0
     for script in ("postinst", "prerm"):

@@ -1,5 +1,5 @@
 # vm: nvsymlinkd=off packages=upgrade timeout=2400 hierarchies=v2,v1 matrix=full
-"""Scenario 17: s16's package life cycle (install, upgrade, reinstall, remove, purge, install again)
+"""Scenario 24: s23's package life cycle (install, upgrade, reinstall, remove, purge, install again)
 with GPU containers whose devices the NVIDIA hook granted, outside their spec (issue 25):
   runc+hook   runc with a createRuntime hook that grants c 195:0 like libnvidia-container
   docker      Docker 20.10 `--gpus all` (the prestart hook), systemd cgroup driver
@@ -8,7 +8,7 @@ with GPU containers whose devices the NVIDIA hook granted, outside their spec (i
 Before each step (but purge) one new container of each shape is started with the daemon stopped
 (or not installed): no baseline records its grant, so only the maintainer scripts' prevention,
 with nvsymlinkd's trusted reconstruction of the hook's grant, can keep it through the package's
-daemon-reload. gpupoll in every container; the verdicts as in s16 (pkgsteps). The control runs the
+daemon-reload. gpupoll in every container; the verdicts as in s23 (pkgsteps). The control runs the
 same steps with the packages repacked without the prevention step.
 """
 import time

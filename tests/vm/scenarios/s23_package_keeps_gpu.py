@@ -1,5 +1,5 @@
 # vm: nvsymlinkd=off packages=upgrade timeout=1500 hierarchies=v2,v1 matrix=full
-"""Scenario 16: installing, upgrading, reinstalling, removing, purging and installing the package again
+"""Scenario 23: installing, upgrading, reinstalling, removing, purging and installing the package again
 takes no GPU from a running container (issue 25).
 
 Before each step a new GPU container is made at risk the way it happens on real nodes: its spec names
