@@ -34,6 +34,7 @@ from stacks import (
 from vmguest import SRC, WORK, Container, _cgroup_rule, _device_spec, daemon_reload, sh, wait_for
 
 PKGS = "/root/nvsymlinkd-pkgs"
+BUNDLES = "/var/lib/vmtest/bundles"
 UNIT = "nvsymlinkd.service"
 # an operator's shell: not the runner's PYTHONPATH (the 9p source tree), or the scripts' `nvsymlinkd`
 # would import the source instead of the installed package
@@ -93,7 +94,7 @@ class Polled(Container):
     shape = "runc"
 
     def __init__(self, name: str, nodes=(), hook_grants=()):
-        bundle = os.path.join(WORK, "bundles", name)
+        bundle = os.path.join(BUNDLES, name)  # not under /run: noexec
         rootfs = os.path.join(bundle, "rootfs")
         os.makedirs(rootfs, exist_ok=True)
         with tarfile.open(build_rootfs_tar()) as tar:
