@@ -439,6 +439,14 @@ def run_maintainer_scripts(ctrl: Path, steps, work: Path, stubs: dict = None, se
     return log.read_text().splitlines()
 
 
+def reloads_systemd(call: str) -> bool:
+    """A logged call that makes systemd reload: `systemctl daemon-reload`, and deb-systemd-helper when it
+    changes links or masks (it runs `systemctl daemon-reload` itself then: /usr/bin/deb-systemd-helper,
+    "If we changed anything and this machine is running systemd, tell systemd to reload")."""
+    return call == "@ systemctl --system daemon-reload" or bool(re.match(
+        r"@ deb-systemd-helper (enable|disable|purge|mask|unmask|reenable) ", call))
+
+
 @pytest.mark.parametrize("action", sorted(DPKG_SEQUENCES))
 def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_path, action):
     """The built .deb's scripts, run in dpkg's order for install, upgrade (reinstall: the same calls),
@@ -448,7 +456,7 @@ def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_pa
     need_tool("unshare")
     calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES[action], tmp_path)
     assert not [c for c in calls if c.startswith("!!")], calls
-    reloads = [i for i, c in enumerate(calls) if c == "@ systemctl --system daemon-reload"]
+    reloads = [i for i, c in enumerate(calls) if reloads_systemd(c)]
     prevents = [i for i, c in enumerate(calls) if c == "@ nvsymlinkd repair --before-reload"]
     assert reloads, calls  # each of these actions reloads
     for i in reloads:
@@ -456,7 +464,7 @@ def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_pa
         assert before, f"{action}: a daemon-reload with no prevention before it:\n" + "\n".join(calls)
         between = calls[before[-1] + 1:i]
         assert not [c for c in between if c.startswith(("@ deb-systemd-invoke start", "@ deb-systemd-invoke restart",
-                                                         "@ systemctl")) and "daemon-reload" not in c], between
+                                                         "@ systemctl")) and not reloads_systemd(c)], between
     steps = [c for c in calls if c.startswith("== ")]
     if action in ("install", "upgrade"):
         # the link pass, then the prevention, then the reload and the (re)start
@@ -473,10 +481,16 @@ def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_pa
         # stop the daemon (no repair in flight), then prevent, while the package's files are all there
         assert order == ["@ deb-systemd-invoke stop nvsymlinkd.service", "@ py3clean -p nvsymlinkd",
                          "@ nvsymlinkd repair --before-reload"], prerm
-        assert len(reloads) == 2  # postrm remove: one daemon-reload per unit (dh_installsystemd's two sections)
+        # postrm remove: one daemon-reload per unit (dh_installsystemd's two sections)
+        assert calls.count("@ systemctl --system daemon-reload") == 2
         assert all(i > calls.index("== postrm remove") for i in reloads)
     if action == "purge":
-        assert not [c for c in calls[calls.index("== postrm purge"):] if "daemon-reload" in c or "nvsymlinkd " in c]
+        # postrm purge: no `systemctl daemon-reload` of debhelper's, but deb-systemd-helper's own when it removes
+        # the enablement links; nvsymlinkd is gone by then: prerm's prevention was the last possible
+        purge = calls[calls.index("== postrm purge"):]
+        assert not [c for c in purge if c == "@ systemctl --system daemon-reload" or c.startswith("@ nvsymlinkd")]
+        assert [c for c in purge if reloads_systemd(c)] == ["@ deb-systemd-helper purge nvsymlinkd.service",
+                                                            "@ deb-systemd-helper purge nvsymlinkd-sync.service"]
 
 
 def test_deb_prevention_that_fails_is_reported_and_never_fails_the_script(deb_build, need_root, tmp_path):
