@@ -196,8 +196,21 @@ class PackageSteps:
                 new = make(phase, step)
                 sc.timing(f"{phase}_{step}_containers_made_s", time.monotonic() - made_at)
                 containers += new
+            if installed:  # what the scripts about to run say, and what nvsymlinkd sees now
+                scripts = operator("grep", "-c", "nvsymlinkd repair --before-reload",
+                                   "/var/lib/dpkg/info/nvsymlinkd.postinst", "/var/lib/dpkg/info/nvsymlinkd.prerm")
+                sc.fact(f"{phase}_{step}_installed_scripts_prevent", scripts.stdout.split())
+                seen = operator("nvsymlinkd", "check", "--json")
+                try:
+                    sc.fact(f"{phase}_{step}_verdicts_before", {c["id"]: c["verdict"] for c in
+                                                                json.loads(seen.stdout)["containers"]})
+                except (ValueError, KeyError):
+                    sc.fact(f"{phase}_{step}_verdicts_before", (seen.stdout + seen.stderr)[-500:])
             start = time.time()
             proc = self.events.run(f"{phase} {step}", self.step, step, debs)
+            said = operator("journalctl", "--no-pager", "-o", "short-monotonic", "-t", "nvsymlinkd",
+                            f"--since=@{int(start)}")
+            sc.fact(f"{phase}_{step}_journal", said.stdout[-3000:])
             sc.fact(f"{phase}_{step}_output", (proc.stdout + proc.stderr)[-3000:])
             sc.timing(f"{phase}_{step}_s", time.time() - start)
             sc.check(f"{phase} {step}: exits 0", proc.returncode == 0, (proc.stdout + proc.stderr)[-600:])

@@ -1,4 +1,4 @@
-# vm: nvsymlinkd=off packages=upgrade timeout=1500 hierarchies=v2,v1 matrix=full
+# vm: nvsymlinkd=off packages=upgrade timeout=2400 hierarchies=v2,v1 matrix=full
 """Scenario 23: installing, upgrading, reinstalling, removing, purging and installing the package again
 takes no GPU from a running container (issue 25).
 
