@@ -1,4 +1,4 @@
-"""The package's own life cycle on a node with running GPU containers (issue 25): s23 and s24.
+"""The package's own life cycle on a node with running GPU containers (issue 25): s23 and s25.
 
     from pkgsteps import PackageSteps, Polled, without_prevention
     steps = PackageSteps(sc, events)

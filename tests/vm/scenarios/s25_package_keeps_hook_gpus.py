@@ -1,5 +1,5 @@
 # vm: nvsymlinkd=off packages=upgrade timeout=2400 hierarchies=v2,v1 matrix=full
-"""Scenario 24: s23's package life cycle (install, upgrade, reinstall, remove, purge, install again)
+"""Scenario 25: s23's package life cycle (install, upgrade, reinstall, remove, purge, install again)
 with GPU containers whose devices the NVIDIA hook granted, outside their spec (issue 25):
   runc+hook   runc with a createRuntime hook that grants c 195:0 like libnvidia-container
   docker      Docker 20.10 `--gpus all` (the prestart hook), systemd cgroup driver
