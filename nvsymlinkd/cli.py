@@ -26,6 +26,10 @@ SUMMARIES = {
     "repair": "re-grant NVIDIA devices GPU containers lost (or are about to lose)",
 }
 
+# Every --json document (and the JSON error document) starts with this; a change that is not purely
+# additive (a key renamed, removed or given another meaning) increments it. Added keys do not.
+JSON_SCHEMA_VERSION = 1
+
 EPILOG = """\
 examples:
   nvsymlinkd sync --dry-run                     # what the links need; nothing changed
@@ -56,6 +60,31 @@ class _Parser(argparse.ArgumentParser):
 
 _building = False
 
+# Commands for the shell completions only (completions/): never in --help, the man pages or the docs.
+HIDDEN_COMMANDS = ("complete-containers",)
+
+
+def _complete_containers(args, root, config) -> int:
+    """The words `check` and `repair` take for CONTAINER, one per line: each GPU container's short id
+    and its names. Discovery only (no verification, no bus): fast enough for a TAB, and quiet."""
+    from nvsymlinkd.containers.discovery import _names_of, discover
+    from nvsymlinkd.containers.ocispec import gpu_signs
+    from nvsymlinkd.devchar.snapshot import read_majors
+
+    try:
+        majors = frozenset(read_majors(root).nvidia_majors)
+    except NvsymlinkdError:
+        majors = frozenset()
+    words = []
+    for c in discover(root):
+        if not gpu_signs(c.spec, c.state, majors):
+            continue
+        for word in (c.short_id, *sorted(_names_of(c))):
+            if word not in words and word.isprintable() and not any(ch.isspace() for ch in word):
+                words.append(word)
+    sys.stdout.write("".join(w + "\n" for w in words))
+    return 0
+
 
 def _global_options(parser, default_root, default_config) -> None:
     parser.add_argument("--root", default=default_root, metavar="DIR",
@@ -85,6 +114,10 @@ def build_parser(only: str | None = None, stubs: bool = False) -> argparse.Argum
             # the global options are accepted after the subcommand too (`nvsymlinkd sync --root X`);
             # SUPPRESS: given there, they win; not given, the value from before the subcommand stays
             _global_options(sub.choices[name], argparse.SUPPRESS, argparse.SUPPRESS)
+        for name in HIDDEN_COMMANDS:  # no help=: not listed in --help, not documented (shells call it)
+            hidden = sub.add_parser(name, add_help=False)
+            hidden.set_defaults(func=_complete_containers)
+            _global_options(hidden, argparse.SUPPRESS, argparse.SUPPRESS)
         return parser
     finally:
         _building = False
@@ -112,7 +145,7 @@ def main(argv=None) -> int:
         config = load_config(root, args.config)
         return args.func(args, root, config)
     except NvsymlinkdError as exc:
-        message = with_root(str(exc), root) if root is not None else str(exc)
+        message = printable(with_root(str(exc), root) if root is not None else str(exc))
         prefix = "error: " if isinstance(exc, _CommandLineError) else ""
         sys.stderr.write(f"nvsymlinkd: {prefix}{message}\n")
         wants_json = getattr(args, "json", False) if args is not None else "--json" in argv
@@ -122,14 +155,60 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
+        _stdout_gone()
         return 0
+
+
+def write_output(text: str) -> None:
+    """Write a command's report to stdout; a reader that went away (`check | head -1`) ends it quietly.
+
+    The caller returns its own exit status after (what it found), never 0 for "the pipe closed": a
+    pipefail script must still see that the host is not as desired.
+    """
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_gone()
+
+
+def _stdout_gone() -> None:
+    import os
+
+    try:  # the interpreter flushes stdout at exit: into /dev/null, not a second BrokenPipeError
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+# C0, DEL, C1, line and paragraph separators, bidi and zero-width controls, lone surrogates: what a
+# terminal acts on, or what cannot be encoded. In what a container can write (scope names, cgroup paths,
+# names), human output shows them as \xNN / \uNNNN, as journalctl shows such bytes escaped.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on escaped (idempotent: the result is printable)."""
+    if _UNPRINTABLE.search(text) is None:
+        return text
+    return _UNPRINTABLE.sub(_escape_char, text)
+
+
+def _escape_char(m) -> str:
+    code = ord(m.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode (surrogateescape): show the byte
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _print_json_error(message: str, exit_code: int) -> None:
     import json  # only on this error path: not on every command's start
 
     try:
-        json.dump({"ok": False, "error": message, "exit_code": exit_code}, sys.stdout, indent=2)
+        json.dump({"schema_version": JSON_SCHEMA_VERSION, "ok": False, "error": message, "exit_code": exit_code},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
         sys.stdout.flush()
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ from nvsymlinkd.errors import ConfigError
 from nvsymlinkd.record import dataclass, fields, replace
 
 DEFAULT_CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
+MAX_CONFIG_BYTES = 1 << 20  # a flat file of ten keys: a MiB is a mistake, not a config
 
 
 @dataclass(frozen=True)
@@ -110,24 +111,39 @@ def has_control_character(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _coerce(key: Key, value, where: str):
     def bad(what: str):
         return ConfigError(f"{where}: key '{key.name}' must be {what}, got {value!r}")
 
     if isinstance(value, str) and has_control_character(value):
         raise bad("free of control characters (newline, tab, ...)")
+    if isinstance(value, str) and not is_utf8(value):
+        # a command-line byte that is not UTF-8 (os.fsdecode made it a lone surrogate): a systemd unit
+        # and the journal are UTF-8, and the value is shown with its bytes escaped
+        from nvsymlinkd.cli import printable
+
+        raise ConfigError(f"{where}: key '{key.name}' must be UTF-8 text, got '{printable(value)}'")
 
     if key.kind == "bool":
         if not isinstance(value, bool):
             raise bad("true or false")
         return value
-    if key.kind == "path":
-        if not isinstance(value, str) or not value.startswith("/"):
-            raise bad("an absolute path (a string starting with /)")
-        return value
-    if key.kind == "optional_path":
-        if not isinstance(value, str) or not (value == "" or value.startswith("/")):
-            raise bad('an absolute path or "" (off)')
+    if key.kind in ("path", "optional_path"):
+        if not isinstance(value, str) or not (value.startswith("/") or key.kind == "optional_path" and value == ""):
+            raise bad("an absolute path (a string starting with /)" if key.kind == "path"
+                      else 'an absolute path or "" (off)')
+        value = normal_path(value) if value else value
+        problem = path_problem(key.name, value)
+        if problem is not None:
+            raise ConfigError(f"{where}: key '{key.name}' = {value!r}: {problem}")
         return value
     if key.kind == "listen":
         if not isinstance(value, str) or not (value == "" or _is_listen(value)):
@@ -138,12 +154,58 @@ def _coerce(key: Key, value, where: str):
             raise bad("a number of seconds")
         if value != 0 and not key.minimum <= value <= key.maximum:
             raise bad(f"0 (off) or a number of seconds from {key.minimum:g} to {key.maximum:g}")
-        return float(value)
+        return float(value) if value != 0 else 0.0  # -0.0 is off too, never rendered "-0"
     if key.kind == "choice":
         if value not in key.choices:
             raise bad("one of " + ", ".join(f'"{c}"' for c in key.choices))
         return value
     raise AssertionError(key.kind)
+
+
+def normal_path(path: str) -> str:
+    """`path` as systemd wants it in a unit (it ignores a path that is not normalized): no `.`, `..`, `//`
+    or trailing `/`. Lexical, as systemd's own path_simplify."""
+    import posixpath
+
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+# Directories a config may not make writable: ReadWritePaths= of one of them undoes ProtectSystem=strict
+# for all of it (dev_char_path = "/" rendered ReadWritePaths=-/), and the daemon would write among the
+# system's own files. The metrics textfile's directory counts (the unit opens it for the atomic rename).
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt",
+                         "/opt", "/proc", "/run", "/sbin", "/sys", "/usr", "/var", "/var/cache", "/var/lib", "/var/log",
+                         "/var/spool", "/run/systemd"})
+SYSTEM_TREES = ("/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/usr")
+# Private to the unit (PrivateTmp=yes, ProtectHome=yes): the daemon would use another directory than a CLI
+# run from a shell, or none at all; systemd's /tmp is also cleaned behind its back.
+PRIVATE_TREES = ("/tmp", "/var/tmp", "/home", "/root", "/run/user")
+WRITABLE_KEYS = {"dev_char_path": "links are made in it", "state_dir": "the daemon writes its state there",
+                 "metrics_textfile": "its directory is made writable for the atomic replace"}
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree + "/")
+
+
+def path_problem(key: str, path: str) -> str | None:
+    """Why a normalized path makes no sense for this key (see SYSTEM_DIRS, PRIVATE_TREES), or None."""
+    if key not in WRITABLE_KEYS or not path:
+        return None
+    directory = path.rpartition("/")[0] or "/" if key == "metrics_textfile" else path
+    what = "its directory " + directory if directory != path else "it"
+    if key == "metrics_textfile" and path == "/":
+        return "names no file; give a file in a directory of its own, e.g. " \
+               "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+    if directory in SYSTEM_DIRS or any(_within(directory, t) for t in SYSTEM_TREES):
+        return (f"{what} is a system directory the units keep read-only ({WRITABLE_KEYS[key]}); "
+                "use a directory of its own")
+    for tree in PRIVATE_TREES:
+        if _within(directory, tree):
+            return (f"{what} is under {tree}, which the units make private (PrivateTmp=, ProtectHome=): "
+                    "the daemon and the command line would use different directories; use one under /run, "
+                    "/var/lib or /srv")
+    return None
 
 
 def _is_listen(value: str) -> bool:
@@ -169,18 +231,32 @@ def parse_config(data: bytes, path: str) -> Config:
 
 
 def load_config(root, explicit_path: str | None = None) -> Config:
-    """Load the config file; an absent default file is fine, an absent --config file is not."""
-    if explicit_path is not None:
-        real, shown = explicit_path, explicit_path
-    else:
-        real, shown = root.path(DEFAULT_CONFIG), DEFAULT_CONFIG
+    """Load the config file; an absent default file is fine, an absent --config file is not.
+
+    Read as runtime files are: a regular file (or /dev/null), at most MAX_CONFIG_BYTES, never blocking
+    on a fifo; the default path is resolved confined to --root (an explicit --config is taken as given).
+    """
+    import os
+
+    from nvsymlinkd.errors import UnsafeFile
+    from nvsymlinkd.host.root import read_regular
+
+    shown = explicit_path if explicit_path is not None else DEFAULT_CONFIG
     try:
-        with open(real, "rb") as f:
-            data = f.read()
+        if explicit_path is not None:
+            fd = os.open(explicit_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+        else:
+            fd = root.open_file(DEFAULT_CONFIG)
+        try:
+            data = read_regular(fd, shown, MAX_CONFIG_BYTES)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         if explicit_path is not None:
             raise ConfigError(f"{shown}: no such file; check the --config path")
         return Config()
+    except UnsafeFile as exc:
+        raise ConfigError(f"{exc}; the config must be a regular TOML file of at most {MAX_CONFIG_BYTES >> 20} MiB")
     except IsADirectoryError:
         raise ConfigError(f"{shown}: is a directory, not a TOML file")
     except OSError as exc:

@@ -96,5 +96,10 @@ class RepairBusy(RepairError):
     """Another repair holds the host's repair lock: nothing was tried."""
 
 
+class RepairRefused(RepairError):
+    """What the host shows rules the repair out (a program not fully decoded, a proof that fails):
+    nothing was changed, and the outcome is cannot-repair, not failed."""
+
+
 class CannotEvaluate(NvsymlinkdError):
     """The BPF interpreter met something it cannot run exactly: the access is unknown, never allow."""

@@ -9,7 +9,8 @@ Where entries go (env NVSYMLINKD_LOG=auto|journal|stderr, default auto):
 - journal: systemd.journal.send (python3-systemd) to the journal socket;
 - stderr: one plain line per entry; prefixed with `<N>` (the syslog priority,
   which journald's stdout stream parser understands) only when JOURNAL_STREAM
-  names our stderr, so a terminal never sees the prefixes.
+  names our stderr, so a terminal never sees the prefixes; control characters in the message
+  (from container-writable names) are escaped, so an entry stays one line.
 auto picks the journal when the socket exists, python3-systemd imports and
 stderr is not a terminal (a foreground run stays readable); tests force
 stderr so they can read what the daemon says.
@@ -48,6 +49,7 @@ MESSAGE_IDS = {
     # container verifier: "container-" + each finding kind, and "container-ok" (verify.verifier.JOURNAL_KINDS)
     "container-ok": "b0c3e0dd255749f89757d1b6405543cf",
     "container-lost": "483c260197bb4a5082cbaae3b26d085c",
+    "container-denied": "6319b0c3b41544b2abc25c1ebf2c08b0",
     "container-at-risk-scope": "dc9a8c0480ee41a0a6a7ec454776bee3",
     "container-at-risk-not-in-spec": "e22f202c38134d758577be98caa78c07",
     "container-at-risk-uvm-missing": "3b40d429af264d4d893899337d991187",
@@ -100,9 +102,12 @@ class Journal:
                 return
             except OSError:
                 pass  # journald restarting: fall through to stderr, lose nothing
+        # names from container-writable files: one line, no terminal escapes
+        from nvsymlinkd.cli import printable
+
         prefix = f"<{priority}>" if self.prefix_priority else ""
         try:
-            self.stream.write(f"{prefix}{IDENTIFIER}: {message}\n")
+            self.stream.write(f"{prefix}{IDENTIFIER}: {printable(message)}\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr closed: nowhere left to complain

@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # the probe must not import the verifier
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LINK_ACTIONS = ("create", "replace", "remove", "create-node")
 # the verifier's verdicts for GPU containers (label values, in the order the families list them)
-CONTAINER_STATUSES = tuple(v.value for v in (Verdict.OK, Verdict.AT_RISK, Verdict.LOST, Verdict.UNKNOWN))
+CONTAINER_STATUSES = tuple(v.value for v in (Verdict.OK, Verdict.AT_RISK, Verdict.LOST, Verdict.DENIED,
+                                               Verdict.UNKNOWN))
 NOT_COUNTED = (Verdict.NOT_GPU.value, Verdict.NOT_RUNNING.value)
 REPAIR_RESULTS = ("ok", "failed")
 # Per-container series only for containers with findings, and at most this many: the label set stays
@@ -241,7 +242,10 @@ class Metrics:
         from nvsymlinkd.host.atomicfile import write_atomic
 
         try:
-            write_atomic(path, self.render())
+            if self.root is not None:  # confined to --root: a link on the way never leads the write outside
+                self.root.write_file(self.config.metrics_textfile, self.render(), 0o644, dir_mode=None)
+            else:
+                write_atomic(path, self.render())
         except OSError as exc:
             shown = self.config.metrics_textfile
             message = f"cannot write metrics to {shown}: {exc.strerror or exc}"

@@ -76,6 +76,11 @@ else:
             value = cls.__dict__.get(name, _MISSING)
             f = value if isinstance(value, Field) else Field(default=value)
             f.name = name
+            if f.default is not _MISSING and f.default.__class__.__hash__ is None:
+                # dataclasses' rule (3.11+): an unhashable default (list, dict, set) would be one object
+                # shared by every instance
+                raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: "
+                                 "use default_factory")
             if f.default is _MISSING:
                 if name in cls.__dict__:
                     delattr(cls, name)  # a default_factory's Field: no class attribute (as dataclasses)

@@ -81,11 +81,15 @@ def sync_warnings(root, result) -> list:
 REPAIR_WORDS = {  # status -> how the summary says it
     "repaired": "repaired", "prevented": "prevented", "nothing-to-do": "nothing to do",
     "would-repair": "would repair", "cannot-repair": "cannot repair", "failed": "failed",
+    "cannot-judge": "cannot judge", "not-repairable": "not repairable (recreate)",
+    "denied": "denied, not repaired",
 }
 
 
 def repair_line(results, counts: dict, dry_run: bool) -> str:
-    """`repair: 2 containers with findings: 1 repaired, 1 failed`."""
+    """`repair: 3 containers with findings: 1 repaired, 1 failed, 1 cannot judge`: every container
+    `check` would count, the ones no repair can help (cannot-judge, not-repairable) included."""
     head = "repair (dry run)" if dry_run else "repair"
     parts = [f"{n} {REPAIR_WORDS.get(k, k)}" for k, n in counts.items() if n]
-    return f"{head}: {plural(len(results), 'container')} with findings" + (": " + ", ".join(parts) if parts else "")
+    total = len(results) + sum(counts.get(k, 0) for k in ("cannot-judge", "not-repairable", "denied"))
+    return f"{head}: {plural(total, 'container')} with findings" + (": " + ", ".join(parts) if parts else "")

@@ -1,8 +1,9 @@
 """Test-side builder of BPF_CGROUP_DEVICE programs in the shapes real producers emit,
 and a prober that asks the kernel itself (open()/mknod() from a child in a cgroup).
 
-Shapes, mirrored instruction by instruction from upstream:
-  - runc_program: opencontainers/cgroups devicefilter (one block per rule:
+The assembler (ldx, alu, jmp, Label, ...) and runc's shape are the package's own generator,
+nvsymlinkd.access.bpfgen; the other shapes are here, mirrored instruction by instruction:
+  - runc_program: opencontainers/cgroups devicefilter, through bpfgen.program (one block per rule:
     jne type; [mov32 r1,r3; and32 r1,acc; jne r1,r3]; jne major; jne minor;
     mov32 r0,allow; exit; then `mov32 r0,default; exit`).
   - systemd_program: systemd src/core/bpf-devices.c (access check first, type,
@@ -22,103 +23,41 @@ import random
 import stat
 
 from nvsymlinkd.access import bpfeval as be
-from nvsymlinkd.access.bpfeval import Insn
+from nvsymlinkd.access import bpfgen
+from nvsymlinkd.access.bpfgen import (  # noqa: F401 - the package's assembler, re-exported for the tests
+    Label,
+    alu,
+    exit_,
+    ja,
+    jmp,
+    ldx,
+    mov32,
+    mov64,
+)
+from nvsymlinkd.access.bpfgen import emit_jump as _emit_jump
+from nvsymlinkd.access.bpfgen import place as _place
 from nvsymlinkd.access.rules import DeviceRule
+from nvsymlinkd.host.devices import Rule
 
-ACC_BITS = {"r": be.ACC_READ, "w": be.ACC_WRITE, "m": be.ACC_MKNOD}
-TYPE_BITS = {"c": be.DEV_CHAR, "b": be.DEV_BLOCK}
+LOAD_CTX = list(bpfgen.LOAD_CTX)   # a list: tests build programs by `+`
+ACC_BITS = bpfgen.ACCESS_BITS
+TYPE_BITS = bpfgen.TYPE_BITS
 
 
 def acc_mask(access: str) -> int:
-    return sum(ACC_BITS[c] for c in set(access))
-
-
-# --- instruction helpers --------------------------------------------------------------------
-
-def ldx(size: int, dst: int, src: int, off: int) -> Insn:
-    return Insn(be.LDX | be.MODE_MEM | size, dst, src, off, 0)
-
-
-def alu(op: int, dst: int, imm: int = 0, src: int = 0, x: bool = False, is64: bool = False,
-        off: int = 0) -> Insn:
-    cls = be.ALU64 if is64 else be.ALU
-    return Insn(cls | op | (be.SRC_X if x else be.SRC_K), dst, src if x else 0, off, 0 if x else imm)
-
-
-def jmp(op: int, dst: int, off: int, imm: int = 0, src: int = 0, x: bool = False,
-        is32: bool = False) -> Insn:
-    cls = be.JMP32 if is32 else be.JMP
-    return Insn(cls | op | (be.SRC_X if x else be.SRC_K), dst, src if x else 0, off, 0 if x else imm)
-
-
-def ja(off: int) -> Insn:
-    return Insn(be.JMP | be.JA, 0, 0, off, 0)
-
-
-def exit_() -> Insn:
-    return Insn(be.JMP | be.EXIT, 0, 0, 0, 0)
-
-
-def mov32(dst: int, imm: int) -> Insn:
-    return alu(be.MOV, dst, imm)
-
-
-def mov64(dst: int, imm: int) -> Insn:
-    return alu(be.MOV, dst, imm, is64=True)
-
-
-class Label:
-    """Forward jump target: jumps are emitted with a placeholder and patched."""
-
-    def __init__(self):
-        self.at = None
-        self.users = []
-
-
-def _emit_jump(prog: list, insn: Insn, label: Label) -> None:
-    label.users.append(len(prog))
-    prog.append(insn)
-
-
-def _place(prog: list, label: Label) -> None:
-    label.at = len(prog)
-    for i in label.users:
-        prog[i] = prog[i]._replace(off=label.at - i - 1)
+    return bpfgen.access_mask(access)
 
 
 # --- producers ------------------------------------------------------------------------------
 
-LOAD_CTX = [
-    ldx(be.SIZE_W, 2, 1, 0), alu(be.AND, 2, 0xFFFF),
-    ldx(be.SIZE_W, 3, 1, 0), alu(be.RSH, 3, 16),
-    ldx(be.SIZE_W, 4, 1, 4),
-    ldx(be.SIZE_W, 5, 1, 8),
-]
-
-
 def runc_program(rules: list, default_allow: bool) -> list:
     """runc/crun: rules are exceptions (allow when default deny, deny when default allow);
-    the first matching block decides."""
-    prog = list(LOAD_CTX)
-    for rule in rules:
-        nxt = Label()
-        _emit_jump(prog, jmp(be.JNE, 2, 0, TYPE_BITS[rule.dev_type]), nxt)
-        if acc_mask(rule.access) != 7:
-            prog.append(alu(be.MOV, 1, src=3, x=True))
-            prog.append(alu(be.AND, 1, acc_mask(rule.access)))
-            _emit_jump(prog, jmp(be.JNE, 1, 0, src=3, x=True), nxt)
-        if rule.major is not None:
-            _emit_jump(prog, jmp(be.JNE, 4, 0, rule.major), nxt)
-        if rule.minor is not None:
-            _emit_jump(prog, jmp(be.JNE, 5, 0, rule.minor), nxt)
-        prog += [mov32(0, 0 if default_allow else 1), exit_()]
-        _place(prog, nxt)
-    prog += [mov32(0, 1 if default_allow else 0), exit_()]
-    return prog
+    the first matching block decides. The package's generator (access.bpfgen) emits this shape."""
+    return bpfgen.program([Rule(not default_allow, r.type, r.major, r.minor, r.access) for r in rules], default_allow)
 
 
 def runc_allow_all() -> list:
-    return list(LOAD_CTX) + [mov32(0, 1), exit_()]
+    return bpfgen.allow_all()
 
 
 # bpf_devices_allow_list_static(): what DevicePolicy=closed always allows

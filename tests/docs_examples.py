@@ -50,6 +50,12 @@ def main() -> int:
             cli(host, "repair", "gpu-lost")
             cli(host, "check", "--no-bus", "--no-host", "gpu-lost")
 
+            scenario("denied")
+            host.run("gpu-never", nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidiactl", 195, 255)],
+                     env=["NVIDIA_VISIBLE_DEVICES=0"])
+            cli(host, "check", "--no-bus", "--no-host", "gpu-never")
+            cli(host, "repair", "gpu-never")
+
             scenario("at-risk-not-in-spec")
             c = host.run("gpu-hook", rules=[device_rule(195, 0)],
                          nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])

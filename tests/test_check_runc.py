@@ -95,7 +95,9 @@ def test_hook_style_grant_is_at_risk(need_v1, runc_host):
     # the node exists (like a hook's mknod) but only a direct devices.allow write grants it
     c = runc_host.run("gpu-hook", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])
-    assert verify(runc_host, "gpu-hook").verdict == "ok"
+    # before the grant: a node the runtime made but nothing allows is denied, never ok
+    before = verify(runc_host, "gpu-hook")
+    assert before.verdict == "denied" and kinds(before) == {"denied": ("c 195:1",)}
     assert c.open_error("/dev/nvidia1") == "EPERM"
     c.allow("c 195:1 rw")
     report = verify(runc_host, "gpu-hook")
@@ -125,7 +127,8 @@ def test_node_made_inside_the_container_is_not_expected(runc_host):
     assert "/dev/nvidia2 (c 195:2)" in report.untrusted_nodes
     assert "c 195:2" not in report.expected
     assert "c 195:2" not in report.granted
-    assert report.verdict == "ok"
+    # a node in its /dev is a sign, never a grant: denied (not ok, and never repaired)
+    assert report.verdict == "denied" and kinds(report) == {"denied": ("c 195:2",)}
     assert c.open_error("/dev/nvidia2") == "EPERM"
 
 
@@ -155,7 +158,9 @@ def test_uvm_not_given(runc_host):
     report = verify(runc_host, "gpu-nouvm")
     assert report.verdict == "at-risk"
     assert kinds(report) == {"at-risk-uvm-missing": ("c 509:0",)}
-    assert "restart the device plugin" in report.findings[0].fix
+    # a plain runc container: the runtime's hook allocated it, no device plugin to restart
+    assert "restart the device plugin" not in report.findings[0].fix
+    assert report.findings[0].fix.startswith("recreate this container: nvidia-uvm is loaded now")
     c.exec("mknod", "/dev/nvidia-uvm", "c", "509", "0")
     assert c.open_error("/dev/nvidia-uvm") == "EPERM"
 

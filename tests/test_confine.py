@@ -52,6 +52,8 @@ def host_info(host, proc="/proc"):
                                   f"{CAPS} nvidia-caps\n")
     host.write(f"{proc}/driver/nvidia/gpus/0000:01:00.0/information", "Device Minor: \t 0\n")
     host.write(f"{proc}/driver/nvidia-caps/mig-minors", "config 1\n")
+    # its mode: a capability node whose mode the driver does not give is never made (issue 26.9)
+    host.write(f"{proc}/driver/nvidia/capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\n")
 
 
 def nodes(host, dev):

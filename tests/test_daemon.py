@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 from daemonproc import DaemonProcess, notify_socket
@@ -149,8 +150,31 @@ def test_sighup_bad_config_keeps_old(host, daemon_factory, tmp_path):
     cfg.write_text('resync_interval = 0\ndev_char_path = "/dev/char2"\n')
     mark = d.mark()
     d.signal(signal.SIGHUP)
-    d.wait_entry("config-reloaded", after=mark)
+    message, _ = d.wait_entry("config-reloaded", after=mark)
+    assert message == f'config reloaded from {cfg}: dev_char_path "/dev/char" -> "/dev/char2"', message
     d.wait_until(lambda: (links(host, "/dev/char2") or {}).get("195:9") == "../nvidia9", "links in the new directory")
+    mark = d.mark()
+    d.signal(signal.SIGHUP)  # the same file again
+    message, _ = d.wait_entry("config-reloaded", after=mark)
+    assert message.endswith(": nothing changed"), message
+    assert d.stop() == 0
+
+
+def test_driver_not_loaded_is_said_once(host, daemon_factory):
+    host.proc_devices({})  # no NVIDIA entry: the module is not loaded
+    d = daemon_factory(host.root, "--resync-interval", "1", journal=True)
+    d.wait_until(lambda: len(d.entries(kind="daemon-started")) == 1, "the daemon to start")
+    said = lambda: [m for m, _ in d.entries() if m.startswith("NVIDIA driver not loaded")]  # noqa: E731
+    d.wait_until(lambda: said(), "the warning")
+    time.sleep(2.5)  # more periodic passes
+    assert len(said()) == 1, d.entries()
+    (_, fields), = [e for e in d.entries() if e[0].startswith("NVIDIA driver not loaded")]
+    assert fields["PRIORITY"] == "4"
+    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})
+    d.wait_until(lambda: any(m == "NVIDIA driver loaded: linking its nodes" for m, _ in d.entries()),
+                 "the driver to be noticed")
+    d.wait_until(lambda: (links(host) or {}).get("195:0") == "../nvidia0", "links once the driver is there")
+    assert len(said()) == 1
     assert d.stop() == 0
 
 

@@ -302,17 +302,19 @@ def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
 # cgroup or systemd client), so it runs, and is table-tested, anywhere. Pure nvsymlinkd modules:
 PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.devices", "nvsymlinkd.host.procdevices",
         "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes",
-        "nvsymlinkd.access", "nvsymlinkd.access.rules", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
+        "nvsymlinkd.access", "nvsymlinkd.access.rules", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
+        "nvsymlinkd.access.bpfproof", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
         "nvsymlinkd.verify.journaldiff",
         "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
-        "nvsymlinkd.devchar.plan", "nvsymlinkd.record"}
+        "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
 
 
 @pytest.mark.parametrize("module", [
     "nvsymlinkd.repair.plan", "nvsymlinkd.host.devices", "nvsymlinkd.verify.kinds",
     "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes", "nvsymlinkd.devchar.model", "nvsymlinkd.devchar.plan",
-    "nvsymlinkd.verify.journaldiff",
+    "nvsymlinkd.verify.journaldiff", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
+    "nvsymlinkd.access.bpfproof", "nvsymlinkd.containers.hookgrant",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "

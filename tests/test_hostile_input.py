@@ -341,5 +341,5 @@ def test_daemon_journals_an_unreadable_gpu_container_once_and_counts_it(fakehost
     assert sorted(f["container_id"] for _, f in unknown) == sorted([CID, "deep1"]), journal.events
     assert any(h.spec in m and "symlink" in m for m, _ in unknown), unknown
     assert any("nested too deeply" in m for m, _ in unknown), unknown
-    assert metrics.containers == {"ok": 0, "at-risk": 0, "lost": 1, "unknown": 2}
+    assert metrics.containers == {"ok": 0, "at-risk": 0, "lost": 1, "denied": 0, "unknown": 2}
     assert not any("verification failed" in line for line in journal.lines), journal.lines

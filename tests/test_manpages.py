@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd import journal, metrics
-from nvsymlinkd.cli import COMMANDS, build_parser
+from nvsymlinkd.cli import COMMANDS, HIDDEN_COMMANDS, build_parser
 from nvsymlinkd.config import KEYS
 from nvsymlinkd.repair import apply as repairer
 from nvsymlinkd.repair.plan import RepairStatus
@@ -45,7 +45,7 @@ def subcommands() -> dict:
     out = {None: parser}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            out.update(action.choices)
+            out.update((k, v) for k, v in action.choices.items() if k not in HIDDEN_COMMANDS)
     return out
 
 
@@ -108,8 +108,8 @@ def test_every_config_key_is_in_the_config_page():
 def test_every_message_id_is_in_the_main_page():
     text = read_page(MAIN_PAGE)
     missing = [f"{kind} {mid}" for kind, mid in journal.MESSAGE_IDS.items()
-               if not re.search(rf"^{re.escape(kind)}\s+{mid}\s", text, re.M)]
-    assert not missing, f"man/{MAIN_PAGE}: add these to the JOURNAL table: {missing}"
+               if not re.search(rf"^\*\*{re.escape(kind)}\*\* \([a-z]+\)\n    {mid}$", text, re.M)]
+    assert not missing, f"man/{MAIN_PAGE}: add these to the JOURNAL list ('**KIND** (PRIORITY)', then the ID): {missing}"
 
 
 def test_every_metric_is_in_the_run_page():

@@ -29,12 +29,15 @@ from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
 
-CONFIG = Path(__file__).parent.parent / "deploy/node-problem-detector/nvsymlinkd-monitor.json"
+NPD_DIR = Path(__file__).parent.parent / "deploy/node-problem-detector"
+CONFIG = NPD_DIR / "nvsymlinkd-monitor.json"
+PLUGIN_CONFIG = NPD_DIR / "nvsymlinkd-plugin-monitor.json"
+PLUGIN = NPD_DIR / "nvsymlinkd-condition"
 DEADLINE = 30.0
 
 
-def load():
-    with open(CONFIG) as f:
+def load(path=CONFIG):
+    with open(path) as f:
         return json.load(f)
 
 
@@ -46,6 +49,8 @@ class NPD:
         self.rules = [(r, re.compile(r["pattern"] + r"\Z")) for r in config["rules"]]
         self.buffer = [""] * self.size
         self.current = 0
+        # generateStatus: a permanent rule sets its condition True; nothing in a log monitor sets it back
+        self.conditions = {c["type"]: False for c in config["conditions"]}
 
     def push(self, message: str) -> list:
         """Add one MESSAGE (trimmed, as the journald watcher does); the reasons of the rules that fire."""
@@ -53,7 +58,11 @@ class NPD:
         self.current += 1
         i = self.current % self.size
         text = "\n".join(self.buffer[i:] + self.buffer[:i])
-        return [r["reason"] for r, rx in self.rules if rx.search(text)]
+        fired = [r for r, rx in self.rules if rx.search(text)]
+        for r in fired:
+            if r["type"] == "permanent":
+                self.conditions[r["condition"]] = True
+        return [r["reason"] for r in fired]
 
 
 def recording_journal(entries: list) -> journalmod.Journal:
@@ -75,20 +84,30 @@ def test_config_shape():
     assert cfg["plugin"] == "journald"
     assert cfg["pluginConfig"]["source"] == journalmod.IDENTIFIER  # SYSLOG_IDENTIFIER NPD filters on
     assert cfg["logPath"] == "/var/log/journal"
-    conditions = {c["type"] for c in cfg["conditions"]}
-    assert {"GPUDeviceAccessLost", "GPUDeviceAccessAtRisk", "GPUDeviceRepairFailed"} == conditions
-    for c in cfg["conditions"]:
-        assert c["reason"] and c["message"]
+    # A log monitor's condition never clears (generateStatus only ever sets True): its rules are events,
+    # and the conditions come from the plugin monitor, which says False again once containers are fine.
+    assert cfg["conditions"] == []
     reasons = [r["reason"] for r in cfg["rules"]]
     assert len(reasons) == len(set(reasons))
     for r in cfg["rules"]:
-        assert r["type"] in ("temporary", "permanent")
+        assert r["type"] == "temporary", r
         assert re.fullmatch(r"[A-Z][A-Za-z]+", r["reason"]), r["reason"]  # CamelCase, as NPD's own
-        if r["type"] == "permanent":
-            assert r["condition"] in conditions
         # RE2 has no look-around or back-references, and `.` never crosses a line in either engine
         assert not re.search(r"\(\?[=!<]|\\[1-9]|\(\?s", r["pattern"]), r["pattern"]
         re.compile(r["pattern"])
+
+
+def test_plugin_config_shape():
+    cfg = load(PLUGIN_CONFIG)
+    assert cfg["plugin"] == "custom"
+    conditions = {c["type"] for c in cfg["conditions"]}
+    assert conditions == {"GPUDeviceAccessLost", "GPUDeviceAccessAtRisk"}
+    for c in cfg["conditions"]:
+        assert c["reason"] and c["message"]
+    for r in cfg["rules"]:
+        assert r["type"] == "permanent" and r["condition"] in conditions
+        assert r["path"].endswith("/" + PLUGIN.name) and r["args"][0] in ("lost,denied", "at-risk")
+    assert {r["condition"] for r in cfg["rules"]} == conditions
 
 
 # -- real entries from the daemon and the repairer ----------------------------------------
@@ -214,10 +233,8 @@ def test_rules_match_the_real_entries_and_nothing_else(tmp_path, runc_host, monk
     assert set(EXPECTED) <= set(seen), sorted(set(EXPECTED) - set(seen))
     # the unrelated entries really were there to not match
     assert {"daemon-started", "link-created", "daemon-stopped"} <= set(seen)
-    # and a permanent rule sets its condition: the failed repair
-    rules = {r["reason"]: r for r in load()["rules"]}
-    assert rules[EXPECTED["repair-failed"]]["type"] == "permanent"
-    assert rules[EXPECTED["repair-failed"]]["condition"] == "GPUDeviceRepairFailed"
+    # and nothing in the log monitor sets a condition that could never clear
+    assert npd.conditions == {}
 
 
 def test_rules_also_match_with_the_stderr_prefix():
@@ -228,6 +245,140 @@ def test_rules_also_match_with_the_stderr_prefix():
     assert npd.push(line) == ["GPUDeviceRepairFailed"]
 
 
+# -- the stories: what the node's conditions say while they happen, and after ------------------------
+
+
+def plugin(status: str, textfile: Path) -> tuple:
+    """The custom plugin as node-problem-detector runs it: (exit status, first output line)."""
+    proc = subprocess.run(["sh", str(PLUGIN), status, str(textfile)], capture_output=True, text=True, timeout=10)
+    return proc.returncode, proc.stdout.strip()
+
+
+def conditions_now(root, textfile: Path) -> dict:
+    """The plugin monitor's conditions from a textfile the daemon's Metrics would write for this host now."""
+    from nvsymlinkd.metrics import Metrics
+    from nvsymlinkd.verify.verifier import verify_all
+
+    m = Metrics()
+    m.on_containers(verify_all(root, Config(), with_host=False, use_bus=False))
+    textfile.write_text(m.render())
+    out = {}
+    for rule in load(PLUGIN_CONFIG)["rules"]:
+        code, message = plugin(rule["args"][0], textfile)
+        assert code in (0, 1), message  # 2 would be Unknown
+        out[rule["condition"]] = code == 1  # cpm: OK -> False, NonOK -> True
+    return out
+
+
+def test_stories_set_conditions_that_clear(runc_host, monkeypatch, tmp_path):
+    """Each story through the real repairer, its journal lines through the log monitor, the node's
+    conditions through the plugin: a hook's grant at risk that cgroupfs cannot protect (a refused
+    prevention), lost and repaired, at risk again; a loss refused by the rate limit; a failed repair.
+    A condition is True exactly while its story's container is in that state, and False after."""
+    from runcfixture import device_node, device_rule
+
+    from nvsymlinkd.repair.apply import repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
+    from nvsymlinkd.verify.verifier import verify_all
+
+    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
+    root = HostRoot(str(runc_host.root))
+    textfile = tmp_path / "nvsymlinkd.prom"
+    entries: list = []
+    j = recording_journal(entries)
+    history, now = RepairHistory(), [1000.0]
+    npd = NPD(load())
+
+    def daemon_pass() -> list:
+        mark = len(entries)
+        results = repair_all(root, Config(), journal=j, history=history, clock=lambda: now[0], use_bus=False)
+        for e in entries[mark:]:
+            npd.push(e["MESSAGE"])
+        return [(r.request.container_id, str(r.status)) for r in results]
+
+    # the hook's story: granted outside the spec, at risk; cgroupfs cannot make that stick
+    c = runc_host.run("gpu-story", rules=[device_rule(195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0,1"],
+                      nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])
+    c.allow("c 195:1 rw")
+    verify_all(root, Config(), update_baseline=True, use_bus=False)
+    assert daemon_pass() == [("gpu-story", "cannot-repair")]
+    assert entries[-1]["MESSAGE"].startswith("container gpu-story: cannot prevent the loss: with the cgroupfs")
+    assert conditions_now(root, textfile) == {"GPUDeviceAccessLost": False, "GPUDeviceAccessAtRisk": True}
+    c.deny("c 195:1 rw")
+    assert conditions_now(root, textfile) == {"GPUDeviceAccessLost": True, "GPUDeviceAccessAtRisk": False}
+    mark = len(entries)
+    assert daemon_pass() == [("gpu-story", "repaired")]
+    now[0] += 4
+    assert daemon_pass() == [("gpu-story", "cannot-repair")]  # at risk again, as before the loss
+    after = [e["MESSAGE"] for e in entries[mark:]]
+    assert after[0].endswith("verified: repaired"), after
+    # a container that is fine is never said to be unrepairable, nor rate-limited
+    assert not [m for m in after[1:] if "cannot repair" in m or "last repair attempt" in m], after
+    assert conditions_now(root, textfile) == {"GPUDeviceAccessLost": False, "GPUDeviceAccessAtRisk": True}
+    assert c.open_error("/dev/nvidia1") == "ENXIO"
+    runc_host.runc("delete", "--force", c.id)
+    assert conditions_now(root, textfile) == {"GPUDeviceAccessLost": False, "GPUDeviceAccessAtRisk": False}
+
+    # lost again within the window: the rate limit refuses, the loss stays (and says so), until it is repaired
+    lo = runc_host.run("gpu-loop", rules=[device_rule(195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                       nodes=[device_node("/dev/nvidia0", 195, 0)])
+    lo.deny("c 195:0 rw")
+    assert daemon_pass() == [("gpu-loop", "repaired")]
+    lo.deny("c 195:0 rw")
+    now[0] += 60
+    mark = len(entries)
+    assert daemon_pass() == [("gpu-loop", "cannot-repair")]
+    assert "cannot repair automatically: the last repair attempt was 60 s ago" in entries[mark]["MESSAGE"]
+    assert conditions_now(root, textfile)["GPUDeviceAccessLost"] is True
+    now[0] += 600
+    assert daemon_pass() == [("gpu-loop", "repaired")]
+    assert conditions_now(root, textfile)["GPUDeviceAccessLost"] is False
+    runc_host.runc("delete", "--force", lo.id)
+
+    # a failed repair (the parent denies): lost while it fails, fine once the parent allows it again
+    p = runc_host.run("gpu-parent", rules=[device_rule(195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                      nodes=[device_node("/dev/nvidia0", 195, 0)])
+    parent = Path("/sys/fs/cgroup/devices") / runc_host.parent.lstrip("/")
+    p.deny("c 195:0 rw")
+    (parent / "devices.deny").write_text("c 195:0 rw\n")
+    statuses = dict(daemon_pass())
+    assert statuses["gpu-parent"] in ("failed", "cannot-repair"), statuses
+    assert conditions_now(root, textfile)["GPUDeviceAccessLost"] is True
+    (parent / "devices.allow").write_text("c 195:0 rw\n")
+    now[0] += 600
+    assert dict(daemon_pass())["gpu-parent"] == "repaired"
+    assert conditions_now(root, textfile) == {"GPUDeviceAccessLost": False, "GPUDeviceAccessAtRisk": False}
+    # and through all of it the log monitor set no condition that could never clear
+    assert npd.conditions == {} and load()["conditions"] == []
+
+
+def test_prevented_and_forced_lines_fire_their_events():
+    """The prevention's line (systemd driver) as the repairer words it, plain and forced."""
+    from nvsymlinkd.host.devices import Device
+    from nvsymlinkd.repair.apply import RepairResult
+    from nvsymlinkd.repair.plan import (
+        AT_RISK,
+        LOST,
+        Grant,
+        RepairHistory,
+        RepairRequest,
+        RepairStatus,
+        plan_repair,
+    )
+
+    grant = Grant(Device.char(195, 0), "rw", "spec")
+    for kind, status, reason in ((AT_RISK, RepairStatus.PREVENTED, "GPUDeviceAccessLossPrevented"),
+                                 (LOST, RepairStatus.REPAIRED, "GPUDeviceAccessRepaired")):
+        req = RepairRequest("0123456789ab", "runc", "runc-0123456789ab.scope", None, "/x", None, "systemd",
+                            (grant,), kind)
+        history = RepairHistory({"0123456789ab": 990.0})
+        for force in (False, True):
+            plan = plan_repair(req, now=1000.0 + (0 if force else 700), history=history, force=force)
+            assert plan.forced is force
+            line = "container " + RepairResult(plan, status).human_lines()[0]
+            assert NPD(load()).push(line) == [reason], line
+
+
 # The container verdict lines the daemon's verifier hook writes when a container turns lost or
 # at risk (format agreed for the hook; these two rules are the node conditions GPUDeviceAccessLost
 # and GPUDeviceAccessAtRisk).
@@ -235,6 +386,8 @@ VERDICT_LINES = {
     "container 0123456789ab (cri-containerd-0123456789ab.scope): GPU device access lost: c 195:0 rw: "
     "open() of /dev/nvidia0 is denied by the device cgroup": "GPUContainerLostDevices",
     "container 0123456789ab: GPU device access lost: c 195:0 rw: denied": "GPUContainerLostDevices",
+    "container 0123456789ab (gpu-team/trainer-0/cuda): GPU device access denied: c 195:0, c 195:255: its NVIDIA "
+    "nodes are denied by the device cgroup, and nothing trusted ...": "GPUContainerDeniedDevices",
     "container abc (docker-abc.scope): GPU device access at risk (at-risk-scope): c 195:0 rw: "
     "the scope's DeviceAllow lacks /dev/char/195:0": "GPUContainerAtRisk",
     "container abc: GPU device access at risk: c 510:0 rw: nvidia-uvm not granted": "GPUContainerAtRisk",
@@ -265,3 +418,46 @@ def test_a_match_needs_the_newest_line():
     npd = NPD(load())
     assert npd.push("sync failed: /proc/devices: is a directory") == ["NVSymlinkdSyncFailed"]
     assert npd.push("created link /dev/char/195:0 -> ../nvidia0 (c 195:0)") == []
+
+
+def test_prevented_and_forced_stories_through_systemd(tmp_path, need_root, monkeypatch):
+    """The systemd stories with real entries: the repairer against test_repair_dbus's systemd (a private
+    bus, SetUnitProperties) and a real cgroup2 directory: prevented, repaired, refused at the keyboard
+    (no "automatically"), forced by hand. Each fires its event; no condition is set."""
+    from test_repair_dbus import SystemdMock, gpu0, link_cgroups, need_dbusmock, v2_cgroup
+
+    from nvsymlinkd.repair.apply import repair_container
+    from nvsymlinkd.repair.plan import RepairHistory, RepairRequest
+
+    need_dbusmock()
+    host = standard_host(tmp_path / "root")
+    link_cgroups(host)
+    m = SystemdMock(tmp_path / "bus")
+    m.start()
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", m.address)
+    cgdir, cgpath = v2_cgroup()
+    entries: list = []
+    j, history, now = recording_journal(entries), RepairHistory(), [1000.0]
+    unit = "docker-npdprev.scope"
+    try:
+        m.add_scope(unit, [("/dev/null", "rwm")], root=str(host.root))
+
+        def repair(kind, **kw):
+            req = RepairRequest("npdprev", "docker", unit, None, cgpath, None, "systemd", gpu0(), kind)
+            return repair_container(HostRoot(str(host.root)), Config(), req, journal=j, history=history,
+                                    clock=lambda: now[0], **kw).status
+
+        statuses = [repair("at-risk"), repair("lost")]
+        now[0] += 10
+        statuses += [repair("lost", by_hand=True), repair("lost", by_hand=True, force=True)]
+    finally:
+        cgdir.rmdir()
+        m.close()
+    assert statuses == ["prevented", "repaired", "cannot-repair", "repaired"], (statuses, entries)
+    npd = NPD(load())
+    fired = [npd.push(e["MESSAGE"]) for e in entries]
+    assert fired == [["GPUDeviceAccessLossPrevented"], ["GPUDeviceAccessRepaired"], ["GPUDeviceRepairRefused"],
+                     ["GPUDeviceAccessRepaired"]], [e["MESSAGE"] for e in entries]
+    assert ": cannot repair: the last repair attempt was 10 s ago" in entries[2]["MESSAGE"]
+    assert entries[3]["NVSYMLINKD_FORCED"] == "1" and "FORCED" not in "".join(entries[1])
+    assert npd.conditions == {}

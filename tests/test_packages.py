@@ -40,6 +40,8 @@ DEB = {  # Debian bookworm paths (dh_installsystemd and dh_installudev still use
     "catalog": "usr/lib/systemd/catalog/nvsymlinkd.catalog",
     "templates": "usr/lib/python3/dist-packages/nvsymlinkd/templates/nvsymlinkd.service.j2",
     "completion": "usr/share/bash-completion/completions/nvsymlinkd",
+    "zsh_completion": "usr/share/zsh/vendor-completions/_nvsymlinkd",
+    "fish_completion": "usr/share/fish/vendor_completions.d/nvsymlinkd.fish",
 }
 RPM = {  # Fedora/RHEL paths
     "unit": "/usr/lib/systemd/system/nvsymlinkd.service",
@@ -50,6 +52,8 @@ RPM = {  # Fedora/RHEL paths
     "entry_point": "/usr/bin/nvsymlinkd",
     "catalog": "/usr/lib/systemd/catalog/nvsymlinkd.catalog",
     "completion": "/usr/share/bash-completion/completions/nvsymlinkd",
+    "zsh_completion": "/usr/share/zsh/site-functions/_nvsymlinkd",
+    "fish_completion": "/usr/share/fish/vendor_completions.d/nvsymlinkd.fish",
 }
 # every module of the package, subpackages included (setuptools finds them through packages.find)
 MODULES = sorted(str(p.relative_to(REPO)) for p in (REPO / "nvsymlinkd").rglob("*.py"))

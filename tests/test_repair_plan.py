@@ -10,6 +10,7 @@ from nvsymlinkd.access.rules import parse_devices_list
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.repair.plan import (
     AT_RISK,
+    BPF_PROGRAM,
     DEVICES_ALLOW,
     DEVICES_ALLOW_SYSTEMD,
     LOST,
@@ -37,6 +38,12 @@ def req(grants=None, v1="/docker/abc", v2=None, driver="cgroupfs", scope=None, k
     # hybrid host: v1 devices controller decides, the v2 path is only membership
     (dict(v1="/system.slice/docker-abc.scope", v2="/system.slice/docker-abc.scope", driver="systemd",
           scope="docker-abc.scope"), DEVICES_ALLOW_SYSTEMD),
+    # cgroup v2, cgroupfs driver: the container's own cgroup gets a new device program
+    (dict(v1=None, v2="/kubepods/besteffort/pod1/abc", driver="cgroupfs"), BPF_PROGRAM),
+    (dict(v1=None, v2="/docker/abc", driver="cgroupfs"), BPF_PROGRAM),
+    (dict(v1=None, v2="/../../kubepods/pod1/abc", driver="cgroupfs"), BPF_PROGRAM),  # seen from a pod
+    (dict(v1=None, v2="/machine/abc/container", driver="cgroupfs"), BPF_PROGRAM),  # crun's leaf
+    (dict(v1=None, v2="/kubepods/pod1/crio-abc", driver="cgroupfs"), BPF_PROGRAM),  # CRI-O's cgroupfs leaf
 ])
 def test_mechanism_by_host_kind(kwargs, mechanism):
     plan = plan_repair(req(**kwargs), now=0)
@@ -45,7 +52,14 @@ def test_mechanism_by_host_kind(kwargs, mechanism):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(v1=None, v2="/kubepods/abc", driver="cgroupfs"), "BPF program"),
+    (dict(v1=None, v2="/", driver="cgroupfs"), "not a container's own cgroup"),
+    (dict(v1=None, v2="/../..", driver="cgroupfs"), "not a container's own cgroup"),
+    (dict(v1=None, v2="/kubepods.slice", driver="cgroupfs"), "is a slice"),
+    (dict(v1=None, v2="/kubepods/besteffort/pod1", driver="cgroupfs"), "does not name the container id"),
+    (dict(v1=None, v2="/docker/other", driver="cgroupfs"), "does not name the container id"),
+    (dict(v1=None, v2="/docker/abcd", driver="cgroupfs"), "does not name the container id"),  # only inside
+    (dict(v1=None, v2="/docker/xabc", driver="cgroupfs"), "does not name the container id"),
+    (dict(v1=None, v2="/docker/abc", driver="cgroupfs", kind=AT_RISK), "outside the spec stick"),
     (dict(v1=None, v2="/system.slice/x", driver="systemd", scope=None), "no scope unit"),
     (dict(v1=None, v2=None), "no device cgroup path"),
     (dict(v1="/docker/abc", driver="cgroupfs", kind=AT_RISK), "runc update"),
@@ -120,15 +134,13 @@ def test_rate_limit_with_an_injected_clock():
     assert plan_repair(req(()), now=1001.0, history=history).action == "nothing"
 
 
-def test_history_survives_a_round_trip_and_a_bad_file(tmp_path):
-    path = str(tmp_path / "state" / "repairs.json")
+def test_history_survives_a_round_trip_and_a_bad_file():
     h = RepairHistory()
     h.record("abc", 12.5)
-    h.save(path)
-    assert RepairHistory.load(path).last == {"abc": 12.5}
-    (tmp_path / "state" / "repairs.json").write_text("{not json")
-    assert RepairHistory.load(path).last == {}
-    assert RepairHistory.load(str(tmp_path / "absent.json")).last == {}
+    assert RepairHistory.from_json(h.to_json().encode()).last == {"abc": 12.5}
+    assert RepairHistory.from_json(b"{not json").last == {}
+    assert RepairHistory.from_json(b'{"last": {"a": 1' + b"0" * 400 + b', "b": 1e999, "c": 2}}').last == {"c": 2.0}
+    assert RepairHistory.from_json(b"[" * 100_000 + b"]" * 100_000).last == {}
     h.forget_except(["other"])
     assert h.last == {}
 
@@ -184,3 +196,31 @@ def test_adapter_from_verifier_findings():
     assert [str(g.device) for g, _ in plan.refused] == ["c 195:3"]  # granted now, expected by nothing trusted
     ok = ContainerReport("ok", "docker", None, "running", "ok", findings=[])
     assert requests_from_report(ok) is None
+
+
+def test_bpf_program_never_for_a_cgroup_another_container_shares():
+    # the init of `abc` sits in a cgroup that holds (or is above) another container's
+    for other in ("/docker/abc", "/docker/abc/nested-xyz"):
+        plan = plan_repair(req(v1=None, v2="/docker/abc"), now=0, others_v2=[None, other])
+        assert plan.action == "cannot" and "also holds another container" in plan.cannot
+    # a sibling, or one above it, changes nothing
+    plan = plan_repair(req(v1=None, v2="/docker/abc"), now=0, others_v2=["/docker/abd", "/docker"])
+    assert plan.mechanism == BPF_PROGRAM
+
+
+def test_bpf_program_has_the_same_rate_limit():
+    history = RepairHistory()
+    history.record("abc", 100.0)
+    plan = plan_repair(req(v1=None, v2="/docker/abc"), now=200.0, history=history, window=600)
+    assert plan.action == "cannot" and "rate limit" in plan.cannot
+    assert plan_repair(req(v1=None, v2="/docker/abc"), now=800.0, history=history, window=600).mechanism == BPF_PROGRAM
+
+
+def test_what_can_never_be_done_is_said_before_the_rate_limit():
+    """An at-risk container on the cgroupfs driver, right after its loss was repaired: the daemon's next
+    passes must give the same reason (said once), not "the last repair attempt was N s ago" (new each time)."""
+    history = RepairHistory()
+    history.record("abc", 100.0)
+    for v1, v2 in (("/docker/abc", None), (None, "/docker/abc")):
+        plans = [plan_repair(req(v1=v1, v2=v2, kind=AT_RISK), now=now, history=history) for now in (103.0, 106.0)]
+        assert plans[0].cannot == plans[1].cannot and "rate limit" not in plans[0].cannot

@@ -106,8 +106,11 @@ def test_node_made_inside_the_container_is_never_granted(runc_host, nvsymlinkd_c
     assert c.open_error("/dev/nvidia0") == "EPERM"
     listed = c.devices_list()
     proc = repair_cli(nvsymlinkd_cli, runc_host, "gpu-mknod")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout)["containers"] == []  # nothing trusted expects it: no request at all
+    # it cannot open the node it holds, and nothing trusted granted it: denied, reported, exit 1
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["containers"] == []  # nothing trusted expects it: no request at all
+    assert [(d["container"], d["devices"]) for d in doc["denied"]] == [("gpu-mknod", ["c 195:0"])]
     assert c.devices_list() == listed
     assert c.open_error("/dev/nvidia0") == "EPERM"
 
@@ -210,3 +213,45 @@ def test_before_reload_leaves_a_cgroupfs_hook_grant_to_the_daemon(runc_host, nvs
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     plain = nvsymlinkd_cli("--root", runc_host.root, "repair")
     assert "not granted c 195:0 rw (unexpected)" in plain.stdout
+
+
+def test_a_person_can_force_a_repair_within_the_rate_limit(runc_host, nvsymlinkd_cli):
+    """The rate limit guards against loops; `repair --force` is a person's decision, and says so."""
+    c = runc_host.run("gpu-force", **gpu0())
+    c.deny("c 195:0 rw")
+    assert repair_cli(nvsymlinkd_cli, runc_host, "gpu-force").returncode == 0
+    c.deny("c 195:0 rw")
+    human = nvsymlinkd_cli("--root", runc_host.root, "repair", "gpu-force")
+    assert human.returncode == 1, human.stdout + human.stderr
+    assert "cannot repair: the last repair attempt was" in human.stdout, human.stdout
+    assert "automatically" not in human.stdout  # a typed command is no automatic repair
+    assert "nvsymlinkd repair --force" in human.stdout
+    assert c.open_error("/dev/nvidia0") == "EPERM"
+
+    proc = repair_cli(nvsymlinkd_cli, runc_host, "--force", "gpu-force")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (res,) = json.loads(proc.stdout)["containers"]
+    assert (res["status"], res["forced"]) == ("repaired", True)
+    assert any(n.startswith("forced: the last repair attempt was") for n in res["notes"]), res["notes"]
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+
+
+def test_a_forced_repair_is_journaled_as_forced(runc_host):
+    from test_npd import recording_journal
+
+    from nvsymlinkd.repair.apply import repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
+
+    c = runc_host.run("gpu-forcej", **gpu0())
+    root = HostRoot(str(runc_host.root))
+    history, entries = RepairHistory(), []
+    c.deny("c 195:0 rw")
+    (res,) = repair_all(root, Config(), history=history, use_bus=False)
+    assert res.status == "repaired" and not res.plan.forced
+    c.deny("c 195:0 rw")
+    (res,) = repair_all(root, Config(), history=history, use_bus=False, force=True, by_hand=True,
+                        journal=recording_journal(entries))
+    assert res.status == "repaired" and res.plan.forced
+    (entry,) = entries
+    assert entry["NVSYMLINKD_FORCED"] == "1"
+    assert entry["MESSAGE"].endswith("verified: repaired (forced by hand: rate limit bypassed)"), entry

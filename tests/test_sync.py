@@ -195,6 +195,8 @@ def test_create_nodes_with_owner_and_mode_from_params(tmp_path, need_root):
     host.params(uid=0, gid=44, mode=0o660)
     host.mig_minors({"config": 1, "monitor": 2, "gpu0/gi1/access": 12})
     host.write("/proc/driver/nvidia/capabilities/mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\n")
+    host.write("/proc/driver/nvidia/capabilities/mig/monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\n")
+    host.write("/proc/driver/nvidia/capabilities/gpu0/mig/gi1/access", "DeviceFileMinor: 12\nDeviceFileMode: 292\n")
     result = sync(host, create_nodes=True)
     assert not result.errors, result.errors
     expected = {"/dev/nvidiactl": (195, 255), "/dev/nvidia-modeset": (195, 254), "/dev/nvidia0": (195, 0),
@@ -238,7 +240,7 @@ def test_cli_json_schema_and_exit_codes(tmp_path, need_root, nvsymlinkd_cli):
     host = standard_host(tmp_path)
     proc = nvsymlinkd_cli("--root", host.root, "sync", "--json", check=0)
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"dry_run", "actions", "summary", "notes", "warnings"}
+    assert set(doc) == {"schema_version", "dry_run", "actions", "summary", "notes", "warnings"}
     assert doc["summary"]["create"] == 6 and doc["summary"]["error"] == 0
     a = next(x for x in doc["actions"] if x["link"] == "/dev/char/195:0")
     assert a == {"action": "create", "link": "/dev/char/195:0", "target": "../nvidia0",

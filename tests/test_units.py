@@ -23,6 +23,11 @@ CONFIGS = {
     # issue 12.13: state_dir outside /run
     "state-var-lib": Config(state_dir="/var/lib/nvsymlinkd-test"),
     "textfile": Config(metrics_textfile="/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"),
+    # issue 26.4: `$` in path lists (no variables there), paths systemd would ignore unless normalized
+    "dollar-paths": Config(dev_char_path="/srv/d$v", state_dir="/var/lib/nv$x", metrics_textfile="/srv/m$t/n.prom",
+                           driver_root="/run/nv$d", create_nodes=True),
+    "not-normalized": Config(state_dir="/var/lib/../srv/nvs/", dev_char_path="/srv//char/.",
+                             metrics_textfile="/srv/./m/n.prom"),
 }
 MAX_EXPOSURE = 3.0  # docs/packaging.md quotes the measured figure
 

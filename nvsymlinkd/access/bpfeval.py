@@ -365,6 +365,8 @@ def guess_producer(name: str, insns: Sequence[Insn]) -> str:
     """Best guess of who generated a device program, for humans only (never for decisions)."""
     if name.startswith("sd_"):
         return "systemd"
+    if name == "nvsymlinkd":
+        return "nvsymlinkd repair"     # repair.bpfrepair.PROGRAM_NAME
     if not insns:
         return "unknown producer"
     first = insns[0]
@@ -379,3 +381,212 @@ def guess_producer(name: str, insns: Sequence[Insn]) -> str:
     if loads_type and not has_ja:
         return "runc/crun"             # `mov32 r0, 0|1; exit` after each rule block
     return "unknown producer"
+
+
+# --- which devices a program can tell apart ---------------------------------------------------
+#
+# Evaluating a program on one request says nothing about the 2^32 majors and minors it was not run
+# on. `distinguished` finds, by running the program with the device numbers left symbolic, every
+# major and minor it compares against: devices whose numbers are in none of those sets follow one
+# path, so one representative of each class answers for all of its members (proof.classes turns
+# these sets into classes). The type and the access are concrete (2 types x 7 access sets, every
+# context the kernel can pass); a number may only be copied (mov, mov32: it is a u32) and compared
+# for equality with a constant (jeq/jne, 32 or 64 bits), which is all runc, crun, systemd and
+# libnvidia-container do with it. Anything else done with a number (arithmetic, an ordering
+# compare, a partial load) raises CannotEvaluate: such a program is not fully decoded.
+
+MAJOR, MINOR = "major", "minor"
+ACCESS_SETS = tuple(range(1, 8))   # every non-empty combination of ACC_MKNOD | ACC_READ | ACC_WRITE
+MAX_PATHS = 200_000                # symbolic paths per program (a runc program of n exact rules: ~14 n)
+MAX_TOTAL_STEPS = 20_000_000       # instructions run over all of them (~10 s): beyond, not decoded
+
+
+class _Sym(NamedTuple):
+    field: str   # MAJOR or MINOR: the context's u32, unchanged
+
+
+@dataclass(frozen=True)
+class Distinguished:
+    """The numbers a program compares a device's major and minor with, per device type.
+
+    majors[t]: every constant a major of type t is compared with; minors[t][m]: the constants a
+    minor is compared with while the major is known to be m (None: on a path where the major was
+    not yet known, which holds for every major)."""
+
+    majors: dict[str, frozenset[int]]
+    minors: dict[str, dict[Optional[int], frozenset[int]]]
+
+
+def _ctx_value(ctx_type: int, access: int, off: int, size: int, fail: Fail) -> Union[int, _Sym]:
+    """A context load: the access_type word is concrete, the numbers symbolic (whole u32 loads only)."""
+    word = ((access << 16) | ctx_type).to_bytes(4, sys.byteorder)
+    if off + size <= 4:
+        return int.from_bytes(word[off:off + size], sys.byteorder)
+    if size == 4 and off in (4, 8):
+        return _Sym(MAJOR if off == 4 else MINOR)
+    fail(f"a {size}-byte load at context offset {off}: only whole u32 device numbers are understood")
+
+
+def distinguished(insns: Sequence[Insn]) -> Distinguished:
+    """Every constant the program compares the major and minor with (see above); CannotEvaluate when
+    the program does anything else with them, or is not a forward-only program `evaluate` can run."""
+    majors: dict[str, set[int]] = {t: set() for t in DEV_TYPES}
+    minors: dict[str, dict[Optional[int], set[int]]] = {t: {} for t in DEV_TYPES}
+    paths = 0
+    budget = [MAX_TOTAL_STEPS]
+    for tname, tbits in DEV_TYPES.items():
+        for access in ACCESS_SETS:
+            # a path: (pc, registers, known numbers, numbers excluded), depth first
+            start: list[Union[Reg, _Sym]] = [None] * NREGS
+            start[1] = _Ptr("ctx", 0)
+            start[10] = _Ptr("stack", 0)
+            todo: list[tuple[int, list[Union[Reg, _Sym]], dict[str, int], dict[str, frozenset[int]]]] = [
+                (0, start, {}, {MAJOR: frozenset(), MINOR: frozenset()})]
+            while todo:
+                paths += 1
+                if paths > MAX_PATHS:
+                    raise CannotEvaluate(f"more than {MAX_PATHS} paths through the program")
+                pc, regs, known, excluded = todo.pop()
+                forks = _run_symbolic(insns, pc, regs, known, excluded, tbits, access,
+                                      majors[tname], minors[tname], budget)
+                todo.extend(forks)
+    return Distinguished({t: frozenset(v) for t, v in majors.items()},
+                         {t: {k: frozenset(v) for k, v in by.items()} for t, by in minors.items()})
+
+
+def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], known: dict[str, int],
+                  excluded: dict[str, frozenset[int]], ctx_type: int, access: int, majors: set[int],
+                  minors: dict[Optional[int], set[int]], budget: list[int]) -> list[
+                      tuple[int, list[Union[Reg, _Sym]], dict[str, int], dict[str, frozenset[int]]]]:
+    """Run one path until it exits (no forks returned) or compares an unknown number (two returned)."""
+    n = len(insns)
+    steps = 0
+
+    def fail(why: str) -> NoReturn:
+        raise CannotEvaluate(f"cannot decode insn {pc} ({why})")
+
+    def value(reg: int) -> Union[Reg, _Sym]:
+        v = regs[reg]
+        if isinstance(v, _Sym) and v.field in known:
+            return known[v.field]
+        return v
+
+    def concrete_regs() -> list[Reg]:
+        out: list[Reg] = []
+        for i in range(NREGS):
+            v = value(i)
+            out.append(None if isinstance(v, _Sym) else v)   # never read: checked before use
+        return out
+
+    def scalar(reg: int) -> int:
+        v = value(reg)
+        if v is None:
+            fail(f"r{reg} read before it is set")
+        if isinstance(v, _Ptr):
+            fail(f"arithmetic on {v.region} pointer r{reg}")
+        if isinstance(v, _Sym):
+            fail(f"arithmetic on the device's {v.field}")
+        return v
+
+    while True:
+        if not 0 <= pc < n:
+            raise CannotEvaluate(f"cannot decode: execution left the program at insn {pc}")
+        steps += 1
+        budget[0] -= 1
+        if steps > MAX_STEPS or budget[0] < 0:
+            fail(f"step limit: more than {MAX_TOTAL_STEPS} instructions over every path")
+        insn = insns[pc]
+        if insn.dst >= NREGS or insn.src >= NREGS:
+            fail(f"register out of range in {describe_insn(insn)}")
+        cls = insn.code & 7
+        use_x = bool(insn.code & SRC_X)
+        if cls in (ALU, ALU64):
+            op = insn.code & 0xF0
+            dst, src = value(insn.dst), value(insn.src) if use_x else None
+            if isinstance(src, _Sym):
+                if op == MOV and insn.off == 0:
+                    regs[insn.dst] = src    # mov and mov32 of a u32: the number itself
+                    pc += 1
+                    continue
+                if not (op in (XOR, SUB) and insn.src == insn.dst):
+                    fail(f"{describe_insn(insn)} uses the device's {src.field}")
+            if isinstance(dst, _Sym) and op != MOV:
+                ones = M64 if cls == ALU64 else M32
+                if op == AND and not use_x and (insn.imm & ones) == ones:
+                    pc += 1                 # and with all ones: the number itself
+                    continue
+                if op in (XOR, SUB) and use_x and insn.src == insn.dst:
+                    regs[insn.dst] = 0
+                    pc += 1
+                    continue
+                fail(f"{describe_insn(insn)} on the device's {dst.field}")
+            regs[insn.dst] = _alu(insn, cls == ALU64, concrete_regs(), scalar, fail)
+            pc += 1
+        elif cls == LDX:
+            mode = insn.code & 0xE0
+            base = value(insn.src)
+            if mode != MODE_MEM or not isinstance(base, _Ptr) or base.region != "ctx":
+                fail(describe_insn(insn) + " (not a plain load from the context)")
+            off, size = base.off + insn.off, SIZE_BYTES[insn.code & 0x18]
+            if off < 0 or off + size > 12:
+                fail(f"BPF_LDX at context offset {off} size {size}, outside the 12-byte context")
+            regs[insn.dst] = _ctx_value(ctx_type, access, off, size, fail)
+            pc += 1
+        elif cls == LD:
+            if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= n:
+                fail(describe_insn(insn))
+            regs[insn.dst] = (insn.imm & M32) | ((insns[pc + 1].imm & M32) << 32)
+            pc += 2
+        elif cls in (JMP, JMP32):
+            op = insn.code & 0xF0
+            if op == EXIT:
+                scalar(0)
+                return []
+            if op == CALL:
+                fail("BPF_CALL")
+            if op == JA:
+                if use_x:
+                    fail(describe_insn(insn))
+                target = pc + 1 + (insn.off if cls == JMP else insn.imm)
+            else:
+                if op not in JMP_NAMES:
+                    fail(describe_insn(insn))
+                a = value(insn.dst)
+                b = value(insn.src) if use_x else None
+                if isinstance(b, _Sym) and not isinstance(a, _Sym):
+                    fail(f"{describe_insn(insn)} compares with the device's {b.field}")
+                if isinstance(a, _Sym):
+                    if op not in (JEQ, JNE):
+                        fail(f"{describe_insn(insn)} on the device's {a.field}: only equality is understood")
+                    if use_x:
+                        if not isinstance(b, int):
+                            fail(f"{describe_insn(insn)} compares the device's {a.field} with a non-constant")
+                        c = b
+                    else:
+                        c = insn.imm & M64
+                    if cls == JMP32:
+                        c &= M32
+                    equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
+                    other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
+                    if equal_target <= pc or other_target <= pc:
+                        fail(f"{describe_insn(insn)} jumps back (a loop)")
+                    if c > M32 or c in excluded[a.field]:
+                        pc = other_target     # a u32 never equals it, or this path already knows it does not
+                        continue
+                    if a.field == MAJOR:
+                        majors.add(c)
+                    else:
+                        minors.setdefault(known.get(MAJOR), set()).add(c)
+                    eq_known = dict(known)
+                    eq_known[a.field] = c
+                    ne_excluded = dict(excluded)
+                    ne_excluded[a.field] = excluded[a.field] | {c}
+                    return [(equal_target, list(regs), eq_known, dict(excluded)),
+                            (other_target, list(regs), dict(known), ne_excluded)]
+                taken = _condition(insn, cls == JMP32, concrete_regs(), scalar, fail)
+                target = pc + 1 + insn.off if taken else pc + 1
+            if target <= pc:
+                fail(f"{describe_insn(insn)} jumps back to insn {target} (a loop)")
+            pc = target
+        else:
+            fail(f"{describe_insn(insn)}: writes memory")

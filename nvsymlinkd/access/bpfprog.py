@@ -7,8 +7,10 @@ Reading (what the daemon does):
   and BPF_OBJ_GET_INFO_BY_FD (twice: the length, then the instructions) give
   each program's name, tag and xlated (post-verifier) instructions.
 
-Loading/attaching (BPF_PROG_LOAD, BPF_PROG_ATTACH/DETACH) are here for the tests
-and benchmarks that build real programs; the daemon never changes programs.
+Replacing (the `bpf-program` repair, nvsymlinkd.repair.bpfrepair): BPF_PROG_LOAD
+a program, BPF_PROG_ATTACH it to the cgroup with BPF_F_ALLOW_MULTI, then
+BPF_PROG_DETACH the old ones by the fds BPF_PROG_GET_FD_BY_ID gave (as runc and
+systemd do: never a moment with no program). The tests build programs the same way.
 
 Only the union bpf_attr / struct bpf_prog_info fields that have kept their
 offsets since Linux 4.15 are used, and the size passed to the kernel ends at
@@ -49,6 +51,7 @@ BPF_CGROUP_DEVICE = 6
 BPF_F_QUERY_EFFECTIVE = 1
 BPF_F_ALLOW_OVERRIDE = 1
 BPF_F_ALLOW_MULTI = 2
+BPF_F_REPLACE = 4
 
 ATTR_BUFFER = 256        # bigger than any kernel's union bpf_attr: the kernel may write past what we pass
 INFO_LEN = 88            # struct bpf_prog_info through `ifindex` + the gpl_compatible word
@@ -79,6 +82,13 @@ def _attr(*fields) -> ctypes.Array:
 
 def query_device_program_ids(cgroup_fd: int, effective: bool = True) -> list:
     """Ids of the BPF_CGROUP_DEVICE programs of an open cgroup2 directory."""
+    return query_device_programs(cgroup_fd, effective)[0]
+
+
+def query_device_programs(cgroup_fd: int, effective: bool = True) -> tuple:
+    """(program ids, attach flags) of an open cgroup2 directory: with `effective`, every program the
+    kernel runs for it (its own and its ancestors', in run order); without, its own, and the flags
+    they were attached with (BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE or 0)."""
     slots = QUERY_SLOTS
     for _ in range(8):
         ids = (ctypes.c_uint32 * slots)()
@@ -93,7 +103,7 @@ def query_device_program_ids(cgroup_fd: int, effective: bool = True) -> list:
                 continue
             raise
         count = struct.unpack_from("=I", attr, 24)[0]
-        return list(ids[:count])
+        return list(ids[:count]), struct.unpack_from("=I", attr, 12)[0]
     raise BpfError("BPF_PROG_QUERY", errno.ENOSPC, "program list kept growing")
 
 
@@ -106,27 +116,37 @@ class DeviceProgram:
     xlated: bytes       # struct bpf_insn array as the kernel runs it (before JIT)
 
 
+def program_fd(prog_id: int) -> int:
+    """BPF_PROG_GET_FD_BY_ID: a descriptor holding the program (for BPF_PROG_DETACH); close it."""
+    return _bpf(BPF_PROG_GET_FD_BY_ID, _attr((0, "=I", prog_id)), 12)
+
+
 def read_program(prog_id: int) -> DeviceProgram:
-    fd = _bpf(BPF_PROG_GET_FD_BY_ID, _attr((0, "=I", prog_id)), 12)
+    fd = program_fd(prog_id)
     try:
-        info = ctypes.create_string_buffer(ATTR_BUFFER)
-        _get_info(fd, info)
-        prog_type, got_id = struct.unpack_from("=II", info, 0)
-        tag = bytes(info.raw[8:16]).hex()
-        xlated_len = struct.unpack_from("=I", info, 20)[0]
-        name = info.raw[64:80].split(b"\0", 1)[0].decode("ascii", "replace")
-        insns = b""
-        if xlated_len:
-            code = ctypes.create_string_buffer(xlated_len)
-            info2 = ctypes.create_string_buffer(ATTR_BUFFER)
-            struct.pack_into("=I", info2, 20, xlated_len)
-            struct.pack_into("=Q", info2, 32, ctypes.addressof(code))
-            _get_info(fd, info2)
-            got_len = struct.unpack_from("=I", info2, 20)[0]
-            insns = code.raw[:min(got_len, xlated_len)]
-        return DeviceProgram(got_id, name, tag, prog_type, insns)
+        return read_program_fd(fd)
     finally:
         os.close(fd)
+
+
+def read_program_fd(fd: int) -> DeviceProgram:
+    """A program's id, name, tag, type and xlated instructions, from a descriptor of it."""
+    info = ctypes.create_string_buffer(ATTR_BUFFER)
+    _get_info(fd, info)
+    prog_type, got_id = struct.unpack_from("=II", info, 0)
+    tag = bytes(info.raw[8:16]).hex()
+    xlated_len = struct.unpack_from("=I", info, 20)[0]
+    name = info.raw[64:80].split(b"\0", 1)[0].decode("ascii", "replace")
+    insns = b""
+    if xlated_len:
+        code = ctypes.create_string_buffer(xlated_len)
+        info2 = ctypes.create_string_buffer(ATTR_BUFFER)
+        struct.pack_into("=I", info2, 20, xlated_len)
+        struct.pack_into("=Q", info2, 32, ctypes.addressof(code))
+        _get_info(fd, info2)
+        got_len = struct.unpack_from("=I", info2, 20)[0]
+        insns = code.raw[:min(got_len, xlated_len)]
+    return DeviceProgram(got_id, name, tag, prog_type, insns)
 
 
 def _get_info(fd: int, info: ctypes.Array) -> None:
@@ -148,7 +168,7 @@ def read_cgroup_device_programs(cgroup_dir: str) -> list:
     return [read_program(i) for i in ids]
 
 
-# --- building programs: tests and benchmarks only -------------------------------------------
+# --- loading and attaching: the bpf-program repair, the tests and benchmarks --------------------
 
 def load_device_program(xlated: bytes, name: str = "", license: str = "GPL") -> int:
     """BPF_PROG_LOAD a BPF_PROG_TYPE_CGROUP_DEVICE program; returns its fd.
@@ -170,9 +190,13 @@ def load_device_program(xlated: bytes, name: str = "", license: str = "GPL") -> 
         raise BpfError(e.command, e.errno, "verifier: " + " | ".join(lines[-3:])) from None
 
 
-def attach_device_program(cgroup_fd: int, prog_fd: int, flags: int = BPF_F_ALLOW_MULTI) -> None:
+def attach_device_program(cgroup_fd: int, prog_fd: int, flags: int = BPF_F_ALLOW_MULTI,
+                          replace_fd: int = 0) -> None:
+    """BPF_PROG_ATTACH. With BPF_F_ALLOW_MULTI the program joins the cgroup's list (all must allow);
+    without it (flags 0 or BPF_F_ALLOW_OVERRIDE) it takes the place of the one program there. With
+    BPF_F_REPLACE | BPF_F_ALLOW_MULTI and replace_fd, it takes replace_fd's place (5.6+: runc 1.1)."""
     attr = _attr((0, "=I", cgroup_fd), (4, "=I", prog_fd), (8, "=I", BPF_CGROUP_DEVICE),
-                 (12, "=I", flags))
+                 (12, "=I", flags), (16, "=I", replace_fd))
     _bpf(BPF_PROG_ATTACH, attr, 20)
 
 

@@ -523,3 +523,12 @@ def read_access(root: HostRoot, v1_devices_cgroup: Optional[str], v2_cgroup: Opt
     if v2_cgroup is not None:
         sources.append(_read_v2(root, mounts, v2_cgroup, memo))
     return AccessPolicy(sources)
+
+
+def v2_cgroup_dir(root: HostRoot, cgroup: str, mounts: Optional[CgroupMounts] = None) -> tuple:
+    """(inside path of a cgroup's directory on the cgroup2 hierarchy, "") or (None, why); the path as
+    /proc/<pid>/cgroup printed it for this process (what read_access reads)."""
+    mount = (mounts or find_cgroup_mounts(root)).v2 or _probe_v2(root)
+    if mount is None:
+        return None, "no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, /sys/fs/cgroup/unified or /sys/fs/cgroup"
+    return cgroup_dir_on(mount, cgroup)

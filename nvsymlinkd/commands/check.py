@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from nvsymlinkd.cli import SUMMARIES
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
@@ -29,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--no-bus", action="store_true",
                    help="do not ask systemd over D-Bus; read its transient unit files only")
     p.add_argument("--no-host", action="store_true", help="containers only, skip the host findings")
+    p.add_argument("--wide", action="store_true",
+                   help="full lines at a terminal too (by default lines are wrapped to its width; "
+                        "a pipe or file always gets full lines)")
     p.add_argument("container", nargs="?", default=None,
                    help="only this container: id, unique id prefix, scope name, Docker or Podman name, "
                         "or Kubernetes namespace/pod/container")
@@ -55,13 +57,66 @@ def run(args, root, config) -> int:
     else:
         report = verify_all(root, config, use_bus=use_bus, with_host=not args.no_host)
     _hints_with_root(report, root)
+    from nvsymlinkd.cli import write_output
+
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(json_document(report), indent=2) + "\n")
     else:
-        for line in human_lines(report):
-            print(line)
+        lines = human_lines(report, width=None if args.wide else terminal_width())
+        write_output("".join(line + "\n" for line in lines))
+    # what was found, even when the reader went away (`check | head -1` under pipefail)
     return EXIT_OK if report.all_ok else EXIT_NOT_DESIRED
+
+
+def terminal_width() -> int | None:
+    """The terminal's width (COLUMNS first) when stdout is one; None (full lines) for a pipe or file."""
+    import sys
+
+    if not sys.stdout.isatty():
+        return None
+    import shutil
+
+    return max(40, shutil.get_terminal_size().columns)
+
+
+def _wrap(line: str, width: int, indent: int) -> list:
+    """One long line as lines of at most `width`, continued `indent` columns in."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent=" " * indent, break_on_hyphens=False,
+                         break_long_words=True) or [line]
+
+
+def _fit_row(head: str, fix: str, width: int) -> list:
+    """A table row whose FIX starts at len(head): wrapped in its column, or the whole row wrapped when
+    the columns before it leave too little room."""
+    import textwrap
+
+    room = width - len(head)
+    if len(fix) <= room:
+        return [head + fix]
+    if room >= 24:
+        parts = textwrap.wrap(fix, room, break_on_hyphens=False) or [""]
+        return [head + parts[0]] + [" " * len(head) + p for p in parts[1:]]
+    return _wrap(head + fix, width, 4)
+
+
+def json_document(report) -> dict:
+    """The report's JSON with its schema version, and the summary's counts also split into what
+    they count: `verdicts` (GPU containers by verdict, adding up to `containers.gpu`) and
+    `containers` (how many of each kind); the flat keys stay as they were."""
+    from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+
+    doc = {"schema_version": JSON_SCHEMA_VERSION, **report.to_json()}
+    summary = doc["summary"]
+    verdicts = {k: n for k, n in summary.items() if k not in ("gpu_containers", "not_gpu_containers")}
+    summary["verdicts"] = verdicts
+    summary["containers"] = {"gpu": summary["gpu_containers"],
+                             "gpu_running": summary["gpu_containers"] - verdicts.get("not-running", 0),
+                             "not_gpu": summary["not_gpu_containers"]}
+    return doc
 
 
 def _hints_with_root(report, root) -> None:
@@ -77,8 +132,10 @@ def _hints_with_root(report, root) -> None:
     report.host = [replace(h, fix=with_root(h.fix, root)) for h in report.host]
 
 
-def human_lines(report) -> list:
+def human_lines(report, width: int | None = None) -> list:
+    """The report for people; with `width` (a terminal's), every line fits it (wrapped, nothing cut)."""
     # in here: every command imports this module (see repair.py)
+    from nvsymlinkd.cli import printable
     from nvsymlinkd.summary import plural
     from nvsymlinkd.verify.kinds import Verdict
 
@@ -92,6 +149,8 @@ def human_lines(report) -> list:
             continue
         for i, f in enumerate(c.findings):
             rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(f.devices) or "-", f.fix))
+    # names, scopes and cgroup paths come from files a container can write: escaped before measuring
+    rows = [tuple(printable(cell) for cell in r) for r in rows]
     last = len(rows[0]) - 1  # FIX: not padded
     widths = [max(len(r[i]) for r in rows) for i in range(last)]
     lines = []
@@ -99,16 +158,17 @@ def human_lines(report) -> list:
         lines.append("no GPU containers found")
     else:
         for r in rows:
-            lines.append("  ".join(r[i].ljust(widths[i]) for i in range(last)) + "  " + r[last])
+            head = "  ".join(r[i].ljust(widths[i]) for i in range(last)) + "  "
+            lines += [head + r[last]] if width is None else _fit_row(head, r[last], width)
         details = [(c, f) for c in report.containers for f in c.findings]
         if details:
             lines.append("")
             for c, f in details:
-                lines.append(f"{c.short_id} {f.kind}: {f.detail}")
+                lines += _fit(f"{c.short_id} {f.kind}: {f.detail}", width, 4)
         untrusted = [c for c in report.containers if c.untrusted_nodes]
         for c in untrusted:
-            lines.append(f"{c.short_id}: NVIDIA nodes in its /dev the runtime did not create (not trusted): "
-                         + ", ".join(c.untrusted_nodes))
+            lines += _fit(f"{c.short_id}: NVIDIA nodes in its /dev the runtime did not create (not trusted): "
+                          + ", ".join(c.untrusted_nodes), width, 4)
     if report.not_gpu:
         lines.append(f"({plural(report.not_gpu, 'non-GPU container')} not shown)")
     if report.host:
@@ -116,5 +176,13 @@ def human_lines(report) -> list:
         lines.append("host:")
         for h in report.host:
             fix = f"  fix: {h.fix}" if h.fix and h.status == "warn" else ""
-            lines.append(f"  {h.status:4s} {h.kind}: {h.detail}{fix}")
+            lines += _fit(f"  {h.status:4s} {h.kind}: {h.detail}{fix}", width, 7)
     return lines
+
+
+def _fit(line: str, width: int | None, indent: int) -> list:
+    # escaped first (untrusted names; main's printable), then wrapped: the widths are what is shown
+    from nvsymlinkd.cli import printable
+
+    line = printable(line)
+    return [line] if width is None else _wrap(line, width, indent)

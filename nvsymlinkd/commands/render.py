@@ -7,7 +7,7 @@ import os
 import sys
 
 from nvsymlinkd.cli import SUMMARIES
-from nvsymlinkd.config import has_control_character
+from nvsymlinkd.config import has_control_character, is_utf8
 from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
 
 EPILOG = """\
@@ -63,6 +63,10 @@ def run(args, root, config) -> int:
         raise UsageError(f"--bindir {bindir}: must be an absolute path (ExecStart= needs one)")
     if has_control_character(bindir):
         raise UsageError(f"--bindir {bindir!r}: must be free of control characters (newline, tab, ...)")
+    if not is_utf8(bindir):
+        from nvsymlinkd.cli import printable
+
+        raise UsageError(f"--bindir {printable(bindir)}: must be UTF-8 text (it goes into ExecStart=)")
     if args.drop_ins is not None:
         for name, text in render_drop_ins(config, RenderOptions(bindir=bindir)).items():
             path = os.path.join(args.drop_ins, name)

@@ -18,6 +18,7 @@ examples:
   nvsymlinkd repair --dry-run                   # what would be granted, and how
   nvsymlinkd repair 0f3c9a1e2b7d                # one container
   nvsymlinkd repair --json
+  nvsymlinkd repair --force 0f3c9a1e2b7d        # again within the rate limit's window (journaled as forced)
   nvsymlinkd repair --before-reload             # package scripts, before their systemctl daemon-reload
 
 mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
@@ -39,6 +40,9 @@ def register(sub) -> None:
                    help="for package scripts about to run `systemctl daemon-reload`: repair every GPU container "
                         "with findings (at-risk ones are prevented); print nothing when there is nothing to do or "
                         "systemd does not run here; failures on stderr")
+    p.add_argument("--force", action="store_true",
+                   help="repair even within the rate limit's window (one repair per container per 600 s, "
+                        "against loops); journaled as forced")
     p.set_defaults(func=run)
 
 
@@ -47,13 +51,14 @@ def run(args, root, config) -> int:
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
         history_path,
+        load_history,
         recover_frozen,
         repair_all,
+        save_history,
         thawed_line,
     )
-    from nvsymlinkd.repair.plan import RepairHistory
     from nvsymlinkd.verify import verifier
-    from nvsymlinkd.verify.kinds import Verdict
+    from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
     if args.before_reload:
         from nvsymlinkd.errors import UsageError
@@ -65,8 +70,7 @@ def run(args, root, config) -> int:
             return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
-    hist_file = history_path(root, config)
-    history = RepairHistory.load(hist_file)
+    history = load_history(root, config)
     # every change to a container's device access is journaled when journald is there (an audit trail);
     # the terminal gets the same facts from the printed report instead
     journal: Journal | None = Journal(target="journal")
@@ -78,7 +82,7 @@ def run(args, root, config) -> int:
     report = verifier.verify_all(root, config, with_host=False)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                             journal=journal, report=report)
+                             journal=journal, report=report, force=args.force, by_hand=True)
     except KeyError as exc:
         from nvsymlinkd.containers.discovery import no_such_container
 
@@ -88,69 +92,98 @@ def run(args, root, config) -> int:
     chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
     repaired = {r.request.container_id for r in results}
     unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
+    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
+    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
+    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
+    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
+    # `check` counts them, with their fix, never dropped
+    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown
+                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
-            history.save(hist_file)
+            save_history(root, config, history)
         except OSError as exc:
-            sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {hist_file}: {exc.strerror}; "
+            sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
+                             f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown
+    ok = all(r.ok for r in results) and not unknown and not denied and not unfixable
     if args.before_reload:
         ok = ok and not _unprotected(results)
+    summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
+               "denied": len([c for c in denied if c.id not in repaired])}
+    from nvsymlinkd.cli import printable, write_output
+
     if args.json:
-        doc = {"dry_run": args.dry_run, "ok": ok, "containers": [r.to_json() for r in results],
+        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "dry_run": args.dry_run, "ok": ok,
+               "containers": [r.to_json() for r in results],
                "unknown": [{"container": c.id, "reason": _unknown_reason(c)} for c in unknown],
-               "summary": _summary(results), "thawed": thawed}
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+               "denied": [_denied_json(c) for c in denied],
+               "not_repairable": [_unfixable_json(c) for c in unfixable],
+               "summary": summary, "thawed": thawed}
+        write_output(json.dumps(doc, indent=2) + "\n")
     elif args.before_reload:
-        _before_reload_report(thawed, results, unknown)
+        _before_reload_report(thawed, results, unknown, denied, unfixable, summary)
     else:
-        for e in thawed:
-            print(thawed_line(e))
+        lines = [thawed_line(e) for e in thawed]
         for r in results:
-            for line in r.human_lines():
-                print(line)
-            for step in r.steps:
-                print(f"  step: {step}")
-        for c in unknown:
-            print(f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}")
+            lines += r.human_lines()
+            lines += [f"  step: {step}" for step in r.steps]
+        lines += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
+        for c in denied:
+            f = _denied_json(c)
+            lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted "
+                         f"them): {f['fix']}")
+        lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+                  f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
         from nvsymlinkd.summary import repair_line
 
-        print(repair_line(results, _summary(results), args.dry_run))
+        lines.append(repair_line(results, summary, args.dry_run))
+        # scope names and cgroup paths come from files a container can write: escaped for the terminal
+        write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 
-def _before_reload_report(thawed, results, unknown) -> None:
+def _denied_json(report) -> dict:
+    from nvsymlinkd.verify.kinds import FindingKind
+
+    f = next(f for f in report.findings if f.kind == FindingKind.DENIED)
+    return {"container": report.id, "devices": list(f.devices), "detail": f.detail, "fix": f.fix}
+
+
+def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) -> None:
     """What a package script shows: nothing when nothing was to be done; what was granted on stdout; what
-    could not be (failed, refused, not judged) on stderr, each line prefixed, since it lands amid apt's
-    or dnf's output. Each repair is journaled as well (repair-prevented, repair-failed, ...)."""
+    could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
+    apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
+    repair is journaled as well (repair-prevented, repair-failed, ...)."""
+    from nvsymlinkd.cli import printable
     from nvsymlinkd.repair.apply import thawed_line
     from nvsymlinkd.repair.plan import RepairStatus
     from nvsymlinkd.summary import repair_line
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
     unprotected = _unprotected(results)
-    if not (thawed or acted or unknown or unprotected):
+    if not (thawed or acted or unknown or denied or unfixable or unprotected):
         return
-    for e in thawed:
-        print(f"nvsymlinkd: {thawed_line(e)}")
+    good, bad = [thawed_line(e) for e in thawed], []
     for r in acted:
-        out = sys.stdout if r.ok else sys.stderr
-        for line in r.human_lines():
-            out.write(f"nvsymlinkd: {line}\n")
+        (good if r.ok else bad).extend(r.human_lines())
     for r in unprotected:
         who = r.human_lines()[0].rsplit(": nothing to grant", 1)[0]
-        sys.stderr.write(f"nvsymlinkd: {who}: left at risk of the reload: nothing trusted expects the devices "
-                         "its scope lacks\n")
-        for line in r.human_lines()[1:]:
-            sys.stderr.write(f"nvsymlinkd: {line}\n")
-    for c in unknown:
-        sys.stderr.write(f"nvsymlinkd: {c.short_id}: cannot judge its device access, not repaired: "
-                         f"{_unknown_reason(c)}\n")
-    out = sys.stdout if all(r.ok for r in results) and not unknown and not unprotected else sys.stderr
+        bad.append(f"{who}: left at risk of the reload: nothing trusted expects the devices its scope lacks")
+        bad += r.human_lines()[1:]
+    bad += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
+    for c in denied:
+        f = _denied_json(c)
+        bad.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted them): "
+                   f"{f['fix']}")
+    bad += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+            f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
+    (bad if bad else good).append(f"{repair_line(results, summary, False)} (before a daemon-reload)")
+    sys.stdout.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in good))
     sys.stdout.flush()
-    out.write(f"nvsymlinkd: {repair_line(results, _summary(results), False)} (before a daemon-reload)\n")
+    sys.stderr.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in bad))
 
 
 def _unprotected(results) -> list:
@@ -167,6 +200,11 @@ def _unknown_reason(report) -> str:
     from nvsymlinkd.verify.kinds import FindingKind
 
     return next((f.detail for f in report.findings if f.kind == FindingKind.UNKNOWN), "unknown")
+
+
+def _unfixable_json(report) -> dict:
+    return {"container": report.id, "verdict": str(report.verdict),
+            "findings": [{"kind": str(f.kind), "devices": list(f.devices), "fix": f.fix} for f in report.findings]}
 
 
 def _summary(results) -> dict:

@@ -36,10 +36,45 @@ def register(sub) -> None:
     add_link_options(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-sync)")
+    add_ctk_options(p)
     p.set_defaults(func=run)
 
 
+# `nvidia-ctk system create-dev-char-symlinks`'s own flags (cmd/nvidia-ctk/system/create-dev-char-symlinks
+# in nvidia-container-toolkit), so a udev rule or unit that ran it works with `nvsymlinkd sync` in its
+# place. --driver-root, --dev-char-path and --dry-run are the same words with the same meaning.
+NO_MODULE_LOADING = (
+    "nvsymlinkd does not load kernel modules: that is nvidia-modprobe's job (`nvidia-modprobe -u -c=0` "
+    "loads nvidia and nvidia-uvm and makes their nodes; the driver's packages run it). Load them "
+    "before sync; the daemon (nvsymlinkd run) links their nodes as they appear")
+NO_WATCH = ("use `nvsymlinkd run` (nvsymlinkd.service): the daemon watches nodes, module loads and systemd "
+            "reloads (nvidia-ctk removed --watch in 1.18.0)")
+
+
+class _Refused(argparse.Action):
+    """A flag of nvidia-ctk's that nvsymlinkd refuses, with why and what to do instead (exit 2)."""
+
+    def __init__(self, option_strings, dest, why: str = "", **kw):
+        super().__init__(option_strings, dest, nargs=0, **kw)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: {self.why}")
+
+
+def add_ctk_options(p) -> None:
+    p.add_argument("--create-all", action="store_true",
+                   help="accepted for nvidia-ctk's udev rule: sync always links every NVIDIA node that "
+                        "exists; nodes made later are linked by the daemon (never a dangling link)")
+    p.add_argument("--create-device-nodes", dest="create_nodes", default=None, action="store_true",
+                   help="nvidia-ctk's name for --create-nodes")
+    p.add_argument("--load-kernel-modules", action=_Refused, why=NO_MODULE_LOADING,
+                   help="refused: nvidia-modprobe loads the modules (man nvsymlinkd-sync, NVIDIA-CTK)")
+    p.add_argument("--watch", action=_Refused, why=NO_WATCH, help="refused: use `nvsymlinkd run`")
+
+
 def run(args, root, config) -> int:
+    from nvsymlinkd.cli import write_output
     from nvsymlinkd.devchar.reconcile import reconcile
     from nvsymlinkd.summary import sync_warnings
 
@@ -54,11 +89,12 @@ def run(args, root, config) -> int:
     if args.json:
         import json  # only for --json: sync's start stays light
 
-        doc = result.to_json()
+        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+
+        doc = {"schema_version": JSON_SCHEMA_VERSION, **result.to_json()}
         doc["warnings"] = warnings
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_output(json.dumps(doc, indent=2) + "\n")
     else:
-        for line in result.human_lines():
-            print(line)
+        write_output("".join(line + "\n" for line in result.human_lines()))
+    # what the pass found, even when the reader went away (`sync --dry-run | head -1` under pipefail)
     return EXIT_OK if result.as_desired else EXIT_NOT_DESIRED

@@ -1,6 +1,6 @@
 """The healthy baseline: a container's effective NVIDIA access when the daemon first saw it healthy.
 
-Stored as STATE_DIR/baselines/<id>.json inside --root (tmpfs by default: gone
+Stored as STATE_DIR/baselines/<id>.json inside --root (written, listed and removed confined to it) (tmpfs by default: gone
 at reboot, like the containers). Tied to the init process's start time, so a
 new container reusing an id never inherits an old baseline. Written
 atomically (temp file, fsync, rename); unreadable files count as absent.
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from dataclasses import dataclass
 
 from nvsymlinkd.containers.ocispec import load_json
-from nvsymlinkd.host.atomicfile import write_atomic
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
 
@@ -60,8 +58,9 @@ def load(root: HostRoot, config, container_id: str, init_start: int | None, file
     files: a verify.cache.FileCache (the file is written by atomic replace: a new one is a new inode).
     """
     try:
-        doc = (files.load if files is not None else load_json)(root.path(baseline_path(config, container_id)),
-                                                               None, MAX_BASELINE_BYTES)
+        # where save() writes: state_dir's links resolved confined to the root
+        real = root.real_resolved(baseline_path(config, container_id))
+        doc = (files.load if files is not None else load_json)(real, None, MAX_BASELINE_BYTES)
     except (OSError, ValueError):
         return None
     if doc.get("container_id") != container_id or doc.get("init_start") != init_start:
@@ -78,12 +77,9 @@ def load(root: HostRoot, config, container_id: str, init_start: int | None, file
 
 
 def save(root: HostRoot, config, baseline: Baseline) -> str:
-    """Write atomically; returns the inside path. Raises OSError."""
-    directory = root.path(baseline_dir(config))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    """Write atomically, every step confined to --root; returns the inside path. Raises OSError."""
     inside = baseline_path(config, baseline.container_id)
-    real = root.path(inside)
-    write_atomic(real, json.dumps(baseline.to_json(), indent=1, sort_keys=True), 0o600)
+    root.write_file(inside, json.dumps(baseline.to_json(), indent=1, sort_keys=True), 0o600, dir_mode=0o700)
     return inside
 
 
@@ -97,16 +93,16 @@ def prune(root: HostRoot, config, live_ids) -> list:
     """Remove baselines of containers that no longer exist; returns the removed file names."""
     keep = {_file_name(i) for i in live_ids}
     removed: list = []
-    directory = root.path(baseline_dir(config))
+    directory = baseline_dir(config)
     try:
-        names = os.listdir(directory)
+        names = root.listdir(directory)
     except OSError:
         return removed
     for name in names:
         if name.endswith(".json") and name not in keep:
             try:
-                os.unlink(os.path.join(directory, name))
-                removed.append(name)
+                if root.unlink(f"{directory}/{name}"):
+                    removed.append(name)
             except OSError:
                 pass
     return removed

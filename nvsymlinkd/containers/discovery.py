@@ -105,7 +105,7 @@ class Container:
 def _subdirs(root: HostRoot, inside: str):
     """Names of real (non-symlink) subdirectories that look like ids."""
     try:
-        it = os.scandir(root.path(inside))
+        it = os.scandir(root.real_resolved(inside, follow_last=True))
     except OSError:
         return []
     out = []
@@ -123,7 +123,7 @@ def _subdirs(root: HostRoot, inside: str):
 
 def _exists(root: HostRoot, inside: str) -> bool:
     try:
-        os.lstat(root.path(inside))
+        os.lstat(root.real_resolved(inside))
         return True
     except OSError:
         return False
@@ -206,7 +206,7 @@ def _unreadable(c: Container, inside: str, why) -> None:
 
 def _load_state(root: HostRoot, c: Container, state_path: str, parser, load=load_json) -> None:
     try:
-        c.state = load(root.path(state_path), parser)
+        c.state = load(root.real_resolved(state_path), parser)
     except FileNotFoundError:
         return  # still being created (hooks running) or being deleted
     except (OSError, ValueError) as exc:
@@ -219,7 +219,7 @@ def _load_state(root: HostRoot, c: Container, state_path: str, parser, load=load
 
 def _load_spec(root: HostRoot, c: Container, inside: str, load=load_json) -> None:
     try:
-        c.spec = load(root.path(inside), parse_spec)
+        c.spec = load(root.real_resolved(inside), parse_spec)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
@@ -244,7 +244,7 @@ def _attach_bundle(root: HostRoot, c: Container, bundle: str, pid_file: str | No
     if pid_file and (c.state is None or c.state.init_pid is None):
         inside = f"{bundle}/{pid_file}"
         try:
-            text = read_bounded(root.path(inside), MAX_SMALL_BYTES).decode("ascii", "replace").strip()
+            text = read_bounded(root.real_resolved(inside), MAX_SMALL_BYTES).decode("ascii", "replace").strip()
         except FileNotFoundError:
             return  # not written yet
         except OSError as exc:
@@ -320,6 +320,11 @@ def scope_of(*paths) -> str | None:
 
 
 def _finish(root: HostRoot, c: Container) -> None:
+    if c.state is not None and c.state.config_missing and c.spec is None:
+        # runc's state.json names neither the rules runc programmed nor (in its labels) the bundle: the
+        # container may well be a GPU container; it stays in the report as unknown, never dropped
+        _unreadable(c, c.state_path or "state.json",
+                    f"{c.state.config_missing}: the device rules runc programmed and the bundle's spec are unknown")
     if c.state is not None:
         c.init_pid = c.state.init_pid or c.init_pid
         c.init_start = c.state.init_start
@@ -363,7 +368,7 @@ def _names_from_annotations(c: Container) -> None:
 
 def _read_small_json(root: HostRoot, inside: str, load=load_json):
     try:
-        return load(root.path(inside))
+        return load(root.real_resolved(inside))
     except (OSError, ValueError):
         return None  # absent, unreadable, too large, not JSON: no name, never an error
 
@@ -381,7 +386,7 @@ def _podman_names(root: HostRoot) -> dict:
     out: dict = {}
     for inside in PODMAN_STORAGE_FILES:
         try:
-            doc = json.loads(read_bounded(root.path(inside)).decode("utf-8", "replace"))
+            doc = json.loads(read_bounded(root.real_resolved(inside)).decode("utf-8", "replace"))
         except (OSError, ValueError, RecursionError):  # deep nesting: no names, never a failed pass
             continue
         for entry in doc[:MAX_ENTRIES] if isinstance(doc, list) else ():

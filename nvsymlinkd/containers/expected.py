@@ -2,7 +2,9 @@
 
 Trusted: the OCI spec's `linux.resources.devices` rules (written by the
 runtime's caller), runc's state.json `config.cgroups.devices` (what runc
-itself programmed), and the daemon's own healthy baseline. NOT trusted:
+itself programmed), the NVIDIA hook's grant where containers.hookgrant
+reconstructs it exactly from the spec, the toolkit's config and the driver,
+and the daemon's own healthy baseline. NOT trusted:
 nodes in the container's /dev (a container with CAP_MKNOD can make any node)
 and `linux.devices` alone (runc creates those nodes but does not allow them:
 verified with runc 1.1.5, the rule it records for them is `allow: false`).
@@ -13,6 +15,7 @@ Devices are host.devices.Device, access host.devices.Access.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from nvsymlinkd.containers.ocispec import FRONTEND_MAJOR
 from nvsymlinkd.host.devices import Access, Device, named_minors, rule_class
@@ -20,6 +23,7 @@ from nvsymlinkd.host.devices import Access, Device, named_minors, rule_class
 SPEC = "spec"
 RUNTIME_STATE = "runtime-state"
 BASELINE = "baseline"
+HOOK = "nvidia-hook"  # containers.hookgrant.SOURCE
 
 
 def rules_access(rules, device: Device) -> Access:
@@ -43,17 +47,20 @@ def usable(access: str) -> Access:
 class Expected:
     devices: dict = field(default_factory=dict)  # Device -> Access ("rw", "r", ...): what must be allowed
     declared: frozenset = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
-    sources: dict = field(default_factory=dict)  # Device -> tuple of SPEC/RUNTIME_STATE/BASELINE
+    sources: dict = field(default_factory=dict)  # Device -> tuple of SPEC/RUNTIME_STATE/HOOK/BASELINE
+    hook: Any = None  # the hookgrant.HookGrant reconstructed for the container, None without an NVIDIA hook
 
 
 def nvidia_majors_of(majors) -> frozenset:
     return frozenset(majors.nvidia_majors) | {FRONTEND_MAJOR}
 
 
-def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozenset) -> set:
+def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozenset, hook=None) -> set:
     """NVIDIA devices worth asking about: the host nodes' (Devices), declared nodes, explicitly named rules,
-    baseline."""
+    the hook's reconstructed grant, baseline."""
     keys = set(host_devices)
+    if hook is not None and hook.trusted:
+        keys.update(hook.devices)
     for facts in (spec, state):
         if facts is None:
             continue
@@ -73,9 +80,9 @@ def _relevant(rules, majors: set) -> tuple:
     return tuple(r for r in rules if r.type in ("a", "c") and (r.major is None or r.major in majors))
 
 
-def expected_access(candidates, spec, state, baseline) -> Expected:
-    """What each candidate device must be allowed, from the spec's and the runtime state's rules and
-    the baseline.
+def expected_access(candidates, spec, state, baseline, hook=None) -> Expected:
+    """What each candidate device must be allowed, from the spec's and the runtime state's rules, the
+    NVIDIA hook's reconstructed grant (a hookgrant.HookGrant, used only when trusted) and the baseline.
 
     The rules are asked once per class of devices they cannot tell apart (host.devices.rule_class: a
     MIG host makes every one of its ~2,000 capability nodes a candidate of every container). The
@@ -97,6 +104,11 @@ def expected_access(candidates, spec, state, baseline) -> Expected:
         got, access = from_rules
         if got:
             declared.add(key)
+        if hook is not None and hook.trusted and key in hook.devices:
+            a = usable(hook.devices[key])
+            if a:
+                got = got + (HOOK,)
+                access = access.union(a)
         if baseline is not None and key in baseline.devices:
             a = usable(baseline.devices[key])
             if a:
@@ -105,7 +117,7 @@ def expected_access(candidates, spec, state, baseline) -> Expected:
         if got:
             devices[key] = access
             sources[key] = got
-    return Expected(devices, frozenset(declared), sources)
+    return Expected(devices, frozenset(declared), sources, hook)
 
 
 def _from_rules(spec_rules, state_rules, key: Device) -> tuple:

@@ -31,6 +31,13 @@ KEPT_ANNOTATIONS = frozenset({
     "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
 })
 RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule types as Go runes
+# process.env entries the NVIDIA hook reads (containers.hookgrant): kept with SpecFacts.env
+HOOK_ENV = frozenset({
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES",
+    "NVIDIA_IMEX_CHANNELS", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA",
+})
+# the toolkit's device-list-as-volume-mounts root (internal/config/image/cuda_image.go)
+DEVICE_LIST_MOUNTS = "/var/run/nvidia-container-devices"
 
 
 def read_bounded(real_path: str, limit: int = MAX_JSON_BYTES) -> bytes:
@@ -158,6 +165,13 @@ class SpecFacts:
     cgroups_path: str | None = None
     root_path: str | None = None
     problems: tuple = ()
+    # what the NVIDIA hook reads (containers.hookgrant): every hook as (kind, path, args), the HOOK_ENV
+    # entries of process.env (the last of each wins, as in the hook's map), the destinations of /dev/null
+    # mounts under DEVICE_LIST_MOUNTS, and whether the bounding set holds CAP_SYS_ADMIN (privileged)
+    hook_entries: tuple = ()
+    env: dict = field(default_factory=dict)
+    device_list_mounts: tuple = ()
+    privileged: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,9 @@ class RuntimeState:
     systemd_cgroup: bool | None = None
     scope: str | None = None
     problems: tuple = ()
+    # runc's state.json without a `config` (null or absent) or with `config.cgroups.devices` null: what
+    # runc programmed and the bundle are unknown (the rules are then None, as for crun)
+    config_missing: str | None = None
 
 
 def _int(value, lo: int = 0, hi: int = (1 << 32) - 1) -> int | None:
@@ -273,6 +290,41 @@ def _hook_paths(hooks, where: str) -> tuple:
     return tuple(out)
 
 
+def _hook_entries(hooks) -> tuple:
+    """(kind, path, args) of every hook, for the NVIDIA hook's reconstruction; _hook_paths checked the shape.
+    args that are not an array of strings are kept as None (the hook cannot be told apart then)."""
+    out: list = []
+    for kind, items in (hooks or {}).items():
+        for h in items or ():
+            if len(out) >= 256:
+                return tuple(out)
+            args = h.get("args")
+            ok = isinstance(args, list) and len(args) <= 64 and all(isinstance(a, str) for a in args)
+            out.append((str(kind)[:40], h["path"][:4096], tuple(a[:4096] for a in args) if ok else None))
+    return tuple(out)
+
+
+def _device_list_mounts(mounts) -> tuple:
+    """Destinations of /dev/null bind mounts under DEVICE_LIST_MOUNTS (the toolkit's requestsFromMounts)."""
+    out: list = []
+    for m in mounts if isinstance(mounts, list) else ():
+        if not isinstance(m, dict) or not isinstance(m.get("source"), str) or not isinstance(m.get("destination"), str):
+            continue
+        if os.path.normpath(m["source"]) != "/dev/null":
+            continue
+        dest = os.path.normpath(m["destination"])
+        if dest.startswith(DEVICE_LIST_MOUNTS) and dest not in out and len(out) < 256:
+            out.append(dest[:4096])
+    return tuple(out)
+
+
+def _privileged(process: dict) -> bool:
+    """CAP_SYS_ADMIN in the bounding set: the toolkit's IsPrivileged (internal/config/image/privileged.go)."""
+    caps = process.get("capabilities")
+    bounding = caps.get("bounding") if isinstance(caps, dict) else None
+    return isinstance(bounding, list) and "CAP_SYS_ADMIN" in bounding
+
+
 def _rules(items, parse, where: str, problems: list) -> list:
     """The device rules of a list (None: absent); each malformed entry skipped and noted in `problems`."""
     rules = []
@@ -295,12 +347,16 @@ def parse_spec(doc: dict) -> SpecFacts:
                    "linux.resources.devices", problems)
     nodes = _nodes(_field(linux, "devices", list, "linux."), False, "linux.devices", problems)
     visible = None
+    env: dict = {}
     process = _field(doc, "process", dict, "") or {}
     for entry in _field(process, "env", list, "process.") or ():
         if not isinstance(entry, str):
             raise ValueError(f"process.env has an entry that is {_article(_json_type(entry))}, not a string")
+        name, sep, value = entry.partition("=")
+        if sep and name in HOOK_ENV:
+            env[name] = value[:1024]  # the last one wins, as in execve's environment and the hook's map
         if entry.startswith("NVIDIA_VISIBLE_DEVICES="):
-            visible = entry.split("=", 1)[1][:1024]  # the last one wins, as in execve's environment
+            visible = entry.split("=", 1)[1][:1024]
     annotations = {}
     for key, value in (_field(doc, "annotations", dict, "") or {}).items():
         if not isinstance(value, str):
@@ -309,8 +365,10 @@ def parse_spec(doc: dict) -> SpecFacts:
             annotations[key[:256]] = value[:1024]
     cgroups_path = _field(linux, "cgroupsPath", str, "linux.")
     root_path = _field(_field(doc, "root", dict, "") or {}, "path", str, "root.")
-    return SpecFacts(tuple(rules), nodes, visible, _hook_paths(_field(doc, "hooks", dict, ""), "hooks"),
-                     annotations, cgroups_path, root_path, tuple(problems))
+    hooks = _field(doc, "hooks", dict, "")
+    return SpecFacts(tuple(rules), nodes, visible, _hook_paths(hooks, "hooks"),
+                     annotations, cgroups_path, root_path, tuple(problems), _hook_entries(hooks), env,
+                     _device_list_mounts(doc.get("mounts")), _privileged(process))
 
 
 def _pid_field(doc: dict, key: str) -> int:
@@ -335,10 +393,16 @@ def _start_field(doc: dict, key: str) -> int | None:
 def parse_runc_state(doc: dict) -> RuntimeState:
     """runc's state.json (also used by Docker's and containerd's runc roots)."""
     problems: list[str] = []
-    config = _field(doc, "config", dict, "") or {}
+    config = _field(doc, "config", dict, "")
+    missing = None
+    if config is None:
+        missing = f"`config` is {'null' if 'config' in doc else 'missing'}"
+        config = {}
     cgroups = _field(config, "cgroups", dict, "config.") or {}
-    rules = _rules(_field(cgroups, "devices", list, "config.cgroups."), parse_state_rule, "cgroups.devices",
-                   problems)
+    raw_rules = _field(cgroups, "devices", list, "config.cgroups.")
+    if raw_rules is None and missing is None:
+        missing = "`config.cgroups.devices` is null"
+    rules = _rules(raw_rules, parse_state_rule, "cgroups.devices", problems)
     nodes = _nodes(_field(config, "devices", list, "config."), True, "config.devices", problems)
     paths = _field(doc, "cgroup_paths", dict, "") or {}
     bundle = None
@@ -353,13 +417,14 @@ def parse_runc_state(doc: dict) -> RuntimeState:
         init_pid=_pid_field(doc, "init_process_pid"),
         init_start=_start_field(doc, "init_process_start"),
         cgroup_paths={k: v for k, v in paths.items() if isinstance(v, str)},
-        rules=tuple(rules),
+        rules=tuple(rules) if missing is None else None,
         nodes=nodes,
         bundle=bundle,
         hooks=_hook_paths(_field(config, "Hooks", dict, "config."), "config.Hooks"),
         systemd_cgroup=systemd,
         scope=scope,
         problems=tuple(problems),
+        config_missing=missing,
     )
 
 

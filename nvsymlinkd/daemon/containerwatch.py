@@ -55,7 +55,7 @@ REASON_NAMES = 3
 # (src/core/bpf-devices.c, bpf_devices_apply_policy): no deny-all moment, so a loss read there is
 # real and is repaired at once (waiting for the reload and a second read kept a container without
 # its GPUs seconds longer when reloads came back to back). Only an unreadable program can pass.
-WINDOW_KINDS = frozenset({FindingKind.LOST, FindingKind.AT_RISK_UVM, FindingKind.UNKNOWN})
+WINDOW_KINDS = frozenset({FindingKind.LOST, FindingKind.DENIED, FindingKind.AT_RISK_UVM, FindingKind.UNKNOWN})
 WINDOW_KINDS_V2 = frozenset({FindingKind.UNKNOWN})
 SETTLE_SECONDS = 0.5
 RELOAD_WAIT = 15.0  # at most this long for Reloading(false) (a missed signal must not stall the verifier)

@@ -22,7 +22,7 @@ import struct
 
 from nvsymlinkd.containers.discovery import CONTAINERD_RUNC, CRUN_ROOT, RUNC_ROOTS
 from nvsymlinkd.containers.discovery import ID_RE as ID_NAME
-from nvsymlinkd.devchar.model import DEV_CHAR_NAME
+from nvsymlinkd.devchar.model import is_dev_char_name
 from nvsymlinkd.host import libc
 from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
 from nvsymlinkd.host.paths import normalize
@@ -286,8 +286,8 @@ class LinkWatch(_Watch):
         self.full = self.full or overflowed or changed
         for where, _mask, name in events:
             if where == self.path:
-                m = DEV_CHAR_NAME.fullmatch(name)
-                if m is None or (self.majors is not None and int(m.group(1)) not in self.majors):
+                if not is_dev_char_name(name) or (self.majors is not None
+                                                  and int(name.partition(":")[0]) not in self.majors):
                     continue
                 changed = True
                 self.names.add(name)

@@ -49,6 +49,11 @@ STATUS_EVERY = 1.0
 
 
 # applied plan action -> (journal kind, priority, what the line says)
+# A link another writer keeps changing (a flapping tool): the daemon corrects it every time, but says so
+# once per FLAP_WINDOW seconds per link, and then how many more corrections it made meanwhile (1,144 lines
+# in 3 s before: a journal flood that buries everything else).
+FLAP_WINDOW = 10.0
+
 _CHANGE_EVENTS = {
     "create": ("link-created", INFO, "created link"),
     "replace": ("link-replaced", NOTICE, "replaced link"),
@@ -127,11 +132,13 @@ class Daemon:
         self._last_conflicts: set = set()
         self._last_notes: set = set()
         self._last_failure: str | None = None
+        self._said_change: dict = {}  # link -> [when last said (monotonic), corrections not said since]
         self._last_status = "starting"
         self._tasks: set = set()
         self._periodic_task = None
         self._status_sent = 0.0
         self._status_handle: asyncio.TimerHandle | None = None
+        self._said_no_driver = False  # "NVIDIA driver not loaded" is said once, again only after it was loaded
 
     # -- requests from event sources ------------------------------------
 
@@ -203,6 +210,7 @@ class Daemon:
             self._status_handle.cancel()
         self.notifier.stopping("stopping")
         await self._shutdown()
+        self._flush_flaps(final=True)
         self.journal.event("daemon-stopped", INFO, f"stopped after {plural(self.passes, 'sync pass', 'sync passes')}")
         return 0
 
@@ -474,6 +482,7 @@ class Daemon:
         assert state is not None  # the pass that just succeeded left its picture
         if self.linkwatch is not None:
             self.linkwatch.majors = state.nvidia_majors
+        self._driver_note(bool(state.nvidia_majors))
         if self._arm_linkwatch():
             # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
             # before the watch was on is only seen by looking again
@@ -538,6 +547,16 @@ class Daemon:
         result.full = False
         return result
 
+    def _driver_note(self, loaded: bool) -> None:
+        """Once, not at every pass: a daemon that links nothing should say why."""
+        if not loaded and not self._said_no_driver:
+            self._said_no_driver = True
+            self.journal.warning("NVIDIA driver not loaded (no nvidia entry in /proc/devices): no nodes to link "
+                                 "yet; linking as soon as the module loads (udev event or the next resync)")
+        elif loaded and self._said_no_driver:
+            self._said_no_driver = False
+            self.journal.info("NVIDIA driver loaded: linking its nodes")
+
     def _failed(self, message: str) -> None:
         self._last_status = f"last sync failed: {message}"
         self._status_soon()
@@ -557,12 +576,13 @@ class Daemon:
             elif outcome.error is not None:
                 j.event("link-failed", ERR, f"failed to {a.action} {where} ({a.device}): {outcome.error}",
                         link=where, device=a.device, action=a.action)
-            elif a.action in _CHANGE_EVENTS:
+            elif a.action in _CHANGE_EVENTS and self._say_change((where, a.action)):
                 kind, priority, text = _CHANGE_EVENTS[a.action]
                 why = f": {a.reason}" if a.action != "create" else ""
                 arrow = f" -> {a.target}" if a.action in ("create", "replace") else ""
                 j.event(kind, priority, f"{text} {where}{arrow} ({a.device}){why}",
                         link=where, device=a.device, action=a.action)
+        self._flush_flaps()
         assert self.state is not None  # reported right after the pass that made it
         foreign = self.state.foreign()
         self.metrics.on_foreign_links(len(foreign))
@@ -582,6 +602,37 @@ class Daemon:
         for note in sorted(notes - self._last_notes):
             j.info(f"note: {note}")
         self._last_notes = notes
+
+    def _say_change(self, key: tuple, now: float | None = None) -> bool:
+        """Whether to journal this change (key: link, action): the first in FLAP_WINDOW seconds is said, the
+        rest counted (and said as a count by _flush_flaps). The change itself is always made."""
+        now = time.monotonic() if now is None else now
+        said = self._said_change.get(key)
+        if said is not None and now - said[0] < FLAP_WINDOW:
+            said[1] += 1
+            return False
+        if said is not None and said[1]:
+            self._flush_flap(key, said, now)
+        self._said_change[key] = [now, 0]
+        return True
+
+    def _flush_flaps(self, final: bool = False) -> None:
+        now = time.monotonic()
+        for key, said in list(self._said_change.items()):
+            if final or now - said[0] >= FLAP_WINDOW:
+                if said[1]:
+                    self._flush_flap(key, said, now)
+                del self._said_change[key]
+
+    def _flush_flap(self, key: tuple, said: list, now: float) -> None:
+        where, action = key
+        kind, priority, text = _CHANGE_EVENTS[action]
+        self.journal.event(kind, min(priority, NOTICE),
+                           f"{text.split()[0]} {where} {plural(said[1], 'more time')} in the last "
+                           f"{now - said[0]:.0f} s: another writer keeps changing it (find it: auditctl -w on the "
+                           "link); each change is made, only this count is said", link=where, action=action,
+                           count=said[1])
+        said[1] = 0
 
     async def _call_hook(self, name: str, *args) -> None:
         try:
@@ -625,7 +676,8 @@ class Daemon:
             return
         old, self.config = self.config, new
         self.metrics.config = new  # a new metrics_textfile applies at the next write; metrics_listen at restart
-        self.journal.event("config-reloaded", INFO, f"config reloaded from {new.source or 'defaults'}")
+        self.journal.event("config-reloaded", INFO,
+                           f"config reloaded from {new.source or 'defaults'}: {config_changes(old, new)}")
         if new.driver_root != old.driver_root:
             self._stop_devwatch()
             self._start_devwatch()
@@ -669,6 +721,24 @@ class Daemon:
 
     def _interval_text(self) -> str:
         return f"{self.config.resync_interval:g} s" if self.config.resync_interval > 0 else "never (disabled)"
+
+
+def config_changes(old, new) -> str:
+    """`repair "auto" -> "report", resync_interval 60 -> 30`, or `nothing changed` (values as TOML writes them)."""
+    import json
+
+    from nvsymlinkd.record import fields
+
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return json.dumps(value) if isinstance(value, str) else str(value)  # quoted, control characters escaped
+
+    changed = [f"{f.name} {shown(getattr(old, f.name))} -> {shown(getattr(new, f.name))}" for f in fields(new)
+               if f.name != "source" and getattr(old, f.name) != getattr(new, f.name)]
+    return ", ".join(changed) if changed else "nothing changed"
 
 
 def _preload_bus() -> None:

@@ -193,7 +193,18 @@ def _remove_stale(dirs: _Dirs, path: str) -> None:
     if not name.startswith(TMP_PREFIX):  # only ever our own temporary names
         return
     try:
-        _unlink_quietly(dirs.open(parent), name)
+        fd = dirs.open(parent)
+    except OSError:
+        return
+    try:
+        os.unlink(name, dir_fd=fd)
+    except IsADirectoryError:
+        # we only ever make links and nodes there, but a directory at one of our temporary names (left
+        # by whatever) is reported as stale on every pass until it goes: an empty one goes
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass
     except OSError:
         pass
 

@@ -5,7 +5,6 @@ tests run anywhere; devchar/snapshot.py does the observing.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from nvsymlinkd.host import procdevices
@@ -15,7 +14,11 @@ from nvsymlinkd.record import dataclass, field
 if TYPE_CHECKING:  # an annotation only: driverinfo reads /proc through HostRoot
     from nvsymlinkd.host.driverinfo import DriverInfo
 
-DEV_CHAR_NAME = re.compile(r"(\d+):(\d+)")
+def is_dev_char_name(name: str) -> bool:
+    """`M:m` in ASCII decimal digits: the one rule for a /dev/char name we manage, the daemon's watch and the
+    sync alike. a regex digit class and str.isdecimal() alone take other scripts' digits too (int("١٩٥") is 195)."""
+    major, colon, minor = name.partition(":")
+    return bool(colon) and major.isascii() and minor.isascii() and major.isdecimal() and minor.isdecimal()
 
 
 class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
@@ -30,7 +33,7 @@ class DevCharEntry(NamedTuple):  # a tuple: thousands are built per sync
 
     @property
     def rdev_name(self) -> tuple[int, int]:
-        major, _, minor = self.name.partition(":")  # an entry's name always matched DEV_CHAR_NAME
+        major, _, minor = self.name.partition(":")  # an entry's name always passed is_dev_char_name
         return (int(major), int(minor))
 
 

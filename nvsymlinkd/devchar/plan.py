@@ -246,9 +246,18 @@ def _cap_nodes(snap: HostSnapshot, base: str) -> tuple[list[WantedNode], list[st
         return [], []
     if caps is None:
         return [], ["mig-minors lists capabilities but no 'nvidia-caps' major: load nvidia with MIG support"]
-    return [WantedNode(NvidiaNode(f"{base}/nvidia-caps/nvidia-cap{minor}", "cap", caps, minor),
-                       driver.cap_ownership.get(cap, driver.ownership), f"MIG capability {cap}")
-            for cap, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1])], []
+    wanted, notes = [], []
+    for cap, minor in sorted(driver.mig_minors.items(), key=lambda kv: kv[1]):
+        path = f"{base}/nvidia-caps/nvidia-cap{minor}"
+        ownership = driver.cap_ownership.get(cap)
+        if ownership is None:
+            # its mode is the capability's access control: never guessed (the driver-wide 0666 would open it)
+            if path not in snap.existing_paths:
+                notes.append(f"MIG capability {cap}: its mode cannot be read under /proc/driver/nvidia/capabilities: "
+                             f"{path} not created (the mode is its access control; nvidia-modprobe makes it)")
+            continue
+        wanted.append(WantedNode(NvidiaNode(path, "cap", caps, minor), ownership, f"MIG capability {cap}"))
+    return wanted, notes
 
 
 def _node_actions(snap: HostSnapshot, wanted: list[WantedNode]) -> tuple[list[Action], list[NvidiaNode]]:

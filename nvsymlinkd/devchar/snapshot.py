@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase, is_dev_char_name
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.driverinfo import DriverInfo, read_driver_info
@@ -111,14 +111,30 @@ def observe_name(root: HostRoot, fd: int, dev_char_path: str, dev_char_real: str
                  by_path: dict, entries: dict, temps: list) -> None:
     """One /dev/char entry: an M:m name is observed into entries, a dead sync's temporary listed."""
     name = de.name
-    major, colon, minor = name.partition(":")
-    # DEV_CHAR_NAME without the regex: thousands of names per pass
-    if colon and major.isdecimal() and minor.isdecimal() and major.isascii() and minor.isascii():
+    if is_dev_char_name(name):
         entry = _observe_entry(root, fd, dev_char_real, de, by_path)
         if entry is not None:
             entries[name] = entry
-    elif name.startswith(TMP_PREFIX):
+    elif name.startswith(TMP_PREFIX) and _removable(fd, de):
         temps.append(f"{dev_char_path}/{name}")
+
+
+def _removable(dirfd: int, de: os.DirEntry) -> bool:
+    """A temporary name the sync can remove: not a directory with something in it (we only ever make links
+    and nodes; an empty directory is rmdir'ed, a full one is not ours to empty, so never "removed" each pass)."""
+    try:
+        if not de.is_dir(follow_symlinks=False):
+            return True
+        fd = os.open(de.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return True
+    try:
+        with os.scandir(fd) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _is_dangling(root: HostRoot, inside: str) -> bool:

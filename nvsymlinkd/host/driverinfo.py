@@ -46,7 +46,7 @@ class DriverInfo:
     mig_minors: dict = field(default_factory=dict)  # capability name -> minor
     ownership: NodeOwnership = NodeOwnership()
     loaded_modules: frozenset = frozenset()  # nvidia* module names from /proc/modules
-    cap_ownership: dict = field(default_factory=dict)  # capability name -> NodeOwnership
+    cap_ownership: dict = field(default_factory=dict)  # capability name -> NodeOwnership (only those read)
 
     def module_loaded(self, name: str) -> bool:
         return name in self.loaded_modules
@@ -121,20 +121,24 @@ def capability_proc_path(mig_name: str) -> str:
     return f"{CAPABILITIES_DIR}/mig/{mig_name}"
 
 
-def read_capability_ownership(root: HostRoot, mig_name: str, fallback: NodeOwnership) -> NodeOwnership:
+def read_capability_ownership(root: HostRoot, mig_name: str, fallback: NodeOwnership) -> NodeOwnership | None:
+    """The owner and mode the driver gives this capability's node, or None when its mode cannot be read: the
+    mode is the capability's access control (0400 config, 0444 monitor), never the driver-wide 0666."""
     path = capability_proc_path(mig_name)
     try:
         text = root.read_confined(path)
     except OSError:
-        return fallback
+        return None
     values = parse_key_values(text)
     mode = _int_field(values, "DeviceFileMode", path, 0, 0o7777)
+    if mode is None:
+        return None
     uid = _int_field(values, "DeviceFileUID", path, 0, 2**32 - 2)
     gid = _int_field(values, "DeviceFileGID", path, 0, 2**32 - 2)
     return NodeOwnership(
         uid=fallback.uid if uid is None else uid,
         gid=fallback.gid if gid is None else gid,
-        mode=fallback.mode if mode is None else mode,
+        mode=mode,
     )
 
 
@@ -178,9 +182,12 @@ def read_driver_info(root: HostRoot) -> DriverInfo:
     ownership = parse_params(params) if params is not None else NodeOwnership()
     mig_text = _read_optional(root, MIG_MINORS)
     mig = parse_mig_minors(mig_text) if mig_text is not None else {}
+    # a capability whose mode cannot be read has no entry: its node is never created (plan notes why)
     caps_own = {}
-    if mig and _list_dir(root, CAPABILITIES_DIR) is not None:
-        caps_own = {name: read_capability_ownership(root, name, ownership) for name in mig}
+    for name in mig:
+        own = read_capability_ownership(root, name, ownership)
+        if own is not None:
+            caps_own[name] = own
     modules_text = _read_optional(root, PROC_MODULES) or ""
     modules = frozenset(
         line.split(None, 1)[0]

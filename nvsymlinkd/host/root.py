@@ -165,6 +165,78 @@ class HostRoot:
         with open(fd, encoding="utf-8", errors="replace") as f:
             return f.read()
 
+    def open_file(self, inside: str) -> int:
+        """fd of the file `inside` names for reading, resolved confined to the root; never blocks on a
+        fifo (O_NONBLOCK) and never becomes a controlling terminal. The caller closes it."""
+        return self._open(inside, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+
+    # -- state files (state_dir, the metrics textfile): every step confined to the root ------------------
+
+    def write_file(self, inside: str, data, mode: int = 0o644, dir_mode: int | None = 0o755) -> None:
+        """Replace the file `inside` atomically, its directory resolved confined to the root (a link
+        on the way that points outside means the root's own path, never the host's). dir_mode: missing
+        directories are made with it; None: the directory must exist (FileNotFoundError)."""
+        from nvsymlinkd.host.atomicfile import write_atomic_at
+
+        parent, name = _split(inside)
+        dfd = self.make_dirs(parent, dir_mode) if dir_mode is not None else self.open_dir(parent)
+        try:
+            write_atomic_at(dfd, name, data, mode)
+        finally:
+            os.close(dfd)
+
+    def read_file(self, inside: str, limit: int) -> bytes:
+        """A regular file's content, resolved confined to the root, at most `limit` bytes (UnsafeFile
+        for a fifo, a device, a larger file). The final component is never a symlink (ELOOP)."""
+        parent, name = _split(inside)
+        dfd = self.open_dir(parent)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        try:
+            return read_regular(fd, inside, limit, allow_null=False)
+        finally:
+            os.close(fd)
+
+    def unlink(self, inside: str) -> bool:
+        """Remove a file (never a directory) confined to the root; False when it was not there."""
+        parent, name = _split(inside)
+        try:
+            dfd = self.open_dir(parent)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            os.unlink(name, dir_fd=dfd)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(dfd)
+
+    def listdir(self, inside: str) -> list:
+        """Names in a directory resolved confined to the root. Raises OSError."""
+        fd = self.open_dir(inside)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def real_resolved(self, inside: str, follow_last: bool = False) -> str:
+        """Real path of `inside` for a path-taking API, its directories' links resolved confined to the
+        root (lexically), the last component as it is unless follow_last: an absolute link on the host
+        (/var/lib/docker -> /data/docker) means ROOT/data/docker under --root, never the caller's own
+        /data, and a reader's O_NOFOLLOW still refuses a final link. Where the confined writes go."""
+        inside = normalize(inside)
+        if self.root == "/":
+            return inside  # the kernel's own lookup is the confined one
+        if follow_last:
+            return self.path(self.resolve_prefix(inside))
+        parent, _, name = inside.rpartition("/")
+        if not name:
+            return self.root
+        return self.path(self.resolve_prefix(parent or "/").rstrip("/") + "/" + name)
+
     def _open(self, inside: str, flags: int) -> int:
         rootfd = os.open(self.root, DIR_FLAGS)
         try:
@@ -236,3 +308,44 @@ def walk_confined(rootfd: int, inside: str, flags: int) -> int:
     finally:
         for fd in stack:
             os.close(fd)
+
+
+def _split(inside: str) -> tuple[str, str]:
+    parent, _, name = normalize(inside).rpartition("/")
+    if not name:
+        raise IsADirectoryError(errno.EISDIR, "the root is no file", inside)
+    return parent or "/", name
+
+
+def read_regular(fd: int, shown: str, limit: int, allow_null: bool = True) -> bytes:
+    """The content of an open file that must be a regular one (or /dev/null: empty), at most `limit` bytes.
+
+    Raises UnsafeFile (an OSError) for anything else: a fifo would block, /dev/zero never ends.
+    """
+    from nvsymlinkd.errors import UnsafeFile
+
+    st = os.fstat(fd)
+    if allow_null and stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+        return b""  # /dev/null: "no config", as packaging passes it
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(f"{shown}: not a regular file (a {file_kind(st.st_mode)})")
+    chunks = []
+    left = limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise UnsafeFile(f"{shown}: larger than {limit} bytes")
+    return data
+
+
+def file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symlink")):
+        if test(mode):
+            return name
+    return "special file"

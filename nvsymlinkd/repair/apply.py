@@ -19,6 +19,7 @@ Entry points (blocking; the daemon runs them in an executor thread):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -33,11 +34,11 @@ from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.containers.discovery import display_name
-from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError
-from nvsymlinkd.host.atomicfile import write_atomic
+from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import (
     AT_RISK,
+    BPF_PROGRAM,
     DEFAULT_WINDOW_SECONDS,
     DEVICES_ALLOW,
     DEVICES_ALLOW_SYSTEMD,
@@ -85,6 +86,8 @@ class RepairResult:
     verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
     error: str | None = None
     dry_run: bool = False
+    program: list | None = None  # bpf-program: the new program's rules ("allow c 195:0 rw", ...)
+    by_hand: bool = False  # a typed `nvsymlinkd repair`, not the daemon: its words say so
 
     @property
     def request(self) -> RepairRequest:
@@ -100,7 +103,7 @@ class RepairResult:
                 "finding": r.reason, "status": RepairStatus(self.status).value, "dry_run": self.dry_run,
                 **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
                 "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
-                "container_name": r.container_name}
+                "container_name": r.container_name, "program": self.program}
 
     def human_lines(self) -> list:
         r = self.request
@@ -111,8 +114,12 @@ class RepairResult:
         devices = ", ".join(str(g.rule) for g in self.plan.grants)
         if self.status == NOTHING:
             head = f"{who}{unit}: nothing to grant"
+        elif self.status == CANNOT and r.kind == AT_RISK:
+            # nothing is lost: a prevention that cannot be made is no failed repair (the at-risk finding says it)
+            head = f"{who}{unit}: cannot prevent the loss: {self.plan.cannot}"
         elif self.status == CANNOT:
-            head = f"{who}{unit}: cannot repair automatically: {self.plan.cannot}"
+            how = "cannot repair" if self.by_hand else "cannot repair automatically"
+            head = f"{who}{unit}: {how}: {self.plan.cannot}"
         elif self.status == WOULD:
             head = f"{who}{unit}: would grant {devices} via {self.plan.mechanism}"
         elif self.status == FAILED:
@@ -120,11 +127,17 @@ class RepairResult:
         else:
             verb = "granted" if self.status == REPAIRED else "added to DeviceAllow before a reload took it:"
             head = f"{who}{unit}: {verb} {devices} via {self.plan.mechanism}; verified: {self.status}"
+        if self.plan.forced and self.status in (REPAIRED, PREVENTED, FAILED):
+            head += " (forced by hand: rate limit bypassed)"
         lines = [head]
+        if self.by_hand and self.plan.rate_limited:
+            lines.append("  note: `nvsymlinkd repair --force` repairs anyway (journaled as forced)")
         for g, why in self.plan.refused:
             lines.append(f"  not granted {g.rule} ({g.source}): {why}")
         for note in self.plan.notes:
             lines.append(f"  note: {note}")
+        for rule in self.program or ():
+            lines.append(f"  program: {rule}")
         for dev, v in sorted(self.verification.items()):
             if v["state"] != "allow":
                 lines.append(f"  {dev}: {v['state']}: {v['reason']}")
@@ -193,7 +206,12 @@ def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -
 
 
 class RepairLock:
-    """flock() on STATE_DIR/repair.lock, from before a freeze until after its thaw.
+    """flock() on STATE_DIR itself and on STATE_DIR/repair.lock, from before a freeze until after its thaw.
+
+    The directory is the lock that cannot be unlinked away (an `rm repair.lock` while a repair holds it
+    would let the next one lock a new file and overlap); the file, checked to still be the one its name
+    holds once locked, keeps out repairs of versions that lock only the file, and tells the holder's pid.
+    Both are opened confined to --root, like every state file.
 
     Two repairs of one container (a CLI and the daemon, or two CLIs) would otherwise interleave: the
     second finds the first's FROZEN, leaves it "as it is", and the first thaws while systemd still
@@ -208,49 +226,85 @@ class RepairLock:
         self.journal = journal
         self.dry_run = dry_run  # report orphaned freezes, thaw nothing
         self.inside = f"{config.state_dir.rstrip('/')}/{LOCK_FILE}"
-        self.fd = None
+        self.fd: int | None = None
+        self.dir_fd: int | None = None
         self.thawed: list = []
 
     def __enter__(self):
-        real = self.root.path(self.inside)
+        deadline = time.monotonic() + self.wait
         try:
-            os.makedirs(os.path.dirname(real), mode=0o755, exist_ok=True)
-            self.fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            self.dir_fd = self.root.make_dirs(self.config.state_dir, 0o755)
         except OSError as exc:
             raise RepairError(f"cannot open the repair lock {self.inside}: {exc.strerror}; not freezing the "
                               "container (set state_dir to a writable directory)")
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = self._holder(self.fd)
-                    os.close(self.fd)
-                    self.fd = None
-                    raise RepairBusy(f"another repair is running (pid {holder}) and held {self.inside} for "
-                                     f"{self.wait:g} s; nothing was changed, try again")
-                time.sleep(0.05)
+        try:
+            self._take(self.dir_fd, deadline)
+            while True:
+                try:
+                    self.fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                      dir_fd=self.dir_fd)
+                except OSError as exc:
+                    raise RepairError(f"cannot open the repair lock {self.inside}: {exc.strerror}; not freezing "
+                                      "the container (set state_dir to a writable directory)")
+                self._take(self.fd, deadline)
+                if self._still_named(self.fd):
+                    break
+                os.close(self.fd)  # unlinked or replaced between our open and our lock: lock what it names now
+                self.fd = None
+        except BaseException:
+            self._release()
+            raise
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode("ascii"), 0)
         self.thawed = _thaw_orphans(self.root, self.config, self.journal, self.dry_run)
         return self
 
-    def _holder(self, fd: int) -> str:
+    def _take(self, fd: int, deadline: float) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RepairBusy(f"another repair is running (pid {self._holder()}) and held {self.inside} "
+                                     f"for {self.wait:g} s; nothing was changed, try again")
+                time.sleep(0.05)
+
+    def _still_named(self, fd: int) -> bool:
+        try:
+            named = os.stat(LOCK_FILE, dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        mine = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _holder(self) -> str:
+        try:
+            fd = os.open(LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.dir_fd)
+        except OSError:
+            return "unknown"
         try:
             text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         except OSError:
             text = ""
+        finally:
+            os.close(fd)
         return text if text.isdigit() else "unknown"
+
+    def _release(self) -> None:
+        for name in ("fd", "dir_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)  # releases its lock
 
     def __exit__(self, *exc_info):
         if self.fd is not None:
             try:
                 os.ftruncate(self.fd, 0)
-            finally:
-                os.close(self.fd)  # releases the lock
-                self.fd = None
+            except OSError:
+                pass
+        self._release()
         return False
 
 
@@ -258,22 +312,18 @@ class FreezeRecord:
     """STATE_DIR/frozen/<hash>.json: written (atomic, fsync'd) before FROZEN, removed after THAWED."""
 
     def __init__(self, root: HostRoot, config, request: RepairRequest):
+        self.root = root
         self.doc = {"freezer": request.freezer, "container_id": request.container_id, "unit": request.scope,
                     "pid": os.getpid(), "frozen_at": time.time()}
         freezer = _needed(request.freezer, "freezer cgroup path")
         name = hashlib.sha256(freezer.encode("utf-8", "replace")).hexdigest()[:32] + ".json"
         self.inside = f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}/{name}"
-        self.real = root.path(self.inside)
 
     def write(self) -> None:
-        os.makedirs(os.path.dirname(self.real), mode=0o700, exist_ok=True)
-        write_atomic(self.real, json.dumps(self.doc, sort_keys=True) + "\n", 0o600)
+        self.root.write_file(self.inside, json.dumps(self.doc, sort_keys=True) + "\n", 0o600, dir_mode=0o700)
 
     def drop(self) -> None:
-        try:
-            os.unlink(self.real)
-        except FileNotFoundError:
-            pass
+        self.root.unlink(self.inside)
 
 
 class Frozen:
@@ -353,36 +403,36 @@ def _thaw_orphans(root: HostRoot, config, journal=None, dry_run: bool = False) -
     that froze it), state (what freezer.state read, "gone" for no cgroup), action (thawed, would-thaw, none,
     kept: the record stays for the next lock holder).
     """
-    directory = root.path(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}")
+    directory = f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}"
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted(root.listdir(directory))
     except OSError:
         return []
     out = []
     for name in names:
-        real = os.path.join(directory, name)
+        inside = f"{directory}/{name}"
         if not name.endswith(".json"):
             if name.endswith(".tmp") and not dry_run:
-                _unlink(real)  # a record whose writer died before the rename: it never froze anything
+                _unlink(root, inside)  # a record whose writer died before the rename: it never froze anything
             continue
-        entry = _thaw_one(root, real, journal, dry_run)
+        entry = _thaw_one(root, inside, journal, dry_run)
         if entry["action"] != "kept" and not dry_run:
-            _unlink(real)
+            _unlink(root, inside)
         out.append(entry)
     return out
 
 
-def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
-    from nvsymlinkd.containers.ocispec import read_json
+def _thaw_one(root: HostRoot, inside: str, journal, dry_run: bool) -> dict:
+    from nvsymlinkd.containers.ocispec import loads_object
 
     entry: dict[str, Any] = {"container": None, "unit": None, "freezer": None, "freezer_dir": None, "pid": None,
                              "state": None, "action": "none"}
     try:
-        doc = read_json(real, MAX_RECORD_BYTES)
+        doc = loads_object(root.read_file(inside, MAX_RECORD_BYTES).decode("utf-8", "replace"))
     except OSError as exc:
         entry["action"] = "kept"
         if journal is not None:
-            journal.warning(f"cannot read the freeze record {root.inside(real)}: {exc.strerror}; will try again")
+            journal.warning(f"cannot read the freeze record {inside}: {exc.strerror or exc}; will try again")
         return entry
     except ValueError as exc:
         doc = {"error": str(exc)}
@@ -395,7 +445,7 @@ def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
     except RepairError as exc:
         # we never write such a record: without a valid cgroup path there is nothing we may thaw
         if journal is not None:
-            journal.warning(f"dropping the invalid freeze record {root.inside(real)}: {exc}")
+            journal.warning(f"dropping the invalid freeze record {inside}: {exc}")
         return entry
     state_file = entry["freezer_dir"] + "/freezer.state"
     try:
@@ -406,7 +456,7 @@ def _thaw_one(root: HostRoot, real: str, journal, dry_run: bool) -> dict:
     except OSError as exc:
         entry["action"] = "kept"
         if journal is not None:
-            journal.warning(f"cannot read {state_file} named by the freeze record {root.inside(real)}: "
+            journal.warning(f"cannot read {state_file} named by the freeze record {inside}: "
                             f"{exc.strerror}; will try again")
         return entry
     if entry["state"] not in ("FROZEN", "FREEZING"):
@@ -438,9 +488,9 @@ def thawed_line(entry: dict) -> str:
     return f"{verb} {where}{f' ({who})' if who else ''}: a repair (pid {entry['pid']}) froze it and did not finish"
 
 
-def _unlink(real: str) -> None:
+def _unlink(root: HostRoot, inside: str) -> None:
     try:
-        os.unlink(real)
+        root.unlink(inside)
     except OSError:
         pass
 
@@ -452,7 +502,7 @@ def recover_frozen(root: HostRoot, config, journal=None, dry_run: bool = False, 
     so a busy lock leaves the records to it (a record of its own is live, not an orphan).
     """
     try:
-        if not os.listdir(root.path(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}")):
+        if not root.listdir(f"{config.state_dir.rstrip('/')}/{FROZEN_DIR}"):
             return []
     except OSError:
         return []
@@ -551,20 +601,30 @@ def _restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: lis
 
 
 def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT,
-               journal=None, lock_wait: float = LOCK_WAIT) -> None:
-    """Carry out one plan; raises RepairError (RepairBusy: another repair held the lock, nothing done).
+               journal=None, lock_wait: float = LOCK_WAIT) -> list | None:
+    """Carry out one plan; raises RepairError (RepairBusy: another repair held the lock, nothing done;
+    RepairRefused: what the host shows rules it out, nothing done).
 
-    `steps` records what was done, in order."""
+    `steps` records what was done, in order. Returns the new program's rules (bpf-program), else None."""
     r = plan.request
     grants = plan.grants
     if plan.mechanism == SYSTEMD:
         _ensure_dev_char_links(root, config, grants, steps)
         _systemd_call(r, grants, steps, timeout)
-        return
+        return None
+    if plan.mechanism == BPF_PROGRAM:
+        from nvsymlinkd.repair import bpfrepair
+
+        # under the lock: two repairs (the CLI and the daemon) never prove against programs the other replaces
+        with RepairLock(root, config, lock_wait, journal) as lock:
+            steps.extend(thawed_line(e) for e in lock.thawed if e["action"] == "thawed")
+            prepared = bpfrepair.prepare(root, r, grants)
+            bpfrepair.replace(root, prepared, grants, steps)
+        return prepared.rule_lines
     devices_dir = cgroup_dir(root, "devices", r.v1_devices, DEVICES_FALLBACK)
     if plan.mechanism == DEVICES_ALLOW:
         write_devices_allow(root, devices_dir, grants, steps)
-        return
+        return None
     if plan.mechanism != DEVICES_ALLOW_SYSTEMD:
         raise RepairError(f"unknown mechanism {plan.mechanism!r}")
     if r.freezer is None:
@@ -583,6 +643,7 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
         after = _wait_listed(root, devices_dir, grants, timeout)
         steps.append("devices.list shows " + ", ".join(str(g.rule) for g in grants))
         _restore_dropped(root, devices_dir, before, after, steps)
+    return None
 
 
 def _freeze_unless_created(root: HostRoot, r: RepairRequest, freezer_dir: str, steps: list, timeout: float,
@@ -645,7 +706,7 @@ def _journal(journal, result: RepairResult) -> None:
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
                   verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
-                  container_name=r.container_name)
+                  container_name=r.container_name, forced=1 if result.plan.forced else None)
     kind = JOURNAL_KINDS.get(result.status)
     if kind is None:  # nothing to do: nothing changed, nothing to say
         return
@@ -654,14 +715,36 @@ def _journal(journal, result: RepairResult) -> None:
     journal.event(kind, JOURNAL_PRIORITIES[result.status], "container " + result.human_lines()[0], **fields)
 
 
+def _refused(plan: RepairPlan, why: str, dry_run: bool) -> RepairResult:
+    return RepairResult(dataclasses.replace(plan, mechanism=None, grants=(), cannot=why), CANNOT, dry_run=dry_run)
+
+
+def _dry_run(root: HostRoot, plan: RepairPlan) -> RepairResult:
+    """would-repair; for bpf-program with the program it would attach (read and proven, nothing changed)."""
+    result = RepairResult(plan, WOULD, dry_run=True)
+    if plan.mechanism == BPF_PROGRAM:
+        from nvsymlinkd.repair import bpfrepair
+
+        try:
+            result.program = bpfrepair.prepare(root, plan.request, plan.grants).rule_lines
+        except RepairError as exc:  # RepairRefused, or the cgroup could not be read: it would not repair
+            return _refused(plan, str(exc), True)
+    return result
+
+
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
                      history: RepairHistory | None = None, clock=time.time, journal=None,
                      window: float = DEFAULT_WINDOW_SECONDS, timeout: float = SETTLE_TIMEOUT,
-                     reverify=None, lock_wait: float = LOCK_WAIT) -> RepairResult:
+                     reverify=None, lock_wait: float = LOCK_WAIT, force: bool = False,
+                     by_hand: bool = False, others_v2=()) -> RepairResult:
     """Plan and (unless dry_run) apply one repair, then verify it.
+
+    force: bypass the rate limit (a person's `repair --force`; journaled as forced). by_hand: the
+    result's words are for a typed command, not the daemon's.
 
     reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
+    others_v2: the other containers' cgroup v2 paths (a bpf-program repair never touches theirs).
     """
     parent_rules = None
     if request.v1_devices is not None and request.v1_devices not in ("", "/"):
@@ -670,18 +753,24 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             parent_rules = read_rules(root, parent)
         except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
-    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules)
+    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
+                       force=force, others_v2=others_v2)
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
         result = RepairResult(plan, NOTHING, dry_run=dry_run)
     elif dry_run:
-        result = RepairResult(plan, WOULD, dry_run=True)
+        result = _dry_run(root, plan)
     else:
         result = RepairResult(plan, FAILED)
         busy = False
         try:
-            apply_plan(root, config, plan, result.steps, timeout, journal, lock_wait)
+            result.program = apply_plan(root, config, plan, result.steps, timeout, journal, lock_wait)
+        except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
+            result = _refused(plan, str(exc), False)
+            result.by_hand = by_hand
+            _journal(journal, result)
+            return result
         except RepairBusy as exc:
             result.error, busy = str(exc), True
         except RepairError as exc:
@@ -709,18 +798,36 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
         if history is not None and record_attempt and result.status != PREVENTED:
             history.record(request.container_id, clock(), prevention=request.kind == AT_RISK)
+    result.by_hand = by_hand
     _journal(journal, result)
     return result
 
 
-def history_path(root: HostRoot, config) -> str:
-    return root.path(f"{config.state_dir.rstrip('/')}/{HISTORY_FILE}")
+def history_path(config) -> str:
+    """Inside path of the CLI's rate-limit record."""
+    return f"{config.state_dir.rstrip('/')}/{HISTORY_FILE}"
+
+
+MAX_HISTORY_BYTES = 4 << 20  # one time per container id
+
+
+def load_history(root: HostRoot, config) -> RepairHistory:
+    """The CLI's repair history, read confined to --root; empty when absent or unreadable in any way."""
+    try:
+        return RepairHistory.from_json(root.read_file(history_path(config), MAX_HISTORY_BYTES))
+    except OSError:
+        return RepairHistory()
+
+
+def save_history(root: HostRoot, config, history: RepairHistory) -> None:
+    """Write it atomically, confined to --root (the state dir made if missing). Raises OSError."""
+    root.write_file(history_path(config), history.to_json(), 0o644, dir_mode=0o755)
 
 
 def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = False,
                history: RepairHistory | None = None, clock=time.time, journal=None,
                window: float = DEFAULT_WINDOW_SECONDS, report=None, use_bus: bool | None = None,
-               lock_wait: float = LOCK_WAIT) -> list:
+               lock_wait: float = LOCK_WAIT, force: bool = False, by_hand: bool = False) -> list:
     """Verify, then repair every GPU container with findings (or just the given ids).
 
     config.repair: "off" -> nothing; "report" -> plans only (like dry_run); "auto" -> repair.
@@ -764,6 +871,8 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         request = requests_from_report(c)
         if request is None:
             continue
+        others = [o.cgroup.get("unified") for o in report.containers if o.id != c.id]
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
-                                        journal=journal, window=window, reverify=reverify, lock_wait=lock_wait))
+                                        journal=journal, window=window, reverify=reverify, lock_wait=lock_wait,
+                                        force=force, by_hand=by_hand, others_v2=others))
     return results

@@ -18,7 +18,7 @@ Safety rules, enforced here whatever the caller passes in:
 from __future__ import annotations
 
 import json
-import os
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -30,15 +30,19 @@ from nvsymlinkd.verify.kinds import FindingKind, Verdict
 if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
     from nvsymlinkd.verify.verifier import ContainerReport
 
-# Where a grant's device comes from. Only the first three are grounds to grant.
-TRUSTED_SOURCES = ("spec", "runtime-state", "baseline")
+# Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
+# grant as containers.hookgrant reconstructs it exactly, never a guess).
+TRUSTED_SOURCES = ("spec", "runtime-state", "nvidia-hook", "baseline")
 UNTRUSTED_SOURCES = ("container-dev",)
 
 # Mechanisms (also the `mechanism` value in the JSON output and the journal)
 SYSTEMD = "systemd"  # SetUnitProperties(DeviceAllow) on the scope (cgroup v2)
 DEVICES_ALLOW = "devices.allow"  # append to the v1 cgroup's devices.allow (cgroupfs driver)
 DEVICES_ALLOW_SYSTEMD = "devices.allow+systemd"  # both, with the container frozen (v1 + systemd driver)
-MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD)
+# cgroup v2, cgroupfs driver: a new device program (the cgroup's own programs' policy plus the grants,
+# proven to differ by the grants only) attached with BPF_F_ALLOW_MULTI, then the old ones detached
+BPF_PROGRAM = "bpf-program"
+MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, BPF_PROGRAM)
 
 # What a request repairs: a loss, or a device at risk of being lost (the verdict's words).
 LOST, AT_RISK = Verdict.LOST, Verdict.AT_RISK
@@ -128,6 +132,8 @@ class RepairPlan:
     refused: tuple[tuple[Grant, str], ...] = ()  # (grant, why), never granted
     cannot: str | None = None  # "cannot repair automatically" reason
     notes: tuple[str, ...] = ()
+    rate_limited: bool = False  # `cannot` is the rate limit (a person may say --force)
+    forced: bool = False  # the rate limit was bypassed by hand (repair --force)
 
     @property
     def action(self) -> str:
@@ -138,7 +144,8 @@ class RepairPlan:
     def to_json(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "grants": [g.to_json() for g in self.grants],
                 "refused": [{"grant": g.to_json(), "why": why} for g, why in self.refused],
-                "cannot": self.cannot, "notes": list(self.notes)}
+                "cannot": self.cannot, "notes": list(self.notes), "rate_limited": self.rate_limited,
+                "forced": self.forced}
 
 
 @dataclass
@@ -166,13 +173,15 @@ class RepairHistory:
                 del table[cid]
 
     # The CLI keeps the history in the state dir so that repeated `nvsymlinkd repair`
-    # runs (from a cron job, say) are rate-limited like the daemon.
+    # runs (from a cron job, say) are rate-limited like the daemon (repair.apply.load_history reads it
+    # confined to --root; these two only translate).
     @classmethod
-    def load(cls, real_path: str) -> RepairHistory:
+    def from_json(cls, data: bytes) -> RepairHistory:
+        """The history a repairs.json holds; an empty one for anything unreadable (the file is ours, but a
+        corrupt one must not stop a repair: it only loses the rate limit's memory)."""
         try:
-            with open(real_path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
+            doc = json.loads(data.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's limit
             return cls()
         last = doc.get("last") if isinstance(doc, dict) else None
         if not isinstance(last, dict):
@@ -180,18 +189,21 @@ class RepairHistory:
         prevention = doc.get("last_prevention")
         return cls(_times(last), _times(prevention if isinstance(prevention, dict) else {}))
 
-    def save(self, real_path: str) -> None:
-        from nvsymlinkd.host.atomicfile import (
-            write_atomic,  # the one write of this module: kept off its imports
-        )
-
-        os.makedirs(os.path.dirname(real_path), mode=0o755, exist_ok=True)
-        write_atomic(real_path, json.dumps({"last": self.last, "last_prevention": self.last_prevention}))
+    def to_json(self) -> str:
+        return json.dumps({"last": self.last, "last_prevention": self.last_prevention})
 
 
 def _times(table: dict[Any, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in table.items()
-            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out = {}
+    for k, v in table.items():
+        if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                when = float(v)  # OverflowError: an integer of hundreds of digits
+            except OverflowError:
+                continue
+            if math.isfinite(when):
+                out[k] = when
+    return out
 
 
 def refusal(grant: Grant) -> str | None:
@@ -201,7 +213,8 @@ def refusal(grant: Grant) -> str | None:
             return ("seen only as a node in the container's own /dev: a container that can mknod can make any "
                     "node, so that is no ground to grant it")
         if grant.source == "unexpected":
-            return "allowed or wanted now, but expected by no trusted source (spec, runtime state, baseline)"
+            return ("allowed or wanted now, but expected by no trusted source (spec, runtime state, NVIDIA hook "
+                    "grant, baseline)")
         return f"untrusted source {grant.source!r}"
     device = grant.device
     if device.type != "c":
@@ -248,7 +261,11 @@ def _rate_limited(request: RepairRequest, now: float, history: RepairHistory | N
              if history is not None else None)
     if since is None or not 0 <= since < window:
         return None
-    return (f"the last repair attempt was {since:.0f} s ago (rate limit: one per {window:.0f} s per container); "
+    limit = f"rate limit: one per {window:.0f} s per container"
+    if request.kind == AT_RISK:  # nothing is lost yet: no claim that something keeps taking devices
+        return (f"the last repair attempt was {since:.0f} s ago ({limit}); the devices are still usable, "
+                "the prevention waits for the window to pass")
+    return (f"the last repair attempt was {since:.0f} s ago ({limit}); "
             "something keeps taking its devices away: find it (runc update? a reload with missing /dev/char "
             "links?) instead of repairing in a loop")
 
@@ -285,40 +302,89 @@ def _v1_mechanism(request: RepairRequest, grants: list[Grant],
                            "from a spec that lacks the device",), None
 
 
-def _mechanism(request: RepairRequest, grants: list[Grant],
-               parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
+def not_own_cgroup(request: RepairRequest, others_v2: Iterable[str | None] = ()) -> str | None:
+    """Why the request's cgroup v2 path is not the container's own cgroup, or None.
+
+    A device program applies to the cgroup and everything below it: only a cgroup that holds this
+    container alone may get a new one. Never the root, never a slice; its name (or, for crun's
+    `container` leaf, its parent's) names the container id (the path comes from the init's
+    /proc/<pid>/cgroup, which a privileged container can move: never into another's cgroup); no other
+    container's cgroup is it or below it."""
+    path = request.v2_cgroup
+    if path is None:
+        return "no cgroup v2 path is known for the container"
+    names = [n for n in path.split("/") if n]
+    while names and names[0] == "..":  # printed relative to our cgroup namespace (a pod): climbs, then names
+        names.pop(0)
+    if not names or any(n in (".", "..") for n in names):
+        return f"its cgroup v2 path {path} is a root, not a container's own cgroup: never a host-wide program"
+    if names[-1].endswith(".slice"):
+        return f"its cgroup {path} is a slice, shared by everything in it: only a container's own cgroup"
+    own = names[-2] if names[-1] == "container" and len(names) > 1 else names[-1]
+    # the id itself, or after a runtime's prefix: <id> (Docker, containerd's CRI, runc), crio-<id>,
+    # libpod-<id>; never merely somewhere inside a name (a short runc id "gpu" is in "gpu-other")
+    cid = request.container_id
+    if not cid or not (own == cid or (own.endswith(cid) and own[-len(cid) - 1] in "-_:")):
+        return (f"its cgroup {path} does not name the container id {request.container_id}; refusing to replace the "
+                "device program of a cgroup that may belong to another container")
+    for other in others_v2:
+        if other is not None and (other == path or other.startswith(path.rstrip("/") + "/")):
+            return (f"its cgroup {path} also holds another container ({other}): a program there would change "
+                    "that container's devices too")
+    return None
+
+
+def _mechanism(request: RepairRequest, grants: list[Grant], parent_rules: Sequence[Rule] | None,
+               others_v2: Iterable[str | None] = ()) -> tuple[str | None, tuple[str, ...], str | None]:
     """(mechanism, notes, None), or (None, (), why it cannot be repaired automatically)."""
     if request.v1_devices is not None:  # hybrid hosts too: the v1 devices controller decides
         return _v1_mechanism(request, grants, parent_rules)
     if request.v2_cgroup is not None:
         if request.cgroup_driver != "systemd":
-            return None, (), (f"cgroup v2 with the cgroupfs driver: the device policy of {request.v2_cgroup} is "
-                              "the BPF program runc (or the NVIDIA hook) attached, which only the runtime can "
-                              "replace; nvsymlinkd does not replace BPF programs (recreate the container)")
+            if request.kind == AT_RISK:
+                return None, (), ("with the cgroupfs driver on cgroup v2 the only device policy is the cgroup's BPF "
+                                  "program, which the runtime replaces from the spec when it re-applies its rules; "
+                                  "nothing can make a device outside the spec stick (recreate the container with "
+                                  "the device in its spec, e.g. the device plugin's PASS_DEVICE_SPECS)")
+            why = not_own_cgroup(request, others_v2)
+            if why is not None:
+                return None, (), why
+            return BPF_PROGRAM, ("cgroupfs driver on cgroup v2: lasts until the runtime attaches a program of its "
+                                 "own again (the daemon's next pass sees the loss and repairs it within the rate "
+                                 "limit)",), None
         return SYSTEMD, (), None
     return None, (), ("no device cgroup path is known for the container (its init process is gone or "
                       "/proc/<pid>/cgroup was unreadable)")
 
 
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
-                window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None) -> RepairPlan:
+                window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
+                others_v2: Iterable[str | None] = (), force: bool = False) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
-    repair (rate limit, wrong unit, no mechanism), else the mechanism.
+    repair (wrong unit, no mechanism, then the rate limit), else the mechanism.
 
+    The rate limit speaks last: only when a repair could be done and is refused for it, never in
+    place of a reason that no repair can help. `force` (a person's `repair --force`) bypasses it.
     `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
-    None when unknown or not v1. `now` and `history` implement the rate limit.
+    None when unknown or not v1. `now` and `history` implement the rate limit. `others_v2`: the
+    cgroup v2 paths of the host's other containers (a BPF_PROGRAM repair never touches theirs).
     """
     grants, refused = _accepted(request.grants)
     if not grants:
         return RepairPlan(request, None, (), tuple(refused))
-    cannot = _rate_limited(request, now, history, window) or _wrong_unit(request)
+    cannot = _wrong_unit(request)
     mechanism: str | None = None
     notes: tuple[str, ...] = ()
     if cannot is None:
-        mechanism, notes, cannot = _mechanism(request, grants, parent_rules)
+        mechanism, notes, cannot = _mechanism(request, grants, parent_rules, others_v2)
     if cannot is not None:
         return RepairPlan(request, None, (), tuple(refused), cannot)
-    return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes))
+    limited = _rate_limited(request, now, history, window)
+    if limited is not None and not force:
+        return RepairPlan(request, None, (), tuple(refused), limited, rate_limited=True)
+    if limited is not None:
+        notes = (*notes, f"forced: {limited.split(';')[0]}")
+    return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes), forced=limited is not None)
 
 
 def requests_from_report(report: ContainerReport, cgroup_driver: str | None = None,

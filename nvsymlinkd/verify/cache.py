@@ -9,7 +9,8 @@ nothing is keyed by a guess of what changed, only the expensive parts of getting
   parsed again only when their identity changed: device, inode, size, mtime, ctime and mode of the
   open file (fstat). A write in the same clock tick as our read can leave mtime and ctime as they
   were (the kernel stamps files with a coarse clock): a file whose ctime is within RACY_NS of the
-  moment we read it is never kept (git's "racy clean" rule), and a step of the wall clock against
+  moment we read it is never kept (git's "racy clean" rule; COARSE_RACY_NS for a whole-second stamp,
+  as filesystems that keep seconds only give), and a step of the wall clock against
   the monotonic one drops every file kept. utime() cannot set ctime, so a rewrite that restores the
   old mtime is still seen.
 - cgroup v2 device programs are decoded once per program id: the kernel never changes a loaded
@@ -51,6 +52,16 @@ from nvsymlinkd.host.root import HostRoot
 
 # Linux stamps files with the coarse clock (one tick: 1-10 ms); 50 ms leaves room for a loaded host.
 RACY_NS = 50_000_000
+# Some filesystems keep whole seconds only (ext4 with 128-byte inodes, NFS servers, FAT: two): a stamp
+# with no fraction is trusted only once it is this old (measured on ext4 -I 128: a same-size rewrite
+# in place within the second kept every field of the identity: tests/test_defects_round2.py).
+COARSE_RACY_NS = 2_000_000_000 + RACY_NS
+
+
+def settled(ctime_ns: int, read_at: int) -> bool:
+    """Whether a file (or directory) stamped ctime_ns, seen at read_at, can be trusted to show its next
+    change in its stamps (git's "racy clean" rule, with the filesystem's granularity)."""
+    return ctime_ns < read_at - (COARSE_RACY_NS if ctime_ns % 1_000_000_000 == 0 else RACY_NS)
 
 
 def _wall_minus_monotonic() -> int:
@@ -88,7 +99,7 @@ class FileCache:
         self.reads += 1
         doc = decode(data.decode("utf-8", errors="replace"))
         value = parse(doc) if parse is not None else doc
-        if st.st_ctime_ns < read_at - RACY_NS:
+        if settled(st.st_ctime_ns, read_at):
             self._entries[key] = (ident, value)
             self._used.add(key)
         else:
@@ -129,7 +140,7 @@ class FileCache:
         except OSError:
             self._names.pop(directory, None)
             return None
-        if st.st_ctime_ns < read_at - RACY_NS:
+        if settled(st.st_ctime_ns, read_at):
             self._names[directory] = (stamp, names)
         else:
             self._names.pop(directory, None)  # changed too recently to trust its stamps
@@ -187,7 +198,7 @@ class VerifyCache:
         if stamps is not None and kept is not None and kept[0] == inputs:
             return kept[1]  # type: ignore[no-any-return]
         nodes = tuple(scan_nodes(root, driver_root, majors)[0])
-        if stamps is not None and all(s is None or s[3] < read_at - RACY_NS for s in stamps):
+        if stamps is not None and all(s is None or settled(s[3], read_at) for s in stamps):
             self._memo[key] = (inputs, nodes)
         else:
             self._memo.pop(key, None)  # changed too recently to trust its stamps: scanned again next time

@@ -303,7 +303,7 @@ def check_host(root, config, snapshot=None) -> list:
 
         snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
     out = []
-    if root.is_real_root and os.geteuid() != 0:
+    if os.geteuid() != 0:  # with --root too: the tree's runtime files are as root-only as the host's
         out.append(HostFinding("privilege", "warn", "not running as root: runtime state (/run/runc, "
                                "/run/containerd) and cgroups may be unreadable, containers may be missing",
                                "run nvsymlinkd check as root"))
@@ -346,6 +346,13 @@ def _version_findings(root, systemd_driver: bool) -> list:
         return []
     runc = versions.get("runc", "")
     out = [HostFinding("versions", "info", ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))]
+    if "systemd" in versions and not os.path.isdir(root.path("/run/systemd/system")):
+        # sd_booted(): systemd as PID 1 makes /run/systemd/system; a package alone runs nothing
+        out.append(HostFinding("systemd", "info", f"systemd {versions['systemd']} is installed but not running "
+                               "(PID 1 is not systemd: no /run/systemd/system): no scopes, no daemon-reload, "
+                               "nvsymlinkd.service will not start",
+                               "run `nvsymlinkd run` under this host's init (or the DaemonSet); the reload "
+                               "failure cannot happen here, but links and verification still matter"))
     if RUNC_AFFECTED.match(runc):
         affected = (f"this host's runc {runc} is in 1.1.3-1.1.6, which drops a device rule whose /dev/char "
                     "link is missing at container start when it uses the systemd cgroup driver")

@@ -11,6 +11,7 @@ daemon/containerwatch.py holds the `JournalState` between passes and writes the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Tuple
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # the report types live with the verifier, which does I/O: fo
 JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 # syslog priorities (journal.ERR, WARNING, NOTICE; journal.py is the writer, not imported by pure modules)
 ERR, WARNING, NOTICE = 3, 4, 5
-FINDING_PRIORITIES = {FindingKind.LOST: ERR, FindingKind.AT_RISK_SCOPE: WARNING,
+FINDING_PRIORITIES = {FindingKind.LOST: ERR, FindingKind.DENIED: ERR, FindingKind.AT_RISK_SCOPE: WARNING,
                       FindingKind.AT_RISK_NOT_IN_SPEC: WARNING, FindingKind.AT_RISK_UVM: WARNING,
                       FindingKind.UNKNOWN: NOTICE}
 # Repair outcomes that change nothing: said once while the container's findings stay the same,
@@ -67,7 +68,7 @@ def journal_entries(report: ContainerReport) -> list[tuple[str, int, str, dict[s
     pod_namespace, pod_name, container_name), devices, fix.
     """
     # node-problem-detector turns these lines into node conditions (deploy/node-problem-detector):
-    # keep "container ID (WHO): GPU device access lost|at risk (KIND)|unknown: DEVICES: DETAIL" stable.
+    # keep "container ID (WHO): GPU device access lost|denied|at risk (KIND)|unknown: DEVICES: DETAIL" stable.
     # WHO names the pod (namespace/pod/container) or the Docker/Podman name when known, so the node
     # condition says which workload; names never hold spaces (containers.NAME_RE).
     who = report.display_name or report.scope or report.runtime
@@ -76,6 +77,8 @@ def journal_entries(report: ContainerReport) -> list[tuple[str, int, str, dict[s
         devices = ", ".join(f.devices) or "-"
         if f.kind == FindingKind.LOST:
             state = "lost"
+        elif f.kind == FindingKind.DENIED:
+            state = "denied"
         elif f.kind == FindingKind.UNKNOWN:
             state = "unknown"
         else:
@@ -127,6 +130,9 @@ def journal_changes(previous: JournalState, report: Report, why: str,
     return entries, JournalState(findings, risks, problems, repairs)
 
 
+_AGO = re.compile(r"\b\d+ s ago")
+
+
 def repair_is_news(state: JournalState, container_id: str | None, kind: str,
                    message: str) -> tuple[bool, JournalState]:
     """Whether a repair outcome entry should be written, and the state after it.
@@ -137,6 +143,7 @@ def repair_is_news(state: JournalState, container_id: str | None, kind: str,
     if kind not in QUIET_REPEATS or container_id is None:
         return True, state
     said = state.repairs.get(container_id, frozenset())
+    message = _AGO.sub("N s ago", message)  # the rate limit's age grows each pass: the same news
     if (kind, message) in said:
         return False, state
     repairs = {**state.repairs, container_id: said | {(kind, message)}}
@@ -175,7 +182,7 @@ def _recovered_entries(c: ContainerReport, before: frozenset[FindingKey] | None,
     """`container-ok` when every finding is gone, or when a loss is over (an at-risk container, a hook's
     grant, is back to at-risk, not to clean: it can open them too)."""
     lost_before = before is not None and any(kind == FindingKind.LOST for kind, _ in before)
-    usable_now = not any(kind in (FindingKind.LOST, FindingKind.UNKNOWN) for kind, _ in now)
+    usable_now = not any(kind in (FindingKind.LOST, FindingKind.DENIED, FindingKind.UNKNOWN) for kind, _ in now)
     if (not now and before) or (lost_before and usable_now):
         return [Entry(JOURNAL_KINDS[Verdict.OK], NOTICE,
                       f"container {c.short_id} ({c.runtime}) can open all its GPU devices again", container_fields(c))]

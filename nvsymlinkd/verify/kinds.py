@@ -15,6 +15,7 @@ class Verdict(str, Enum):
     """One container's verdict, worst first among the GPU ones."""
 
     LOST = "lost"
+    DENIED = "denied"  # has or asks for NVIDIA devices it cannot open, and nothing trusted says it was granted them
     AT_RISK = "at-risk"
     UNKNOWN = "unknown"
     OK = "ok"
@@ -29,6 +30,7 @@ class FindingKind(str, Enum):
     """One finding about a GPU container; each has a journal MESSAGE_ID (journal.MESSAGE_IDS)."""
 
     LOST = "lost"
+    DENIED = "denied"  # NVIDIA nodes it has or asks for are denied, and no trusted source expects them
     AT_RISK_SCOPE = "at-risk-scope"  # scope DeviceAllow lacks an expected device: next daemon-reload loses it
     AT_RISK_NOT_IN_SPEC = "at-risk-not-in-spec"  # granted but not declared (hook-injected): next reload loses it
     AT_RISK_UVM = "at-risk-uvm-missing"  # host has nvidia-uvm, the container was not given it
@@ -44,7 +46,7 @@ class FindingKind(str, Enum):
 
 AT_RISK_KINDS = frozenset({FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN_SPEC, FindingKind.AT_RISK_UVM})
 # The verdicts of GPU containers, worst first (the metrics' and the summary's order).
-GPU_VERDICTS = (Verdict.LOST, Verdict.AT_RISK, Verdict.UNKNOWN, Verdict.OK)
+GPU_VERDICTS = (Verdict.LOST, Verdict.DENIED, Verdict.AT_RISK, Verdict.UNKNOWN, Verdict.OK)
 
 
 def verdict_of(found: Iterable[FindingKind]) -> Verdict:
@@ -52,6 +54,8 @@ def verdict_of(found: Iterable[FindingKind]) -> Verdict:
     kinds = set(found)
     if FindingKind.LOST in kinds:
         return Verdict.LOST
+    if FindingKind.DENIED in kinds:
+        return Verdict.DENIED
     if kinds & AT_RISK_KINDS:
         return Verdict.AT_RISK
     if FindingKind.UNKNOWN in kinds:

@@ -1,4 +1,4 @@
-"""Verdicts on GPU containers: ok, lost, at-risk (three reasons) or unknown.
+"""Verdicts on GPU containers: ok, lost, denied, at-risk (three reasons) or unknown.
 
 `evaluate()` is pure: container facts + expected access + the live access
 policy + the scope's DeviceAllow + host devices -> a ContainerReport.
@@ -11,6 +11,7 @@ MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ from nvsymlinkd.containers.expected import (
     expected_access,
     nvidia_majors_of,
 )
-from nvsymlinkd.containers.ocispec import gpu_signs
+from nvsymlinkd.containers.hookgrant import HookRequest, legacy_hook, reconstruct
+from nvsymlinkd.containers.ocispec import CDI_ANNOTATION, gpu_signs
 from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
 from nvsymlinkd.devchar.snapshot import observe, read_majors
 from nvsymlinkd.host.devices import RW, Access, Device
@@ -48,6 +50,7 @@ from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_
 # The words, defined once in verify/kinds.py; these names stay for the callers.
 OK, NOT_GPU, NOT_RUNNING = Verdict.OK, Verdict.NOT_GPU, Verdict.NOT_RUNNING
 LOST = FindingKind.LOST
+DENIED = FindingKind.DENIED
 AT_RISK_SCOPE = FindingKind.AT_RISK_SCOPE
 AT_RISK_NOT_IN_SPEC = FindingKind.AT_RISK_NOT_IN_SPEC
 AT_RISK_UVM = FindingKind.AT_RISK_UVM
@@ -82,10 +85,12 @@ class HostDevices:
     nvidia_majors: frozenset
     uvm_major: int | None = None
     devices: frozenset = field(init=False, repr=False, compare=False)  # the nodes' Devices
+    read_only_majors: frozenset = field(init=False, repr=False, compare=False)  # nvidia-caps: opened read-only
 
     def __post_init__(self) -> None:
         # made once a pass, not per container (a MIG host has ~2,000 nodes)
         object.__setattr__(self, "devices", frozenset(Device.char(n.major, n.minor) for n in self.nodes))
+        object.__setattr__(self, "read_only_majors", frozenset(n.major for n in self.nodes if n.kind == "cap"))
 
     @property
     def uvm_node(self):
@@ -109,6 +114,7 @@ class ContainerReport:
     expected: dict = field(default_factory=dict)  # "c M:m" -> {"access", "sources"}
     granted: dict = field(default_factory=dict)  # "c M:m" -> access the cgroup allows now
     untrusted_nodes: tuple = ()  # NVIDIA nodes seen in the container's own /dev (reported, never trusted)
+    nvidia_hook: dict | None = None  # hookgrant.HookGrant.to_json() when the spec has the legacy NVIDIA hook
     cgroup: dict = field(default_factory=dict)
     problems: tuple = ()
     baseline: str | None = None  # "recorded", "loaded" or None
@@ -133,6 +139,7 @@ class ContainerReport:
             "verdict": Verdict(self.verdict).value, "scope": self.scope, "init_pid": self.init_pid,
             "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
             "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
+            "nvidia_hook": self.nvidia_hook,
             "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
             "pod_namespace": self.pod_namespace, "pod_name": self.pod_name, "container_name": self.container_name,
         }
@@ -229,11 +236,16 @@ def _unreadable_finding(c: Container, expected: Expected) -> Finding | None:
     unreadable = list(c.unreadable)
     if not unreadable or c.status == "stopped":
         return None
+    # Permission denied is this user's lack of rights, not damage: the advice must not send anyone
+    # to delete a runtime's state file
+    denied = os.strerror(errno.EACCES)
+    fix = (f"run nvsymlinkd as root: {denied} means this user may not read the runtime's files, not that "
+           "they are damaged" if any(u.endswith(denied) for u in unreadable) else
+           "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
+           "container); until then its device access cannot be judged")
     return Finding(
         UNKNOWN, _devices(sorted(expected.devices)),
-        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""),
-        "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
-        "container); until then its device access cannot be judged")
+        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""), fix)
 
 
 def _no_policy_finding(expected: Expected, policy_error: str | None) -> Finding:
@@ -269,8 +281,91 @@ def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_de
         "allowed now but not in the container's spec (injected by a hook): "
         + ("the next daemon-reload or runc update removes it" if c.scope else
            "the next runc update or re-apply of the spec removes it"),
-        "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate; "
-        f"until then nvsymlinkd repair {who} after each reload")]
+        _not_in_spec_fix(c, expected, not_declared, who))]
+
+
+def _not_in_spec_fix(c: Container, expected: Expected, devices: list, who: str) -> str:
+    """What works for a hook-injected device, by what nvsymlinkd can do for it: only a device a trusted
+    source expects (the reconstructed NVIDIA hook grant, a baseline) is ever granted by a repair."""
+    recreate = "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate"
+    if any(k not in expected.devices for k in devices):
+        then = (f"adds them to {c.scope}'s DeviceAllow before a reload can take them" if c.scope else
+                "gives them back after a loss")
+        return (f"{recreate}; until then keep the nvsymlinkd daemon running: it records them as this container's "
+                f"baseline, then {then} (nothing trusted records this grant yet, so nvsymlinkd repair cannot)")
+    if c.scope:
+        return (f"nvsymlinkd repair {who} adds them to {c.scope}'s DeviceAllow now, so reloads keep them (the "
+                f"daemon does it by itself); for good, {recreate}")
+    return (f"{recreate}: with the cgroupfs driver nothing else keeps them at the next runc update; after a loss, "
+            f"nvsymlinkd repair {who} gives them back")
+
+
+def _request_signs(c: Container, expected: Expected) -> list:
+    """Why the container asks for GPUs in a way a runtime acts on (nodes are judged one by one).
+
+    CDI annotations, or the legacy NVIDIA hook whose grant cannot be reconstructed. Not
+    NVIDIA_VISIBLE_DEVICES alone: the CUDA images set it to `all` for every container, and without the
+    hook nothing reads it; nor a hook whose exact reconstruction grants nothing (void, or the toolkit's
+    config refusing an unprivileged request): there the runtime was asked and deliberately gave nothing.
+    """
+    signs = []
+    if c.spec is not None and any(k.startswith(CDI_ANNOTATION) for k in c.spec.annotations):
+        signs.append("CDI annotations")
+    hook = expected.hook
+    if hook is not None and not hook.trusted:
+        visible = c.spec.visible_devices if c.spec is not None else None
+        signs.append(f"the NVIDIA hook with NVIDIA_VISIBLE_DEVICES={visible}" if visible is not None
+                     else "the NVIDIA hook")
+    return signs
+
+
+def _denied_finding(c: Container, expected: Expected, live: _Live, policy, host: HostDevices, dev_nodes,
+                    lost: list) -> list:
+    """NVIDIA devices the container has (nodes in its spec, its runtime state or its /dev: a sign, never a
+    grant) or asks for, that the kernel denies and no trusted source expects: never ok, never repaired.
+    Not while a runtime file is unreadable: what it hides may be the very grant (the container is unknown)."""
+    if c.unreadable:
+        return []
+    have = {node.device for facts in (c.spec, c.state) if facts is not None
+            for node in facts.nodes if node.type == "c" and node.major in host.nvidia_majors}
+    have |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
+    denied = []
+    for k in sorted(have):
+        if k in expected.devices or k in live.unknown or k in live.together:
+            continue  # expected: judged as lost or not; undecided: said as unknown
+        need = Access("r") if k.major in host.read_only_majors else RW
+        if len(need) == 1 and need in live.granted.get(k, ""):
+            continue
+        v = policy.check(*k, need)
+        if v.state == "deny":
+            denied.append(k)
+        elif v.state != "allow":
+            live.unknown[k] = v.reason
+    why = ""
+    if denied:
+        why = "its NVIDIA nodes are denied by the device cgroup"
+    else:
+        asks = _request_signs(c, expected)
+        can_open = any(k.major in host.nvidia_majors for k in live.granted)
+        if asks and not have and not can_open and not expected.devices and not lost:
+            ctl_gpu = [Device.char(n.major, n.minor) for n in host.nodes if n.kind in ("ctl", "gpu")]
+            denied = sorted(k for k in ctl_gpu if k not in live.unknown)
+            why = f"it asks for GPUs ({', '.join(asks)}) but can open no NVIDIA device"
+            if not denied:
+                return []
+    if not denied:
+        return []
+    hook = expected.hook
+    hook_note = ""
+    if hook is not None and not hook.trusted:
+        hook_note = f"; the NVIDIA hook's grant could not be reconstructed: {hook.detail}"
+    return [Finding(
+        DENIED, _devices(denied),
+        f"{why}, and nothing trusted (spec rules, runtime state, NVIDIA hook grant, baseline) says it was granted "
+        f"them: nvsymlinkd cannot know whether they were granted and lost or never granted{hook_note}",
+        "fix the runtime's configuration (docker --gpus or the NVIDIA runtime, the device plugin or CDI instead of "
+        "mounted /dev/nvidia* nodes) and recreate the container; nvsymlinkd never grants what nothing trusted "
+        "granted")]
 
 
 def _scope_finding(c: Container, expected: Expected, scope_devices, lost: list, who: str) -> list:
@@ -292,8 +387,10 @@ def _scope_finding(c: Container, expected: Expected, scope_devices, lost: list, 
         f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}")]
 
 
-def _uvm_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
-    """The host has nvidia-uvm, the container has GPUs but not it."""
+def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes: bool = False) -> list:
+    """The host has nvidia-uvm, the container has GPUs but not it. The fix depends on who allocated the
+    devices: the device plugin (a pod: restart it, then recreate), or the runtime's hook at create time
+    (runc, Docker, Podman: recreating is enough now that nvidia-uvm is loaded)."""
     uvm = host.uvm_node
     if uvm is None:
         return []
@@ -303,9 +400,12 @@ def _uvm_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
         return []
     return [Finding(
         AT_RISK_UVM, (str(key),),
-        "the host has nvidia-uvm but this container was not given it (device plugin started before "
-        "nvidia-uvm was loaded): CUDA fails or falls back to the CPU",
-        "restart the device plugin after nvidia-uvm is loaded, then recreate this container")]
+        "the host has nvidia-uvm but this container was not given it ("
+        + ("the device plugin started before nvidia-uvm was loaded" if kubernetes else
+           "created before nvidia-uvm was loaded") + "): CUDA fails or falls back to the CPU",
+        "restart the device plugin after nvidia-uvm is loaded, then recreate this container" if kubernetes else
+        "recreate this container: nvidia-uvm is loaded now, so the runtime grants it to a new one (load it "
+        "at boot, before containers start: nvidia-modprobe -u -c=0)")]
 
 
 def _undecided_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
@@ -326,6 +426,7 @@ def _new_report(c: Container, signs, expected: Expected, host: HostDevices, dev_
                               if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
         cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
+        nvidia_hook=expected.hook.to_json() if expected.hook is not None else None,
         exec_fifo=exec_fifo_path(c) if c.status == "created" else None,
         container_name=c.container_name,
     )
@@ -365,9 +466,10 @@ def evaluate(c: Container, signs, expected: Expected, policy: AccessPolicy | Non
     report.granted = {str(k): a for k, a in sorted(live.granted.items())}
     lost = _lost_devices(policy, expected, live)
     findings += _lost_finding(lost, expected, c.short_id)
+    findings += _denied_finding(c, expected, live, policy, host, dev_nodes, lost)
     findings += _not_in_spec_finding(c, expected, live, scope_devices, c.short_id)
     findings += _scope_finding(c, expected, scope_devices, lost, c.short_id)
-    findings += _uvm_finding(host, expected, live)
+    findings += _uvm_finding(host, expected, live, kubernetes=c.pod_namespace is not None)
     findings += _undecided_finding(host, expected, live)
     report.verdict = _verdict(findings)
     return report
@@ -379,7 +481,8 @@ def baseline_devices(report: ContainerReport) -> dict | None:
     Only once the runtime says created/running (hooks done), and never while
     something is lost or unknown.
     """
-    if report.status not in ("created", "running") or report.verdict in (LOST, UNKNOWN, NOT_GPU, NOT_RUNNING):
+    if report.status not in ("created", "running") or report.verdict in (LOST, DENIED, UNKNOWN, NOT_GPU,
+                                                                          NOT_RUNNING):
         return None
     if any(f.kind == UNKNOWN for f in report.findings):
         return None
@@ -445,6 +548,30 @@ class _HostContext:
         self.nvidia_majors = nvidia_majors_of(majors)
         self.host = HostDevices(nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
         self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
+        self.root = root
+        self._hook_facts: tuple | None = None
+
+    def hook_facts(self) -> tuple:
+        """(toolkit config, driver map): read once a pass, and only when a container has an NVIDIA hook."""
+        if self._hook_facts is None:
+            from nvsymlinkd.containers.hookhost import read_driver_map, read_toolkit_config
+
+            self._hook_facts = (read_toolkit_config(self.root), read_driver_map(self.root, self.host.nodes))
+        return self._hook_facts
+
+
+def hook_request(spec) -> HookRequest:
+    return HookRequest(spec.hook_entries, spec.env, spec.device_list_mounts, spec.privileged)
+
+
+def _hook_grant(c: Container, ctx: _HostContext):
+    """The NVIDIA hook's reconstructed grant (hookgrant.HookGrant), None without the legacy hook."""
+    if c.spec is None or not c.spec.hook_entries:
+        return None
+    request = hook_request(c.spec)
+    if legacy_hook(request.hooks) is None:
+        return None
+    return reconstruct(request, *ctx.hook_facts())
 
 
 def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = None, cache: VerifyCache | None = None):
@@ -459,10 +586,10 @@ def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = Non
         return None, str(exc) or exc.__class__.__name__
 
 
-def _expect(c: Container, base, ctx: _HostContext) -> tuple:
+def _expect(c: Container, base, ctx: _HostContext, hook=None) -> tuple:
     signs = gpu_signs(c.spec, c.state, ctx.nvidia_majors)
-    cands = candidate_devices(ctx.host.devices, c.spec, c.state, base, ctx.nvidia_majors)
-    return signs, expected_access(cands, c.spec, c.state, base)
+    cands = candidate_devices(ctx.host.devices, c.spec, c.state, base, ctx.nvidia_majors, hook)
+    return signs, expected_access(cands, c.spec, c.state, base, hook)
 
 
 def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_devices, host: HostDevices, dev_nodes,
@@ -536,10 +663,11 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
 
 
 def _expected(c: Container, base, ctx: _HostContext, cache: VerifyCache | None) -> tuple:
+    hook = _hook_grant(c, ctx)
     if cache is None:
-        return _expect(c, base, ctx)
-    return cache.memo("expected", (c.namespace, c.id), (c.spec, c.state, base, ctx.host, ctx.nvidia_majors),
-                      lambda: _expect(c, base, ctx))[0]
+        return _expect(c, base, ctx, hook)
+    return cache.memo("expected", (c.namespace, c.id), (c.spec, c.state, base, ctx.host, ctx.nvidia_majors, hook),
+                      lambda: _expect(c, base, ctx, hook))[0]
 
 
 def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,

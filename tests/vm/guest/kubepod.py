@@ -84,6 +84,7 @@ FIELDS: Dict[str, Tuple[str, str, Optional[Callable]]] = {
     _C + "env/[]/name": ("podman", "environment", None),
     _C + "env/[]/value": ("podman", "environment", None),
     _C + "securityContext/privileged": ("podman", "privileged (checked: all capabilities)", _is(True)),
+    _C + "securityContext/readOnlyRootFilesystem": ("podman", "read-only root filesystem (--read-only)", None),
     _C + "resources/limits/memory": ("podman", "memory limit on the container's cgroup", None),
     _C + "resources/requests/*": ("cluster", "requests only schedule", None),
     _C + "startupProbe/exec/command/[]": ("harness", _PROBE, None),

@@ -386,14 +386,16 @@ class Docker(Stack):
     name = "docker"
     unit = "docker.service"
 
-    def __init__(self, live_restore: bool = True):
+    def __init__(self, live_restore: bool = True, cgroup_driver: str = "systemd"):
         self.live_restore = live_restore
+        self.cgroup_driver = cgroup_driver
 
     def configure(self) -> None:
-        # systemd cgroup driver (what the seeds run), no networking at all (the guest has no NIC),
-        # the nvidia runtime as the toolkit documents it, containers kept across a dockerd restart.
+        # systemd cgroup driver (what the seeds run; cgroupfs: /docker/<id>, no scope), no networking
+        # at all (the guest has no NIC), the nvidia runtime as the toolkit documents it, containers
+        # kept across a dockerd restart.
         _write(DOCKER_CONFIG, json.dumps({
-            "exec-opts": ["native.cgroupdriver=systemd"], "iptables": False, "ip-masq": False,
+            "exec-opts": [f"native.cgroupdriver={self.cgroup_driver}"], "iptables": False, "ip-masq": False,
             "bridge": "none", "live-restore": self.live_restore,
             "runtimes": {"nvidia": {"path": RUNTIME, "runtimeArgs": []}}}, indent=1))
 

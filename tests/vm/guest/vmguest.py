@@ -174,6 +174,9 @@ def _busybox_rootfs() -> str:
         shutil.copy("/bin/busybox", os.path.join(ROOTFS, "bin", "busybox"))
         for applet in ("sh", "sleep", "cat", "ls", "echo", "true"):
             os.symlink("busybox", os.path.join(ROOTFS, "bin", applet))
+    gpupoll = os.path.join(MODULES, "gpupoll")   # the static poller (tests/vm/poller), for args=
+    if os.path.exists(gpupoll) and not os.path.exists(os.path.join(ROOTFS, "bin", "gpupoll")):
+        shutil.copy(gpupoll, os.path.join(ROOTFS, "bin", "gpupoll"))
     return ROOTFS
 
 
@@ -236,12 +239,14 @@ class Container:
 def start_gpu_container(name: str, devices: List[DeviceNode],
                         cgroup_allow: Optional[List[DeviceNode]] = None,
                         hook_grants: Optional[List[DeviceNode]] = None,
-                        systemd_cgroup: bool = True) -> Container:
+                        systemd_cgroup: bool = True, args: Optional[List[str]] = None) -> Container:
     """runc run -d with the nodes in linux.devices and the same nodes granted rw in
     linux.resources.devices, cgroupsPath system.slice:runc:<name> -> runc-<name>.scope.
     cgroup_allow: extra rw rules in the spec. hook_grants: nodes created in the container
     (linux.devices) but granted only by a createRuntime hook that rewrites the cgroup's BPF
-    program like the legacy NVIDIA hook (guest/nvidia_hook.py), never by the spec."""
+    program like the legacy NVIDIA hook (guest/nvidia_hook.py), never by the spec.
+    systemd_cgroup=False: runc's cgroupfs driver, cgroupsPath /vmtest/<name>. args: the process
+    (e.g. stacks.POLL_ARGV, gpupoll), with a tmpfs on /tmp for what it writes."""
     bundle = os.path.join(WORK, "bundles", name)
     os.makedirs(bundle, exist_ok=True)
     if not os.path.exists(os.path.join(bundle, "config.json")):
@@ -250,7 +255,10 @@ def start_gpu_container(name: str, devices: List[DeviceNode],
         spec = json.load(f)
     spec["root"] = {"path": _busybox_rootfs(), "readonly": True}
     spec["process"]["terminal"] = False
-    spec["process"]["args"] = ["/bin/sleep", "100000"]
+    spec["process"]["args"] = list(args) if args else ["/bin/sleep", "100000"]
+    if args:
+        spec["mounts"].append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                               "options": ["nosuid", "nodev", "mode=1777"]})
     linux = spec["linux"]
     linux["cgroupsPath"] = f"system.slice:runc:{name}" if systemd_cgroup else f"/vmtest/{name}"
     linux["devices"] = [_device_spec(n) for n in devices + list(hook_grants or [])]

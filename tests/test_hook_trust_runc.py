@@ -1,0 +1,193 @@
+"""`check` and `repair` on real runc containers whose NVIDIA access no daemon watched (issue 24).
+
+The kernel is the judge: inside the container an open() of the mknod'ed node gives ENXIO when the
+device cgroup lets it through (no driver behind it) and EPERM when it denies it. A fake
+`nvidia-container-runtime-hook prestart` grants what the real hook would (devices.allow), so the
+reconstruction (containers.hookgrant) must arrive at the same devices on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from runcfixture import device_node, device_rule
+
+FAKE_HOOK = """#!{python}
+import json, os, sys
+json.load(sys.stdin)  # the container's state, as runc gives it to every hook
+assert sys.argv[1:] == ["prestart"], sys.argv
+for rule in os.environ["TEST_ALLOW"].split(";"):
+    with open(os.environ["TEST_DEVICES_DIR"] + "/devices.allow", "w") as f:
+        f.write(rule + "\\n")
+"""
+
+
+def fake_driver(runc_host, gpus=4) -> None:
+    for m in range(gpus):
+        runc_host.fake.write(f"/proc/driver/nvidia/gpus/0000:0{m + 1}:00.0/information",
+                             f"Model:\t\t Fake GPU\nGPU UUID:\t GPU-fake-{m}\nDevice Minor:\t {m}\n")
+
+
+def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None):
+    """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
+    devices granted by the hook (here: `allow`), none of them in the spec's rules."""
+    hook = runc_host.base / "bin" / "nvidia-container-runtime-hook"
+    if not hook.exists():
+        hook.parent.mkdir(parents=True, exist_ok=True)
+        hook.write_text(FAKE_HOOK.format(python=sys.executable))
+        hook.chmod(0o755)
+    cgroups_path = f"{runc_host.parent}/{cgroup_leaf or cid}"
+    hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
+                           "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",
+                                   "TEST_ALLOW=" + ";".join(allow)]}]}
+    spec_nodes = [device_node(p, 195, m) for p, m in nodes]
+    spec_nodes += [device_node("/dev/nvidiactl", 195, 255)] if nodes else []
+    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}"], hooks=hooks,
+                         cgroup_leaf=cgroup_leaf)
+
+
+def check_json(cli, root, *extra, code=1) -> dict:
+    return json.loads(cli("--root", root, "check", "--json", "--no-bus", "--no-host", *extra, check=code).stdout)
+
+
+def one(doc: dict) -> dict:
+    (c,) = doc["containers"]
+    return c
+
+
+def kinds(c: dict) -> dict:
+    return {f["kind"]: f["devices"] for f in c["findings"]}
+
+
+def test_hook_grant_lost_with_no_daemon_is_lost_and_repair_gives_it_back(runc_host, nvsymlinkd_cli):
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    c = hook_granted(runc_host, "gpu-hook", "1", ("c 195:255 rw", "c 195:1 rw"))
+    assert c.open_error("/dev/nvidia1", rw=True) == "ENXIO"
+    # no baseline, no daemon: the hook's grant is trusted from the spec, the toolkit defaults and the driver
+    doc = check_json(nvsymlinkd_cli, root)
+    got = one(doc)
+    assert got["verdict"] == "at-risk" and kinds(got) == {"at-risk-not-in-spec": ["c 195:1", "c 195:255"]}
+    assert got["expected"]["c 195:1"] == {"access": "rw", "sources": ["nvidia-hook"]}
+    assert got["nvidia_hook"]["trusted"] is True
+    assert got["nvidia_hook"]["devices"] == {"c 195:1": "rw", "c 195:255": "rw"}
+    assert got["baseline"] is None
+    # cgroupfs driver: the fix says what works there (no scope to keep it in)
+    assert "cgroupfs" in got["findings"][0]["fix"]
+    assert not (runc_host.root / "run/nvsymlinkd/baselines").exists()
+
+    c.deny("c 195:1 rw")  # the loss, with nothing watching
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"
+    out = nvsymlinkd_cli("--root", root, "check", "--no-bus", "--no-host", check=1)
+    assert "lost" in out.stdout and "c 195:1" in out.stdout, out.stdout
+    got = one(check_json(nvsymlinkd_cli, root))
+    assert got["verdict"] == "lost" and kinds(got)["lost"] == ["c 195:1"]
+
+    out = nvsymlinkd_cli("--root", root, "repair", check=0)
+    assert "repaired" in out.stdout, out.stdout
+    assert c.open_error("/dev/nvidia1", rw=True) == "ENXIO"  # the kernel lets it through again
+    got = one(check_json(nvsymlinkd_cli, root))
+    assert "lost" not in kinds(got)
+
+
+def test_nodes_never_allowed_are_denied_and_not_repaired(runc_host, nvsymlinkd_cli):
+    """Issue 24 item 1: nodes in linux.devices that no rule allows (a hostPath mount of /dev/nvidia*)."""
+    root = str(runc_host.root)
+    c = runc_host.run("gpu-never", nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidiactl", 195, 255)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"])
+    assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"
+    out = nvsymlinkd_cli("--root", root, "check", "--no-bus", "--no-host", check=1)
+    assert "denied" in out.stdout and "recreate" in out.stdout, out.stdout
+    doc = check_json(nvsymlinkd_cli, root)
+    got = one(doc)
+    assert got["verdict"] == "denied" and kinds(got) == {"denied": ["c 195:0", "c 195:255"]}
+    assert doc["summary"]["denied"] == 1
+    assert got["findings"][0]["message_id"] == "6319b0c3b41544b2abc25c1ebf2c08b0"
+    assert "cannot know" in got["findings"][0]["detail"]
+    out = nvsymlinkd_cli("--root", root, "repair", check=1)
+    assert "denied c 195:0, c 195:255, not repaired" in out.stdout, out.stdout
+    rep = json.loads(nvsymlinkd_cli("--root", root, "repair", "--json", check=1).stdout)
+    assert [d["container"] for d in rep["denied"]] == ["gpu-never"] and rep["ok"] is False
+    assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"  # nothing was granted
+
+
+def test_hook_request_with_no_node_and_no_access_is_denied(runc_host, nvsymlinkd_cli):
+    """Asks for GPUs through the NVIDIA hook (a MIG device: not reconstructed), has no NVIDIA node and no
+    access at all: not ok either."""
+    fake_driver(runc_host)
+    hook_granted(runc_host, "gpu-asks", "MIG-0c7d8f2e", ("c 1:3 rw",), nodes=())
+    got = one(check_json(nvsymlinkd_cli, str(runc_host.root)))
+    assert got["verdict"] == "denied" and "asks for GPUs" in got["findings"][0]["detail"], got["findings"]
+    assert "MIG" in got["findings"][0]["detail"]
+
+
+def test_cuda_image_env_alone_is_no_request(runc_host, nvsymlinkd_cli):
+    """NVIDIA_VISIBLE_DEVICES=all from a CUDA image, no hook, no node: nothing acts on it, nothing denied."""
+    runc_host.run("cpu-cuda", env=["NVIDIA_VISIBLE_DEVICES=all"])
+    got = one(check_json(nvsymlinkd_cli, str(runc_host.root), code=0))
+    assert got["verdict"] == "ok" and got["findings"] == []
+
+
+def test_hook_that_grants_nothing_by_config_is_no_request(runc_host, nvsymlinkd_cli):
+    """The toolkit refuses unprivileged env requests: the hook granted nothing, exactly; not denied."""
+    fake_driver(runc_host)
+    runc_host.fake.write("/etc/nvidia-container-runtime/config.toml",
+                         "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
+    hook_granted(runc_host, "cpu-pod", "all", ("c 1:3 rw",), nodes=())
+    got = one(check_json(nvsymlinkd_cli, str(runc_host.root), code=0))
+    assert got["nvidia_hook"] == {"trusted": True, "devices": {}, "detail": got["nvidia_hook"]["detail"]}
+    assert got["verdict"] == "ok", got["findings"]
+
+
+@pytest.mark.parametrize("why,setup", [
+    ("uuid the driver does not list", lambda h: None),
+    ("unparseable toolkit config", lambda h: h.fake.write("/etc/nvidia-container-runtime/config.toml", "[x\n")),
+])
+def test_hook_grant_that_cannot_be_reconstructed_is_denied_not_lost(runc_host, nvsymlinkd_cli, why, setup):
+    fake_driver(runc_host)
+    setup(runc_host)
+    root = str(runc_host.root)
+    visible = "GPU-not-on-this-host" if why.startswith("uuid") else "1"
+    c = hook_granted(runc_host, "gpu-guess", visible, ("c 195:255 rw", "c 195:1 rw"))
+    c.deny("c 195:1 rw")
+    got = one(check_json(nvsymlinkd_cli, root))
+    assert got["nvidia_hook"]["trusted"] is False and got["nvidia_hook"]["devices"] == {}
+    assert got["verdict"] == "denied" and kinds(got)["denied"] == ["c 195:1"], got["findings"]
+    assert "could not be reconstructed" in got["findings"][0]["detail"]
+    assert "c 195:1" not in got["expected"]
+    nvsymlinkd_cli("--root", root, "repair", check=1)
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"  # never a guess
+
+
+@pytest.mark.parametrize("variant", ["config null", "config missing", "labels and devices null"])
+def test_state_json_without_config_stays_unknown(runc_host, nvsymlinkd_cli, variant):
+    """Issue 24 item 3: the container stays in the report as unknown with the reason, never dropped."""
+    c = runc_host.run("gpu-noconf", rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"])
+    c.deny("c 195:0 rw")  # a GPU container that has lost a device
+    path = runc_host.state_root / c.id / "state.json"
+    original = path.read_text()
+    state = json.loads(original)
+    if variant == "config null":
+        state["config"] = None
+    elif variant == "config missing":
+        del state["config"]
+    else:
+        state["config"]["labels"] = None
+        state["config"]["cgroups"]["devices"] = None
+    path.write_text(json.dumps(state))
+    try:
+        doc = check_json(nvsymlinkd_cli, str(runc_host.root))
+        got = one(doc)
+        assert got["id"] == "gpu-noconf" and got["verdict"] == "unknown", got
+        assert doc["summary"]["gpu_containers"] == 1 and doc["summary"]["unknown"] == 1
+        detail = got["findings"][0]["detail"]
+        assert "state.json" in detail and ("config" in detail), detail
+        out = nvsymlinkd_cli("--root", str(runc_host.root), "check", "--no-bus", "--no-host", check=1)
+        assert "gpu-noconf" in out.stdout and "unknown" in out.stdout
+    finally:
+        path.write_text(original)  # runc needs it to kill and delete the container
+    assert os.path.exists(path)

@@ -1,0 +1,306 @@
+"""containers.hookgrant as tables: what the legacy NVIDIA hook grants, reconstructed exactly or not trusted.
+
+Each case is one spec + toolkit config + driver map, and either the exact devices the hook grants
+(docs/hookgrant.md cites the toolkit's and libnvidia-container's lines) or "untrusted" with a word of
+the reason. No root, no I/O.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nvsymlinkd.containers.hookgrant import (
+    DriverMap,
+    GpuEntry,
+    HookRequest,
+    ToolkitConfig,
+    legacy_hook,
+    parse_toolkit_config,
+    reconstruct,
+)
+from nvsymlinkd.host.devices import Device
+
+HOOK = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"))
+UVM = (Device.char(509, 0), Device.char(509, 1))
+GPUS = (GpuEntry("0000:3b:00.0", 0, "GPU-aaaa-1111"), GpuEntry("0000:5e:00.0", 1, "GPU-bbbb-2222"),
+        GpuEntry("0000:86:00.0", 2, "GPU-cccc-3333"))
+DRIVER = DriverMap(GPUS, True, "", UVM, False)
+CTL = "c 195:255"
+BASE = {CTL, "c 509:0", "c 509:1"}  # default capabilities utility,compute: nvidiactl + the uvm nodes
+
+
+def req(env=None, hooks=(HOOK,), mounts=(), privileged=False) -> HookRequest:
+    return HookRequest(tuple(hooks), dict(env or {}), tuple(mounts), privileged)
+
+
+DEFAULTS = ToolkitConfig()  # no config.toml: the toolkit's defaults
+
+
+def grant(request, config=DEFAULTS, driver=DRIVER):
+    return reconstruct(request, config, driver)
+
+
+def devices(g) -> set:
+    assert g is not None and g.trusted, g
+    assert all(a == "rw" for a in g.devices.values())
+    return {str(d) for d in g.devices}
+
+
+def gpus(*minors) -> set:
+    return {f"c 195:{m}" for m in minors}
+
+
+TRUSTED = {
+    "one index": ({"NVIDIA_VISIBLE_DEVICES": "1"}, ToolkitConfig(), BASE | gpus(1)),
+    "two indices, spaces and empty items": ({"NVIDIA_VISIBLE_DEVICES": " 0, ,2 "}, ToolkitConfig(), BASE | gpus(0, 2)),
+    "all": ({"NVIDIA_VISIBLE_DEVICES": "all"}, ToolkitConfig(), BASE | gpus(0, 1, 2)),
+    "all after an index": ({"NVIDIA_VISIBLE_DEVICES": "0,all"}, ToolkitConfig(), BASE | gpus(0, 1, 2)),
+    "none: control devices only": ({"NVIDIA_VISIBLE_DEVICES": "none"}, ToolkitConfig(), BASE),
+    "uuid": ({"NVIDIA_VISIBLE_DEVICES": "GPU-bbbb-2222"}, ToolkitConfig(), BASE | gpus(1)),
+    "uuid in other case": ({"NVIDIA_VISIBLE_DEVICES": "gpu-CCCC-3333"}, ToolkitConfig(), BASE | gpus(2)),
+    "pci bus id": ({"NVIDIA_VISIBLE_DEVICES": "0000:5e:00.0"}, ToolkitConfig(), BASE | gpus(1)),
+    "pci bus id, short domain": ({"NVIDIA_VISIBLE_DEVICES": "0:86:00.0"}, ToolkitConfig(), BASE | gpus(2)),
+    "same gpu twice": ({"NVIDIA_VISIBLE_DEVICES": "1,GPU-bbbb-2222"}, ToolkitConfig(), BASE | gpus(1)),
+    "utility only: no uvm": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+                             ToolkitConfig(), {CTL} | gpus(0)),
+    "display adds modeset": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,display"},
+                             ToolkitConfig(), BASE | gpus(0) | {"c 195:254"}),
+    "capabilities all": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"},
+                         ToolkitConfig(), BASE | gpus(0) | {"c 195:254"}),
+    "empty capabilities: the defaults": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": ""},
+                                         ToolkitConfig(), BASE | gpus(0)),
+    "legacy image: all devices, all capabilities": ({"CUDA_VERSION": "9.0"}, ToolkitConfig(),
+                                                     BASE | gpus(0, 1, 2) | {"c 195:254"}),
+    "legacy image with NVIDIA_REQUIRE_CUDA is not legacy": ({"CUDA_VERSION": "12.2", "NVIDIA_REQUIRE_CUDA": "cuda>=12"},
+                                                            ToolkitConfig(), set()),
+    "unset: nothing": ({}, ToolkitConfig(), set()),
+    "void: nothing": ({"NVIDIA_VISIBLE_DEVICES": "void"}, ToolkitConfig(), set()),
+    "void among others: nothing": ({"NVIDIA_VISIBLE_DEVICES": "0,void"}, ToolkitConfig(), set()),
+    "empty: nothing": ({"NVIDIA_VISIBLE_DEVICES": ""}, ToolkitConfig(), set()),
+    "unprivileged env refused by the config": ({"NVIDIA_VISIBLE_DEVICES": "0"},
+                                               ToolkitConfig(accept_envvar_unprivileged=False), set()),
+    "no-cgroups: nothing in the cgroup": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(no_cgroups=True), set()),
+    "load-kmods off: uvm left out": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(load_kmods=False), {CTL} | gpus(0)),
+    "supported capabilities narrow the defaults": ({"NVIDIA_VISIBLE_DEVICES": "0"},
+                                                   ToolkitConfig(supported_capabilities=frozenset({"utility"})),
+                                                   {CTL} | gpus(0)),
+    "imex none is no request": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "none"}, ToolkitConfig(),
+                                BASE | gpus(0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRUSTED))
+def test_trusted(name):
+    env, config, want = TRUSTED[name]
+    assert devices(grant(req(env), config)) == want
+
+
+def test_privileged_env_request_accepted_even_when_the_config_refuses_unprivileged():
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "2"}, privileged=True), ToolkitConfig(accept_envvar_unprivileged=False))
+    assert devices(g) == BASE | gpus(2)
+
+
+def test_volume_mounts_win_over_the_env_when_accepted():
+    mounts = ("/var/run/nvidia-container-devices/0", "/var/run/nvidia-container-devices/imex/1")
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}, mounts=mounts), ToolkitConfig(accept_volume_mounts=True))
+    assert devices(g) == BASE | gpus(0)
+
+
+def test_volume_mounts_ignored_unless_accepted():
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "2"}, mounts=("/var/run/nvidia-container-devices/0",)))
+    assert devices(g) == BASE | gpus(2)
+
+
+def test_only_imex_mounts_fall_back_to_the_env():
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "1"}, mounts=("/var/run/nvidia-container-devices/imex/0",)),
+              ToolkitConfig(accept_volume_mounts=True))
+    assert devices(g) == BASE | gpus(1)
+
+
+UNTRUSTED = {
+    "unknown uuid": ({"NVIDIA_VISIBLE_DEVICES": "GPU-ffff"}, ToolkitConfig(), DRIVER, "no GPU the driver lists"),
+    "uuid prefix is no match": ({"NVIDIA_VISIBLE_DEVICES": "GPU-bbbb"}, ToolkitConfig(), DRIVER, "no GPU"),
+    "index past the last gpu": ({"NVIDIA_VISIBLE_DEVICES": "3"}, ToolkitConfig(), DRIVER, "no GPU"),
+    "unknown word": ({"NVIDIA_VISIBLE_DEVICES": "first"}, ToolkitConfig(), DRIVER, "no GPU"),
+    "cdi name": ({"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=0"}, ToolkitConfig(), DRIVER, "no GPU"),
+    "mig uuid": ({"NVIDIA_VISIBLE_DEVICES": "MIG-1234"}, ToolkitConfig(), DRIVER, "MIG"),
+    "mig index": ({"NVIDIA_VISIBLE_DEVICES": "0:1"}, ToolkitConfig(), DRIVER, "MIG"),
+    "all on a MIG host": ({"NVIDIA_VISIBLE_DEVICES": "all"}, ToolkitConfig(), DriverMap(GPUS, True, "", UVM, True),
+                          "MIG"),
+    "mig config": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_CONFIG_DEVICES": "all"}, ToolkitConfig(), DRIVER,
+                   "MIG config"),
+    "mig monitor": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_MONITOR_DEVICES": "all"}, ToolkitConfig(), DRIVER,
+                    "MIG config"),
+    "imex channels": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}, ToolkitConfig(), DRIVER, "IMEX"),
+    "unreadable config": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(readable=False, why="EACCES"), DRIVER,
+                          "cannot be read"),
+    "cdi mode": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(mode="cdi"), DRIVER, "mode"),
+    "swarm resource": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(swarm_resource="DOCKER_RESOURCE_GPU"), DRIVER,
+                       "swarm"),
+    "unsupported capability": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,teleport"},
+                               ToolkitConfig(), DRIVER, "capabilities"),
+    "driver list unreadable": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(),
+                               DriverMap((), False, "EACCES", UVM), "cannot be read"),
+    "a gpu without its uuid": ({"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa-1111"}, ToolkitConfig(),
+                               DriverMap((GpuEntry("0000:3b:00.0", 0, None),), True, "", UVM), "UUID"),
+    "index with minors out of pci order": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(),
+                                           DriverMap((GpuEntry("0000:3b:00.0", 1, "GPU-a"),
+                                                      GpuEntry("0000:5e:00.0", 0, "GPU-b")), True, "", UVM),
+                                           "ambiguous"),
+    "cdi device as a volume mount": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(accept_volume_mounts=True),
+                                     DRIVER, "CDI"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNTRUSTED))
+def test_untrusted(name):
+    env, config, driver, word = UNTRUSTED[name]
+    mounts = ("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/0",) if "volume mount" in name else ()
+    g = grant(req(env, mounts=mounts), config, driver)
+    assert g is not None and not g.trusted and not g.devices, g
+    assert word in g.detail, g.detail
+
+
+def test_uuid_matches_when_minors_are_out_of_pci_order():
+    driver = DriverMap((GpuEntry("0000:3b:00.0", 1, "GPU-a"), GpuEntry("0000:5e:00.0", 0, "GPU-b")), True, "", ())
+    assert devices(grant(req({"NVIDIA_VISIBLE_DEVICES": "GPU-b"}), ToolkitConfig(), driver)) == {CTL} | gpus(0)
+
+
+HOOKS = {
+    "runtime wrapper's hook": (HOOK, True),
+    "docker's nvidia-container-toolkit alias": (
+        ("prestart", "/usr/bin/nvidia-container-toolkit", ("nvidia-container-toolkit", "prestart")), True),
+    "hook with a debug flag": (
+        ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "-debug", "prestart")),
+        True),
+    "createRuntime hook": (("createRuntime", HOOK[1], HOOK[2]), True),
+    "poststop hook does nothing": (("poststop", HOOK[1], ("nvidia-container-runtime-hook", "poststop")), False),
+    "prestart kind, poststart command": (("prestart", HOOK[1], ("nvidia-container-runtime-hook", "poststart")), False),
+    "nvidia-ctk cdi hook grants nothing": (
+        ("createContainer", "/usr/bin/nvidia-ctk", ("nvidia-ctk", "hook", "update-ldcache")), False),
+    "args unreadable": (("prestart", HOOK[1], None), False),
+    "another program": (("prestart", "/usr/bin/grant", ("grant", "prestart")), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOOKS))
+def test_which_hook_is_the_legacy_hook(name):
+    entry, legacy = HOOKS[name]
+    assert (legacy_hook([entry]) is not None) == legacy
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=[entry]))
+    assert (g is not None) == legacy
+
+
+def test_hook_with_its_own_config_file_is_not_trusted():
+    entry = ("prestart", HOOK[1], ("nvidia-container-runtime-hook", "-config=/opt/x.toml", "prestart"))
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=[entry]))
+    assert g is not None and not g.trusted and "config" in g.detail
+
+
+CONFIGS = {
+    "empty file: the defaults": ({}, ToolkitConfig(present=True)),
+    "accept flags": ({"accept-nvidia-visible-devices-envvar-when-unprivileged": False,
+                      "accept-nvidia-visible-devices-as-volume-mounts": True},
+                     ToolkitConfig(present=True, accept_envvar_unprivileged=False, accept_volume_mounts=True)),
+    "cli table": ({"nvidia-container-cli": {"no-cgroups": True, "load-kmods": False, "root": "/run/nvidia/driver"}},
+                  ToolkitConfig(present=True, no_cgroups=True, load_kmods=False, driver_root="/run/nvidia/driver")),
+    "runtime mode": ({"nvidia-container-runtime": {"mode": "legacy"}}, ToolkitConfig(present=True, mode="legacy")),
+    "supported capabilities": ({"supported-driver-capabilities": "utility,compute"},
+                               ToolkitConfig(present=True, supported_capabilities=frozenset({"utility", "compute"}))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parse_toolkit_config(name):
+    doc, want = CONFIGS[name]
+    assert parse_toolkit_config(doc) == want
+
+
+BAD_CONFIGS = {
+    "flag as a string": {"accept-nvidia-visible-devices-envvar-when-unprivileged": "true"},
+    "cli not a table": {"nvidia-container-cli": "x"},
+    "no-cgroups as a number": {"nvidia-container-cli": {"no-cgroups": 1}},
+    "unknown supported capability": {"supported-driver-capabilities": "compute,warp"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_malformed_toolkit_config_is_not_readable(name):
+    config = parse_toolkit_config(BAD_CONFIGS[name])
+    assert not config.readable and config.why
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}), config)
+    assert g is not None and not g.trusted
+
+
+def test_never_more_than_requested():
+    """Whatever the request, the grant holds only the control nodes, the uvm nodes and the GPUs asked for."""
+    for value in ("0", "1", "2", "0,1", "GPU-cccc-3333", "none"):
+        got = devices(grant(req({"NVIDIA_VISIBLE_DEVICES": value})))
+        asked = {g.minor for g in GPUS if str(g.minor) in value.split(",") or (g.uuid or "") == value}
+        assert got == BASE | gpus(*asked), value
+
+
+# ---------------------------------------------------------------- hookhost: reading the inputs under --root
+
+def _tree(tmp_path, files: dict):
+    from nvsymlinkd.host.root import HostRoot
+
+    for inside, text in files.items():
+        path = tmp_path / inside.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return HostRoot(str(tmp_path))
+
+
+def test_read_toolkit_config_absent_is_the_defaults(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_toolkit_config
+
+    assert read_toolkit_config(_tree(tmp_path, {})) == ToolkitConfig()
+
+
+def test_read_toolkit_config_invalid_toml_is_not_readable(tmp_path):
+    from nvsymlinkd.containers.hookhost import TOOLKIT_CONFIG, read_toolkit_config
+
+    config = read_toolkit_config(_tree(tmp_path, {TOOLKIT_CONFIG: "[nvidia-container-cli\n"}))
+    assert not config.readable and TOOLKIT_CONFIG in config.why and "invalid TOML" in config.why
+
+
+def test_read_toolkit_config_a_directory_is_not_readable(tmp_path):
+    from nvsymlinkd.containers.hookhost import TOOLKIT_CONFIG, read_toolkit_config
+
+    (tmp_path / TOOLKIT_CONFIG.lstrip("/")).mkdir(parents=True)
+    assert not read_toolkit_config(_tree(tmp_path, {})).readable
+
+
+def test_read_toolkit_config_overlays_the_defaults(tmp_path):
+    from nvsymlinkd.containers.hookhost import TOOLKIT_CONFIG, read_toolkit_config
+
+    text = '[nvidia-container-cli]\nno-cgroups = true\nroot = "/run/nvidia/driver"\n'
+    config = read_toolkit_config(_tree(tmp_path, {TOOLKIT_CONFIG: text}))
+    assert config.readable and config.no_cgroups and config.load_kmods and config.accept_envvar_unprivileged
+    assert config.driver_root == "/run/nvidia/driver"
+
+
+def test_read_driver_map(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_driver_map
+
+    info = "Model:\t\t X\nIRQ:\t\t 1\nGPU UUID:\t GPU-1234-abcd\nDevice Minor:\t 3\n"
+    root = _tree(tmp_path, {"/proc/driver/nvidia/gpus/0000:3b:00.0/information": info,
+                            "/proc/driver/nvidia/capabilities/gpu3/mig/gi1/access": "DeviceFileMinor: 12\n"})
+    driver = read_driver_map(root, ())
+    assert driver.readable and driver.gpus == (GpuEntry("0000:3b:00.0", 3, "GPU-1234-abcd"),)
+    assert driver.mig_instances
+
+
+@pytest.mark.parametrize("files,why", [
+    ({}, "lists no GPU"),
+    ({"/proc/driver/nvidia/gpus/0000:3b:00.0/information": "Device Minor: 300\n"}, "Device Minor"),
+    ({"/proc/driver/nvidia/gpus/0000:3b:00.0/information": "GPU UUID: GPU-1\n"}, "Device Minor"),
+])
+def test_read_driver_map_not_readable(tmp_path, files, why):
+    from nvsymlinkd.containers.hookhost import read_driver_map
+
+    driver = read_driver_map(_tree(tmp_path, files), ())
+    assert not driver.readable and why in driver.why
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}), DEFAULTS, driver)
+    assert g is not None and not g.trusted
