@@ -166,7 +166,8 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
     unprotected = _unprotected(results)
     if not (thawed or acted or unknown or denied or unfixable or unprotected):
         return
-    good, bad = [thawed_line(e) for e in thawed], []
+    good: list = [thawed_line(e) for e in thawed]
+    bad: list = []
     for r in acted:
         (good if r.ok else bad).extend(r.human_lines())
     for r in unprotected:
