@@ -154,7 +154,32 @@ class StackPolled:
 
 
 def frozen() -> list:
-    """Container cgroups left frozen (v1 freezer.state, v2 cgroup.freeze) and freeze records left."""
+    """Container cgroups left frozen (v1 freezer.state, v2 cgroup.freeze) and freeze records left, read while
+    holding the repair lock (STATE_DIR/repair.lock, docs/repair.md): a repair in flight (the daemon's, on
+    v1 with the systemd driver) has its container frozen and its record written until it thaws, and
+    holds the lock all that time; what is left once the lock is free is left for good."""
+    import fcntl
+
+    lock = "/run/nvsymlinkd/repair.lock"
+    fd = os.open(lock, os.O_RDWR) if os.path.exists(lock) else None
+    try:
+        if fd is not None:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        return [f"{lock} held for 60 s"]
+                    time.sleep(0.1)
+        return _frozen_now()
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _frozen_now() -> list:
     if hierarchy() == "v1":
         states = glob.glob("/sys/fs/cgroup/freezer/system.slice/*.scope/freezer.state")
         left = [p for p in states if open(p).read().strip() != "THAWED"]
