@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tarfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 from stacks import (
     POLL_ARGV,
@@ -31,7 +31,7 @@ from stacks import (
     build_rootfs_tar,
     hierarchy,
 )
-from vmguest import SRC, WORK, Container, _cgroup_rule, _device_spec, daemon_reload, sh, wait_for
+from vmguest import WORK, Container, _cgroup_rule, _device_spec, daemon_reload, sh, wait_for
 
 PKGS = "/root/nvsymlinkd-pkgs"
 BUNDLES = "/var/lib/vmtest/bundles"
@@ -78,18 +78,10 @@ def without_prevention(deb: str) -> str:
     return dest
 
 
-def hook_argv(nodes) -> List[str]:
-    """A createRuntime hook that grants `nodes` the way libnvidia-container does (guest/nvidia_hook.py)."""
-    import sys
-
-    hook = os.path.join(SRC, "tests", "vm", "guest", "nvidia_hook.py")
-    return [sys.executable, hook] + [f"c:{n.major}:{n.minor}:rw" for n in nodes]
-
-
 class Polled(Container):
     """A runc container in runc-<name>.scope whose PID 1 is gpupoll (its log read from its own rootfs).
-    nodes: in the spec (linux.devices and the rules); hook_grants: in linux.devices only, granted by a
-    createRuntime hook like the legacy NVIDIA hook (never in the spec's rules)."""
+    nodes: in the spec (linux.devices and the rules); hook_grants: none of that, the legacy NVIDIA prestart
+    hook makes and grants them (NVIDIA_VISIBLE_DEVICES=all), never the spec."""
 
     shape = "runc"
 
@@ -107,12 +99,16 @@ class Polled(Container):
         spec["process"]["args"] = list(POLL_ARGV)
         linux = spec["linux"]
         linux["cgroupsPath"] = f"system.slice:runc:{name}"
-        linux["devices"] = [_device_spec(n) for n in list(nodes) + list(hook_grants)]
+        linux["devices"] = [_device_spec(n) for n in nodes]  # the hook makes its own nodes
         linux.setdefault("resources", {}).setdefault("devices", [{"allow": False, "access": "rwm"}])
         linux["resources"]["devices"] += [_cgroup_rule(n) for n in nodes]
         if hook_grants:
-            argv = hook_argv(hook_grants)
-            spec.setdefault("hooks", {})["createRuntime"] = [{"path": argv[0], "args": argv}]
+            # the legacy NVIDIA hook as a runtime wrapper adds it: prestart, granting what
+            # NVIDIA_VISIBLE_DEVICES asks for (stacks.install_nvidia_toolkit puts it at HOOK)
+            from stacks import HOOK
+
+            spec["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=all")
+            spec.setdefault("hooks", {})["prestart"] = [{"path": HOOK, "args": [HOOK, "prestart"]}]
             self.shape = "runc+hook"
         with open(os.path.join(bundle, "config.json"), "w") as f:
             json.dump(spec, f, indent=1)
