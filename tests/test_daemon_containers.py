@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -611,3 +612,83 @@ def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host
     assert ("/dev/char/195:1", "rw") in allowed and ("/dev/char/195:255", "rw") in allowed, allowed
     assert c.open_error("/dev/nvidia1", rw=True) == "ENXIO"
     assert not (runc_host.root / "run/nvsymlinkd/baselines").exists()
+
+
+def being_created(runc_host, cid: str, visible: str, cgroups_path: str) -> Path:
+    """A containerd container in the middle of `runc create`, as the daemon's files show it: the shim's
+    bundle with its spec (the legacy NVIDIA hook, NVIDIA_VISIBLE_DEVICES, the systemd driver's
+    cgroupsPath), runc's state directory with its exec.fifo and no state.json yet."""
+    bundle = runc_host.root / "run/containerd/io.containerd.runtime.v2.task/k8s.io" / cid
+    bundle.mkdir(parents=True)
+    spec = {"ociVersion": "1.0.2",
+            "process": {"args": ["sleep", "1"], "env": ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={visible}"],
+                        "capabilities": {"bounding": ["CAP_CHOWN"]}},
+            "root": {"path": "rootfs"},
+            "hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook",
+                                    "args": ["nvidia-container-runtime-hook", "prestart"]}]},
+            "linux": {"cgroupsPath": cgroups_path,
+                      "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                                device_rule(1, 3, "rwm"), device_rule(195, 0, "rw")]},
+                      "devices": [device_node("/dev/nvidia0", 195, 0)]}}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    state = runc_host.root / "run/containerd/runc/k8s.io" / cid
+    state.mkdir(parents=True)
+    os.mkfifo(state / "exec.fifo")
+    return state / "state.json"
+
+
+def new_unit(systemd_mock, unit: str) -> None:
+    systemd_mock.manager.EmitSignal(MANAGER, "UnitNew", "so", [unit, "/org/freedesktop/systemd1/unit/x"],
+                                    dbus_interface=MOCK_IFACE)
+
+
+def test_a_new_scope_gets_the_hook_grant_before_runc_writes_its_state(runc_host, systemd_mock, start_daemon):
+    """Issue 24 (the chaos soak's race): runc's systemd driver makes the scope before the prestart hooks run
+    and writes state.json after them; a reload between the NVIDIA hook's grant and state.json took the grant
+    before any daemon pass could see the container. On the scope's UnitNew the daemon reads the bundle's
+    spec, reconstructs the hook's grant, and adds it (and the spec's own devices the scope lacks) to the
+    scope's DeviceAllow at once: before state.json exists."""
+    from test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "c0ffee" * 10 + "abcd"
+    unit = f"cri-containerd-{cid}.scope"
+    systemd_mock.add_scope(unit, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    d.wait_for_line(r"being created: added", mark)
+    assert not state_json.exists()
+    (call,) = systemd_mock.calls()
+    assert str(call[0]) == unit and bool(call[1]) is True  # runtime=true: kept until the scope goes
+    allowed = systemd_mock.device_allow(unit)
+    # the hook's grant for GPU 1 (its node and nvidiactl, reconstructed) and the spec's c 195:0 rule
+    assert sorted(allowed) == [("/dev/char/195:0", "rw"), ("/dev/char/195:1", "rw"), ("/dev/char/195:255", "rw"),
+                               ("/dev/char/1:3", "rwm")], allowed
+    line = d.lines[d.wait_for_line(r"being created: added", mark)]
+    assert cid in line and "c 195:1 rw" in line, line
+
+
+@pytest.mark.parametrize("case", ["hook grant not reconstructed", "scope of another cgroupsPath"])
+def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(runc_host, systemd_mock,
+                                                                             start_daemon, case):
+    """A GPU UUID the driver does not list: the hook's grant is no trusted source, only the spec's own rule
+    is added. A scope whose name no bundle's cgroupsPath makes: nothing at all."""
+    from test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "feed" * 16
+    unit = f"cri-containerd-{cid}.scope"
+    systemd_mock.add_scope(unit, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    other = case.startswith("scope")
+    being_created(runc_host, cid, "GPU-not-on-this-host", f"system.slice:cri-containerd:{'x' + cid[1:] if other else cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    if other:
+        d.wait_for_line(r"no container being created names it", mark)
+        assert systemd_mock.calls() == []
+        return
+    d.wait_for_line(r"being created: added", mark)
+    assert sorted(systemd_mock.device_allow(unit)) == [("/dev/char/195:0", "rw"), ("/dev/char/1:3", "rwm")]

@@ -118,8 +118,13 @@ class ContainerWatch(ContainerHook):
 
     async def scope_appeared(self, unit: str) -> None:
         self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
+        loop = asyncio.get_running_loop()
         for delay in SCOPE_RECHECK_DELAYS:
-            asyncio.get_running_loop().call_later(delay, self._request, f"new scope {unit}")
+            loop.call_later(delay, self._request, f"new scope {unit}")
+        if self.get_config().repair == "auto" and self.use_bus is not False:
+            # before runc has run the hooks: a reload between the NVIDIA hook's grant and state.json
+            # must find the grant in the scope's DeviceAllow already (containers.early)
+            await loop.run_in_executor(None, self.prevent_while_creating, unit)
 
     async def runtime_state_written(self, containers: list) -> None:
         names = [c.rpartition("/")[2] for c in containers]
@@ -137,6 +142,43 @@ class ContainerWatch(ContainerHook):
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    def prevent_while_creating(self, unit: str) -> list | None:
+        """Add to a new scope's DeviceAllow what its container's spec and the NVIDIA hook's trusted
+        reconstruction grant and it lacks, while runc is still creating the container (blocking; runs in a
+        worker thread). Returns the (path, access) entries added; None when nothing was done."""
+        from nvsymlinkd.systemd.units import DEFAULT_TIMEOUT, SystemdCallError, set_device_allow
+        from nvsymlinkd.verify import verifier
+
+        try:
+            found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus)
+        except Exception as exc:  # noqa: BLE001 - the pass after state.json still judges the container
+            self.journal.log(journalmod.WARNING, f"container scope {unit}: cannot read the container being "
+                             f"created: {type(exc).__name__}: {exc}")
+            return None
+        if found is None:
+            self.journal.debug(f"container scope {unit}: no container being created names it in its spec")
+            return None
+        c, hook, missing, seen = found
+        if hook is not None and not hook.trusted:
+            self.journal.debug(f"container {c.id} ({unit}) being created: the NVIDIA hook's grant is not "
+                               f"reconstructed ({hook.detail}): only the spec's devices are kept")
+        if not missing:
+            self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing ({seen})")
+            return None
+        entries = [(d.dev_path, str(a)) for d, a in missing]
+        shown = ", ".join(f"{d} {a}" for d, a in missing)
+        try:
+            set_device_allow(unit, entries, timeout=DEFAULT_TIMEOUT)
+        except SystemdCallError as exc:
+            self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot add {shown} "
+                             f"to its DeviceAllow: {exc}; the pass after its state is written tries again",
+                             CONTAINER_ID=c.id, UNIT=unit)
+            return None
+        self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: added {shown} to its "
+                         "DeviceAllow before its hooks ran (its spec and the NVIDIA hook's grant), so a reload "
+                         "keeps them", CONTAINER_ID=c.id, UNIT=unit)
+        return entries
 
     # -- the worker -----------------------------------------------------------
 

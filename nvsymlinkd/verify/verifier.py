@@ -722,3 +722,30 @@ def verify_container(root: HostRoot, config: Config, container_id_or_scope: str,
     if c.scope and c.live and _is_gpu(prepared):
         scope_devices = read_scopes(root, [c.scope], ctx.majors, use_bus).get(c.scope)
     return _verify_one(root, config, ctx, c, prepared, scope_devices, update_baseline)
+
+
+def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | None = None):
+    """The daemon's prevention while a container is being created (containers.early): for the container
+    that has no runtime state yet and whose bundle's spec makes the scope `unit` (its cgroupsPath), the
+    tuple (container, the NVIDIA hook's reconstructed grant or None, [(Device, Access)] the scope's
+    DeviceAllow lacks: from the spec's rules and the trusted reconstruction only, and a line saying what
+    was expected and what the scope read, for the debug journal); None when no such
+    container is known (the scope is no container's being created, or the runtime wrote no bundle)."""
+    from nvsymlinkd.containers.early import missing_entries, scope_of_cgroups_path
+
+    # being created: runc's exec.fifo and no state.json yet (runc makes the fifo before the scope)
+    found = [c for c in discover(root) if c.status == "creating" and c.spec is not None
+             and scope_of_cgroups_path(c.spec.cgroups_path) == unit]
+    if len(found) != 1:  # none, or two bundles naming one scope: nothing is this scope's for sure
+        return None
+    (c,) = found
+    ctx = _HostContext(root, config, with_host=False)
+    hook = _hook_grant(c, ctx)
+    candidates = candidate_devices(ctx.host.devices, c.spec, None, None, ctx.nvidia_majors, hook)
+    expected = expected_access(candidates, c.spec, None, None, hook)
+    if not expected.devices:
+        return c, hook, [], "nothing trusted grants it an NVIDIA device"
+    scope = read_scopes(root, [unit], ctx.majors, use_bus).get(unit)
+    seen = "unknown" if scope is None else f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries"
+    return c, hook, missing_entries(expected, scope), \
+        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen} ({scope.source if scope else '-'})"

@@ -33,6 +33,7 @@ from stacks import (
     PollLog,
     build_rootfs_tar,
     install_nvidia_toolkit,
+    publish_gpu_list,
 )
 from vmguest import (
     MODULES,
@@ -246,6 +247,10 @@ class Soak:
             os.symlink("../chaos-foreign", link)
         ok, _ = wait_for(lambda: not self.judge_links(), timeout=30, interval=0.2)
         self.sc.check("setup: /dev/char has the three NVIDIA links", bool(ok), "; ".join(self.judge_links()))
+        # the NVIDIA hook's grant is reconstructed (trusted) only with the driver's GPU list: published
+        # like s24 does, the unit restarted into it, before any container exists
+        self.sc.check("setup: the driver's GPU list is published under /proc/driver/nvidia/gpus", publish_gpu_list())
+        sh("systemctl", "restart", UNIT, timeout=120)
         install_nvidia_toolkit()
         self.sc.timing("setup_docker_s", self.docker.start())
         self.sc.timing("setup_containerd_s", self.containerd.start())

@@ -70,6 +70,29 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
+FAKE_PROC_DRIVER = "/run/vmtest/proc-driver"
+PROC_DRIVER_DROP_IN = "/run/systemd/system/nvsymlinkd.service.d/50-proc-driver.conf"
+
+
+def publish_gpu_list() -> bool:
+    """The fake driver has no /proc/driver/nvidia: publish the GPU list the NVIDIA hook's grant is
+    reconstructed from (/proc/driver/nvidia/gpus/<pci>/information: one GPU at minor 0), bound over
+    /proc/driver on the host and, by a drop-in's BindReadOnlyPaths= (the unit mounts its own /proc),
+    in nvsymlinkd.service; a daemon-reload loads the drop-in, a restart of the unit applies it.
+    Before any container exists (the reload takes nothing). As s24 does."""
+    if not os.path.isdir("/proc/driver"):
+        return False
+    os.makedirs(f"{FAKE_PROC_DRIVER}/nvidia/gpus/0000:00:05.0", exist_ok=True)
+    with open(f"{FAKE_PROC_DRIVER}/nvidia/gpus/0000:00:05.0/information", "w") as f:
+        f.write("Model: \t\t Fake GPU\nGPU UUID: \t GPU-00000000-vm00-0000-0000-000000000000\nDevice Minor: \t 0\n")
+    subprocess.run(["mount", "--bind", FAKE_PROC_DRIVER, "/proc/driver"], check=True, timeout=60)
+    os.makedirs(os.path.dirname(PROC_DRIVER_DROP_IN), exist_ok=True)
+    with open(PROC_DRIVER_DROP_IN, "w") as f:
+        f.write(f"[Service]\nBindReadOnlyPaths={FAKE_PROC_DRIVER}:/proc/driver\n")
+    subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=120)
+    return True
+
+
 def install_nvidia_toolkit(gpus: int = 1) -> None:
     """nvidia-container-runtime-hook, nvidia-container-runtime, Podman's OCI hook and a CDI spec,
     at the paths the NVIDIA container toolkit installs them (before any daemon starts: Docker looks

@@ -1,0 +1,28 @@
+"""containers.early: the scope runc's systemd driver makes from a cgroupsPath, and what a scope lacks."""
+
+from __future__ import annotations
+
+from nvsymlinkd.containers.early import missing_entries, scope_of_cgroups_path
+from nvsymlinkd.containers.expected import Expected
+from nvsymlinkd.containers.scopes import ScopeDevices
+from nvsymlinkd.host.devices import Access, Device, Rule
+
+
+def test_scope_of_cgroups_path_is_runcs_unit_name():
+    assert scope_of_cgroups_path("system.slice:cri-containerd:abc") == "cri-containerd-abc.scope"
+    assert scope_of_cgroups_path("kubepods-besteffort.slice:crio:0123") == "crio-0123.scope"
+    assert scope_of_cgroups_path("system.slice:docker:f00") == "docker-f00.scope"
+    assert scope_of_cgroups_path(":runc:x") == "runc-x.scope"
+    for no_scope in (None, "", "/kubepods/abc", "system.slice:docker:my.slice", "a:b", "a:b:c:d",
+                     "system.slice:docker:", "system.slice:do cker:x", "system.slice:docker:../x/y"):
+        assert scope_of_cgroups_path(no_scope) is None, no_scope
+
+
+def test_missing_entries_only_trusted_sources_and_only_what_the_scope_lacks():
+    gpu, ctl, other = Device.char(195, 1), Device.char(195, 255), Device.char(195, 2)
+    expected = Expected({gpu: Access("rw"), ctl: Access("rw"), other: Access("rw")}, frozenset(),
+                        {gpu: ("nvidia-hook",), ctl: ("spec", "nvidia-hook"), other: ("baseline",)})
+    assert missing_entries(expected, None) == [(gpu, Access("rw")), (ctl, Access("rw"))]
+    scope = ScopeDevices("s.scope", "dbus", "strict", (("/dev/char/195:255", "rw"),),
+                         (Rule(True, "c", 195, 255, Access("rw")),))
+    assert missing_entries(expected, scope) == [(gpu, Access("rw"))]
