@@ -3,10 +3,13 @@
 - .deb: dpkg-buildpackage -us -uc -b (debhelper 13, dh-python, pybuild-plugin-pyproject), lintian,
   then a real `dpkg -i` into a throwaway root: an overlayfs over / in a private mount namespace,
   with a fake NVIDIA /proc/devices and real mknod'ed nodes, so the postinst's sync must make links.
-- .rpm: rpmbuild -ta --nodeps on the sdist (Debian has no rpm database for BuildRequires; the spec's
-  fallbacks replace the Fedora macros), then its file list, scripts and payload.
+- .rpm: rpmbuild -ta --nodeps on the sdist (Debian has no rpm database for BuildRequires) for RHEL 9
+  and Fedora 42 (the target's Python named, as scripts/build-packages does: Debian has no Python rpm
+  macros), then its file list against the target's layout, Requires, scriptlets and payload. Nothing
+  here installs it on Fedora or RHEL (docs/packaging.md says what was and was not tried).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import _skip_or_fail, need_tool
 from debbuild import build_deb, copy_tree, run
+from privatebus import need_dbusmock
+from runcfixture import device_node, device_rule
 
 import nvsymlinkd
 from nvsymlinkd.config import Config
@@ -71,20 +76,39 @@ def deb_build(tmp_path_factory):
     return {"deb": deb, "changes": changes, "tree": tree, "control": ctrl, "work": work}
 
 
+# target -> (its python3, dist tag): RHEL 9 and Fedora 41/42 (scripts/build-packages' RPM_TARGETS)
+RPM_TARGETS = {"el9": ("3.9", ".el9"), "fc42": ("3.13", ".fc42")}
+
+
 @pytest.fixture(scope="module")
-def rpm_build(tmp_path_factory):
+def sdist(tmp_path_factory):
     for tool in ("rpmbuild", "rpm", "rpm2cpio", "cpio"):
         need_tool(tool)
-    work = tmp_path_factory.mktemp("rpm")
+    work = tmp_path_factory.mktemp("sdist")
     src = copy_tree(work / "src")
     run(["/usr/bin/python3", "-m", "build", "--sdist", "--no-isolation", "--outdir", work / "dist", "."], cwd=src)
-    sdist = work / "dist" / f"nvsymlinkd-{VERSION}.tar.gz"
-    run(["rpmbuild", "-ta", "--nodeps", "--define", f"_topdir {work / 'top'}", sdist], cwd=work)
+    return work / "dist" / f"nvsymlinkd-{VERSION}.tar.gz"
+
+
+def rpmbuild(sdist: Path, work: Path, *defines, check=True):
+    argv = ["rpmbuild", "-ta", "--nodeps", "--define", f"_topdir {work / 'top'}"]
+    for d in defines:
+        argv += ["--define", d]
+    return run([*argv, sdist], cwd=work, check=check)
+
+
+@pytest.fixture(scope="module", params=sorted(RPM_TARGETS))
+def rpm_build(request, sdist, tmp_path_factory):
+    target = request.param
+    python, dist = RPM_TARGETS[target]
+    work = tmp_path_factory.mktemp(f"rpm-{target}")
+    rpmbuild(sdist, work, f"python3_version {python}", f"dist {dist}")
     rpm = next((work / "top" / "RPMS" / "noarch").glob(f"nvsymlinkd-{VERSION}-*.noarch.rpm"))
+    assert rpm.name == f"nvsymlinkd-{VERSION}-1{dist}.noarch.rpm"
     tree = work / "extracted"
     tree.mkdir()
     run(["sh", "-c", f"rpm2cpio '{rpm}' | cpio -idm --quiet"], cwd=tree)
-    return {"rpm": rpm, "sdist": sdist, "tree": tree, "work": work}
+    return {"rpm": rpm, "sdist": sdist, "tree": tree, "work": work, "target": target, "python": python}
 
 
 # -- .deb -------------------------------------------------------------------------------------------
@@ -243,15 +267,21 @@ def test_rpm_puts_files_where_fedora_expects_them(rpm_build):
             continue
         assert path in files, f"{what}: {path} missing from the .rpm"
     assert run(["rpm", "-qpc", rpm_build["rpm"]]).stdout.split() == [RPM["config"]]
-    # %license (Debian's rpm macros version the directory, Fedora's do not)
-    assert any(re.fullmatch(r"/usr/share/licenses/nvsymlinkd(-[\d.]+)?/LICENSE", f) for f in files)
+    assert "/usr/share/licenses/nvsymlinkd/LICENSE" in files  # %license, unversioned as on Fedora and RHEL
     for page in MAN_PAGES:
         assert f"/usr/share/man/man{page.rsplit('.', 1)[1]}/{page}" in files, page
-    assert any(re.fullmatch(r"/usr/lib/python3[^/]*/(site|dist)-packages/nvsymlinkd/templates/"
-                            r"nvsymlinkd\.service\.j2", f) for f in files)
-    packaged = {m.group(1) for f in files if (m := re.fullmatch(r"/usr/lib/python3[^/]*/(?:site|dist)-packages/(.+)", f))}
+    # the target's own sitelib (RHEL 9: /usr/lib/python3.9/site-packages), which its python3 has on sys.path;
+    # never Debian's /usr/lib/python3/dist-packages, nor any other place
+    sitelib = f"/usr/lib/python{rpm_build['python']}/site-packages/"
+    assert sitelib + "nvsymlinkd/templates/nvsymlinkd.service.j2" in files
+    python_files = [f for f in files if f.endswith(".py")]
+    assert python_files and all(f.startswith(sitelib) for f in python_files), python_files[:5]
+    assert not [f for f in files if "dist-packages" in f or "__pycache__" in f]
+    packaged = {f[len(sitelib):] for f in files if f.startswith(sitelib)}
     missing = [m for m in MODULES if m not in packaged]
     assert not missing, f"modules missing from the .rpm: {missing}"
+    # the entry point runs the target's interpreter
+    assert (rpm_build["tree"] / "usr/bin/nvsymlinkd").read_text().startswith("#!/usr/bin/python3\n")
 
 
 def test_rpm_units_requires_and_scripts(rpm_build):
@@ -259,16 +289,65 @@ def test_rpm_units_requires_and_scripts(rpm_build):
     assert (tree / RPM["unit"].lstrip("/")).read_text() == RENDERED["nvsymlinkd.service"]
     assert (tree / RPM["rules"].lstrip("/")).read_text() == RENDERED["71-nvsymlinkd.rules"]
     requires = run(["rpm", "-qpR", rpm_build["rpm"]]).stdout.split("\n")
-    for pkg in ("python3-pyudev", "python3-dbus-next", "python3-jinja2", "python3-systemd", "/usr/bin/kill"):
-        assert pkg in requires
-    scripts = run(["rpm", "-qp", "--scripts", rpm_build["rpm"]]).stdout
-    assert "systemctl --no-reload preset nvsymlinkd.service nvsymlinkd-sync.service" in scripts
-    assert "udevadm control --reload" in scripts
-    assert "/usr/bin/nvsymlinkd sync" in scripts
+    for pkg in ("python3-pyudev", "python3-dbus-next", "python3-jinja2", "python3-systemd", "/usr/bin/kill",
+                f"python(abi) = {rpm_build['python']}", "systemd", "util-linux"):
+        assert pkg in requires, (pkg, requires)
+    # tomllib is in Python's standard library from 3.11: tomli for RHEL 9's 3.9 only
+    assert ("python3-tomli" in requires) == (rpm_build["target"] == "el9"), requires
 
 
-def test_sdist_carries_what_the_package_builds_need(rpm_build):
-    names = run(["tar", "tzf", rpm_build["sdist"]]).stdout.split()
+def rpm_scriptlets(rpm) -> dict:
+    """`rpm -qp --scripts`: scriptlet name (postinstall, preuninstall, ...) -> its lines."""
+    out, name = {}, None
+    for line in run(["rpm", "-qp", "--scripts", rpm]).stdout.splitlines():
+        m = re.match(r"^(\w+) scriptlet \(using /bin/sh\):$", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name:
+            out[name].append(line)
+    return out
+
+
+def test_rpm_scriptlets_prevent_before_systemd_s_reload(rpm_build):
+    """rpm's scriptlets reload nothing themselves; systemd's file triggers reload at the end of the
+    transaction (%transfiletriggerin, %transfiletriggerpostun). Our last scriptlets before those prevent:
+    %post (install, upgrade: after the link pass) and %preun of an erase (after the daemon stopped)."""
+    scripts = rpm_scriptlets(rpm_build["rpm"])
+    assert sorted(scripts) == ["postinstall", "postuninstall", "preuninstall"]
+    helper = "/usr/lib/systemd/systemd-update-helper"  # what systemd-rpm-macros expand to (systemd >= 249)
+    post, preun, postun = (scripts[k] for k in ("postinstall", "preuninstall", "postuninstall"))
+    assert not [ln for ln in post + preun + postun if re.search(r"systemctl .*(daemon-reload|daemon-reexec)", ln)]
+
+    def index(lines, text):
+        return next(i for i, ln in enumerate(lines) if text in ln)
+
+    assert index(post, f"{helper} install-system-units nvsymlinkd.service nvsymlinkd-sync.service") \
+        < index(post, "/usr/bin/nvsymlinkd sync") < index(post, "/usr/bin/nvsymlinkd repair --before-reload")
+    assert "if [ -d /run/systemd/system ] && ! /usr/bin/nvsymlinkd repair --before-reload; then" in post
+    assert index(preun, f"{helper} remove-system-units nvsymlinkd.service nvsymlinkd-sync.service") \
+        < index(preun, "if [ $1 -eq 0 ] && [ -d /run/systemd/system ]; then") \
+        < index(preun, "PYTHONDONTWRITEBYTECODE=1 /usr/bin/nvsymlinkd repair --before-reload")
+    assert f"if [ $1 -ge 1 ] && [ -x \"{helper}\" ]; then {helper} mark-restart-system-units nvsymlinkd.service" \
+           in postun[0]
+    assert "rm -rf /run/nvsymlinkd" in "\n".join(postun)  # an erase removes the state (rpm has no purge)
+    for lines in (post, preun):  # a prevention that cannot finish is reported, never fatal
+        text = "\n".join(lines)
+        assert "logger -t nvsymlinkd -p daemon.warning" in text and "exit" not in text
+
+
+def test_rpm_build_without_a_target_refuses(sdist, tmp_path):
+    """Debian has no python-rpm-macros: without the target's Python the build stops, naming the fix,
+    instead of making a package that installs into a path no Fedora or RHEL Python reads."""
+    proc = rpmbuild(sdist, tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "no python3_sitelib: this is no Fedora/RHEL build host" in proc.stderr
+    assert "--rpm-target el9" in proc.stderr
+    assert not list(tmp_path.rglob("*.rpm"))
+
+
+def test_sdist_carries_what_the_package_builds_need(sdist):
+    names = run(["tar", "tzf", sdist]).stdout.split()
     prefix = f"nvsymlinkd-{VERSION}/"
     for rel in ("rpm/nvsymlinkd.spec", "man/nvsymlinkd.8.rst", "examples/nvsymlinkd.toml",
                 "rules/71-nvsymlinkd.rules.j2", "units/nvsymlinkd.service.j2", "debian/control",
@@ -298,7 +377,7 @@ def test_build_packages_with_a_foreign_python3_first_in_path(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert sorted(p.name for p in out.iterdir()) == sorted([
         f"nvsymlinkd_{VERSION}_all.deb", f"nvsymlinkd-{VERSION}.tar.gz", f"nvsymlinkd-{VERSION}-py3-none-any.whl",
-        f"nvsymlinkd-{VERSION}-1.noarch.rpm"])
+        f"nvsymlinkd-{VERSION}-1.el9.noarch.rpm", f"nvsymlinkd-{VERSION}-1.fc42.noarch.rpm"])
 
 
 def test_build_packages_usage():
@@ -314,3 +393,277 @@ def test_versions_agree():
     assert changelog.startswith(f"nvsymlinkd ({VERSION}) ")
     spec = (REPO / "rpm" / "nvsymlinkd.spec").read_text()
     assert re.search(rf"^Version:\s+{re.escape(VERSION)}$", spec, re.M)
+
+
+# -- the maintainer scripts: no reload of the package's takes a GPU ---------------------------------
+#
+# dpkg's call sequences (Debian Policy 6.6, "Details of unpacking, configuring, removing, purging"),
+# each step (script, arguments); the old and new package are the same build here.
+DPKG_SEQUENCES = {
+    "install": [("preinst", "install"), ("postinst", "configure")],
+    "upgrade": [("prerm", f"upgrade {VERSION}"), ("preinst", f"upgrade {VERSION}"), ("postrm", f"upgrade {VERSION}"),
+                ("postinst", f"configure {VERSION}")],
+    "remove": [("prerm", "remove"), ("postrm", "remove")],
+    "purge": [("prerm", "remove"), ("postrm", "remove"), ("postrm", "purge")],
+}
+# Every command the scripts may run, as a stub that logs its argv; `nvsymlinkd` too (the real one is
+# tested below, against a real container).
+STUBS = ("nvsymlinkd", "systemctl", "deb-systemd-helper", "deb-systemd-invoke", "py3compile", "pypy3compile",
+         "py3clean", "udevadm", "logger", "dpkg")
+RUN_SCRIPTS = textwrap.dedent("""\
+    set -u
+    mount -t tmpfs nvsymlinkd-test-run /run
+    mkdir -p /run/systemd/system /run/udev
+    {setup}
+    for step in {steps}; do
+        script=${{step%%:*}}; args=$(echo "${{step#*:}}" | tr + ' ')
+        echo "== $script $args" >> {log}
+        [ -f {ctrl}/$script ] || continue
+        sh {ctrl}/$script $args >> {log} 2>&1 || echo "!! $script exit $?" >> {log}
+    done
+    """)
+
+
+def run_maintainer_scripts(ctrl: Path, steps, work: Path, stubs: dict = None, setup: str = "") -> list:
+    """Run the given maintainer scripts in order under `unshare -m` (a private /run with
+    /run/systemd/system: "systemd runs here"), with PATH's first directory holding a stub per command
+    of STUBS (each logs `@ NAME ARGV`) unless `stubs` gives one; returns the log's lines."""
+    bindir = work / "stubs"
+    bindir.mkdir(parents=True, exist_ok=True)
+    log = work / "calls.log"
+    for name in STUBS:
+        body = (stubs or {}).get(name, 'echo "@ $(basename "$0") $*" >> "$STUB_LOG"\n')
+        (bindir / name).write_text("#!/bin/sh\n" + body)
+        (bindir / name).chmod(0o755)
+    script = RUN_SCRIPTS.format(ctrl=ctrl, log=log, setup=setup,
+                                steps=" ".join(f"{s}:{a.replace(' ', '+')}" for s, a in steps))
+    env = dict(os.environ, PATH=f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin", STUB_LOG=str(log))
+    subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env, check=True,
+                   timeout=600)
+    return log.read_text().splitlines()
+
+
+def reloads_systemd(call: str) -> bool:
+    """A logged call that makes systemd reload: `systemctl daemon-reload`, and deb-systemd-helper when it
+    changes links or masks (it runs `systemctl daemon-reload` itself then: /usr/bin/deb-systemd-helper,
+    "If we changed anything and this machine is running systemd, tell systemd to reload")."""
+    return call == "@ systemctl --system daemon-reload" or bool(re.match(
+        r"@ deb-systemd-helper (enable|disable|purge|mask|unmask|reenable) ", call))
+
+
+@pytest.mark.parametrize("action", sorted(DPKG_SEQUENCES))
+def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_path, action):
+    """The built .deb's scripts, run in dpkg's order for install, upgrade (reinstall: the same calls),
+    remove and purge: every `systemctl daemon-reload` comes after a `nvsymlinkd repair --before-reload`
+    with nothing between them that could start the daemon or change units; the removal's prevention runs
+    after the daemon stopped, while nvsymlinkd is still installed (prerm), since postrm reloads without it."""
+    need_tool("unshare")
+    calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES[action], tmp_path)
+    assert not [c for c in calls if c.startswith("!!")], calls
+    reloads = [i for i, c in enumerate(calls) if reloads_systemd(c)]
+    prevents = [i for i, c in enumerate(calls) if c == "@ nvsymlinkd repair --before-reload"]
+    assert reloads, calls  # each of these actions reloads
+    for i in reloads:
+        before = [p for p in prevents if p < i]
+        assert before, f"{action}: a daemon-reload with no prevention before it:\n" + "\n".join(calls)
+        between = calls[before[-1] + 1:i]
+        assert not [c for c in between if c.startswith(("@ deb-systemd-invoke start", "@ deb-systemd-invoke restart",
+                                                         "@ systemctl")) and not reloads_systemd(c)], between
+    steps = [c for c in calls if c.startswith("== ")]
+    if action in ("install", "upgrade"):
+        # the link pass, then the prevention, then the reload and the (re)start
+        order = [c for c in calls if c.startswith(("@ nvsymlinkd", "@ systemctl", "@ deb-systemd-invoke"))]
+        # (an upgrade's preinst stops the boot one-shot first: dh_installsystemd's --no-start unit)
+        first = ["@ deb-systemd-invoke stop nvsymlinkd-sync.service"] if action == "upgrade" else []
+        assert order == first + ["@ nvsymlinkd sync", "@ nvsymlinkd repair --before-reload",
+                                 "@ systemctl --system daemon-reload",
+                                 f"@ deb-systemd-invoke {'start' if action == 'install' else 'restart'} nvsymlinkd.service"]
+        assert steps[-1] == f"== postinst configure{' ' + VERSION if action == 'upgrade' else ''}"
+    else:
+        prerm = calls[calls.index("== prerm remove") + 1:calls.index("== postrm remove")]
+        order = [c for c in prerm if c.startswith(("@ nvsymlinkd", "@ deb-systemd-invoke", "@ py3clean"))]
+        # stop the daemon (no repair in flight), then prevent, while the package's files are all there
+        assert order == ["@ deb-systemd-invoke stop nvsymlinkd.service", "@ py3clean -p nvsymlinkd",
+                         "@ nvsymlinkd repair --before-reload"], prerm
+        # postrm remove: one daemon-reload per unit (dh_installsystemd's two sections)
+        assert calls.count("@ systemctl --system daemon-reload") == 2
+        assert all(i > calls.index("== postrm remove") for i in reloads)
+    if action == "purge":
+        # postrm purge: no `systemctl daemon-reload` of debhelper's, but deb-systemd-helper's own when it removes
+        # the enablement links; nvsymlinkd is gone by then: prerm's prevention was the last possible
+        purge = calls[calls.index("== postrm purge"):]
+        assert not [c for c in purge if c == "@ systemctl --system daemon-reload" or c.startswith("@ nvsymlinkd")]
+        assert [c for c in purge if reloads_systemd(c)] == ["@ deb-systemd-helper purge nvsymlinkd.service",
+                                                            "@ deb-systemd-helper purge nvsymlinkd-sync.service"]
+
+
+def test_deb_prevention_that_fails_is_reported_and_never_fails_the_script(deb_build, need_root, tmp_path):
+    need_tool("unshare")
+    failing = {"nvsymlinkd": 'echo "@ nvsymlinkd $*" >> "$STUB_LOG"; [ "$1" != repair ] || exit 1\n'}
+    calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES["purge"][:2] + [("postinst", "configure")],
+                                   tmp_path, stubs=failing)
+    assert not [c for c in calls if c.startswith("!!")], calls  # every script exited 0
+    notes = [c for c in calls if c.startswith("nvsymlinkd: not every GPU container could be kept safe")]
+    assert len(notes) == 2, calls  # on stderr, once from prerm, once from postinst ...
+    assert len([c for c in calls if c.startswith("@ logger -t nvsymlinkd -p daemon.warning")]) == 2  # ... and journaled
+    # the scripts went on: postrm's two reloads, postinst's reload and start
+    assert calls.count("@ systemctl --system daemon-reload") == 3, calls
+    assert calls[-1] == "@ deb-systemd-invoke start nvsymlinkd.service", calls
+
+
+def test_deb_without_systemd_skips_the_prevention(deb_build, need_root, tmp_path):
+    """A chroot or an image build: no /run/systemd/system, no reload, nothing to prevent."""
+    need_tool("unshare")
+    calls = run_maintainer_scripts(deb_build["control"], DPKG_SEQUENCES["install"] + DPKG_SEQUENCES["remove"],
+                                   tmp_path, setup="rmdir /run/systemd/system")
+    assert "@ nvsymlinkd sync" in calls and not [c for c in calls if "repair" in c or "daemon-reload" in c], calls
+
+
+def test_deb_purge_keeps_freeze_records_nothing_could_thaw(deb_build, need_root, tmp_path):
+    """prerm's repair thaws what a killed repair froze; a record still there at purge names a container that
+    stays frozen: it is named and kept, the rest of the state dir goes."""
+    need_tool("unshare")
+    setup = "mkdir -p /run/nvsymlinkd/frozen /run/nvsymlinkd/baselines; echo '{}' > /run/nvsymlinkd/frozen/a.json; " \
+            "echo '{}' > /run/nvsymlinkd/baselines/c.json"
+    calls = run_maintainer_scripts(deb_build["control"], [("postrm", "purge")], tmp_path,
+                                   setup=setup + f"; trap 'ls -R /run/nvsymlinkd >> {tmp_path}/left' EXIT")
+    assert any(c.startswith("nvsymlinkd: /run/nvsymlinkd/frozen/ names container cgroups") for c in calls), calls
+    left = (tmp_path / "left").read_text().split()
+    assert "a.json" in left and "baselines" not in left and "c.json" not in left, left
+    calls = run_maintainer_scripts(deb_build["control"], [("postrm", "purge")], tmp_path / "2",
+                                   setup=f"mkdir -p /run/nvsymlinkd/baselines; trap 'ls /run >> {tmp_path}/left2' EXIT")
+    assert "nvsymlinkd" not in (tmp_path / "left2").read_text().split()
+
+
+# A daemon-reload as systemd 252 does it on cgroup v1, for the scopes named in $RELOAD_SCOPES
+# ({"scope": "devices cgroup dir"}): deny everything, then allow each DeviceAllow entry of the scope as
+# the (mock) systemd has it now. What the scope lacks, the container loses.
+RELOAD = r"""
+import json, os, sys
+import dbus
+if sys.argv[1:] == ["--system", "daemon-reload"]:
+    bus = dbus.bus.BusConnection(os.environ["DBUS_SYSTEM_BUS_ADDRESS"])
+    for scope, devices in json.loads(os.environ["RELOAD_SCOPES"]).items():
+        path = "/org/freedesktop/systemd1/unit/" + "".join(c if c.isalnum() else "_%02x" % ord(c) for c in scope)
+        allow = bus.get_object("org.freedesktop.systemd1", path).Get(
+            "org.freedesktop.systemd1.Scope", "DeviceAllow", dbus_interface="org.freedesktop.DBus.Properties")
+        with open(devices + "/devices.deny", "w") as f:
+            f.write("a")
+        for entry, access in allow:
+            if entry.startswith("/dev/char/"):
+                with open(devices + "/devices.allow", "w") as f:
+                    f.write("c %s %s" % (entry.rsplit("/", 1)[1], access))
+"""
+
+
+@pytest.fixture
+def systemd_mock(tmp_path, need_root):
+    from test_repair_dbus import SystemdMock
+
+    need_dbusmock()
+    m = SystemdMock(tmp_path / "sdbus")
+    try:
+        m.start()
+        yield m
+    finally:
+        m.close()
+
+
+def without_prevention(ctrl: Path, dest: Path) -> Path:
+    """The built scripts less our prevention step: the .deb as it was before (the control)."""
+    dest.mkdir()
+    for script in ctrl.iterdir():
+        text = script.read_text()
+        dropped = re.sub(r"^# nvsymlinkd-prevent:.*?^# end nvsymlinkd-prevent\n", "", text, flags=re.M | re.S)
+        (dest / script.name).write_text(dropped)
+    return dest
+
+
+def run_for_real(deb_build, ctrl: Path, steps, work: Path, runc_host, systemd_mock, scopes: dict) -> list:
+    """run_maintainer_scripts with the package's own `nvsymlinkd` on the runc host's tree and a
+    `systemctl daemon-reload` that re-applies `scopes` ({scope: devices cgroup dir}) from the mock."""
+    site = deb_build["tree"] / "usr/lib/python3/dist-packages"
+    stubs = {
+        "nvsymlinkd": f'echo "@ nvsymlinkd $*" >> "$STUB_LOG"\n'
+                      f'PYTHONPATH={site} exec /usr/bin/python3 -m nvsymlinkd --root {runc_host.root} "$@"\n',
+        "systemctl": f'echo "@ systemctl $*" >> "$STUB_LOG"\nexec /usr/bin/python3 -c \'{RELOAD}\' "$@"\n',
+    }
+    os.environ["RELOAD_SCOPES"] = json.dumps(scopes)
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = systemd_mock.address
+    try:
+        return run_maintainer_scripts(ctrl, steps, work, stubs=stubs)
+    finally:
+        del os.environ["RELOAD_SCOPES"], os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+
+
+SCOPE_KEEP = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
+              ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm"), ("/dev/char/10:200", "rwm")]
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["deb", "control-without-prevention"])
+@pytest.mark.parametrize("action", ["install", "upgrade", "remove"])
+def test_deb_scripts_keep_a_real_at_risk_container_s_gpu_through_their_reload(
+        deb_build, runc_host, systemd_mock, tmp_path, action, control):
+    """The built .deb's scripts, run for real in dpkg's order against a real runc container (cgroup v1)
+    whose scope lacks its GPU (what runc 1.1.5 leaves out when /dev/char/195:0 was missing at `runc
+    create`), with python-dbusmock as systemd on a private bus. `nvsymlinkd` is the package's own code
+    (the extracted .deb) on the container's host tree; `systemctl daemon-reload` re-applies the scope's
+    DeviceAllow to the container's cgroup as systemd's v1 backend does. The kernel judges: open() of
+    /dev/nvidia0 inside the container is ENXIO (allowed, no driver) after the scripts, EPERM in the
+    control, which runs the same scripts less the prevention step."""
+    need_tool("unshare")
+    scope = "runc-gpu-pkg.scope"
+    keep = SCOPE_KEEP
+    c = runc_host.run("gpu-pkg", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+                      nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
+    (runc_host.root / "run/systemd/system").mkdir(parents=True)  # systemd runs on this host tree
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
+    ctrl = without_prevention(deb_build["control"], tmp_path / "old") if control else deb_build["control"]
+    calls = run_for_real(deb_build, ctrl, DPKG_SEQUENCES[action], tmp_path / "run", runc_host, systemd_mock,
+                         {scope: str(c.devices_dir())})
+    assert "@ systemctl --system daemon-reload" in calls and not [x for x in calls if x.startswith("!!")], calls
+    assert "c 10:200 rwm" in c.devices_list()  # the reload did re-apply DeviceAllow (runc's tun is in it)
+    if control:
+        assert c.open_error("/dev/nvidia0", rw=True) == "EPERM", c.devices_list()  # the reload took the GPU
+        assert ("/dev/char/195:0", "rw") not in systemd_mock.device_allow(scope)
+        return
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO", "\n".join(calls) + c.devices_list()
+    assert ("/dev/char/195:0", "rw") in systemd_mock.device_allow(scope)
+    prevented = calls.index("@ nvsymlinkd repair --before-reload")
+    assert prevented < calls.index("@ systemctl --system daemon-reload")
+    said = calls[prevented + 1]  # what the step printed, amid dpkg's output
+    assert said.startswith("nvsymlinkd: gpu-pkg (runc-gpu-pkg.scope): added to DeviceAllow before a reload took it: "
+                           "c 195:0 rw via devices.allow+systemd; verified: prevented"), calls
+    (seen,) = systemd_mock.observed()  # one SetUnitProperties, made with the container frozen ...
+    assert seen["freezer"] == "FROZEN"
+    assert open(freezer).read().strip() == "THAWED"  # ... and nothing left frozen
+    assert not list((runc_host.root / "run/nvsymlinkd/frozen").glob("*.json"))
+
+
+def test_deb_scripts_name_a_hook_granted_container_they_cannot_protect(deb_build, runc_host, systemd_mock, tmp_path):
+    """A device the NVIDIA hook granted (outside the spec), on a node with no daemon before the install:
+    nothing trusted expects it, so the postinst grants nothing and says so (stderr, logger), the
+    installation goes on, and the package's reload takes the device: the limit install.md states."""
+    need_tool("unshare")
+    scope = "runc-gpu-hook.scope"
+    c = runc_host.run("gpu-hook", cgroup_leaf=scope, nodes=[device_node("/dev/nvidia0", 195, 0)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"])
+    c.allow("c 195:0 rw")  # the hook's grant, after runc applied the spec
+    freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+    systemd_mock.add_scope(scope, SCOPE_KEEP, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
+    (runc_host.root / "run/systemd/system").mkdir(parents=True)
+    assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
+    calls = run_for_real(deb_build, deb_build["control"], DPKG_SEQUENCES["install"], tmp_path / "run", runc_host,
+                         systemd_mock, {scope: str(c.devices_dir())})
+    prevent = calls.index("@ nvsymlinkd repair --before-reload")
+    said = calls[prevent + 1:calls.index("@ py3compile -p nvsymlinkd -V 3.9-")]  # up to debhelper's section
+    assert said[0] == ("nvsymlinkd: gpu-hook (runc-gpu-hook.scope): left at risk of the reload: nothing trusted "
+                       "expects the devices its scope lacks"), calls
+    assert any("not granted c 195:0 rw (unexpected)" in line for line in said), said
+    assert said[-2].startswith("nvsymlinkd: not every GPU container could be kept safe"), said
+    assert said[-1].startswith("@ logger -t nvsymlinkd -p daemon.warning"), said
+    assert calls[-1] == "@ deb-systemd-invoke start nvsymlinkd.service"
+    assert systemd_mock.observed() == []  # nothing was granted ...
+    assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"  # ... and the reload took the hook's grant

@@ -181,6 +181,40 @@ def test_daemon_entry_point_honours_the_repair_key_and_its_clock(runc_host):
     assert res.status == "repaired" and c.open_error("/dev/nvidia0") == "ENXIO"
 
 
+def test_before_reload_is_silent_with_nothing_to_do_and_a_no_op_without_systemd(runc_host, nvsymlinkd_cli):
+    """What package scripts run before their daemon-reload: nothing printed when nothing is to be done,
+    nothing done where systemd does not run (no /run/systemd/system: no reload to prevent)."""
+    c = runc_host.run("gpu-br", **gpu0())
+    c.deny("c 195:0 rw")
+    proc = nvsymlinkd_cli("--root", runc_host.root, "repair", "--before-reload")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert c.open_error("/dev/nvidia0") == "EPERM"  # no systemd on this tree: left alone
+    (runc_host.root / "run/systemd/system").mkdir(parents=True)
+    proc = nvsymlinkd_cli("--root", runc_host.root, "repair", "--before-reload")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == ("nvsymlinkd: gpu-br: granted c 195:0 rw via devices.allow; verified: repaired\n"
+                           "nvsymlinkd:   note: cgroupfs driver: lasts until the runtime rewrites the cgroup "
+                           "(`runc update`) from a spec that lacks the device\n"
+                           "nvsymlinkd: repair: 1 container with findings: 1 repaired (before a daemon-reload)\n")
+    assert c.open_error("/dev/nvidia0") == "ENXIO"
+    again = nvsymlinkd_cli("--root", runc_host.root, "repair", "--before-reload")
+    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")  # healthy: silent
+    wrong = nvsymlinkd_cli("--root", runc_host.root, "repair", "--before-reload", "gpu-br")
+    assert wrong.returncode == 2 and "not with CONTAINER, --dry-run or --json" in wrong.stderr
+
+
+def test_before_reload_leaves_a_cgroupfs_hook_grant_to_the_daemon(runc_host, nvsymlinkd_cli):
+    """A device only granted outside the spec (a hook), cgroupfs driver: no reload can take it (only a
+    `runc update`), so a package script is not told about it; `repair` itself names the refusal."""
+    c = runc_host.run("gpu-hook", nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    c.allow("c 195:0 rw")  # what the hook does
+    (runc_host.root / "run/systemd/system").mkdir(parents=True)
+    proc = nvsymlinkd_cli("--root", runc_host.root, "repair", "--before-reload")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    plain = nvsymlinkd_cli("--root", runc_host.root, "repair")
+    assert "not granted c 195:0 rw (unexpected)" in plain.stdout
+
+
 def test_a_person_can_force_a_repair_within_the_rate_limit(runc_host, nvsymlinkd_cli):
     """The rate limit guards against loops; `repair --force` is a person's decision, and says so."""
     c = runc_host.run("gpu-force", **gpu0())

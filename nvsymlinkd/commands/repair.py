@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from nvsymlinkd.cli import SUMMARIES
@@ -18,6 +19,7 @@ examples:
   nvsymlinkd repair 0f3c9a1e2b7d                # one container
   nvsymlinkd repair --json
   nvsymlinkd repair --force 0f3c9a1e2b7d        # again within the rate limit's window (journaled as forced)
+  nvsymlinkd repair --before-reload             # package scripts, before their systemctl daemon-reload
 
 mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
 """
@@ -34,6 +36,10 @@ def register(sub) -> None:
                         "or Kubernetes namespace/pod/container")
     p.add_argument("--dry-run", action="store_true", help="print what would be granted and how; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-repair)")
+    p.add_argument("--before-reload", action="store_true",
+                   help="for package scripts about to run `systemctl daemon-reload`: repair every GPU container "
+                        "with findings (at-risk ones are prevented); print nothing when there is nothing to do or "
+                        "systemd does not run here; failures on stderr")
     p.add_argument("--force", action="store_true",
                    help="repair even within the rate limit's window (one repair per container per 600 s, "
                         "against loops); journaled as forced")
@@ -54,6 +60,14 @@ def run(args, root, config) -> int:
     from nvsymlinkd.verify import verifier
     from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
+    if args.before_reload:
+        from nvsymlinkd.errors import UsageError
+
+        if args.containers or args.dry_run or args.json:
+            raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
+                             "CONTAINER, --dry-run or --json")
+        if not os.path.isdir(root.path("/run/systemd/system")):
+            return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
     history = load_history(root, config)
@@ -93,6 +107,8 @@ def run(args, root, config) -> int:
                              f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
     ok = all(r.ok for r in results) and not unknown and not denied and not unfixable
+    if args.before_reload:
+        ok = ok and not _unprotected(results)
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
                "denied": len([c for c in denied if c.id not in repaired])}
     from nvsymlinkd.cli import printable, write_output
@@ -107,6 +123,8 @@ def run(args, root, config) -> int:
                "not_repairable": [_unfixable_json(c) for c in unfixable],
                "summary": summary, "thawed": thawed}
         write_output(json.dumps(doc, indent=2) + "\n")
+    elif args.before_reload:
+        _before_reload_report(thawed, results, unknown, denied, unfixable, summary)
     else:
         lines = [thawed_line(e) for e in thawed]
         for r in results:
@@ -132,6 +150,51 @@ def _denied_json(report) -> dict:
 
     f = next(f for f in report.findings if f.kind == FindingKind.DENIED)
     return {"container": report.id, "devices": list(f.devices), "detail": f.detail, "fix": f.fix}
+
+
+def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) -> None:
+    """What a package script shows: nothing when nothing was to be done; what was granted on stdout; what
+    could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
+    apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
+    repair is journaled as well (repair-prevented, repair-failed, ...)."""
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.repair.apply import thawed_line
+    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.summary import repair_line
+
+    acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
+    unprotected = _unprotected(results)
+    if not (thawed or acted or unknown or denied or unfixable or unprotected):
+        return
+    good: list = [thawed_line(e) for e in thawed]
+    bad: list = []
+    for r in acted:
+        (good if r.ok else bad).extend(r.human_lines())
+    for r in unprotected:
+        who = r.human_lines()[0].rsplit(": nothing to grant", 1)[0]
+        bad.append(f"{who}: left at risk of the reload: nothing trusted expects the devices its scope lacks")
+        bad += r.human_lines()[1:]
+    bad += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
+    for c in denied:
+        f = _denied_json(c)
+        bad.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted them): "
+                   f"{f['fix']}")
+    bad += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+            f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
+    (bad if bad else good).append(f"{repair_line(results, summary, False)} (before a daemon-reload)")
+    sys.stdout.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in good))
+    sys.stdout.flush()
+    sys.stderr.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in bad))
+
+
+def _unprotected(results) -> list:
+    """Containers in a systemd scope with devices a reload would take and none that may be granted (each
+    refused: expected by nothing trusted, e.g. a hook's grant with no baseline yet): "nothing to do" for
+    `repair`, but for a package script about to reload, a container it leaves at risk."""
+    from nvsymlinkd.repair.plan import RepairStatus
+
+    return [r for r in results if RepairStatus(r.status) == RepairStatus.NOTHING and r.plan.refused
+            and r.request.scope]
 
 
 def _unknown_reason(report) -> str:
