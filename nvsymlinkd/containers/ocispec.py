@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from nvsymlinkd.errors import UnsafeFile
 from nvsymlinkd.host.devices import RWM, Access, Device, Rule
+from nvsymlinkd.host.root import read_at_most
 
 MAX_JSON_BYTES = 16 << 20  # runc's state.json embeds the seccomp profile: tens of KiB, rarely MiBs
 MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
@@ -59,18 +60,7 @@ def read_fd(fd: int, real_path: str, limit: int = MAX_JSON_BYTES, st: os.stat_re
     st = st or os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile(f"{real_path}: not a regular file")
-    chunks = []
-    left = limit + 1
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise UnsafeFile(f"{real_path}: larger than {limit} bytes")
-    return data
+    return read_at_most(fd, real_path, limit)
 
 
 def read_json(real_path: str, limit: int = MAX_JSON_BYTES) -> dict:

@@ -329,6 +329,13 @@ def read_regular(fd: int, shown: str, limit: int, allow_null: bool = True) -> by
         return b""  # /dev/null: "no config", as packaging passes it
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile(f"{shown}: not a regular file (a {file_kind(st.st_mode)})")
+    return read_at_most(fd, shown, limit)
+
+
+def read_at_most(fd: int, shown: str, limit: int) -> bytes:
+    """All of an open file's content, refused (UnsafeFile) past `limit` bytes: one read more tells."""
+    from nvsymlinkd.errors import UnsafeFile
+
     chunks = []
     left = limit + 1
     while left > 0:
