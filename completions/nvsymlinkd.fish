@@ -49,6 +49,7 @@ complete -c nvsymlinkd -n '__fish_seen_subcommand_from check' -l wide -d 'full l
 
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from repair' -l dry-run -d 'print what would be granted'
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from repair' -l force -d 'repair within the rate limit window'
+complete -c nvsymlinkd -n '__fish_seen_subcommand_from repair' -l before-reload -d 'for package scripts: prevent every at-risk container before a daemon-reload'
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from repair' -l json -d 'print a JSON document'
 
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from check repair' -a '(__nvsymlinkd_containers)' -d 'GPU container'
