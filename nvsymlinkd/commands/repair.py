@@ -130,19 +130,25 @@ def run(args, root, config) -> int:
         for r in results:
             lines += r.human_lines()
             lines += [f"  step: {step}" for step in r.steps]
-        lines += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
-        for c in denied:
-            f = _denied_json(c)
-            lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted "
-                         f"them): {f['fix']}")
-        lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
-                  f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
+        lines += _unrepaired_lines(unknown, denied, unfixable)
         from nvsymlinkd.summary import repair_line
 
         lines.append(repair_line(results, summary, args.dry_run))
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _unrepaired_lines(unknown, denied, unfixable) -> list:
+    """The containers no repair was tried for, one line each with why: the same in the report and before a reload."""
+    lines = [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
+    for c in denied:
+        f = _denied_json(c)
+        lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted them): "
+                     f"{f['fix']}")
+    lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+              f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
+    return lines
 
 
 def _denied_json(report) -> dict:
@@ -174,13 +180,7 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
         who = r.human_lines()[0].rsplit(": nothing to grant", 1)[0]
         bad.append(f"{who}: left at risk of the reload: nothing trusted expects the devices its scope lacks")
         bad += r.human_lines()[1:]
-    bad += [f"{c.short_id}: cannot judge its device access, not repaired: {_unknown_reason(c)}" for c in unknown]
-    for c in denied:
-        f = _denied_json(c)
-        bad.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted them): "
-                   f"{f['fix']}")
-    bad += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
-            f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
+    bad += _unrepaired_lines(unknown, denied, unfixable)
     (bad if bad else good).append(f"{repair_line(results, summary, False)} (before a daemon-reload)")
     sys.stdout.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in good))
     sys.stdout.flush()
