@@ -670,6 +670,58 @@ def test_a_new_scope_gets_the_hook_grant_before_runc_writes_its_state(runc_host,
     assert cid in line and "c 195:1 rw" in line, line
 
 
+def test_a_new_scope_is_judged_once_the_runtime_has_set_its_device_policy(runc_host, systemd_mock, start_daemon):
+    """The chaos soak's early path said "lacks nothing" for every new container: runc's systemd driver starts
+    the scope with no device properties (Apply) and sends DevicePolicy=strict and its DeviceAllow only in
+    Set, right before the hooks; read at UnitNew the scope is DevicePolicy=auto with no entries, which covers
+    everything. The daemon waits for the runtime's policy (while the container is being created), then adds
+    what the scope lacks: after runc's Set, not before it (runc's Set resets DeviceAllow)."""
+    from test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "5ca1ab1e" * 8
+    unit = f"cri-containerd-{cid}.scope"
+    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))  # as runc's Apply leaves it
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    time.sleep(1.0)  # runc's init sets the container up meanwhile
+    assert systemd_mock.calls() == [], "DeviceAllow added to a scope the runtime had not restricted yet"
+    set_at = time.monotonic()
+    systemd_mock.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])  # runc's Set
+    i = d.wait_for_line(r"being created: added", mark)
+    took = time.monotonic() - set_at
+    assert not state_json.exists()
+    (call,) = systemd_mock.calls()
+    assert str(call[0]) == unit and bool(call[1]) is True
+    assert sorted(systemd_mock.device_allow(unit)) == [("/dev/char/195:0", "rw"), ("/dev/char/195:1", "rw"),
+                                                       ("/dev/char/195:255", "rw"), ("/dev/char/1:3", "rwm")]
+    assert cid in d.lines[i] and "c 195:1 rw" in d.lines[i], d.lines[i]
+    assert took < 5.0, took
+
+
+def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, systemd_mock, start_daemon):
+    """A scope that still reads DevicePolicy=auto with no entries when its container's state is written (a
+    privileged container: runc's allow-all is exactly that; crun programs the cgroup itself) is not
+    restricted by systemd: a reload takes nothing, and entries added to it would make it an allow-list."""
+    from test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "0ddba11" * 9 + "a"
+    unit = f"cri-containerd-{cid}.scope"
+    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    time.sleep(0.5)
+    state_json.write_text("{}")  # the runtime is done creating it
+    i = d.wait_for_line(r"being created: its DeviceAllow lacks nothing", mark)
+    assert "not restricted" in d.lines[i], d.lines[i]
+    assert systemd_mock.calls() == []
+
+
 @pytest.mark.parametrize("case", ["hook grant not reconstructed", "scope of another cgroupsPath"])
 def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(runc_host, systemd_mock,
                                                                              start_daemon, case):

@@ -26,3 +26,15 @@ def test_missing_entries_only_trusted_sources_and_only_what_the_scope_lacks():
     scope = ScopeDevices("s.scope", "dbus", "strict", (("/dev/char/195:255", "rw"),),
                          (Rule(True, "c", 195, 255, Access("rw")),))
     assert missing_entries(expected, scope) == [(gpu, Access("rw"))]
+
+
+def test_runtime_policy_set_is_what_runcs_set_sends():
+    """runc starts the scope with no device properties and sends DevicePolicy=strict and its DeviceAllow in Set,
+    right before the hooks: auto with no entries is "not yet" (and, when it stays so, "not restricted")."""
+    from nvsymlinkd.containers.early import runtime_policy_set
+
+    assert not runtime_policy_set(None)
+    assert not runtime_policy_set(ScopeDevices("s.scope", "dbus", "auto", (), ()))
+    assert runtime_policy_set(ScopeDevices("s.scope", "dbus", "strict", (), ()))
+    assert runtime_policy_set(ScopeDevices("s.scope", "dbus", "closed", (), ()))
+    assert runtime_policy_set(ScopeDevices("s.scope", "files", "auto", (("/dev/char/1:3", "rwm"),), ()))

@@ -248,14 +248,23 @@ class SystemdMock:
         self.monitor.start()
         assert self.monitor.ready.wait(DEADLINE) and self.monitor.error is None, self.monitor.error
 
-    def add_scope(self, unit: str, device_allow=(), **cfg):
+    def add_scope(self, unit: str, device_allow=(), policy: str = "strict", **cfg):
         import dbus
 
         path = unit_path(unit)
         self.manager.AddObject(path, SCOPE_IFACE, {
             "DeviceAllow": dbus.Array([dbus.Struct(e) for e in device_allow], signature="(ss)"),
-            "DevicePolicy": "strict"}, dbus.Array([], signature="(ssss)"), dbus_interface=MOCK_IFACE)
+            "DevicePolicy": policy}, dbus.Array([], signature="(ssss)"), dbus_interface=MOCK_IFACE)
         self.manager.TestConfigure(unit, json.dumps({"log": str(self.log), **cfg}), dbus_interface=MANAGER)
+
+    def set_scope_policy(self, unit: str, policy: str, device_allow) -> None:
+        """What runc's systemd driver does in Set: DevicePolicy, DeviceAllow reset and refilled (straight
+        into the mock's object: not a SetUnitProperties call, which calls() would count as the daemon's)."""
+        import dbus
+
+        self.conn.get_object(SYSTEMD, unit_path(unit)).UpdateProperties(SCOPE_IFACE, {
+            "DeviceAllow": dbus.Array([dbus.Struct(e) for e in device_allow], signature="(ss)"),
+            "DevicePolicy": policy}, dbus_interface=MOCK_IFACE)
 
     def calls(self) -> list:
         return [list(args) for _, args in self.manager.GetMethodCalls("SetUnitProperties", dbus_interface=MOCK_IFACE)]

@@ -192,6 +192,26 @@ def test_unit_text_reset_and_order(fakehost):
     assert read_scope_files(root, "../../etc/passwd") is None
 
 
+def test_scope_files_read_the_transient_units_own_drop_ins(fakehost):
+    """SetUnitProperties on a transient unit (every container scope) writes its drop-ins beside the unit,
+    /run/systemd/transient/<scope>.d/ (systemd's unit_drop_in_dir), which is where runc's Set puts
+    DevicePolicy=strict and DeviceAllow; without a bus they are what a reload re-applies. The runtime
+    control directory's file of the same name wins (earlier in systemd's search path)."""
+    scope = "cri-containerd-abc.scope"
+    fakehost.write(f"/run/systemd/transient/{scope}", "[Scope]\nDelegate=yes\nSlice=system.slice\n")
+    fakehost.write(f"/run/systemd/transient/{scope}.d/50-DevicePolicy.conf", "[Scope]\nDevicePolicy=strict\n")
+    fakehost.write(f"/run/systemd/transient/{scope}.d/50-DeviceAllow.conf",
+                   "[Scope]\nDeviceAllow=\nDeviceAllow=/dev/char/1:3 rwm\nDeviceAllow=/dev/char/195:0 rw\n")
+    fakehost.write(f"/run/systemd/transient/{scope}.d/60-x.conf", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
+    fakehost.write(f"/run/systemd/system.control/{scope}.d/60-x.conf", "[Scope]\nDeviceAllow=/dev/char/195:8 rw\n")
+    root = HostRoot(str(fakehost.root))
+    sd = read_scope_files(root, scope)
+    assert sd.policy == "strict"
+    assert sd.entries == (("/dev/char/1:3", "rwm"), ("/dev/char/195:0", "rw"), ("/dev/char/195:8", "rw"))
+    sd = map_entries(root, sd, Majors({"nvidia-frontend": 195}))
+    assert sd.covers(Device("c", 195, 0), "rw") and not sd.covers(Device("c", 195, 1), "rw")
+
+
 def test_unit_settings_char_star():
     assert unit_settings("DeviceAllow=char-* rwm\n") == (("allow", ("char-*", "rwm")),)
 

@@ -275,6 +275,13 @@ def exec_fifo_path(c: Container) -> str | None:
     return os.path.dirname(c.state_path) + "/exec.fifo" if c.state_path else None
 
 
+def still_creating(root: HostRoot, c: Container) -> bool:
+    """Whether the runtime is still creating the container now: its exec.fifo there, its state file not
+    yet (what _status calls "creating", asked again of the files)."""
+    fifo = exec_fifo_path(c)
+    return bool(c.state_path and fifo) and not _exists(root, str(c.state_path)) and _exists(root, str(fifo))
+
+
 def _status(root: HostRoot, c: Container) -> str:
     fifo = exec_fifo_path(c)
     if c.state is None and fifo and _exists(root, fifo):

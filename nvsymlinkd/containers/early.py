@@ -10,7 +10,20 @@ runtime's caller, never by the container), reconstructs what the hook will grant
 (containers.hookgrant, trusted or nothing) plus the spec's own device rules, and adds to the scope
 what it lacks (SetUnitProperties, runtime=true): a reload after the hook keeps them.
 
+But not at UnitNew itself: runc makes the scope with no device properties at all (its systemd
+driver's Apply starts the unit with Description, Slice, Delegate, PIDs, the accounting switches,
+DefaultDependencies and the spec's SystemdProps: libcontainer/cgroups/systemd v1.go/v2.go) and sends
+its device policy only in Set, which initProcess.start calls at procHooks, right before the prestart
+hooks (DevicePolicy=strict, an empty DeviceAllow= that resets the list, then one entry per rule:
+cgroups/devices/systemd.go). Until then the scope reads DevicePolicy=auto with no entries, which is
+"no restriction": judged then, the scope lacks nothing (the chaos soak's early path said so for every
+container). Entries added then would be wrong twice over: on an `auto` scope they make systemd
+restrict the cgroup to them (an allow-list) while runc's init still creates the container's nodes,
+and runc's Set resets them a moment later. So the daemon waits until the runtime's policy is visible
+(runtime_policy_set), while the container is still being created, and judges then.
+
     scope_of_cgroups_path("system.slice:cri-containerd:ID")  # "cri-containerd-ID.scope"
+    runtime_policy_set(scope_devices)                        # the runtime's Set has landed
     missing_entries(expected, scope_devices)                 # [(Device, Access)] to add
 """
 
@@ -44,6 +57,15 @@ def scope_of_cgroups_path(cgroups_path: str | None) -> str | None:
             (prefix and not UNIT_PART.fullmatch(prefix)):
         return None
     return f"{prefix}-{name}.scope"
+
+
+def runtime_policy_set(scope_devices: Any) -> bool:
+    """Whether the scope shows a runtime's device policy (a DevicePolicy other than auto, or any
+    DeviceAllow entry): what runc's Set sends. A scope systemd does not know (None) shows none. A scope
+    that still reads auto with no entries when its container leaves creation (a privileged container:
+    runc's allow-all is exactly that; crun, which programs the cgroup itself) is not restricted by
+    systemd at all, and a reload takes nothing from it."""
+    return scope_devices is not None and (scope_devices.policy != "auto" or bool(scope_devices.entries))
 
 
 def missing_entries(expected: Expected, scope_devices: Any) -> list[tuple[Device, Access]]:

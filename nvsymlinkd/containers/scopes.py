@@ -4,8 +4,12 @@ Sources, best first:
   1. D-Bus: org.freedesktop.systemd1.Scope.DeviceAllow/DevicePolicy of the
      unit (live value; DBUS_SYSTEM_BUS_ADDRESS honoured; short timeouts).
   2. Files systemd writes for transient units: /run/systemd/transient/<scope>,
-     then drop-ins /run/systemd/system.control/<scope>.d/*.conf (runtime
-     SetUnitProperties) in name order; an empty `DeviceAllow=` resets the list.
+     then its drop-ins in name order: SetUnitProperties on a transient unit
+     writes them beside it, /run/systemd/transient/<scope>.d/*.conf (systemd's
+     unit_drop_in_dir: "drop-ins for transient units always into the transient
+     directory"; the VM's s03 reads them there), and /run/systemd/system.control/
+     <scope>.d/*.conf, the runtime control directory, which wins where both
+     hold one name; an empty `DeviceAllow=` resets the list.
 Neither -> None: the caller reports `unknown` for this check.
 
 Entry forms (REFERENCE.md): `/dev/char/M:m` (parsed without stat by systemd
@@ -20,6 +24,7 @@ import fnmatch
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
 
 from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
@@ -114,18 +119,20 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
         found = True
     except OSError:
         pass
-    dropins = f"{CONTROL_DIR}/{scope}.d"
-    if files is not None:
-        listed = files.names(root.path(dropins))
-        names = sorted(n for n in listed or () if n.endswith(".conf"))
-    else:
+    # one name in both directories: the one earlier in systemd's search path (system.control) is used
+    dropins: dict = {}
+    for folder in (f"{TRANSIENT_DIR}/{scope}.d", f"{CONTROL_DIR}/{scope}.d"):
+        if files is not None:
+            listed = files.names(root.path(folder))
+        else:
+            try:
+                listed = os.listdir(root.path(folder))
+            except OSError:
+                listed = None
+        dropins.update((n, f"{folder}/{n}") for n in listed or () if n.endswith(".conf"))
+    for name in sorted(dropins)[:256]:
         try:
-            names = sorted(n for n in os.listdir(root.path(dropins)) if n.endswith(".conf"))
-        except OSError:
-            names = []
-    for name in names[:256]:
-        try:
-            settings = settings_of(f"{dropins}/{name}")
+            settings = settings_of(dropins[name])
         except OSError:
             continue
         _apply_settings(settings, entries, policy)
@@ -238,6 +245,80 @@ async def _scope_devices(bus, scope: str, slots: asyncio.Semaphore):
         return None
     entries = tuple((str(p), str(a)) for p, a in allow.value)
     return ScopeDevices(scope, "dbus", str(policy.value) if policy is not None else "auto", entries, ())
+
+
+async def _read_policy(bus, path: str, scope: str) -> ScopeDevices | None:
+    """DevicePolicy and DeviceAllow of the scope at object path `path`, two Gets pipelined (small
+    replies: a GetAll of a scope carries every cgroup property, and this is asked again and again)."""
+    from dbus_next import Message, MessageType
+
+    def get(name: str) -> Message:
+        return Message(destination=SYSTEMD, path=path, interface="org.freedesktop.DBus.Properties",
+                       member="Get", signature="ss", body=[SCOPE_IFACE, name])
+    policy, allow = await asyncio.gather(*(asyncio.wait_for(bus.call(get(n)), BUS_TIMEOUT)
+                                           for n in ("DevicePolicy", "DeviceAllow")))
+    if any(r is None or r.message_type != MessageType.METHOD_RETURN for r in (policy, allow)):
+        return None  # the unit went away (or is no scope)
+    entries = tuple((str(p), str(a)) for p, a in allow.body[0].value)
+    return ScopeDevices(scope, "dbus", str(policy.body[0].value), entries, ())
+
+
+async def _poll_bus(scope: str, ready, timeout: float, interval: float, address: str | None):
+    """(ScopeDevices or None, polls) over one connection: asked until ready(sd) or timeout."""
+    from dbus_next import Message, MessageType
+    from dbus_next.aio import MessageBus
+
+    if address is None:
+        address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/var/run/dbus/system_bus_socket"
+    quiet_dropped_writes()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    bus = await asyncio.wait_for(MessageBus(bus_address=address).connect(), BUS_TIMEOUT)
+    try:
+        reply = await asyncio.wait_for(bus.call(Message(
+            destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
+            signature="s", body=[scope])), BUS_TIMEOUT)
+        if reply is None or reply.message_type != MessageType.METHOD_RETURN:
+            return None, 1
+        path, polls = reply.body[0], 0
+        while True:
+            sd = await _read_policy(bus, path, scope)
+            polls += 1
+            if sd is None or ready(sd) or loop.time() >= deadline:
+                return sd, polls
+            await asyncio.sleep(interval)
+    finally:
+        await close(bus)
+
+
+def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: float,
+                   use_bus: bool | None = None) -> tuple:
+    """(ScopeDevices, unmapped, or None when neither source knows the scope; polls) read again every
+    `interval` seconds until ready(ScopeDevices) is true or `timeout` has passed: a scope the runtime is
+    still setting up (containers.early). D-Bus on one connection (the live values), else systemd's files;
+    a bus that fails midway leaves the files for the time that is left."""
+    if not SCOPE_NAME.fullmatch(scope):
+        return None, 0
+    if use_bus is None:
+        use_bus = bus_allowed(root)
+    start = time.monotonic()
+    if use_bus:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # (a thread with no loop: the daemon's executor, the CLI)
+            try:
+                sd, polls = asyncio.run(_poll_bus(scope, ready, timeout, interval, None))
+                if sd is not None:
+                    return sd, polls
+            except Exception:  # noqa: BLE001 - no bus, refused, timed out: the files are the fallback
+                pass
+    polls = 0
+    while True:
+        sd = read_scope_files(root, scope)
+        polls += 1
+        if sd is None or ready(sd) or time.monotonic() - start >= timeout:
+            return sd, polls
+        time.sleep(interval)
 
 
 def _by_number(sd: ScopeDevices) -> bool:

@@ -5,7 +5,9 @@
 with ("DeviceAllow", Variant("a(ss)", [("/dev/char/195:0", "rw"), ...])). systemd
 appends the entries (the same path updates in place) and re-applies the unit's
 device policy at once; runtime=true keeps them for the unit's lifetime, across
-daemon-reloads, without writing a drop-in to disk.
+daemon-reloads: systemd writes them as a drop-in under /run (for a transient unit, every
+container scope, beside it: /run/systemd/transient/<unit>.d/50-DeviceAllow.conf), gone
+at reboot and with the unit.
 
 The bus is DBUS_SYSTEM_BUS_ADDRESS when set (tests use a private bus), else the
 standard system bus socket. Each call opens its own connection: repairs are

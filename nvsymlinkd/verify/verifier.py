@@ -27,6 +27,7 @@ from nvsymlinkd.containers.discovery import (
     display_name,
     exec_fifo_path,
     find,
+    still_creating,
 )
 from nvsymlinkd.containers.expected import (
     Expected,
@@ -36,7 +37,7 @@ from nvsymlinkd.containers.expected import (
 )
 from nvsymlinkd.containers.hookgrant import HookRequest, legacy_hook, reconstruct
 from nvsymlinkd.containers.ocispec import CDI_ANNOTATION, gpu_signs
-from nvsymlinkd.containers.scopes import ScopeDevices, read_scopes
+from nvsymlinkd.containers.scopes import ScopeDevices, map_entries, read_scopes, wait_for_scope
 from nvsymlinkd.devchar.snapshot import observe, read_majors
 from nvsymlinkd.host.devices import RW, Access, Device
 from nvsymlinkd.host.nodescan import scan_nodes
@@ -58,6 +59,11 @@ UNKNOWN = FindingKind.UNKNOWN
 KINDS = tuple(FindingKind)
 # Container verdicts, worst first.
 VERDICTS = GPU_VERDICTS
+# A container being created: how long the daemon waits for the runtime's device policy to show on the
+# new scope (runc sends it right before the hooks; under qemu TCG 0.2-2 s after UnitNew), and how often
+# it asks. Past the wait, or once the state file is written, the scope is judged as it reads then.
+POLICY_WAIT = 30.0
+POLICY_POLL = 0.01
 
 
 @dataclass(frozen=True)
@@ -731,7 +737,11 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     DeviceAllow lacks: from the spec's rules and the trusted reconstruction only, and a line saying what
     was expected and what the scope read, for the debug journal); None when no such
     container is known (the scope is no container's being created, or the runtime wrote no bundle)."""
-    from nvsymlinkd.containers.early import missing_entries, scope_of_cgroups_path
+    from nvsymlinkd.containers.early import (
+        missing_entries,
+        runtime_policy_set,
+        scope_of_cgroups_path,
+    )
 
     # being created: runc's exec.fifo and no state.json yet (runc makes the fifo before the scope)
     found = [c for c in discover(root) if c.status == "creating" and c.spec is not None
@@ -745,7 +755,18 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     expected = expected_access(candidates, c.spec, None, None, hook)
     if not expected.devices:
         return c, hook, [], "nothing trusted grants it an NVIDIA device"
-    scope = read_scopes(root, [unit], ctx.majors, use_bus).get(unit)
-    seen = "unknown" if scope is None else f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries"
+    # runc makes the scope with no device properties and sends its policy (Set) only right before the
+    # hooks: until then the scope reads "no restriction", which it will not be (containers.early)
+    waited = time.monotonic()
+    raw, polls = wait_for_scope(root, unit, lambda sd: runtime_policy_set(sd) or not still_creating(root, c),
+                                POLICY_WAIT, POLICY_POLL, use_bus)
+    waited = time.monotonic() - waited
+    scope = None if raw is None else map_entries(root, raw, ctx.majors)
+    if scope is None:
+        seen = "unknown (-)"
+    else:
+        seen = (f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries ({scope.source}), "
+                f"after {waited * 1000:.0f} ms and {polls} reads"
+                + ("" if runtime_policy_set(scope) else " (no device policy from the runtime: not restricted)"))
     return c, hook, missing_entries(expected, scope), \
-        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen} ({scope.source if scope else '-'})"
+        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen}"
