@@ -430,3 +430,27 @@ def test_differential_generator_interpreter_kernel(v2, tmp_path, capsys):
         counts["probes"] += 2 * len(samples)
     with capsys.disabled():
         print(f"\ndifferential (seed {SEED}): " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+
+
+@pytest.mark.parametrize("where", ["same", "below"])
+def test_a_plain_container_in_the_same_cgroup_makes_the_repair_refuse(gpu, fakehost, nvsymlinkd_cli, where):
+    """A device program applies to its cgroup and everything below it: a container without GPUs whose cgroup
+    is the GPU container's (or below it) would have its devices changed too. The report holds only GPU
+    containers; the sharing check must see every container the discovery found."""
+    g = gpu()
+    g.runtime_program(LOST)
+    plain = "plain-5e1f0aa2"
+    cgroup = g.cgroup if where == "same" else f"{g.cgroup}/{plain}"
+    pid = Layouts(fakehost, next_pid=41000).containerd(plain, oci_spec(), cgroup=cgroup)  # not the GPU one's pid
+    fakehost.write(f"/proc/{pid}/cgroup", Layouts.v2_cgroup(cgroup))
+    proc, doc = repair_cli(nvsymlinkd_cli, g, g.cid)
+    (res,) = doc["containers"]
+    assert res["status"] == "cannot-repair" and "also holds another container" in res["cannot"], res
+    assert g.kernel()[0] == "deny" and g.own()[0] != ["nvsymlinkd"]
+    # and the daemon's pass over only the GPU container (runtime state events) sees the plain one too
+    from nvsymlinkd.verify.verifier import verify_all
+
+    report = verify_all(g.root, Config(), use_bus=False, with_host=False, only=frozenset({g.cid}))
+    (result,) = repair_all(g.root, Config(repair="auto"), report=report, history=RepairHistory(), use_bus=False)
+    assert result.status == "cannot-repair" and "also holds another container" in result.plan.cannot, result
+    assert g.kernel()[0] == "deny"

@@ -871,7 +871,9 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         request = requests_from_report(c)
         if request is None:
             continue
-        others = [o.cgroup.get("unified") for o in report.containers if o.id != c.id]
+        # every other container the discovery found, GPU or not (a report holds only GPU containers)
+        others = [path for cid, path in report.cgroups_v2 if cid != c.id] + \
+            [o.cgroup.get("unified") for o in report.containers if o.id != c.id]
         results.append(repair_container(root, config, request, dry_run=dry_run, history=history, clock=clock,
                                         journal=journal, window=window, reverify=reverify, lock_wait=lock_wait,
                                         force=force, by_hand=by_hand, others_v2=others))

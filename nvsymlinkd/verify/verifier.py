@@ -510,6 +510,9 @@ class Report:
     host: list  # hostcheck.HostFinding
     not_gpu: int = 0
     seconds: float = 0.0
+    # (container id, cgroup v2 path) of every container discovered, GPU or not, also in a pass over only some
+    # (a repair that replaces a cgroup's device program must see every container it would touch)
+    cgroups_v2: tuple = ()
 
     @property
     def problems(self) -> list:
@@ -693,6 +696,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         ctx.host = cache.same("host", ctx.host)
         ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)
     containers = discover(root, cache.files if cache is not None else None)
+    cgroups_v2 = tuple((c.id, c.cgroup_v2) for c in containers if c.cgroup_v2 is not None)
     if only is not None:
         containers = [c for c in containers if c.id in only]
     prepared = [_prepare(root, config, ctx, c, cache) for c in containers]
@@ -713,7 +717,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     if cache is not None:
         cache.end_pass(drop_unused=only is None)  # a pass over some containers keeps the others' entries
-    return Report(reports, host, not_gpu, time.perf_counter() - start)
+    return Report(reports, host, not_gpu, time.perf_counter() - start, cgroups_v2)
 
 
 def verify_container(root: HostRoot, config: Config, container_id_or_scope: str, update_baseline: bool = False,
