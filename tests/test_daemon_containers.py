@@ -699,6 +699,9 @@ def test_a_new_scope_is_judged_once_the_runtime_has_set_its_device_policy(runc_h
                                                        ("/dev/char/195:255", "rw"), ("/dev/char/1:3", "rwm")]
     assert cid in d.lines[i] and "c 195:1 rw" in d.lines[i], d.lines[i]
     assert took < 5.0, took
+    # with the fields every container entry has (CONTAINER_ID=, UNIT=: `journalctl CONTAINER_ID=...` finds it)
+    (fields,) = [f for m, f in d.entries(mark) if "being created: added" in m]
+    assert fields.get("CONTAINER_ID") == cid and fields.get("UNIT") == unit, fields
 
 
 def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, systemd_mock, start_daemon):

@@ -166,6 +166,7 @@ class ContainerWatch(ContainerHook):
         if not missing:
             self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing ({seen})")
             return None
+        self.journal.debug(f"container {c.id} ({unit}) being created: {seen}")
         entries = [(d.dev_path, str(a)) for d, a in missing]
         shown = ", ".join(f"{d} {a}" for d, a in missing)
         try:
@@ -173,11 +174,11 @@ class ContainerWatch(ContainerHook):
         except SystemdCallError as exc:
             self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot add {shown} "
                              f"to its DeviceAllow: {exc}; the pass after its state is written tries again",
-                             CONTAINER_ID=c.id, UNIT=unit)
+                             container_id=c.id, unit=unit)
             return None
         self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: added {shown} to its "
                          "DeviceAllow before its hooks ran (its spec and the NVIDIA hook's grant), so a reload "
-                         "keeps them", CONTAINER_ID=c.id, UNIT=unit)
+                         "keeps them", container_id=c.id, unit=unit)
         return entries
 
     # -- the worker -----------------------------------------------------------

@@ -17,6 +17,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -37,9 +38,11 @@ from stacks import (
 )
 from vmguest import (
     MODULES,
+    SRC,
     WORK,
     daemon_reexec,
     daemon_reload,
+    journal,
     journal_cursor,
     load_fake_driver,
     mknod,
@@ -51,6 +54,7 @@ from vmguest import (
 
 from nvsymlinkd.access.cgroup import ALLOW, read_access
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.journal import MESSAGE_IDS
 
 HOOK_LOG = "/run/vmtest/nvidia-hook.log"
 CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
@@ -58,6 +62,7 @@ FOREIGN_LINK = "10:250"          # planted by hand: nvsymlinkd must leave it alo
 FILL = "/run/chaos-fill"
 RUNC_ROOTFS = "/var/lib/vmtest/chaos-rootfs"
 UNIT = "nvsymlinkd.service"
+BPFDROP = os.path.join(SRC, "tests", "bpfdrop.py")
 
 
 def unified() -> bool:
@@ -166,7 +171,9 @@ class Ctr:
 
 
 class RuncPlain:
-    """Plain runc with the systemd cgroup driver, the devices in the spec (no hook)."""
+    """Plain runc, the devices in the spec (no hook): with the systemd cgroup driver (runc-spec), or with
+    its cgroupfs driver (runc-cgroupfs, issue 28: cgroupsPath /chaos/<name>, outside systemd's units; on
+    cgroup v2 its device program is runc's own, which only the bpf-program repair gives back)."""
 
     def ensure_rootfs(self) -> None:
         if not os.path.exists(os.path.join(RUNC_ROOTFS, "bin", "gpupoll")):
@@ -174,7 +181,7 @@ class RuncPlain:
             with tarfile.open(build_rootfs_tar()) as tar:
                 tar.extractall(RUNC_ROOTFS)
 
-    def run(self, name: str) -> tuple:
+    def run(self, name: str, systemd: bool = True) -> tuple:
         self.ensure_rootfs()
         bundle = os.path.join(WORK, "chaos-bundles", name)
         os.makedirs(bundle, exist_ok=True)
@@ -189,7 +196,7 @@ class RuncPlain:
                                "options": ["nosuid", "nodev", "mode=1777"]})
         nodes = {p: d for p, d in nvidia_nodes().items() if p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")}
         linux = spec["linux"]
-        linux["cgroupsPath"] = f"system.slice:runc:{name}"
+        linux["cgroupsPath"] = f"system.slice:runc:{name}" if systemd else f"/chaos/{name}"
         linux["devices"] = [{"path": p, "type": "c", "major": d[0], "minor": d[1], "fileMode": 0o666,
                              "uid": 0, "gid": 0} for p, d in nodes.items()]
         linux.setdefault("resources", {})["devices"] = (
@@ -198,7 +205,8 @@ class RuncPlain:
         with open(path, "w") as f:
             json.dump(spec, f)
         with open(os.path.join(WORK, f"{name}.out"), "w") as out:
-            proc = subprocess.run(["runc", "--systemd-cgroup", "run", "--detach", "--bundle", bundle, name],
+            proc = subprocess.run(["runc"] + (["--systemd-cgroup"] if systemd else [])
+                                  + ["run", "--detach", "--bundle", bundle, name],
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"runc run {name} exited {proc.returncode}")
@@ -226,6 +234,11 @@ class Soak:
         self.nvidia_majors = {195}
         self.uvm_major = 0
         self.rss_start: Optional[int] = None
+        self.resync = 60.0                # the daemon's resync_interval now (its default until a sighup step)
+        self.dropped: Optional[tuple] = None   # (container, wall time) of this step's cgroupfs-drop
+        self.dropped_last = -1e9          # monotonic time of the last cgroupfs-drop (the repair rate limit)
+        self.drop_to_repair: List[float] = []
+        self.margins: List[tuple] = []    # (container, seconds its early prevention came before the hook's grant)
         self.records: List[dict] = []
         self.violations: List[str] = []
         self.cursor = ""
@@ -255,7 +268,7 @@ class Soak:
         self.sc.timing("setup_docker_s", self.docker.start())
         self.sc.timing("setup_containerd_s", self.containerd.start())
         self.sc.timing("setup_podman_s", self.podman_crun.start())
-        for slot in chaos.GPU_SLOTS + chaos.PLAIN_SLOTS + (chaos.ROGUE_SLOT,):
+        for slot in chaos.GPU_SLOTS + chaos.PLAIN_SLOTS + (chaos.ROGUE_SLOT, chaos.CGROUPFS_SLOT):
             self.create(slot)
         for ctr in self.ctrs.values():
             if ctr.role == "gpu":
@@ -324,8 +337,8 @@ class Soak:
         elif slot == "podman-plain":
             c = self.podman_crun.run_plain(name)
             role = "plain"
-        elif slot == "runc-spec":
-            cid, pid, spec_path = self.runc.run(name)
+        elif slot in ("runc-spec", chaos.CGROUPFS_SLOT):
+            cid, pid, spec_path = self.runc.run(name, systemd=slot == "runc-spec")
             ctr = Ctr(slot, name, cid, pid, "gpu", spec_path=spec_path)
             ctr.grant = self.grant_of(ctr)
             self.ctrs[slot] = ctr
@@ -344,7 +357,28 @@ class Soak:
         ctr = Ctr(slot, name, c.id, pid, role, spec_path=spec_path)
         ctr.grant = self.grant_of(ctr)
         self.ctrs[slot] = ctr
+        if role == "gpu":
+            self.early_margin(ctr)
         return ctr
+
+    def early_margin(self, ctr: Ctr) -> None:
+        """For a hook-granted container: how long before the NVIDIA hook's grant the daemon had added it to
+        the new scope's DeviceAllow (its "being created: added" entry, written once SetUnitProperties
+        returned), in seconds; negative: a reload in between could have taken the grant (the race)."""
+        grant_at = None
+        try:
+            with open(HOOK_LOG) as f:
+                for line in f:
+                    m = re.match(rf"pid {ctr.pid}: v[12] (?:grant|devices\.allow) \[.*?\].* at ([\d.]+)$", line)
+                    if m:
+                        grant_at = float(m.group(1))
+        except OSError:
+            return
+        if grant_at is None:
+            return
+        added = [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in journal(unit=UNIT, container_id=ctr.id)
+                 if "being created: added" in str(e.get("MESSAGE"))]
+        self.margins.append((ctr.name, round(grant_at - added[0], 3) if added else None))
 
     def grant_of(self, ctr: Ctr) -> set:
         """What the runtime granted (rw): the spec's device rules, plus what the NVIDIA hook wrote
@@ -474,8 +508,62 @@ class Soak:
             return
         elif kind == "dbus-restart":
             sh("systemctl", "restart", "dbus.service", timeout=120)
+        elif kind == chaos.CGROUPFS_DROP:
+            self.drop_gpu(seed)
         if then_reload:
             daemon_reload()
+
+    def drop_gpu(self, seed: int) -> None:
+        """cgroupfs-drop: the cgroupfs container's device program replaced by one without c 195:0, as a
+        runtime's re-apply does (tests/bpfdrop.py: attached with BPF_F_ALLOW_MULTI, the old one detached).
+        Within the daemon's repair rate limit of the last drop the slot first gets a new container."""
+        if time.monotonic() - self.dropped_last < chaos.REPAIR_WINDOW_S + 30:
+            self.remove(chaos.CGROUPFS_SLOT)
+            self.create(chaos.CGROUPFS_SLOT)
+            self.sc.fact(f"seed{seed}_cgroupfs_recreated_for_the_rate_limit", self.ctrs[chaos.CGROUPFS_SLOT].name)
+        ctr = self.ctrs[chaos.CGROUPFS_SLOT]
+        ok, _ = wait_for(lambda: ctr.poll_log().last_alive, timeout=30, interval=0.2)
+        if not ok:
+            raise RuntimeError(f"{ctr.name}: its poller is not polling; nothing to drop")
+        cgroup = "/sys/fs/cgroup" + proc_cgroups(ctr.pid)[""]
+        sh(sys.executable, BPFDROP, cgroup, "c 195:0", env=dict(os.environ, PYTHONPATH=SRC), timeout=60)
+        self.dropped = (ctr, time.time())
+        self.dropped_last = time.monotonic()
+
+    def judge_drop(self, step: chaos.Step, rec: dict, t_action_end: float) -> List[str]:
+        """After cgroupfs-drop: the daemon's repair-done for the container, by the bpf-program mechanism,
+        within the step's bound after its action (the daemon's next pass), and no denied open after it."""
+        ctr, t_drop = self.dropped
+        self.dropped = None
+        bound = t_action_end - t_drop + step.drop_budget_s(self.resync)
+
+        def repaired():
+            for e in journal(message_id=MESSAGE_IDS["repair-done"]):
+                if e.get("CONTAINER_ID") == ctr.id and int(e.get("__REALTIME_TIMESTAMP", 0)) / 1e6 >= t_drop:
+                    return e
+            return None
+        entry, _ = wait_for(repaired, timeout=max(1.0, t_drop + bound - time.time()), interval=0.5)
+        if entry is None:
+            return [f"{ctr.name}: no repair-done {bound:.0f} s after its device program lost c 195:0 "
+                    f"(resync_interval {self.resync:g} s)"]
+        at = int(entry["__REALTIME_TIMESTAMP"]) / 1e6
+        took = at - t_drop
+        rec["drop_to_repair_s"] = round(took, 3)
+        self.drop_to_repair.append(round(took, 3))
+        out = []
+        if entry.get("NVSYMLINKD_MECHANISM") != "bpf-program" or "c 195:0:rw" not in str(entry.get("NVSYMLINKD_DEVICES")):
+            out.append(f"{ctr.name}: repaired, but not by bpf-program with c 195:0 rw: "
+                       f"{entry.get('NVSYMLINKD_MECHANISM')} {entry.get('NVSYMLINKD_DEVICES')}")
+        if took > bound:
+            out.append(f"{ctr.name}: repaired {took:.1f} s after the drop, beyond its next pass ({bound:.1f} s)")
+        ok, _ = wait_for(lambda: ctr.poll_log().last_alive > at + 0.5, timeout=10, interval=0.2)
+        log = ctr.poll_log()
+        late = [round(t - at, 3) for t, _ in log.denied if t > at + 0.05]
+        if late or log.open_window is not None:
+            out.append(f"{ctr.name}: denied opens after its repair: {late[:5]} ({log.summary()})")
+        if not log.denied:
+            out.append(f"{ctr.name}: the poller never saw the drop (EPERM): {log.summary()}")
+        return out
 
     def write_config(self, resync: str) -> None:
         try:
@@ -484,6 +572,7 @@ class Soak:
         except FileNotFoundError:
             lines = []
         lines.append(f"resync_interval = {resync}")
+        self.resync = float(resync)
         with open(CONFIG + ".tmp", "w") as f:
             f.write("\n".join(lines) + "\n")
         os.rename(CONFIG + ".tmp", CONFIG)
@@ -569,7 +658,10 @@ class Soak:
         rec.setdefault("judge_parts_s", {})["c"] = round(time.time() - t_action_end, 2)
         # (b) nothing unearned; a granted device lost beyond the budget
         bad, lost, disagree = self.access()
-        deadline = t_action_end + step.budget_s
+        budget = step.budget_s
+        if step.kind == chaos.CGROUPFS_DROP and self.dropped is not None:  # the loss began at the drop
+            budget = t_action_end - self.dropped[1] + step.drop_budget_s(self.resync)
+        deadline = t_action_end + budget
         while lost and time.time() < deadline:
             time.sleep(0.1)
             bad2, lost, disagree = self.access()
@@ -591,13 +683,15 @@ class Soak:
             if ctr in self.ctrs.values() and not log.last_alive and not wait_for(
                     lambda c=ctr: c.poll_log().last_alive, timeout=30, interval=0.2)[0]:
                 viol.append(f"{ctr.name}: its poller has not said ALIVE in 30 s (not running?)")
-        if open_ and step.budget_s:
-            time.sleep(min(step.budget_s, max(0.0, t_action_end + step.budget_s - time.time())))
-        den = chaos.judge_denials(windows, open_, t_start, time.time(), step.budget_s)
+        if open_ and budget:
+            time.sleep(min(budget, max(0.0, t_action_end + budget - time.time())))
+        den = chaos.judge_denials(windows, open_, t_start, time.time(), budget)
         rec["worst_s"] = round(den.worst_s, 3)
         rec["denied_opens"] = den.denied_opens
         viol += den.violations
         rec.setdefault("judge_parts_s", {})["a"] = round(time.time() - t_action_end, 2)
+        if self.dropped is not None:
+            viol += self.judge_drop(step, rec, t_action_end)
         # (e) nothing frozen stays frozen
         viol += chaos.judge_frozen(self.frozen())
         self.retired = []
@@ -671,8 +765,15 @@ class Soak:
         disagree = [d for r in self.records for d in r.get("engine_disagrees", [])]
         self.sc.fact("engine_kernel_disagreements", disagree[:50])
         self.sc.fact("links_converge_worst_s", max((r["links_ok_after_s"] for r in self.records), default=0))
-        with open(os.path.join(os.environ.get("VM_RESULTS", "/mnt/run/results"), "chaos-steps.json"), "w") as f:
+        self.sc.fact("cgroupfs_drop_to_repair_s", self.drop_to_repair)
+        self.sc.fact("early_prevention_before_hook_grant_s", self.margins)
+        late = [m for m in self.margins if m[1] is None or m[1] < 0]
+        self.sc.fact("early_prevention_late_or_missing", late)
+        results = os.environ.get("VM_RESULTS", "/mnt/run/results")
+        with open(os.path.join(results, "chaos-steps.json"), "w") as f:
             json.dump(self.records, f, indent=1)
+        if os.path.exists(HOOK_LOG):     # each grant's wall time, beside the daemon's journal (the race window)
+            shutil.copy(HOOK_LOG, os.path.join(results, "nvidia-hook.log"))
 
     def cleanup(self) -> None:
         for slot in list(self.ctrs):

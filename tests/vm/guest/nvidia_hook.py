@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import sys
+import time
 
 sys.path[:0] = ["/mnt/src/tests", "/mnt/src"]
 
@@ -33,9 +34,10 @@ LOG = "/run/vmtest/nvidia-hook.log"
 
 
 def log(msg: str) -> None:
+    """One line, the wall time at its end (the chaos soak measures the grant against the daemon's journal)."""
     os.makedirs(os.path.dirname(LOG), exist_ok=True)
     with open(LOG, "a") as f:
-        f.write(msg + "\n")
+        f.write(f"{msg} at {time.time():.3f}\n")
 
 
 def unified() -> bool:
@@ -133,6 +135,7 @@ def prestart(state: dict) -> None:
 
 def main() -> None:
     state = json.load(sys.stdin)
+    log(f"{state.get('id')}: hook started for pid {state.get('pid')}")
     try:
         if sys.argv[1:] == ["prestart"]:
             prestart(state)

@@ -315,7 +315,7 @@ def set_device_allow(scope: str, path: str, access: str = "rw", runtime: bool = 
 
 
 def journal(unit: Optional[str] = None, message_id: Optional[str] = None,
-            after_cursor: Optional[str] = None) -> List[dict]:
+            after_cursor: Optional[str] = None, container_id: Optional[str] = None) -> List[dict]:
     """Journal entries of this boot as dicts (journalctl -o json), optionally filtered."""
     argv = ["journalctl", "-b", "--no-pager", "-o", "json"]
     if unit:
@@ -324,6 +324,8 @@ def journal(unit: Optional[str] = None, message_id: Optional[str] = None,
         argv += ["--after-cursor", after_cursor]
     if message_id:
         argv.append(f"MESSAGE_ID={message_id}")
+    if container_id:
+        argv.append(f"CONTAINER_ID={container_id}")
     out = sh(*argv, check=False).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
