@@ -57,6 +57,13 @@ def test_every_kind_is_drawn_over_the_full_seeds():
     assert kinds == set(chaos.WEIGHTS)
 
 
+def test_every_kind_is_drawn_over_the_ci_seeds():
+    """The default run's soak (s30, chaos.CI_SEEDS, fewer seeds than the full matrix's to keep CI
+    time) still meets every kind of step at least once: cut the seeds below that and this fails."""
+    kinds = {s.kind for seed in chaos.CI_SEEDS for s in chaos.draw_sequence(seed)}
+    assert kinds == set(chaos.WEIGHTS), sorted(set(chaos.WEIGHTS) - kinds)
+
+
 def test_parse_seeds():
     assert chaos.parse_seeds("3") == [3]
     assert chaos.parse_seeds("1,4, 9") == [1, 4, 9]

@@ -52,9 +52,10 @@ DEFAULT_BUDGET_S = 0.0
 # host-side daemon can prevent a grant it has not seen yet: the unpreventable budget.
 RACE_BUDGET_S = 1.0
 
-# CI runs these, as issue 17 asks (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md
-# "Chaos soak"); NVSYMLINKD_VM_MATRIX=full adds the other 40 in s31.
-CI_SEEDS = tuple(range(1, 11))
+# CI runs these (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md "Chaos soak";
+# five, not issue 17's ten, to keep CI under 40 minutes: issue 27); NVSYMLINKD_VM_MATRIX=full adds
+# the other 45 in s31.
+CI_SEEDS = tuple(range(1, 6))
 FULL_SEEDS = tuple(range(1, 51))
 STEPS_PER_SEQUENCE = 20
 
