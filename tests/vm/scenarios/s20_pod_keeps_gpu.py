@@ -16,7 +16,7 @@ In the default run (not NVSYMLINKD_VM_MATRIX=full) the same boot then runs s21's
 clean slate: one image build or load and one boot serve every pod proof (CI time, issue 27), and
 the reloads are 5, not 10. The full matrix runs s21 as its own cells on both hierarchies instead.
 """
-# vm: nvsymlinkd=off pod=yes timeout=2700 full=v1
+# vm: nvsymlinkd=off pod=yes timeout=3600 full=v1
 import glob
 import json
 import os
