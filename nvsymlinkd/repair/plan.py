@@ -28,7 +28,7 @@ from nvsymlinkd.host.devices import RW, Access, Device, Rule
 from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
 if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
-    from nvsymlinkd.verify.verifier import ContainerReport
+    from nvsymlinkd.verify.evaluate import ContainerReport
 
 # Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
 # grant as containers.hookgrant reconstructs it exactly, never a guess).

@@ -15,13 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Tuple
 
-from nvsymlinkd.verify.kinds import FindingKind, Verdict
+from nvsymlinkd.verify.kinds import JOURNAL_KINDS, FindingKind, Verdict
 
-if TYPE_CHECKING:  # the report types live with the verifier, which does I/O: for the annotations only
-    from nvsymlinkd.verify.verifier import ContainerReport, Finding, Report
+if TYPE_CHECKING:  # for the annotations only (verify/evaluate.py imports JOURNAL_KINDS from kinds, not here)
+    from nvsymlinkd.verify.evaluate import ContainerReport, Finding, Report
 
-# Journal kinds (keys of journal.MESSAGE_IDS): one per finding kind, plus "container-ok" for a recovered container.
-JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 # syslog priorities (journal.ERR, WARNING, NOTICE; journal.py is the writer, not imported by pure modules)
 ERR, WARNING, NOTICE = 3, 4, 5
 FINDING_PRIORITIES = {FindingKind.LOST: ERR, FindingKind.DENIED: ERR, FindingKind.AT_RISK_SCOPE: WARNING,
