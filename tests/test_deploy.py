@@ -306,7 +306,7 @@ PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.d
         "nvsymlinkd.access.bpfproof", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
         "nvsymlinkd.verify.journaldiff", "nvsymlinkd.verify.evaluate", "nvsymlinkd.messageids", "nvsymlinkd.text",
         "nvsymlinkd.containers.model",
-        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
+        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
         "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant",
         "nvsymlinkd.containers.early"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
@@ -318,6 +318,7 @@ IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", 
     "nvsymlinkd.verify.journaldiff", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
     "nvsymlinkd.access.bpfproof", "nvsymlinkd.containers.hookgrant", "nvsymlinkd.containers.early",
     "nvsymlinkd.verify.evaluate", "nvsymlinkd.containers.model", "nvsymlinkd.messageids", "nvsymlinkd.text",
+    "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "
