@@ -42,7 +42,7 @@ class _Stamp(mechanisms.Mechanism):
 
     def post_check(self, host, request, grants, verification):
         self.calls.append("post_check")
-        verification.update({str(g.device): {"state": "allow", "reason": "stamped"} for g in grants})
+        verification.update({g.device: {"state": "allow", "reason": "stamped"} for g in grants})
 
 
 def _request(cid="abc"):
@@ -62,6 +62,6 @@ def test_a_new_mechanism_is_one_class_and_one_table_entry(monkeypatch, tmp_path)
     done = repair_container(root, Config(), _request())
     assert done.status == RepairStatus.REPAIRED and done.steps == ["stamp c 195:0 rw"], done.to_json()
     assert stamp.calls == [("apply", root), "post_check"]
-    assert done.verification == {"c 195:0": {"state": "allow", "reason": "stamped"}}
+    assert done.verification == {Device.char(195, 0): {"state": "allow", "reason": "stamped"}}
     would = repair_container(root, Config(), _request(), dry_run=True)
     assert would.status == RepairStatus.WOULD and would.program == ["stamp would c 195:0 rw"]

@@ -138,6 +138,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     exception, which devices.list cannot show: the kernel's EPERM is the answer, and it is a failure."""
     from pathlib import Path
 
+    from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import repair_container, requests_from_report
     from nvsymlinkd.verify.verifier import verify_container
 
@@ -151,7 +152,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     res = repair_container(root, Config(), req)
     assert res.status == "failed"
     assert "parent cgroup does not allow it" in res.error and "EPERM" in res.error
-    assert res.verification["c 195:0"]["state"] == "deny"
+    assert res.verification[Device.char(195, 0)]["state"] == "deny"
     assert c.open_error("/dev/nvidia0") == "EPERM"
 
 

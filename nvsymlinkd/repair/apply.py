@@ -74,7 +74,7 @@ class RepairResult:
     plan: RepairPlan
     status: RepairStatus
     steps: list = field(default_factory=list)  # what was done, in order ("devices.allow c 195:0 rw", ...)
-    verification: dict = field(default_factory=dict)  # "c M:m" -> {"state", "reason"}
+    verification: dict = field(default_factory=dict)  # Device -> {"state", "reason"}
     error: str | None = None
     dry_run: bool = False
     program: list | None = None  # bpf-program: the new program's rules ("allow c 195:0 rw", ...)
@@ -92,7 +92,8 @@ class RepairResult:
         r = self.request
         return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": Verdict(r.kind).value,
                 "finding": r.reason, "status": RepairStatus(self.status).value, "dry_run": self.dry_run,
-                **self.plan.to_json(), "steps": list(self.steps), "verification": self.verification,
+                **self.plan.to_json(), "steps": list(self.steps),
+                "verification": {str(d): v for d, v in self.verification.items()},
                 "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
                 "container_name": r.container_name, "program": self.program}
 
@@ -129,10 +130,15 @@ class RepairResult:
             lines.append(f"  note: {note}")
         for rule in self.program or ():
             lines.append(f"  program: {rule}")
-        for dev, v in sorted(self.verification.items()):
+        for dev, v in _by_text(self.verification):
             if v["state"] != "allow":
                 lines.append(f"  {dev}: {v['state']}: {v['reason']}")
         return lines
+
+
+def _by_text(verification: dict) -> list:
+    """(Device, verdict) in the order of the devices' text, as the lines and the journal always listed them."""
+    return sorted(verification.items(), key=lambda item: str(item[0]))
 
 
 def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT,
@@ -156,7 +162,7 @@ def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     for g in grants:
         d = g.device
         v = policy.check(d.type, d.major, d.minor, g.access)
-        out[str(g.device)] = {"state": v.state, "reason": v.reason}
+        out[g.device] = {"state": v.state, "reason": v.reason}
     return out
 
 
@@ -170,7 +176,7 @@ def _journal(journal, result: RepairResult) -> None:
     r = result.request
     fields = dict(container_id=r.container_id, unit=r.scope, mechanism=result.plan.mechanism,
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
-                  verification="; ".join(f"{d}={v['state']}" for d, v in sorted(result.verification.items()))
+                  verification="; ".join(f"{d}={v['state']}" for d, v in _by_text(result.verification))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
                   container_name=r.container_name, forced=1 if result.plan.forced else None)
     kind = JOURNAL_KINDS.get(result.status)
@@ -206,7 +212,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
     force: bypass the rate limit (a person's `repair --force`; journaled as forced). by_hand: the
     result's words are for a typed command, not the daemon's.
 
-    reverify: optional (request, grants) -> {"c M:m": {"state", "reason"}} run after the kernel
+    reverify: optional (request, grants) -> {Device: {"state", "reason"}} run after the kernel
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
     others_v2: the other containers' cgroup v2 paths (a bpf-program repair never touches theirs).
     """
@@ -258,7 +264,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         if result.error is None:
             bad = {d: v for d, v in result.verification.items() if v["state"] != "allow"}
             if bad:
-                d, v = sorted(bad.items())[0]
+                d, v = _by_text(bad)[0]
                 result.error = f"the repair did not take: {d} is {v['state']} ({v['reason']})"
             else:
                 result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
@@ -323,11 +329,12 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         fresh = verifier.verify_container(root, config, request.container_id, use_bus=use_bus)
         out = {}
         if fresh is None:
-            return {str(g.device): {"state": "unknown", "reason": "the container is gone"} for g in grants}
+            return {g.device: {"state": "unknown", "reason": "the container is gone"} for g in grants}
+        granting = {g.device for g in grants}
         for f in fresh.findings:
             if f.kind in (FindingKind.LOST, FindingKind.AT_RISK_SCOPE, FindingKind.UNKNOWN):
                 for dev in f.devices:
-                    if any(str(g.device) == dev for g in grants):
+                    if dev in granting:
                         out[dev] = {"state": "deny" if f.kind != FindingKind.UNKNOWN else "unknown",
                                     "reason": f"verifier still finds {f.kind}: {f.detail}"}
         return out

@@ -19,7 +19,7 @@ from nvsymlinkd.errors import RepairError
 from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairPlan, RepairRequest, needed
 
 if TYPE_CHECKING:
-    from nvsymlinkd.host.devices import Rule
+    from nvsymlinkd.host.devices import Device, Rule
     from nvsymlinkd.repair.host import RepairHost
 
 # The mechanisms' names: the `mechanism` value in the JSON output and the journal
@@ -58,8 +58,8 @@ class Mechanism:
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[str, dict[str, str]]) -> None:
-        """After a successful apply and the kernel's view: mark in `verification` ("c M:m" -> state and
+                   verification: dict[Device, dict[str, str]]) -> None:
+        """After a successful apply and the kernel's view: mark in `verification` (Device -> state and
         reason) what this mechanism's own side does not show."""
         return None
 
@@ -123,20 +123,20 @@ def _set_device_allow(host: RepairHost, request: RepairRequest, grants: Sequence
 
 
 def _scope_holds(host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                 verification: dict[str, dict[str, str]]) -> None:
+                 verification: dict[Device, dict[str, str]]) -> None:
     """The systemd-side view: the scope's DeviceAllow must now hold every grant."""
     scope = needed(request.scope, "systemd unit")
     try:
         entries = host.systemd.device_allow(scope)
     except RepairError as exc:
         for g in grants:
-            if verification.get(str(g.device), {}).get("state") == "allow":
-                verification[str(g.device)] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
+            if verification.get(g.device, {}).get("state") == "allow":
+                verification[g.device] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
         return
     for g in grants:
         path = g.device.dev_path
         if not all(letter in entries.get(path, "") for letter in g.access):  # systemd's own text, unparsed
-            verification[str(g.device)] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
+            verification[g.device] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
                                            f"{path} {g.access} after SetUnitProperties"}
 
 
@@ -151,7 +151,7 @@ class Systemd(Mechanism):
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[str, dict[str, str]]) -> None:
+                   verification: dict[Device, dict[str, str]]) -> None:
         _scope_holds(host, request, grants, verification)
 
 
@@ -208,7 +208,7 @@ class DevicesAllowSystemd(Mechanism):
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[str, dict[str, str]]) -> None:
+                   verification: dict[Device, dict[str, str]]) -> None:
         _scope_holds(host, request, grants, verification)
 
 

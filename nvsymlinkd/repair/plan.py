@@ -215,24 +215,22 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
     a LOST request; at-risk-scope (and at-risk-not-in-spec devices the baseline expects) an
     AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
     """
-    wanted, kind, reasons = [], AT_RISK, []
+    wanted: list[Device] = []
+    kind, reasons = AT_RISK, []
     for f in report.findings:
         if f.kind == FindingKind.LOST:
             kind = LOST
         elif f.kind not in (FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN_SPEC):
             continue
-        reasons.append(f"{f.kind}: {', '.join(f.devices)}")
+        reasons.append(f"{f.kind}: {', '.join(str(d) for d in f.devices)}")
         for dev in f.devices:
             if dev not in wanted:
                 wanted.append(dev)
     if not wanted:
         return None
     grants = []
-    for text in wanted:
-        device = Device.try_parse(text)  # the report's devices are its JSON strings
-        if device is None:
-            continue
-        exp = report.expected.get(text)
+    for device in wanted:
+        exp = report.expected.get(device)
         if not exp:
             # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
             grants.append(Grant(device, RW, "unexpected", None))

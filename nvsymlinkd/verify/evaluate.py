@@ -50,7 +50,7 @@ VERDICTS = GPU_VERDICTS
 @dataclass(frozen=True)
 class Finding:
     kind: FindingKind
-    devices: tuple[str, ...]  # "c M:m" strings
+    devices: tuple[Device, ...]  # text ("c M:m") only in to_json, the journal and messages
     detail: str
     fix: str
 
@@ -62,7 +62,7 @@ class Finding:
         return MESSAGE_IDS[JOURNAL_KINDS[self.kind]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
+        return {"kind": self.kind.value, "devices": [str(d) for d in self.devices], "detail": self.detail, "fix": self.fix,
                 "message_id": self.message_id}
 
 
@@ -98,8 +98,8 @@ class ContainerReport:
     init_pid: int | None = None
     gpu_signs: tuple[str, ...] = ()
     findings: list[Finding] = field(default_factory=list)
-    expected: dict[str, dict[str, Any]] = field(default_factory=dict)  # "c M:m" -> {"access", "sources"}
-    granted: dict[str, Access] = field(default_factory=dict)  # "c M:m" -> access the cgroup allows now
+    expected: dict[Device, dict[str, Any]] = field(default_factory=dict)  # -> {"access", "sources"}
+    granted: dict[Device, Access] = field(default_factory=dict)  # -> access the cgroup allows now
     untrusted_nodes: tuple[str, ...] = ()  # NVIDIA nodes seen in the container's own /dev (reported, never trusted)
     nvidia_hook: dict[str, Any] | None = None  # hookgrant.HookGrant.to_json() when the spec has the legacy NVIDIA hook
     cgroup: dict[str, str | None] = field(default_factory=dict)
@@ -125,7 +125,8 @@ class ContainerReport:
             "id": self.id, "runtime": self.runtime, "namespace": self.namespace, "status": self.status,
             "verdict": Verdict(self.verdict).value, "scope": self.scope, "init_pid": self.init_pid,
             "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
-            "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
+            "expected": {str(d): e for d, e in self.expected.items()},
+            "granted": {str(d): a for d, a in self.granted.items()}, "untrusted_nodes": list(self.untrusted_nodes),
             "nvidia_hook": self.nvidia_hook,
             "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
             "pod_namespace": self.pod_namespace, "pod_name": self.pod_name, "container_name": self.container_name,
@@ -162,8 +163,8 @@ def _declared_nodes(c: Container) -> set[Device]:
             for node in facts.nodes if node.type == "c"}
 
 
-def _devices(keys: Iterable[Device]) -> tuple[str, ...]:
-    return tuple(str(k) for k in keys)
+def _devices(keys: Iterable[Device]) -> tuple[Device, ...]:
+    return tuple(keys)
 
 
 @dataclass
@@ -389,7 +390,7 @@ def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes:
     if not has_gpu or key in live.granted or key in expected.devices or key in live.unknown:
         return []
     return [Finding(
-        AT_RISK_UVM, (str(key),),
+        AT_RISK_UVM, (key,),
         "the host has nvidia-uvm but this container was not given it ("
         + ("the device plugin started before nvidia-uvm was loaded" if kubernetes else
            "created before nvidia-uvm was loaded") + "): CUDA fails or falls back to the CPU",
@@ -411,7 +412,7 @@ def _new_report(c: Container, signs: Sequence[str], expected: Expected, host: Ho
     declared = _declared_nodes(c)
     return ContainerReport(
         c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
-        expected={str(k): {"access": a, "sources": list(expected.sources.get(k, ()))}
+        expected={k: {"access": a, "sources": list(expected.sources.get(k, ()))}
                   for k, a in sorted(expected.devices.items())},
         untrusted_nodes=tuple(f"{p} ({Device.char(ma, mi)})" for p, ma, mi in dev_nodes
                               if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
@@ -455,7 +456,7 @@ def evaluate(c: Container, signs: Sequence[str], expected: Expected, policy: Acc
         report.verdict = _verdict(findings)
         return report
     live = _read_live(policy, expected, host, dev_nodes)
-    report.granted = {str(k): a for k, a in sorted(live.granted.items())}
+    report.granted = dict(sorted(live.granted.items()))
     lost = _lost_devices(policy, expected, live)
     findings += _lost_finding(lost, expected, c.short_id)
     findings += _denied_finding(c, expected, live, policy, host, dev_nodes, lost)
@@ -478,12 +479,7 @@ def baseline_devices(report: ContainerReport) -> dict[Device, Access] | None:
         return None
     if any(f.kind == UNKNOWN for f in report.findings):
         return None
-    out = {}
-    for text, access in report.granted.items():
-        key = Device.try_parse(text)
-        if key is not None:
-            out[key] = access
-    return out or None
+    return dict(report.granted) or None
 
 
 @dataclass(frozen=True)

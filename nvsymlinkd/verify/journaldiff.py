@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Tuple
 
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.verify.kinds import JOURNAL_KINDS, FindingKind, Verdict
 
 if TYPE_CHECKING:  # for the annotations only (verify/evaluate.py imports JOURNAL_KINDS from kinds, not here)
@@ -29,8 +30,8 @@ FINDING_PRIORITIES = {FindingKind.LOST: ERR, FindingKind.DENIED: ERR, FindingKin
 # not at every pass (a "report" config or an impossible repair would otherwise repeat each resync).
 QUIET_REPEATS = ("repair-reported", "repair-refused", "repair-failed")
 
-# A finding as the state remembers it: its kind and its devices ("c M:m" as in the report).
-FindingKey = Tuple[FindingKind, Tuple[str, ...]]  # typing's: evaluated at import
+# A finding as the state remembers it: its kind and its devices.
+FindingKey = Tuple[FindingKind, Tuple[Device, ...]]  # typing's: evaluated at import
 
 
 class Entry(NamedTuple):
@@ -72,7 +73,7 @@ def journal_entries(report: ContainerReport) -> list[tuple[str, int, str, dict[s
     who = report.display_name or report.scope or report.runtime
     out = []
     for f in report.findings:
-        devices = ", ".join(f.devices) or "-"
+        devices = ", ".join(str(d) for d in f.devices) or "-"
         if f.kind == FindingKind.LOST:
             state = "lost"
         elif f.kind == FindingKind.DENIED:
