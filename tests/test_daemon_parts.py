@@ -248,6 +248,7 @@ class RecordingHook:
 def test_hook_is_swappable(tmp_path, need_root):
     from nvsymlinkd.config import Config
     from nvsymlinkd.daemon.loop import Daemon
+    from nvsymlinkd.daemon.sources.systemd import SystemdSource
 
     host = standard_host(tmp_path / "root")
     hook = RecordingHook()
@@ -263,8 +264,9 @@ def test_hook_is_swappable(tmp_path, need_root):
             host.node("/dev/nvidia5", 195, 5)
             while not hook.calls:
                 await asyncio.sleep(0.01)
-            daemon._on_reload("reload")
-            daemon._on_scope("docker-1.scope")
+            bus = SystemdSource(daemon)  # what the systemd source calls back with (no bus here)
+            bus.on_reload("reload")
+            bus.on_scope("docker-1.scope")
             while len(hook.calls) < 3:
                 await asyncio.sleep(0.01)
             daemon.stop()
