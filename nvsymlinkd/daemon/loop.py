@@ -2,7 +2,8 @@
 
 Sources (each optional, each failing alone; daemon/sources/, one class each, listed in SOURCES):
 inotify on DRIVER_ROOT/dev (the fast path), inotify on DEV_CHAR_PATH (a link
-someone removed or rewrote is back within milliseconds), udev module/PCI events, systemd on the system
+someone removed or rewrote is back within milliseconds), the mount table (a
+driver root mounted after start), udev module/PCI events, systemd on the system
 bus (reload started, reload finished, re-exec), a periodic resync. Every source only *requests* a reconcile; a single worker runs
 `reconcile()` (observe + plan + apply, always the whole picture) in a
 thread, so a burst of 50 mknods costs a handful of passes: the first event
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 from nvsymlinkd.daemon.notify import Notifier
 from nvsymlinkd.daemon.sources import Pending, Source
 from nvsymlinkd.daemon.sources.links import LinkSource
+from nvsymlinkd.daemon.sources.mounts import MountSource
 from nvsymlinkd.daemon.sources.nodes import NodeSource
 from nvsymlinkd.daemon.sources.resync import ResyncSource
 from nvsymlinkd.daemon.sources.runtimes import RuntimeSource
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 # The event sources, in the order they start and are asked before and after each pass. Each
 # imports what it watches with (inotify, pyudev, dbus_next) when it starts.
-SOURCES = (NodeSource, LinkSource, RuntimeSource, UdevSource, SystemdSource, ResyncSource)
+SOURCES = (NodeSource, LinkSource, RuntimeSource, UdevSource, MountSource, SystemdSource, ResyncSource)
 
 # Wait this long after the first event before a pass (0: just let the loop drain
 # what is already readable). Coalescing comes from "one pass at a time, requests
