@@ -74,6 +74,29 @@ def test_a_driver_root_mounted_after_start_is_linked_at_once(late_driver):
         d.stop()
 
 
+def test_a_tmpfs_mounted_then_filled_is_linked_at_once(late_driver):
+    # the order a driver container may take too: an empty tmpfs first, its dev/ and nodes later
+    host, stage = late_driver
+    d = DaemonProcess(host.root, "--driver-root", DRIVER_ROOT, "--resync-interval", "0",
+                      env={"NVSYMLINKD_DEBUG": "1"}, prefix=("unshare", "--mount", "--propagation", "private"))
+    try:
+        d.wait_for_line(r"pass 1 \(startup\)")
+        mounted = d.mark()
+        in_namespace(d, "mount", "-t", "tmpfs", "-o", "mode=755", "nvidia-driver", str(host.path(DRIVER_ROOT)))
+        d.wait_for_line(r"pass \d+ \(mounts changed\)", after=mounted)  # the pass that found no dev/ yet
+        start = time.monotonic()
+        dev = host.path(f"{DRIVER_ROOT}/dev")
+        in_namespace(d, "sh", "-ec", f"mkdir {dev}; mknod -m 666 {dev}/nvidia0 c 195 0; "
+                     f"mknod -m 666 {dev}/nvidiactl c 195 255")
+        d.wait_until(lambda: linked(host) == {"195:0": "nvidia0", "195:255": "nvidiactl"},
+                     "the links of the filled driver root", timeout=10)
+        latency = time.monotonic() - start
+        print(f"dev/ made in the mounted driver root -> 2 links in {latency * 1000:.0f} ms")
+        assert latency < WITHIN, f"linked {latency:.2f} s after dev/ was made"
+    finally:
+        d.stop()
+
+
 ROOT = "/tmp/fake"
 MOUNTINFO = f"""\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

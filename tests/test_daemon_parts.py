@@ -100,6 +100,38 @@ def test_devwatch_driver_root_appearing_later(tmp_path):
         watch.close()
 
 
+def test_devwatch_waits_for_a_missing_driver_root_from_above(tmp_path):
+    (tmp_path / "run").mkdir()
+    watch = DevWatch(HostRoot(str(tmp_path)), "/run/nvidia/driver")
+
+    def watched():
+        return sorted(p for p, _ in watch.watches.values())
+
+    try:
+        assert not watch.arm()
+        assert watched() == ["/run"]  # the nearest directory there is
+        (tmp_path / "run/other").mkdir()
+        assert watch.poll() == (False, False)  # not on the way: nothing
+        (tmp_path / "run/nvidia/driver").mkdir(parents=True)
+        assert watch.poll() == (False, False)  # on the way, no dev/ yet: waited for from nearer
+        assert watched() == ["/run/nvidia/driver"]
+        (tmp_path / "run/nvidia/driver/dev").mkdir()
+        assert watch.poll() == (True, False)  # there: watched, and a full pass for what is in it
+        assert watch.take() == (set(), True)
+        assert watched() == ["/run/nvidia/driver/dev"]
+        (tmp_path / "run/nvidia/driver/dev/nvidia0").write_text("")
+        assert watch.poll() == (True, False)
+        assert watch.take() == ({"nvidia0"}, False)
+        # dev/ goes (the driver container stopped): waited for from above again
+        (tmp_path / "run/nvidia/driver/dev/nvidia0").unlink()
+        (tmp_path / "run/nvidia/driver/dev").rmdir()
+        assert watch.poll()[0]
+        assert not watch.arm()
+        assert watched() == ["/run/nvidia/driver"]
+    finally:
+        watch.close()
+
+
 def test_linkwatch_wakes_for_nvidia_links_and_the_directory_only(tmp_path):
     watch = LinkWatch(HostRoot(str(tmp_path)), "/dev/char")
     try:

@@ -196,17 +196,22 @@ class DevWatch(_Watch):
 
     `poll()` reads what is queued and returns (changed, overflowed); the
     caller reconciles on either. `arm()` (re)adds missing watches and is cheap
-    to call before every reconcile, so a driver root that appears late is
-    picked up by the next resync.
+    to call before every reconcile. While DRIVER_ROOT/dev is missing, its
+    nearest existing ancestor is watched instead, so a driver root that
+    appears late (mkdir, a rename, a tmpfs mounted and then filled: the mount
+    itself is the mount table source's) is watched, and asks for a full pass,
+    the moment its dev/ is there.
     """
+
+    ANCESTOR_MASK = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 
     def __init__(self, root: HostRoot, driver_root: str):
         super().__init__(root)
         self.base = dev_dir(driver_root)
 
     def _open(self, inside: str) -> int:
-        # DRIVER_ROOT/dev confined to the root; an NVIDIA subdirectory never through a symlink
-        if inside == self.base:
+        # DRIVER_ROOT/dev and its ancestors confined to the root; an NVIDIA subdirectory never through a symlink
+        if inside == self.base or _above(inside, self.base):
             return self.root.open_dir(inside)
         parent = self.root.open_dir(self.base)
         try:
@@ -220,14 +225,36 @@ class DevWatch(_Watch):
         if ok:
             for sub in SUBDIRS:
                 self._add(f"{self.base.rstrip('/')}/{sub}")
+        self._watch_above(None if ok else self._nearest_ancestor())
         return ok
+
+    def _nearest_ancestor(self) -> str | None:
+        """Watch the nearest existing directory above DRIVER_ROOT/dev -> its path (None: none could be)."""
+        inside = self.base
+        while inside != "/":
+            inside = inside.rpartition("/")[0] or "/"
+            if self._add(inside, self.ANCESTOR_MASK) is not False:
+                return inside
+        return None
+
+    def _watch_above(self, keep: str | None) -> None:
+        """Drop the ancestor watches but `keep`'s."""
+        for wd, (path, _) in list(self.watches.items()):
+            if path != keep and _above(path, self.base):
+                _lib().inotify_rm_watch(self.fd, wd)
+                del self.watches[wd]
 
     def poll(self):
         """Drain the queue -> (changed, overflowed); names go to `names` (relative to DRIVER_ROOT/dev)."""
         events, gone, overflowed = self._drain()
-        changed = bool(gone)  # a directory of nodes went: everything in it
+        above = [where for where in gone if _above(where, self.base)]
+        changed = len(gone) > len(above)  # a directory of nodes went: everything in it
         self.full = self.full or overflowed or changed
+        rearm = bool(above)  # the watched ancestor went: wait from further up
         for where, mask, name in events:
+            if _above(where, self.base):
+                rearm = rearm or _above(f"{where.rstrip('/')}/{name}", self.base, or_equal=True)
+                continue
             if where == self.base:
                 if not name.startswith("nvidia"):
                     continue
@@ -242,7 +269,14 @@ class DevWatch(_Watch):
             else:
                 self.names.add(f"{where.rpartition('/')[2]}/{name}")
             changed = True
+        if rearm and self.arm():  # DRIVER_ROOT/dev is there now: everything in it
+            changed = self.full = True
         return changed, overflowed
+
+
+def _above(path: str, base: str, or_equal: bool = False) -> bool:
+    """Whether `path` is a directory above `base` (or `base` itself, with or_equal)."""
+    return (or_equal and path == base) or path == "/" or base.startswith(path.rstrip("/") + "/")
 
 
 class LinkWatch(_Watch):

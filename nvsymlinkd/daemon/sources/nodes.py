@@ -68,7 +68,8 @@ class NodeSource(Source):
             reason = "does not exist yet"
         if not ok and not self.watch.missing_reported:
             self.watch.missing_reported = True
-            self.journal.notice(f"cannot watch {self.watch.base} ({reason}); checking again at every resync")
+            self.journal.notice(f"cannot watch {self.watch.base} ({reason}); watching for it from the nearest "
+                                "directory above it, and checking again at every resync")
         elif ok:
             self.watch.missing_reported = False
 
