@@ -298,6 +298,20 @@ def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
                                   "'nvsymlinkd.verify.kinds']")
 
 
+def test_ctypes_only_in_host_libc():
+    # every foreign call in one place to audit (docs/architecture.md): host/libc.py
+    import ast
+
+    found = []
+    for path in sorted((REPO / "nvsymlinkd").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
+                found.append(str(path.relative_to(REPO)))
+    assert found == ["nvsymlinkd/host/libc.py"]
+
+
 # The import contract: a pure planner reaches no module that does I/O (no HostRoot, no ctypes, no
 # cgroup or systemd client), so it runs, and is table-tested, anywhere. Pure nvsymlinkd modules:
 PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.devices", "nvsymlinkd.host.procdevices",

@@ -3,10 +3,11 @@
 NVIDIA nodes are made with mknod by nvidia-modprobe/nvidia-persistenced and
 raise no uevent, so this is how the daemon sees them within milliseconds.
 
-Four libc calls through ctypes rather than a package: the packages on PyPI
-either bring their own event loop or threads (pyinotify, watchdog), are not
-in Debian stable (asyncinotify, inotify_simple), or wrap the same ctypes calls;
-we only need a non-blocking fd for loop.add_reader and a 16-byte header parser.
+Three libc calls (through host/libc.py, where every ctypes call lives) rather
+than a package: the packages on PyPI either bring their own event loop or
+threads (pyinotify, watchdog), are not in Debian stable (asyncinotify,
+inotify_simple), or wrap the same ctypes calls; we only need a non-blocking fd
+for loop.add_reader and a 16-byte header parser.
 
 Only names that matter wake the daemon: `nvidia*` in DRIVER_ROOT/dev (a busy
 /dev sees pty and tty churn all day) and anything inside nvidia-caps/ and
@@ -15,7 +16,6 @@ nvidia-caps-imex-channels/, whose watches are added when they appear.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import struct
@@ -51,20 +51,6 @@ WATCH_MASK = (IN_CREATE | IN_DELETE | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | 
 HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 READ_SIZE = 64 * 1024
 
-_libc = None
-
-
-def _lib():
-    global _libc
-    if _libc is None:
-        lib = libc.lib()
-        lib.inotify_init1.argtypes = [ctypes.c_int]
-        lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
-        _libc = lib
-    return _libc
-
-
 def parse_events(buf: bytes):
     """Raw inotify read buffer -> [(wd, mask, name)]."""
     out = []
@@ -83,12 +69,7 @@ class _Watch:
 
     def __init__(self, root: HostRoot):
         self.root = root
-        lib = _lib()
-        fd = lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
-        self.fd = fd
+        self.fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         self.watches: dict = {}  # wd -> (inside dir path, (st_dev, st_ino))
         self.missing_reported = False
         # What poll() saw since the last take(): the names events were about, and whether
@@ -139,14 +120,15 @@ class _Watch:
             if path == inside:
                 if ident == identity:
                     return None
-                _lib().inotify_rm_watch(self.fd, wd)  # EINVAL if already gone: fine
+                libc.inotify_rm_watch(self.fd, wd)
                 del self.watches[wd]
-        wd = _lib().inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), mask)
-        if wd < 0:
-            err = ctypes.get_errno()
+        try:
+            wd = libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), mask)
+        except OSError as exc:
+            err = exc.errno or errno.EIO
             if err in (errno.ENOENT, errno.ENOTDIR):
                 return False
-            raise OSError(err, f"inotify_add_watch {inside}: {os.strerror(err)}")
+            raise OSError(err, f"inotify_add_watch {inside}: {os.strerror(err)}") from None
         self.watches[wd] = (inside, identity)
         return True
 
@@ -241,7 +223,7 @@ class DevWatch(_Watch):
         """Drop the ancestor watches but `keep`'s."""
         for wd, (path, _) in list(self.watches.items()):
             if path != keep and _above(path, self.base):
-                _lib().inotify_rm_watch(self.fd, wd)
+                libc.inotify_rm_watch(self.fd, wd)
                 del self.watches[wd]
 
     def poll(self):
