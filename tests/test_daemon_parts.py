@@ -10,9 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
-from daemonproc import notify_socket
-from fakehost import standard_host
 
 from nvsymlinkd import journal
 from nvsymlinkd.daemon.inotify import (
@@ -27,6 +24,9 @@ from nvsymlinkd.daemon.notify import Notifier, send_datagram
 from nvsymlinkd.daemon.udev import is_nvidia_event
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.systemd.bus import is_container_scope
+from tests.conftest import need_tool
+from tests.daemonproc import notify_socket
+from tests.fakehost import standard_host
 
 CATALOG = Path(__file__).resolve().parent.parent / "catalog" / "nvsymlinkd.catalog"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import need_tool
 
 from nvsymlinkd.config import parse_config
+from tests.conftest import need_tool
 
 REPO = Path(__file__).parent.parent
 # Debian 12's python3 is 3.11 (the image's and CI's); the module list arrived in 3.10
