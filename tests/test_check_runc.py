@@ -12,12 +12,12 @@ import os
 import time
 
 import pytest
-from conftest import IN_CI, need_tool
-from runcfixture import RuncHost, device_node, device_rule
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
+from tests.conftest import IN_CI, need_tool
+from tests.runcfixture import RuncHost, device_node, device_rule
 
 
 def _v1_devices_available() -> bool:

@@ -13,9 +13,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import need_tool
 
 from nvsymlinkd.config import parse_config
+from tests.conftest import need_tool
 
 REPO = Path(__file__).parent.parent
 # Debian 12's python3 is 3.11 (the image's and CI's); the module list arrived in 3.10
@@ -296,6 +296,20 @@ def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
     out = subprocess.run(["python3", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ("['nvsymlinkd', 'nvsymlinkd.metrics', 'nvsymlinkd.verify', "
                                   "'nvsymlinkd.verify.kinds']")
+
+
+def test_ctypes_only_in_host_libc():
+    # every foreign call in one place to audit (docs/architecture.md): host/libc.py
+    import ast
+
+    found = []
+    for path in sorted((REPO / "nvsymlinkd").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
+                found.append(str(path.relative_to(REPO)))
+    assert found == ["nvsymlinkd/host/libc.py"]
 
 
 # The import contract: a pure planner reaches no module that does I/O (no HostRoot, no ctypes, no

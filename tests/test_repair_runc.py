@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from runcfixture import device_node, device_rule
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
+from tests.runcfixture import device_node, device_rule
 
 
 def gpu0():
@@ -238,10 +238,9 @@ def test_a_person_can_force_a_repair_within_the_rate_limit(runc_host, nvsymlinkd
 
 
 def test_a_forced_repair_is_journaled_as_forced(runc_host):
-    from test_npd import recording_journal
-
     from nvsymlinkd.repair.apply import repair_all
     from nvsymlinkd.repair.plan import RepairHistory
+    from tests.test_npd import recording_journal
 
     c = runc_host.run("gpu-forcej", **gpu0())
     root = HostRoot(str(runc_host.root))

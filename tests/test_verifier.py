@@ -7,10 +7,7 @@ import contextlib
 import json
 import os
 
-import bpfasm
 import pytest
-from conftest import v1_cgroup
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.cgroup import AccessPolicy, policy_of
@@ -32,6 +29,9 @@ from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import MESSAGE_IDS
 from nvsymlinkd.verify import hostcheck
 from nvsymlinkd.verify.verifier import HostDevices, evaluate
+from tests import bpfasm
+from tests.conftest import v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 MAJORS = frozenset({195, 510})
 HOST = HostDevices((NvidiaNode("/dev/nvidia0", "gpu", 195, 0), NvidiaNode("/dev/nvidia1", "gpu", 195, 1),
@@ -294,7 +294,7 @@ def load(mock, parameters):
 def mock_systemd(tmp_path, monkeypatch, template: str):
     """A private bus with python-dbusmock running TEMPLATE as systemd; yields the bus address (also
     DBUS_SYSTEM_BUS_ADDRESS meanwhile)."""
-    from privatebus import need_dbusmock, start_bus, start_mock
+    from tests.privatebus import need_dbusmock, start_bus, start_mock
 
     need_dbusmock()
     (tmp_path / "fake_systemd.py").write_text(template)

@@ -12,10 +12,7 @@ import json
 import os
 import time
 
-import bpfasm
 import pytest
-from conftest import _skip_or_fail, v1_cgroup
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts
@@ -29,6 +26,9 @@ from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify import cache as cachemod
 from nvsymlinkd.verify.cache import VerifyCache
 from nvsymlinkd.verify.verifier import verify_all
+from tests import bpfasm
+from tests.conftest import _skip_or_fail, v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 GPU_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)],
                     env=["NVIDIA_VISIBLE_DEVICES=0"])
@@ -460,7 +460,7 @@ def test_scope_unit_files_are_parsed_again_only_when_they_change(fakehost, v1_pa
 
 # --- the daemon: its kept cache still sees a change no runtime file shows ------------------------
 
-from test_daemon_containers import gpu0, start_daemon, systemd_bus  # noqa: E402, F401 - fixtures
+from tests.test_daemon_containers import gpu0, start_daemon, systemd_bus  # noqa: E402, F401 - fixtures
 
 
 def test_daemon_sees_a_device_cgroup_change_between_cached_passes(runc_host, systemd_bus, start_daemon):  # noqa: F811
