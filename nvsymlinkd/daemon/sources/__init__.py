@@ -24,10 +24,28 @@ spawn(), call_hook(), reload_pending, set_bus_state().
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Protocol
 
-if TYPE_CHECKING:
-    from nvsymlinkd.daemon.loop import Daemon
+
+class Daemon(Protocol):
+    """What a source may use of the daemon (daemon/loop.py's Daemon): the interface, not the loop's class,
+    so that this package does not import the loop that imports it (no import circle)."""
+
+    root: Any
+    config: Any
+    journal: Any
+    hook: Any
+    metrics: Any
+    loop: Any
+    reload_pending: bool
+
+    def request(self, reason: str) -> None: ...
+
+    def spawn(self, coro: Any) -> Any: ...
+
+    def call_hook(self, name: str, *args: Any) -> Any: ...
+
+    def set_bus_state(self, state: str) -> None: ...
 
 
 @dataclass
