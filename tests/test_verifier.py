@@ -413,7 +413,9 @@ def test_many_scopes_asked_at_once_each_get_their_own_answer(many_scopes_bus, fa
     from nvsymlinkd.containers import scopes as scopesmod
 
     n, asked = many_scopes_bus
-    assert n > scopesmod.BUS_IN_FLIGHT
+    from nvsymlinkd.systemd.client import IN_FLIGHT
+
+    assert n > IN_FLIGHT
     names = [f"docker-s{i}.scope" for i in range(n)] + ["docker-gone.scope"]
     got = scopesmod.read_scopes(HostRoot(str(fakehost.root)), names, Majors({}))
     for i in range(n):
