@@ -35,13 +35,13 @@ def load(mock, parameters):
                    "__import__('time').sleep(float(__import__('os').environ.get('FAKE_SYSTEMD_HOLD', '0')))\\n"
                    "if args[0] != 'docker-s1.scope':\\n"
                    "    raise dbus.exceptions.DBusException('no unit', name='org.freedesktop.systemd1.NoSuchUnit')\\n"
-                   "ret = dbus.ObjectPath('%(unit)s')")
+                   "ret = dbus.ObjectPath('{UNIT}')")
     mock.AddMethod(MAIN_IFACE, "SetUnitProperties", "sba(sv)", "", "")
-    mock.AddObject("%(unit)s", "org.freedesktop.systemd1.Scope", {
+    mock.AddObject("{UNIT}", "org.freedesktop.systemd1.Scope", {
         "DeviceAllow": dbus.Array([("/dev/char/195:0", "rw"), ("char-pts", "rwm")], signature="(ss)"),
         "DevicePolicy": "strict",
     }, [])
-""" % {"unit": UNIT}
+""".replace("{UNIT}", UNIT)
 
 
 @pytest.fixture
