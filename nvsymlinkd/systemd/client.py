@@ -178,6 +178,8 @@ class Client:
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
+                import dbus_next.aio  # noqa: F401 - imported here, not on the loop (a 0.3 s import stalls no call)
+
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
 
