@@ -201,3 +201,19 @@ def test_scopes_judged_from_files_when_systemd_does_not_answer(tmp_path, monkeyp
     sd = got["docker-s1.scope"]
     assert sd.source == "files" and sd.covers(Device("c", 195, 7), "rw")
     assert got.bus_error and "no reply" in got.bus_error
+
+
+def test_daemon_journals_systemds_silence_once_per_spell():
+    """The daemon's passes judge scopes from the files while systemd does not answer: said once when it
+    starts, not at every pass, and again after systemd answered in between."""
+    import types
+
+    from nvsymlinkd.daemon.containerwatch import ContainerWatch
+
+    said: list = []
+    watch = types.SimpleNamespace(bus_error_said=False,
+                                  journal=types.SimpleNamespace(log=lambda p, m, **f: said.append((p, m))))
+    for error in ("GetUnit: no reply within 5 s", "GetUnit: no reply within 5 s", None, "closed"):
+        ContainerWatch._say_bus_error(watch, error)
+    assert [m.split(" (")[0] for _, m in said] == ["systemd did not answer on the system bus"] * 2
+    assert said[0][0] == 4 and "unit files" in said[0][1]
