@@ -5,8 +5,9 @@ Sources, best first:
      unit (live value; one batch on the process's systemd client, systemd.client;
      DBUS_SYSTEM_BUS_ADDRESS honoured).
   2. Files systemd writes for transient units: /run/systemd/transient/<scope>,
-     then drop-ins /run/systemd/system.control/<scope>.d/*.conf (runtime
-     SetUnitProperties) in name order; an empty `DeviceAllow=` resets the list.
+     then its drop-ins (SetUnitProperties: /run/systemd/transient/<scope>.d/*.conf
+     for a transient unit, /run/systemd/system.control/<scope>.d/*.conf for others)
+     in name order; an empty `DeviceAllow=` resets the list.
 Neither -> None: the caller reports `unknown` for this check. A bus that could not be
 asked is an error the caller sees (ScopeReads.bus_error), never an empty answer.
 
@@ -108,18 +109,9 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
         found = True
     except OSError:
         pass
-    dropins = f"{CONTROL_DIR}/{scope}.d"
-    if files is not None:
-        listed = files.names(root.path(dropins))
-        names = sorted(n for n in listed or () if n.endswith(".conf"))
-    else:
+    for path in _dropins(root, scope, files)[:256]:
         try:
-            names = sorted(n for n in os.listdir(root.path(dropins)) if n.endswith(".conf"))
-        except OSError:
-            names = []
-    for name in names[:256]:
-        try:
-            settings = settings_of(f"{dropins}/{name}")
+            settings = settings_of(path)
         except OSError:
             continue
         _apply_settings(settings, entries, policy)
@@ -127,6 +119,28 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
     if not found:
         return None
     return ScopeDevices(scope, "files", policy[0], tuple(entries), (), ())
+
+
+def _dropins(root: HostRoot, scope: str, files) -> list:
+    """The scope's drop-ins as systemd reads them: every directory's *.conf in one name order, a name in an
+    earlier directory hiding the same name in a later one. systemd writes the runtime properties of a
+    transient unit (SetUnitProperties, `systemctl set-property`) to TRANSIENT_DIR/<unit>.d, whatever the
+    runtime flag (src/core/unit.c, unit_drop_in_dir: "Redirect drop-ins for transient units always into
+    the transient directory"); CONTROL_DIR/<unit>.d holds other units' runtime properties."""
+    chosen: dict = {}
+    for base in (CONTROL_DIR, TRANSIENT_DIR):
+        directory = f"{base}/{scope}.d"
+        if files is not None:
+            listed = files.names(root.path(directory)) or ()
+        else:
+            try:
+                listed = os.listdir(root.path(directory))
+            except OSError:
+                listed = ()
+        for name in listed:
+            if name.endswith(".conf"):
+                chosen.setdefault(name, f"{directory}/{name}")
+    return [chosen[name] for name in sorted(chosen)]
 
 
 def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
