@@ -183,7 +183,7 @@ class SystemdWatch:
                 return True, "already"
             if exc.error_name is None:  # no answer at all: not a refusal, the caller's failure to handle
                 raise
-            return False, str(exc).split(": ", 1)[-1]
+            return False, str(exc).split(": ", 1)[-1].rstrip(": ")
         return True, ""
 
     def _spawn(self, coro) -> None:
