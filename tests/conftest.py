@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 IN_CI = os.environ.get("CI") == "true"
 
 
@@ -44,7 +42,7 @@ def need_tool(name: str) -> str:
 
 @pytest.fixture
 def fakehost(tmp_path, need_root):
-    from fakehost import FakeHost
+    from tests.fakehost import FakeHost
 
     return FakeHost(tmp_path / "root")
 
@@ -75,7 +73,7 @@ def runc_host(tmp_path, need_root):
     Needs the cgroup v1 devices controller: tests change access the way hooks and admins do
     (devices.allow/deny), which runc 1.1.5 programs where v1 devices is mounted (hybrid hosts like CI).
     """
-    from runcfixture import RuncHost
+    from tests.runcfixture import RuncHost
 
     runc = need_tool("runc")
     _need("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))

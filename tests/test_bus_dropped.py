@@ -34,7 +34,7 @@ def load(mock, parameters):
 
 @pytest.fixture
 def dropping_bus(tmp_path, need_root):
-    from privatebus import need_dbusmock, start_bus, start_mock
+    from tests.privatebus import need_dbusmock, start_bus, start_mock
 
     need_dbusmock()
     bus = start_bus(tmp_path)

@@ -167,7 +167,8 @@ def test_kernel_judge_opens_in_the_containers_cgroup(runc_host, tmp_path):
     container's device cgroup gets the kernel's verdict for that cgroup (granted: OK, not granted:
     EPERM), and nvsymlinkd's access engine reads the same cgroup the same way."""
     import chaosrun
-    from runcfixture import device_rule
+
+    from tests.runcfixture import device_rule
 
     nodes = {}
     for minor in (0, 1):       # no driver behind them: an allowed open gives ENXIO, a denied one EPERM

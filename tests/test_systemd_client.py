@@ -10,13 +10,13 @@ import os
 import time
 
 import pytest
-from conftest import v1_cgroup
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.procdevices import Majors
 from nvsymlinkd.host.root import HostRoot
+from tests.conftest import v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 UNIT = "/org/freedesktop/systemd1/unit/docker_2ds1_2escope"
 
@@ -46,16 +46,15 @@ def load(mock, parameters):
 
 @pytest.fixture
 def fakehost(tmp_path, need_root):
-    from fakehost import FakeHost
+    from tests.fakehost import FakeHost
 
     return FakeHost(tmp_path / "root")
 
 
 @contextlib.contextmanager
 def mock_systemd(tmp_path, monkeypatch, hold: float = 0.0):
-    from privatebus import need_dbusmock, start_bus, start_mock
-
     from nvsymlinkd.systemd.client import reset_shared
+    from tests.privatebus import need_dbusmock, start_bus, start_mock
 
     need_dbusmock()
     (tmp_path / "fake_systemd.py").write_text(TEMPLATE)

@@ -148,7 +148,7 @@ def _unrepaired_lines(unknown, denied, unfixable) -> list:
         f = _denied_json(c)
         lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted them): "
                      f"{f['fix']}")
-    lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+    lines += [f"{c.short_id}: {f.kind} {', '.join(str(d) for d in f.devices)}: no repair can grant it (expected by no trusted "
               f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
     return lines
 
@@ -157,7 +157,7 @@ def _denied_json(report) -> dict:
     from nvsymlinkd.verify.kinds import FindingKind
 
     f = next(f for f in report.findings if f.kind == FindingKind.DENIED)
-    return {"container": report.id, "devices": list(f.devices), "detail": f.detail, "fix": f.fix}
+    return {"container": report.id, "devices": [str(d) for d in f.devices], "detail": f.detail, "fix": f.fix}
 
 
 def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) -> None:
@@ -224,7 +224,7 @@ def _unknown_reason(report) -> str:
 
 def _unfixable_json(report) -> dict:
     return {"container": report.id, "verdict": str(report.verdict),
-            "findings": [{"kind": str(f.kind), "devices": list(f.devices), "fix": f.fix} for f in report.findings]}
+            "findings": [{"kind": str(f.kind), "devices": [str(d) for d in f.devices], "fix": f.fix} for f in report.findings]}
 
 
 def _summary(results) -> dict:

@@ -15,7 +15,8 @@ import time
 
 import pytest
 import vmhost
-from conftest import IN_CI, need_tool
+
+from tests.conftest import IN_CI, need_tool
 
 SCENARIOS = vmhost.list_scenarios()
 
@@ -182,7 +183,7 @@ def test_upgrade_package_is_a_higher_version_of_the_same_source(tmp_path):
     """'packages=upgrade' scenarios upgrade to the tree rebuilt as upgrade_version(): dpkg must
     see it as higher, and the program inside must say the same version."""
     need_tool("dpkg-parsechangelog")
-    import debbuild
+    from tests import debbuild
 
     for rel in ("nvsymlinkd/__init__.py", "debian/changelog"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
