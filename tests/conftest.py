@@ -113,3 +113,13 @@ def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
     for rule in allow:
         (d / "devices.allow").write_text(rule + "\n")
     return f"/{parent}/{leaf}"
+
+
+@pytest.fixture(autouse=True)
+def fresh_systemd_client():
+    """Each test's bus calls on a client of its own: the process's one systemd client (systemd/client.py)
+    keeps its connection between calls, and tests start and stop private buses."""
+    yield
+    client = sys.modules.get("nvsymlinkd.systemd.client")
+    if client is not None:
+        client.reset_shared()

@@ -342,6 +342,28 @@ def test_scopes_without_a_bus_fall_back_to_files(fakehost, tmp_path, monkeypatch
     assert got["docker-abc.scope"].source == "files" and got["docker-abc.scope"].covers(Device("c", 195, 7), "rw")
 
 
+def test_scope_files_read_a_transient_units_drop_ins_where_systemd_writes_them(fakehost, tmp_path, monkeypatch):
+    """SetUnitProperties on a transient scope (a container's) writes its drop-in to
+    /run/systemd/transient/<scope>.d/, not /run/systemd/system.control/ (systemd's unit_drop_in_dir; seen in
+    the VM, s03): without the bus, a prevented container's added entry must still count."""
+    from nvsymlinkd.containers.scopes import read_scopes
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-socket")
+    fakehost.write("/run/systemd/transient/runc-p.scope", "[Scope]\nDevicePolicy=strict\n"
+                   "DeviceAllow=char-pts rwm\n")
+    fakehost.write("/run/systemd/transient/runc-p.scope.d/50-DeviceAllow.conf",
+                   "# This is a drop-in unit file extension, created via \"systemctl set-property\"\n"
+                   "[Scope]\nDeviceAllow=\nDeviceAllow=char-pts rwm\nDeviceAllow=/dev/char/195:0 rw\n")
+    fakehost.write("/run/systemd/system.control/runc-p.scope.d/60-DeviceAllow.conf",
+                   "[Scope]\nDeviceAllow=/dev/char/195:255 rw\n")
+    got = read_scopes(HostRoot(str(fakehost.root)), ["runc-p.scope"], Majors({}))
+    sd = got["runc-p.scope"]
+    assert sd.source == "files" and sd.policy == "strict"
+    assert sd.covers(Device("c", 195, 0), "rw"), sd.entries  # the transient unit's drop-in
+    assert sd.covers(Device("c", 195, 255), "rw"), sd.entries  # applied after 50-, by name
+    assert got.bus_error  # and the caller learns that systemd was not asked
+
+
 def test_no_spec_and_no_state_is_unknown_not_at_risk():
     c = container(None)
     exp = expected_access({Device("c", 195, 0)}, None, None, None)
@@ -402,7 +424,7 @@ def load(mock, parameters):
 
 @pytest.fixture
 def many_scopes_bus(tmp_path, need_root, monkeypatch):
-    n = 100  # more than the calls kept in flight at once (scopes.BUS_IN_FLIGHT)
+    n = 100  # more than the calls kept in flight at once (systemd.client.IN_FLIGHT)
     monkeypatch.setenv("FAKE_SYSTEMD_SCOPES", str(n))
     monkeypatch.setenv("FAKE_SYSTEMD_ASKED", str(tmp_path / "asked"))
     with mock_systemd(tmp_path, monkeypatch, MANY_SCOPES_TEMPLATE):
@@ -413,7 +435,9 @@ def test_many_scopes_asked_at_once_each_get_their_own_answer(many_scopes_bus, fa
     from nvsymlinkd.containers import scopes as scopesmod
 
     n, asked = many_scopes_bus
-    assert n > scopesmod.BUS_IN_FLIGHT
+    from nvsymlinkd.systemd.client import IN_FLIGHT
+
+    assert n > IN_FLIGHT
     names = [f"docker-s{i}.scope" for i in range(n)] + ["docker-gone.scope"]
     got = scopesmod.read_scopes(HostRoot(str(fakehost.root)), names, Majors({}))
     for i in range(n):

@@ -80,6 +80,8 @@ def run(args, root, config) -> int:
     thawed = [e for e in recover_frozen(root, config, journal, dry_run=args.dry_run)
               if e["action"] in ("thawed", "would-thaw")]
     report = verifier.verify_all(root, config, with_host=False)
+    if report.bus_error:
+        _bus_error_report(report.bus_error, journal, args.before_reload)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
                              journal=journal, report=report, force=args.force, by_hand=True)
@@ -185,6 +187,23 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
     sys.stdout.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in good))
     sys.stdout.flush()
     sys.stderr.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in bad))
+
+
+def _bus_error_report(error: str, journal, before_reload: bool) -> None:
+    """systemd did not answer for the scopes' DeviceAllow: they were judged from its unit files (which it
+    writes for every transient scope and runtime property). Said, never silent: on stderr (amid apt's or
+    dnf's output before a reload) and in the journal; what the files could not answer is reported per
+    container as `cannot judge`."""
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.journal import WARNING
+
+    what = "before a daemon-reload" if before_reload else "repair"
+    line = (f"{what}: systemd did not answer on the system bus ({error}); the containers' scopes were judged "
+            "from systemd's unit files in /run/systemd instead")
+    sys.stderr.write(f"nvsymlinkd: {printable(line)}\n")
+    sys.stderr.flush()
+    if journal is not None:
+        journal.log(WARNING, line)
 
 
 def _unprotected(results) -> list:

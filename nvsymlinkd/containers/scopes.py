@@ -2,11 +2,14 @@
 
 Sources, best first:
   1. D-Bus: org.freedesktop.systemd1.Scope.DeviceAllow/DevicePolicy of the
-     unit (live value; DBUS_SYSTEM_BUS_ADDRESS honoured; short timeouts).
+     unit (live value; one batch on the process's systemd client, systemd.client;
+     DBUS_SYSTEM_BUS_ADDRESS honoured).
   2. Files systemd writes for transient units: /run/systemd/transient/<scope>,
-     then drop-ins /run/systemd/system.control/<scope>.d/*.conf (runtime
-     SetUnitProperties) in name order; an empty `DeviceAllow=` resets the list.
-Neither -> None: the caller reports `unknown` for this check.
+     then its drop-ins (SetUnitProperties: /run/systemd/transient/<scope>.d/*.conf
+     for a transient unit, /run/systemd/system.control/<scope>.d/*.conf for others)
+     in name order; an empty `DeviceAllow=` resets the list.
+Neither -> None: the caller reports `unknown` for this check. A bus that could not be
+asked is an error the caller sees (ScopeReads.bus_error), never an empty answer.
 
 Entry forms (REFERENCE.md): `/dev/char/M:m` (parsed without stat by systemd
 >= 240), `char-M` / `char-NAME` (NAME matched against /proc/devices),
@@ -26,17 +29,9 @@ from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
 from nvsymlinkd.host.devices import LETTERS, RWM, Access, Device, Rule
 from nvsymlinkd.host.procdevices import decimal
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.systemd.bus import close, quiet_dropped_writes
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = "org.freedesktop.systemd1.Manager"
-SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
-BUS_TIMEOUT = 1.0  # seconds per call; the whole query is bounded by BUS_TOTAL
-BUS_TOTAL = 3.0
-BUS_IN_FLIGHT = 32  # calls awaiting a reply at once (dbus-daemon limits pending replies per connection)
 DEV_NUMBER_PATH = re.compile(r"/dev/(char|block)/(\d+):(\d+)")
 SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 
@@ -114,18 +109,9 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
         found = True
     except OSError:
         pass
-    dropins = f"{CONTROL_DIR}/{scope}.d"
-    if files is not None:
-        listed = files.names(root.path(dropins))
-        names = sorted(n for n in listed or () if n.endswith(".conf"))
-    else:
+    for path in _dropins(root, scope, files)[:256]:
         try:
-            names = sorted(n for n in os.listdir(root.path(dropins)) if n.endswith(".conf"))
-        except OSError:
-            names = []
-    for name in names[:256]:
-        try:
-            settings = settings_of(f"{dropins}/{name}")
+            settings = settings_of(path)
         except OSError:
             continue
         _apply_settings(settings, entries, policy)
@@ -133,6 +119,28 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
     if not found:
         return None
     return ScopeDevices(scope, "files", policy[0], tuple(entries), (), ())
+
+
+def _dropins(root: HostRoot, scope: str, files) -> list:
+    """The scope's drop-ins as systemd reads them: every directory's *.conf in one name order, a name in an
+    earlier directory hiding the same name in a later one. systemd writes the runtime properties of a
+    transient unit (SetUnitProperties, `systemctl set-property`) to TRANSIENT_DIR/<unit>.d, whatever the
+    runtime flag (src/core/unit.c, unit_drop_in_dir: "Redirect drop-ins for transient units always into
+    the transient directory"); CONTROL_DIR/<unit>.d holds other units' runtime properties."""
+    chosen: dict = {}
+    for base in (CONTROL_DIR, TRANSIENT_DIR):
+        directory = f"{base}/{scope}.d"
+        if files is not None:
+            listed = files.names(root.path(directory)) or ()
+        else:
+            try:
+                listed = os.listdir(root.path(directory))
+            except OSError:
+                listed = ()
+        for name in listed:
+            if name.endswith(".conf"):
+                chosen.setdefault(name, f"{directory}/{name}")
+    return [chosen[name] for name in sorted(chosen)]
 
 
 def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
@@ -182,56 +190,28 @@ def bus_allowed(root: HostRoot) -> bool:
     return root.is_real_root or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"))
 
 
-def read_scopes_bus(scopes, address: str | None = None) -> dict:
-    """scope -> ScopeDevices for the scopes systemd knows; {} when the bus is absent or slow."""
+def read_scopes_bus(scopes) -> dict:
+    """scope -> ScopeDevices for the scopes systemd knows (one batch on the process's systemd client);
+    raises SystemdCallError when the bus is absent, refuses or does not answer in time."""
+    from nvsymlinkd.systemd.client import shared
+
     scopes = [s for s in scopes if SCOPE_NAME.fullmatch(s)]
     if not scopes:
         return {}
-    try:
-        asyncio.get_running_loop()
-        return {}  # inside the daemon's loop: it has its own connection; files are the fallback here
-    except RuntimeError:
-        pass
-    try:
-        return asyncio.run(asyncio.wait_for(_query(scopes, address), BUS_TOTAL))
-    except Exception:  # noqa: BLE001 - no bus, refused, timed out: the files are the fallback
-        return {}
+    found = shared().scope_properties(scopes)
+    out = {}
+    for scope, props in found.items():
+        sd = _scope_devices(scope, props)
+        if sd is not None:
+            out[scope] = sd
+    return out
 
 
-async def _query(scopes, address) -> dict:
-    from dbus_next.aio import MessageBus
-
-    if address is None:
-        address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/var/run/dbus/system_bus_socket"
-    quiet_dropped_writes()
-    bus = await asyncio.wait_for(MessageBus(bus_address=address).connect(), BUS_TIMEOUT)
-    try:
-        # every scope asked at once (the calls pipelined on one connection): two round trips per
-        # pass, not two per scope, which a loaded host (or a VM under emulation) pays for dearly
-        # (at most BUS_IN_FLIGHT at a time: the system bus caps a connection's pending replies)
-        slots = asyncio.Semaphore(BUS_IN_FLIGHT)
-        found = await asyncio.gather(*(_scope_devices(bus, scope, slots) for scope in scopes))
-    finally:
-        await close(bus)
-    return {sd.scope: sd for sd in found if sd is not None}
-
-
-async def _scope_devices(bus, scope: str, slots: asyncio.Semaphore):
-    """ScopeDevices of one scope from systemd, or None when systemd does not know it."""
-    from dbus_next import Message, MessageType
-
-    async with slots:
-        reply = await asyncio.wait_for(bus.call(Message(
-            destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
-            signature="s", body=[scope])), BUS_TIMEOUT)
-        if reply is None or reply.message_type != MessageType.METHOD_RETURN:  # None: never, a reply is expected
-            return None  # NoSuchUnit: not a systemd-managed container
-        reply = await asyncio.wait_for(bus.call(Message(
-            destination=SYSTEMD, path=reply.body[0], interface="org.freedesktop.DBus.Properties",
-            member="GetAll", signature="s", body=[SCOPE_IFACE])), BUS_TIMEOUT)
-    if reply is None or reply.message_type != MessageType.METHOD_RETURN:
-        return None
-    props = reply.body[0]
+def _scope_devices(scope: str, props) -> ScopeDevices | None:
+    """ScopeDevices of one scope from its properties, or None (systemd does not know it, or names no
+    DeviceAllow: the files decide)."""
+    if props is None:
+        return None  # NoSuchUnit: not a systemd-managed container
     allow = props.get("DeviceAllow")
     policy = props.get("DevicePolicy")
     if allow is None:
@@ -240,22 +220,47 @@ async def _scope_devices(bus, scope: str, slots: asyncio.Semaphore):
     return ScopeDevices(scope, "dbus", str(policy.value) if policy is not None else "auto", entries, ())
 
 
+class ScopeReads(dict):
+    """read_scopes' answer: scope -> ScopeDevices or None; bus_error: why systemd could not be asked
+    (the unit files answered instead), None when it was asked or was not to be."""
+
+    bus_error: str | None = None
+
+
 def _by_number(sd: ScopeDevices) -> bool:
     """Every entry maps without looking at the host (/dev/char/M:m, char-*, char-NAME by /proc/devices)."""
     return all(DEV_NUMBER_PATH.fullmatch(spec) or spec.startswith(("char-", "block-")) for spec, _ in sd.entries)
 
 
-def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cache=None) -> dict:
-    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it.
+def _in_running_loop() -> bool:
+    """A caller on an event loop's thread (none today: the daemon verifies in worker threads) reads the
+    files: a blocking bus call there would stall that loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cache=None) -> ScopeReads:
+    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it; the answer's
+    bus_error says why systemd was not asked (the files answered for every scope then).
 
     cache: a verify.cache.VerifyCache: the same entries and /proc/devices map to the same rules (a plain
     /dev path is stat'ed every time).
     """
+    from nvsymlinkd.systemd.client import SystemdCallError
+
     scopes = sorted(set(s for s in scopes if s))
     if use_bus is None:
-        use_bus = bus_allowed(root)
-    live = read_scopes_bus(scopes) if use_bus else {}
-    out: dict = {}
+        use_bus = bus_allowed(root) and not _in_running_loop()
+    out = ScopeReads()
+    live: dict = {}
+    if use_bus:
+        try:
+            live = read_scopes_bus(scopes)
+        except SystemdCallError as exc:  # the files answer; the caller says systemd did not
+            out.bus_error = str(exc)
     for scope in scopes:
         sd = live.get(scope) or read_scope_files(root, scope, cache.files if cache is not None else None)
         if sd is None:

@@ -501,6 +501,9 @@ class Report:
     host: list[HostFinding]
     not_gpu: int = 0
     seconds: float = 0.0
+    # why systemd could not be asked for the scopes' DeviceAllow (the unit files answered instead); not in
+    # the JSON: `repair --before-reload` and the daemon report it
+    bus_error: str | None = None
 
     @property
     def problems(self) -> list[ContainerReport]:

@@ -230,7 +230,7 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
     if update_baseline and only is None:  # pruning needs every container's id
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     pass_cache.end_pass(drop_unused=only is None)  # a pass over some containers keeps the others' entries
-    return Report(reports, host, not_gpu, time.perf_counter() - start)
+    return Report(reports, host, not_gpu, time.perf_counter() - start, scopes.bus_error)
 
 
 def verify_container(root: HostRoot, config: Config, container_id_or_scope: str, update_baseline: bool = False,
@@ -269,7 +269,11 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     expected = expected_access(candidates, c.spec, None, None, hook)
     if not expected.devices:
         return c, hook, [], "nothing trusted grants it an NVIDIA device"
-    scope = read_scopes(root, [unit], ctx.majors, use_bus).get(unit)
+    read = read_scopes(root, [unit], ctx.majors, use_bus)
+    scope = read.get(unit)
     seen = "unknown" if scope is None else f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries"
+    source = scope.source if scope else "-"
+    if read.bus_error:
+        source += f"; the system bus did not answer: {read.bus_error}"
     return c, hook, missing_entries(expected, scope), \
-        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen} ({scope.source if scope else '-'})"
+        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen} ({source})"
