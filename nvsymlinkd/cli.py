@@ -14,6 +14,7 @@ import sys
 
 from nvsymlinkd import __version__
 from nvsymlinkd.errors import NvsymlinkdError, UsageError
+from nvsymlinkd.text import printable
 
 # Each name is a module nvsymlinkd.commands.<name> with register(subparsers); its summary (the
 # subparser's help=) is here, so `nvsymlinkd --help` lists every command without importing them.
@@ -181,26 +182,6 @@ def _stdout_gone() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
-
-
-# C0, DEL, C1, line and paragraph separators, bidi and zero-width controls, lone surrogates: what a
-# terminal acts on, or what cannot be encoded. In what a container can write (scope names, cgroup paths,
-# names), human output shows them as \xNN / \uNNNN, as journalctl shows such bytes escaped.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """`text` with every character a terminal would act on escaped (idempotent: the result is printable)."""
-    if _UNPRINTABLE.search(text) is None:
-        return text
-    return _UNPRINTABLE.sub(_escape_char, text)
-
-
-def _escape_char(m) -> str:
-    code = ord(m.group())
-    if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode (surrogateescape): show the byte
-        return f"\\x{code - 0xDC00:02x}"
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _print_json_error(message: str, exit_code: int) -> None:

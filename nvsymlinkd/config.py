@@ -13,6 +13,7 @@ import sys
 
 from nvsymlinkd.errors import ConfigError
 from nvsymlinkd.record import dataclass, fields, replace
+from nvsymlinkd.text import printable
 
 DEFAULT_CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
 MAX_CONFIG_BYTES = 1 << 20  # a flat file of ten keys: a MiB is a mistake, not a config
@@ -128,8 +129,6 @@ def _coerce(key: Key, value, where: str):
     if isinstance(value, str) and not is_utf8(value):
         # a command-line byte that is not UTF-8 (os.fsdecode made it a lone surrogate): a systemd unit
         # and the journal are UTF-8, and the value is shown with its bytes escaped
-        from nvsymlinkd.cli import printable
-
         raise ConfigError(f"{where}: key '{key.name}' must be UTF-8 text, got '{printable(value)}'")
 
     if key.kind == "bool":

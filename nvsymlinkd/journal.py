@@ -2,8 +2,8 @@
 
 Every kind of event has a stable MESSAGE_ID (documented in
 catalog/nvsymlinkd.catalog), so operators can `journalctl MESSAGE_ID=...` and
-alert on it. MESSAGE_IDS below is the one table of them: a module with a new
-kind of event adds it here (and to the catalog), never a table of its own.
+alert on it. messageids.MESSAGE_IDS (journal.MESSAGE_IDS here) is the one table of them: a module with
+a new kind of event adds it there (and to the catalog), never a table of its own.
 
 Where entries go (env NVSYMLINKD_LOG=auto|journal|stderr, default auto):
 - journal: systemd.journal.send (python3-systemd) to the journal socket;
@@ -21,48 +21,16 @@ from __future__ import annotations
 import os
 import sys
 
+from nvsymlinkd.messageids import MESSAGE_IDS
+from nvsymlinkd.text import printable
+
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "nvsymlinkd"
 
 # syslog priorities
 ERR, WARNING, NOTICE, INFO, DEBUG = 3, 4, 5, 6, 7
 
-# kind -> MESSAGE_ID (32 hex digits, never change one once released)
-MESSAGE_IDS = {
-    "link-created": "c256b52640924401a1ad786fb804b8f4",
-    "link-replaced": "d83455dfb6ef4fddbd7ada1052a5466c",
-    "link-removed": "2aefb048db9248f08bb5b700948ecf4a",
-    "node-created": "2e823c12dbc745db8704a1bb2491eafd",
-    "link-conflict": "8abe9644993e4d748e0d26afde513558",
-    "link-foreign": "209995f754174c899a02cf97ef0b9d5e",
-    "link-failed": "dd9d5168c48d407aadc2896f70f90d63",
-    "sync-failed": "3d23c8f20d6a4d66a5b4cca497878af4",
-    "reload-seen": "4e6f02d91c174bf6a49a6b04db495c88",
-    "systemd-restarted": "6e878b68b9fa48da8a086a147ccd1e29",
-    "bus-lost": "c0b3e94e83554d04bf617f88aca4e5be",
-    "bus-regained": "b4f3e9092081455289734525650eed39",
-    "config-error": "3b690b49ad734a7e878aed60c1e3d0ef",
-    "config-reloaded": "adac97ee55e94aef8680757634e545f0",
-    "daemon-started": "4292addf44884482baae0673fe1007c1",
-    "daemon-stopped": "e41cd2e590d6418eaa51110fdc36eaf8",
-    "event-overflow": "686126523c744885bf7219ece7b7287a",
-    # container verifier: "container-" + each finding kind, and "container-ok" (verify.verifier.JOURNAL_KINDS)
-    "container-ok": "b0c3e0dd255749f89757d1b6405543cf",
-    "container-lost": "483c260197bb4a5082cbaae3b26d085c",
-    "container-denied": "6319b0c3b41544b2abc25c1ebf2c08b0",
-    "container-at-risk-scope": "dc9a8c0480ee41a0a6a7ec454776bee3",
-    "container-at-risk-not-in-spec": "e22f202c38134d758577be98caa78c07",
-    "container-at-risk-uvm-missing": "3b40d429af264d4d893899337d991187",
-    "container-unknown": "cc6369fb247c43c6a79a190b6d432b93",
-    # repair: one per status that changed or would change something (repair.apply.JOURNAL_KINDS), and the
-    # thaw of a freeze a killed repair left behind
-    "repair-done": "b8e8c1987b3d4de0ab6bb48f0e78cba5",
-    "repair-prevented": "5966faec75834084bc2e3bbac11d0823",
-    "repair-failed": "02c9553b34b74c09b4a14ab6b6ce1107",
-    "repair-refused": "3d820b575ee74530a718c2a5d339903b",
-    "repair-reported": "07a882cdd951467dbdf7dcd3e530598f",
-    "repair-thawed": "a34478dd88164b7ca7a9ec41173f126b",
-}
+# kind -> MESSAGE_ID: the one table, in messageids.py (pure: the verifier's evaluation names them too)
 
 # Fields with a meaning shared beyond nvsymlinkd keep their well-known names
 # (CONTAINER_ID= and CONTAINER_NAME= as Docker's journald driver writes them, UNIT= as systemd does,
@@ -103,8 +71,6 @@ class Journal:
             except OSError:
                 pass  # journald restarting: fall through to stderr, lose nothing
         # names from container-writable files: one line, no terminal escapes
-        from nvsymlinkd.cli import printable
-
         prefix = f"<{priority}>" if self.prefix_priority else ""
         try:
             self.stream.write(f"{prefix}{IDENTIFIER}: {printable(message)}\n")

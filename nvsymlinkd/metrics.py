@@ -33,7 +33,7 @@ from nvsymlinkd import __version__
 from nvsymlinkd.verify.kinds import Verdict  # standard library only, like this module
 
 if TYPE_CHECKING:  # the probe must not import the verifier
-    from nvsymlinkd.verify.verifier import ContainerReport, Report
+    from nvsymlinkd.verify.evaluate import ContainerReport, Report
 
 # ~1 ms (an inotify event answered at once) to 10 s (a pass behind a slow resync)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 IN_CI = os.environ.get("CI") == "true"
 
 
@@ -44,7 +42,7 @@ def need_tool(name: str) -> str:
 
 @pytest.fixture
 def fakehost(tmp_path, need_root):
-    from fakehost import FakeHost
+    from tests.fakehost import FakeHost
 
     return FakeHost(tmp_path / "root")
 
@@ -75,7 +73,7 @@ def runc_host(tmp_path, need_root):
     Needs the cgroup v1 devices controller: tests change access the way hooks and admins do
     (devices.allow/deny), which runc 1.1.5 programs where v1 devices is mounted (hybrid hosts like CI).
     """
-    from runcfixture import RuncHost
+    from tests.runcfixture import RuncHost
 
     runc = need_tool("runc")
     _need("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))
@@ -115,3 +113,13 @@ def v1_cgroup(parent: str, leaf: str, allow: list) -> str:
     for rule in allow:
         (d / "devices.allow").write_text(rule + "\n")
     return f"/{parent}/{leaf}"
+
+
+@pytest.fixture(autouse=True)
+def fresh_systemd_client():
+    """Each test's bus calls on a client of its own: the process's one systemd client (systemd/client.py)
+    keeps its connection between calls, and tests start and stop private buses."""
+    yield
+    client = sys.modules.get("nvsymlinkd.systemd.client")
+    if client is not None:
+        client.reset_shared()

@@ -20,10 +20,10 @@ import threading
 import time
 
 import pytest
-from conftest import IN_CI
-from journalproto import PARSE_SOURCE
 
 from nvsymlinkd.journal import MESSAGE_IDS
+from tests.conftest import IN_CI
+from tests.journalproto import PARSE_SOURCE
 
 DEADLINE = 30.0  # generous: a loaded CI machine; nothing here measures speed
 SEP = " || "

@@ -1,7 +1,7 @@
 """Build the project's .deb from a temporary copy of the working tree (shared by
 tests/test_packages.py and the VM harness tests/vm/vmhost.py).
 
-    from debbuild import build_deb
+    from tests.debbuild import build_deb
     deb = build_deb(Path("/tmp/work"))   # /tmp/work/nvsymlinkd_<version>_all.deb
     newer = build_deb(Path("/tmp/up"), version="0.1.1")   # the same source as a higher version (upgrades)
 

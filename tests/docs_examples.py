@@ -3,7 +3,7 @@ host tree with real runc containers (the same fixtures as tests/test_check_runc.
 finding kind. Needs root, runc and busybox-static (.ci/apt.d/check.txt) and a cgroup v1 devices
 controller (hybrid hosts like CI).
 
-    .venv/bin/python tests/docs_examples.py          # prints every scenario's commands and output
+    .venv/bin/python -m tests.docs_examples          # prints every scenario's commands and output
 
 The fake root's path is shown as ROOT; container ids are the scenario names.
 """
@@ -13,8 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runcfixture import RuncHost, device_node, device_rule  # noqa: E402
+from tests.runcfixture import RuncHost, device_node, device_rule
 
 GPU0 = dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
             env=["NVIDIA_VISIBLE_DEVICES=0"])

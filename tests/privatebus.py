@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from conftest import IN_CI, need_tool
+
+from tests.conftest import IN_CI, need_tool
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"

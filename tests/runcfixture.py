@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fakehost import FakeHost
+from tests.fakehost import FakeHost
 
 BUSYBOX = "/bin/busybox"  # busybox-static: runs in an empty rootfs
 APPLETS = ("sh", "cat", "sleep", "mknod", "ls", "echo", "true")

@@ -13,10 +13,7 @@ from __future__ import annotations
 import os
 import random
 
-import bpfasm
 import pytest
-from bpfasm import CgroupDirs, kernel_probe, make_nodes
-from conftest import _skip_or_fail
 
 from nvsymlinkd import record
 from nvsymlinkd.access import bpfeval as be
@@ -24,6 +21,9 @@ from nvsymlinkd.access import bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.host.root import HostRoot
+from tests import bpfasm
+from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
+from tests.conftest import _skip_or_fail
 
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261122"))
 ACCESSES = ("r", "w", "rw", "m")

@@ -18,12 +18,7 @@ import json
 import os
 import random
 
-import bpfasm
 import pytest
-from bpfasm import CgroupDirs, kernel_probe, make_nodes
-from conftest import _skip_or_fail
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
-from test_verify_cache import GPU_SPEC, Program, _host
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen, bpfprog, bpfproof
@@ -34,6 +29,11 @@ from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.apply import repair_all
 from nvsymlinkd.repair.plan import RepairHistory
+from tests import bpfasm
+from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
+from tests.conftest import _skip_or_fail
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
+from tests.test_verify_cache import GPU_SPEC, Program, _host
 
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261126"))
 # runc's default allow list (libcontainer/specconv AllowedDevices, as runc's emulator states it)
@@ -331,7 +331,7 @@ def test_the_daemon_repairs_at_its_next_pass_and_reports_a_loss_that_comes_back(
     instead of repairing in a loop."""
     import time
 
-    from daemonproc import DaemonProcess
+    from tests.daemonproc import DaemonProcess
 
     g = gpu()
     g.runtime_program(LOST)

@@ -3,9 +3,7 @@ devices.list semantics, arithmetic corner cases, and everything it must refuse (
 
 from __future__ import annotations
 
-import bpfasm
 import pytest
-from bpfasm import alu, exit_, ja, jmp, ldx, mov32, mov64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +12,8 @@ from nvsymlinkd.access.bpfeval import Insn
 from nvsymlinkd.access.bpfprog import DeviceProgram
 from nvsymlinkd.access.cgroup import AccessPolicy, _Program, _V1Source, _V2Source
 from nvsymlinkd.access.rules import DeviceRule, decide, parse_devices_list
+from tests import bpfasm
+from tests.bpfasm import alu, exit_, ja, jmp, ldx, mov32, mov64
 
 ACCESS = st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"])
 REQUEST_ACCESS = st.sampled_from(["r", "w", "m", "rw"])

@@ -5,9 +5,7 @@ against a first-match oracle written from the rules alone."""
 
 from __future__ import annotations
 
-import bpfasm
 import pytest
-from bpfasm import alu, exit_, jmp, ldx, mov32
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +14,8 @@ from nvsymlinkd.access import bpfgen, bpfproof
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import Access, Device, Rule
+from tests import bpfasm
+from tests.bpfasm import alu, exit_, jmp, ldx, mov32
 
 RUNC_DEFAULTS = [DeviceRule("c", None, None, "m"), DeviceRule("b", None, None, "m"), DeviceRule("c", 1, 3, "rwm"),
                  DeviceRule("c", 1, 5, "rwm"), DeviceRule("c", 136, None, "rwm"), DeviceRule("c", 10, 200, "rwm")]

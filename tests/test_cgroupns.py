@@ -24,16 +24,16 @@ import sys
 import uuid
 from pathlib import Path
 
-import bpfasm
 import pytest
-from conftest import _skip_or_fail
-from runcfixture import CGROUP_V1, device_node, device_rule
 
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access import cgroup as cgroupaccess
 from nvsymlinkd.access.cgroup import mount_relative
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.host.root import HostRoot
+from tests import bpfasm
+from tests.conftest import _skip_or_fail
+from tests.runcfixture import CGROUP_V1, device_node, device_rule
 
 UNIFIED = f"{CGROUP_V1}/unified"
 POD_HIERARCHIES = ("devices", "freezer", "unified")

@@ -72,6 +72,13 @@ def test_every_kind_is_drawn_over_the_full_seeds():
     assert kinds == set(chaos.KINDS) == set(chaos.WEIGHTS) | {chaos.CGROUPFS_DROP}
 
 
+def test_every_kind_is_drawn_over_the_ci_seeds():
+    """The default run's soak (s30, chaos.CI_SEEDS, fewer seeds than the full matrix's to keep CI
+    time) still meets every kind of step at least once: cut the seeds below that and this fails."""
+    kinds = {s.kind for seed in chaos.CI_SEEDS for s in chaos.draw_sequence(seed)}
+    assert kinds == set(chaos.KINDS), sorted(set(chaos.KINDS) - kinds)
+
+
 def test_parse_seeds():
     assert chaos.parse_seeds("3") == [3]
     assert chaos.parse_seeds("1,4, 9") == [1, 4, 9]
@@ -187,7 +194,8 @@ def test_kernel_judge_opens_in_the_containers_cgroup(runc_host, tmp_path):
     container's device cgroup gets the kernel's verdict for that cgroup (granted: OK, not granted:
     EPERM), and nvsymlinkd's access engine reads the same cgroup the same way."""
     import chaosrun
-    from runcfixture import device_rule
+
+    from tests.runcfixture import device_rule
 
     nodes = {}
     for minor in (0, 1):       # no driver behind them: an allowed open gives ENXIO, a denied one EPERM

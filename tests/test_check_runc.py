@@ -12,11 +12,12 @@ import os
 import time
 
 import pytest
-from conftest import IN_CI, need_tool
-from runcfixture import RuncHost, device_node, device_rule
 
 from nvsymlinkd.config import Config
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
+from tests.conftest import IN_CI, need_tool
+from tests.runcfixture import RuncHost, device_node, device_rule
 
 
 def _v1_devices_available() -> bool:
@@ -64,7 +65,7 @@ def verify(host, cid, **kw):
 
 
 def kinds(report) -> dict:
-    return {f.kind: f.devices for f in report.findings}
+    return {f.kind: tuple(str(d) for d in f.devices) for f in report.findings}
 
 
 def test_ok_container(runc_host):
@@ -74,8 +75,8 @@ def test_ok_container(runc_host):
     assert report.status == "running"
     assert report.init_pid == c.pid
     assert c.cgroups_path in (report.cgroup["devices"], report.cgroup["unified"])
-    assert report.expected["c 195:0"] == {"access": "rw", "sources": ["spec", "runtime-state"]}
-    assert report.granted == {"c 195:0": "rw"}
+    assert report.expected[Device.char(195, 0)] == {"access": "rw", "sources": ["spec", "runtime-state"]}
+    assert report.granted == {Device.char(195, 0): "rw"}
     assert report.verdict == "ok", report.findings
     assert c.open_error("/dev/nvidia0") == "ENXIO"  # ground truth: the cgroup lets it through
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
@@ -103,7 +104,7 @@ def test_hook_style_grant_is_at_risk(need_v1, runc_host):
     report = verify(runc_host, "gpu-hook")
     assert report.verdict == "at-risk"
     assert kinds(report) == {"at-risk-not-in-spec": ("c 195:1",)}
-    assert "c 195:1" not in report.expected
+    assert Device.char(195, 1) not in report.expected
     assert c.open_error("/dev/nvidia1") == "ENXIO"
 
 
@@ -125,8 +126,8 @@ def test_node_made_inside_the_container_is_not_expected(runc_host):
     assert made.returncode == 0, made.stderr  # runc's default rules allow mknod (c *:* m)
     report = verify(runc_host, "gpu-mknod")
     assert "/dev/nvidia2 (c 195:2)" in report.untrusted_nodes
-    assert "c 195:2" not in report.expected
-    assert "c 195:2" not in report.granted
+    assert Device.char(195, 2) not in report.expected
+    assert Device.char(195, 2) not in report.granted
     # a node in its /dev is a sign, never a grant: denied (not ok, and never repaired)
     assert report.verdict == "denied" and kinds(report) == {"denied": ("c 195:2",)}
     assert c.open_error("/dev/nvidia2") == "EPERM"
@@ -147,7 +148,7 @@ def test_baseline_makes_a_hook_grant_expected(need_v1, runc_host):
     report = verify(runc_host, "gpu-base")
     assert report.verdict == "lost"
     assert kinds(report)["lost"] == ("c 195:1",)
-    assert report.expected["c 195:1"]["sources"] == ["baseline"]
+    assert report.expected[Device.char(195, 1)]["sources"] == ["baseline"]
     assert c.open_error("/dev/nvidia1") == "EPERM"
 
 

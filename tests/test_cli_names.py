@@ -11,13 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.metrics import Metrics
 from nvsymlinkd.verify.verifier import journal_entries, verify_all
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
 K8S = "a" * 64
 DOCKER = "b" * 64

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from fakehost import standard_host
 
 from nvsymlinkd.cli import COMMANDS, build_parser
+from tests.fakehost import standard_host
 
 
 def python(code: str, *argv, env=None):
@@ -66,8 +66,8 @@ def test_help_printed_is_the_full_parsers(command, columns):
     proc = subprocess.run([sys.executable, "-m", "nvsymlinkd", *argv], capture_output=True, text=True,
                           timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
-    want = python(f"from test_cli_start import full_help; print(full_help({command!r}), end='')",
-                  env=dict(env, PYTHONPATH=os.path.dirname(__file__))).stdout
+    want = python(f"from tests.test_cli_start import full_help; print(full_help({command!r}), end='')",
+                  env=dict(env, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))).stdout
     assert proc.stdout == want
 
 

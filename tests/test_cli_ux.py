@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from fakehost import FakeHost, standard_host
+
+from tests.fakehost import FakeHost, standard_host
 
 pytestmark = pytest.mark.root
 

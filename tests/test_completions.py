@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
-from runcfixture import device_node, device_rule
 
 from nvsymlinkd.cli import HIDDEN_COMMANDS, build_parser
+from tests.conftest import need_tool
+from tests.runcfixture import device_node, device_rule
 
 REPO = Path(__file__).parent.parent
 COMPLETIONS = REPO / "completions"

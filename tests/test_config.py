@@ -5,12 +5,12 @@ import re
 import signal
 
 import pytest
-from daemonproc import DaemonProcess
-from fakehost import standard_host
 
 from nvsymlinkd.config import Config, load_config, parse_config
 from nvsymlinkd.errors import ConfigError
 from nvsymlinkd.host.root import HostRoot
+from tests.daemonproc import DaemonProcess
+from tests.fakehost import standard_host
 
 
 def test_absent_default_file_is_fine(tmp_path):

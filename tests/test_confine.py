@@ -20,13 +20,13 @@ import subprocess
 import sys
 
 import pytest
-from daemonproc import DaemonProcess
-from fakehost import FakeHost
 
 from nvsymlinkd import cli
 from nvsymlinkd.host import libc
 from nvsymlinkd.host import root as hostroot
 from nvsymlinkd.host.root import HostRoot
+from tests.daemonproc import DaemonProcess
+from tests.fakehost import FakeHost
 
 pytestmark = pytest.mark.root
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-from fixtures.runtimes.layouts import NVIDIA_HOOK, Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.containers.discovery import (
     container_dev_nodes,
@@ -20,6 +19,7 @@ from nvsymlinkd.containers.discovery import (
 )
 from nvsymlinkd.containers.ocispec import UnsafeFile, gpu_signs, parse_spec, read_bounded
 from nvsymlinkd.host.root import HostRoot
+from tests.fixtures.runtimes.layouts import NVIDIA_HOOK, Layouts, oci_spec, spec_node, spec_rule
 
 CID = "a" * 64
 GPU_SPEC = oci_spec(rules=[spec_rule(195, 0)], nodes=[spec_node("/dev/nvidia0", 195, 0)],

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import os
 
-from conftest import v1_cgroup
-from fixtures.runtimes.layouts import Layouts
-from test_hostile_input import RecordingJournal
-from test_verify_cache import GPU_SPEC, Program, _host, v2  # noqa: F401 - v2 is a fixture
-
 from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
 from nvsymlinkd.daemon import containerwatch
 from nvsymlinkd.daemon.containerwatch import ContainerWatch
+from tests.conftest import v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts
+from tests.test_hostile_input import RecordingJournal
+from tests.test_verify_cache import GPU_SPEC, Program, _host, v2  # noqa: F401 - v2 is a fixture
 
 HELD_BACK = "new findings while systemd reloads"
 

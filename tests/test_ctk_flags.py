@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakehost import standard_host
+
+from tests.fakehost import standard_host
 
 REPO = Path(__file__).parent.parent
 CTK_FLAGS = ("--dev-char-path", "--driver-root", "--create-all", "--load-kernel-modules",

@@ -8,8 +8,9 @@ import subprocess
 import time
 
 import pytest
-from daemonproc import DaemonProcess, notify_socket
-from fakehost import standard_host
+
+from tests.daemonproc import DaemonProcess, notify_socket
+from tests.fakehost import standard_host
 
 STANDARD_LINKS = {
     "195:0": "../nvidia0",

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, need_tool
-from daemonproc import DEADLINE, DaemonProcess
-from privatebus import MANAGER, MOCK_IFACE
-from runcfixture import device_node, device_rule
-from test_daemon_dbus import PrivateBus
-from test_repair_dbus import SystemdMock
+
+from tests.conftest import IN_CI, need_tool
+from tests.daemonproc import DEADLINE, DaemonProcess
+from tests.privatebus import MANAGER, MOCK_IFACE
+from tests.runcfixture import device_node, device_rule
+from tests.test_daemon_dbus import PrivateBus
+from tests.test_repair_dbus import SystemdMock
 
 CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
 
@@ -568,7 +569,7 @@ def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, 
     """Issue 24: a Docker --gpus style container (legacy NVIDIA hook, NVIDIA_VISIBLE_DEVICES, the grant
     outside the spec) loses a device while nvsymlinkd is not running: no baseline, yet the daemon's
     first pass finds it lost (source nvidia-hook, reconstructed) and gives it back; the kernel agrees."""
-    from test_hook_trust_runc import fake_driver, hook_granted
+    from tests.test_hook_trust_runc import fake_driver, hook_granted
 
     fake_driver(runc_host)
     c = hook_granted(runc_host, "gpu-nodaemon", "1", ("c 195:255 rw", "c 195:1 rw"))
@@ -588,7 +589,7 @@ def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host
                                                                       monkeypatch):
     """What a package's maintainer script relies on: `nvsymlinkd repair` before its daemon-reload, with no
     daemon ever run (no baseline), puts a Docker --gpus style container's hook grant in its scope."""
-    from test_hook_trust_runc import fake_driver, hook_granted
+    from tests.test_hook_trust_runc import fake_driver, hook_granted
 
     fake_driver(runc_host)
     scope = "runc-gpu-pre.scope"
@@ -648,7 +649,7 @@ def test_a_new_scope_gets_the_hook_grant_before_runc_writes_its_state(runc_host,
     before any daemon pass could see the container. On the scope's UnitNew the daemon reads the bundle's
     spec, reconstructs the hook's grant, and adds it (and the spec's own devices the scope lacks) to the
     scope's DeviceAllow at once: before state.json exists."""
-    from test_hook_trust_runc import fake_driver
+    from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(runc_host)
     cid = "c0ffee" * 10 + "abcd"
@@ -676,7 +677,7 @@ def test_a_new_scope_is_judged_once_the_runtime_has_set_its_device_policy(runc_h
     Set, right before the hooks; read at UnitNew the scope is DevicePolicy=auto with no entries, which covers
     everything. The daemon waits for the runtime's policy (while the container is being created), then adds
     what the scope lacks: after runc's Set, not before it (runc's Set resets DeviceAllow)."""
-    from test_hook_trust_runc import fake_driver
+    from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(runc_host)
     cid = "5ca1ab1e" * 8
@@ -708,7 +709,7 @@ def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, systemd
     """A scope that still reads DevicePolicy=auto with no entries when its container's state is written (a
     privileged container: runc's allow-all is exactly that; crun programs the cgroup itself) is not
     restricted by systemd: a reload takes nothing, and entries added to it would make it an allow-list."""
-    from test_hook_trust_runc import fake_driver
+    from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(runc_host)
     cid = "0ddba11" * 9 + "a"
@@ -730,7 +731,7 @@ def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(run
                                                                              start_daemon, case):
     """A GPU UUID the driver does not list: the hook's grant is no trusted source, only the spec's own rule
     is added. A scope whose name no bundle's cgroupsPath makes: nothing at all."""
-    from test_hook_trust_runc import fake_driver
+    from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(runc_host)
     cid = "feed" * 16

@@ -7,9 +7,10 @@ import signal
 import time
 
 import pytest
-from daemonproc import DEADLINE, DaemonProcess
-from fakehost import standard_host
-from privatebus import (
+
+from tests.daemonproc import DEADLINE, DaemonProcess
+from tests.fakehost import standard_host
+from tests.privatebus import (
     MANAGER,
     MOCK_IFACE,
     SYSTEMD,

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import hashlib
 
-from daemonproc import DaemonProcess
-from fakehost import standard_host
-
 from nvsymlinkd.containers import baseline as baselinemod
+from tests.daemonproc import DaemonProcess
+from tests.fakehost import standard_host
 
 # OpenSSL's libcrypto (hashlib's backend: ~3.5 MiB) and GObject introspection (dbus_next's GLib
 # backend, when python3-gi is installed: ~3.7 MiB); the daemon needs neither.

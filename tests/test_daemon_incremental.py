@@ -11,9 +11,10 @@ import os
 import re
 
 import pytest
-from daemonproc import DaemonProcess
-from fakehost import standard_host
-from test_daemon import CAPS_MAJOR, STANDARD_LINKS, links
+
+from tests.daemonproc import DaemonProcess
+from tests.fakehost import standard_host
+from tests.test_daemon import CAPS_MAJOR, STANDARD_LINKS, links
 
 
 @pytest.fixture

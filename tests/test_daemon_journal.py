@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import IN_CI, need_tool
-from fakehost import standard_host
-from journalproto import PARSE_SOURCE
 
 from nvsymlinkd import journal
+from tests.conftest import IN_CI, need_tool
+from tests.fakehost import standard_host
+from tests.journalproto import PARSE_SOURCE
 
 # Runs as root in its own mount namespace with a tmpfs on /run: binds the journal socket
 # where libsystemd sends to, runs the daemon with stderr a pipe (not a terminal), and

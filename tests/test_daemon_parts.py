@@ -10,9 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
-from daemonproc import notify_socket
-from fakehost import standard_host
 
 from nvsymlinkd import journal
 from nvsymlinkd.daemon.inotify import (
@@ -27,6 +24,9 @@ from nvsymlinkd.daemon.notify import Notifier, send_datagram
 from nvsymlinkd.daemon.udev import is_nvidia_event
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.systemd.bus import is_container_scope
+from tests.conftest import need_tool
+from tests.daemonproc import notify_socket
+from tests.fakehost import standard_host
 
 CATALOG = Path(__file__).resolve().parent.parent / "catalog" / "nvsymlinkd.catalog"
 
@@ -96,6 +96,38 @@ def test_devwatch_driver_root_appearing_later(tmp_path):
         (tmp_path / "run/nvidia/driver/dev/nvidia1").write_text("")
         assert watch.poll() == (True, False)
         assert [p for p, _ in watch.watches.values()] == ["/run/nvidia/driver/dev"]
+    finally:
+        watch.close()
+
+
+def test_devwatch_waits_for_a_missing_driver_root_from_above(tmp_path):
+    (tmp_path / "run").mkdir()
+    watch = DevWatch(HostRoot(str(tmp_path)), "/run/nvidia/driver")
+
+    def watched():
+        return sorted(p for p, _ in watch.watches.values())
+
+    try:
+        assert not watch.arm()
+        assert watched() == ["/run"]  # the nearest directory there is
+        (tmp_path / "run/other").mkdir()
+        assert watch.poll() == (False, False)  # not on the way: nothing
+        (tmp_path / "run/nvidia/driver").mkdir(parents=True)
+        assert watch.poll() == (False, False)  # on the way, no dev/ yet: waited for from nearer
+        assert watched() == ["/run/nvidia/driver"]
+        (tmp_path / "run/nvidia/driver/dev").mkdir()
+        assert watch.poll() == (True, False)  # there: watched, and a full pass for what is in it
+        assert watch.take() == (set(), True)
+        assert watched() == ["/run/nvidia/driver/dev"]
+        (tmp_path / "run/nvidia/driver/dev/nvidia0").write_text("")
+        assert watch.poll() == (True, False)
+        assert watch.take() == ({"nvidia0"}, False)
+        # dev/ goes (the driver container stopped): waited for from above again
+        (tmp_path / "run/nvidia/driver/dev/nvidia0").unlink()
+        (tmp_path / "run/nvidia/driver/dev").rmdir()
+        assert watch.poll()[0]
+        assert not watch.arm()
+        assert watched() == ["/run/nvidia/driver"]
     finally:
         watch.close()
 
@@ -248,6 +280,7 @@ class RecordingHook:
 def test_hook_is_swappable(tmp_path, need_root):
     from nvsymlinkd.config import Config
     from nvsymlinkd.daemon.loop import Daemon
+    from nvsymlinkd.daemon.sources.systemd import SystemdSource
 
     host = standard_host(tmp_path / "root")
     hook = RecordingHook()
@@ -263,8 +296,9 @@ def test_hook_is_swappable(tmp_path, need_root):
             host.node("/dev/nvidia5", 195, 5)
             while not hook.calls:
                 await asyncio.sleep(0.01)
-            daemon._on_reload("reload")
-            daemon._on_scope("docker-1.scope")
+            bus = SystemdSource(daemon)  # what the systemd source calls back with (no bus here)
+            bus.on_reload("reload")
+            bus.on_scope("docker-1.scope")
             while len(hook.calls) < 3:
                 await asyncio.sleep(0.01)
             daemon.stop()

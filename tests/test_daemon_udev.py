@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import IN_CI, need_tool
-from daemonproc import DEADLINE, DaemonProcess
-from fakehost import standard_host
+
+from tests.conftest import IN_CI, need_tool
+from tests.daemonproc import DEADLINE, DaemonProcess
+from tests.fakehost import standard_host
 
 # Runs under umockdev-wrapper (the testbed's uevent sender must see the mocked /sys);
 # one command per stdin line, answers "ok" when done.

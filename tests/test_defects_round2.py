@@ -12,9 +12,10 @@ import sys
 import time
 
 import pytest
-from daemonproc import DaemonProcess
-from fakehost import standard_host
-from test_daemon import STANDARD_LINKS, links
+
+from tests.daemonproc import DaemonProcess
+from tests.fakehost import standard_host
+from tests.test_daemon import STANDARD_LINKS, links
 
 NVS = [sys.executable, "-m", "nvsymlinkd"]
 
@@ -145,7 +146,7 @@ def evil_host(fakehost, v1_parent, request):
     """A lost GPU container (plain runc, systemd driver names) whose state.json names an evil scope."""
     import json
 
-    from test_hostile_input import LostHost
+    from tests.test_hostile_input import LostHost
 
     h = LostHost(fakehost, v1_parent, "runc")
     doc = h.doc(h.state)
@@ -180,7 +181,7 @@ def test_check_into_a_closed_pipe_keeps_the_exit_status_of_what_was_found(evil_h
 
 @pytest.fixture
 def lost_host(fakehost, v1_parent):
-    from test_hostile_input import LostHost
+    from tests.test_hostile_input import LostHost
 
     return LostHost(fakehost, v1_parent, "runc")
 
@@ -421,7 +422,7 @@ def _unit_words(value: str) -> list:
 
 @pytest.mark.parametrize("case", sorted(UNIT_CASES))
 def test_rendered_units_say_what_the_config_says(tmp_path, case):
-    from conftest import need_tool
+    from tests.conftest import need_tool
 
     text, expect = UNIT_CASES[case]
     cfg = tmp_path / "c.toml"
@@ -455,7 +456,7 @@ def test_rendered_units_say_what_the_config_says(tmp_path, case):
 @pytest.fixture
 def coarse_fs(tmp_path, need_root):
     """ext4 with 128-byte inodes: whole-second timestamps (no room for the nanoseconds)."""
-    from conftest import need_tool
+    from tests.conftest import need_tool
 
     mkfs = need_tool("mkfs.ext4")
     image, mnt = tmp_path / "ext4-128.img", tmp_path / "mnt"
@@ -497,7 +498,7 @@ def test_an_absolute_symlinked_data_root_is_followed_inside_the_root(fakehost, t
     import json
     import shutil
 
-    from fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
+    from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
     fakehost.proc_devices({"nvidia-frontend": 195})
     fakehost.node("/dev/nvidia0", 195, 0)

@@ -13,9 +13,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import need_tool
 
 from nvsymlinkd.config import parse_config
+from tests.conftest import need_tool
 
 REPO = Path(__file__).parent.parent
 # Debian 12's python3 is 3.11 (the image's and CI's); the module list arrived in 3.10
@@ -298,14 +298,29 @@ def test_image_layout_runs_the_cli_and_the_probe(tmp_path):
                                   "'nvsymlinkd.verify.kinds']")
 
 
+def test_ctypes_only_in_host_libc():
+    # every foreign call in one place to audit (docs/architecture.md): host/libc.py
+    import ast
+
+    found = []
+    for path in sorted((REPO / "nvsymlinkd").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
+                found.append(str(path.relative_to(REPO)))
+    assert found == ["nvsymlinkd/host/libc.py"]
+
+
 # The import contract: a pure planner reaches no module that does I/O (no HostRoot, no ctypes, no
 # cgroup or systemd client), so it runs, and is table-tested, anywhere. Pure nvsymlinkd modules:
 PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.devices", "nvsymlinkd.host.procdevices",
         "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes",
         "nvsymlinkd.access", "nvsymlinkd.access.rules", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
         "nvsymlinkd.access.bpfproof", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
-        "nvsymlinkd.verify.journaldiff",
-        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
+        "nvsymlinkd.verify.journaldiff", "nvsymlinkd.verify.evaluate", "nvsymlinkd.messageids", "nvsymlinkd.text",
+        "nvsymlinkd.containers.model",
+        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
         "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant",
         "nvsymlinkd.containers.early"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
@@ -316,6 +331,8 @@ IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", 
     "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes", "nvsymlinkd.devchar.model", "nvsymlinkd.devchar.plan",
     "nvsymlinkd.verify.journaldiff", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
     "nvsymlinkd.access.bpfproof", "nvsymlinkd.containers.hookgrant", "nvsymlinkd.containers.early",
+    "nvsymlinkd.verify.evaluate", "nvsymlinkd.containers.model", "nvsymlinkd.messageids", "nvsymlinkd.text",
+    "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "

@@ -16,7 +16,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from test_deploy import KUBE, by_kind, daemonset, render
+
+from tests.test_deploy import KUBE, by_kind, daemonset, render
 
 # every minor version from 1.25 to the newest schema the validator has
 LATEST = tuple(int(x) for x in kubernetes_validate.latest_version().split(".")[:2])

@@ -6,10 +6,7 @@ import os
 import random
 import subprocess
 
-import bpfasm
 import pytest
-from bpfasm import CgroupDirs, kernel_probe, make_nodes
-from conftest import _skip_or_fail
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +14,9 @@ from nvsymlinkd.access.cgroup import find_cgroup_mounts, parse_mountinfo, read_a
 from nvsymlinkd.access.rules import DeviceRule, decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.root import HostRoot
+from tests import bpfasm
+from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
+from tests.conftest import _skip_or_fail
 
 PATH = "/sys/fs/cgroup/devices/docker/abc/devices.list"
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261122"))

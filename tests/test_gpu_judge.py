@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import _skip_or_fail, need_tool
+
+from tests.conftest import _skip_or_fail, need_tool
 
 GPU_DIR = Path(__file__).parent / "gpu"
 sys.path.insert(0, str(GPU_DIR))

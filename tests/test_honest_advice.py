@@ -17,9 +17,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
-from fakehost import standard_host
-from runcfixture import RuncHost, device_node, device_rule
+
+from tests.conftest import need_tool
+from tests.fakehost import standard_host
+from tests.runcfixture import RuncHost, device_node, device_rule
 
 NOBODY = 65534
 

@@ -13,7 +13,8 @@ import os
 import sys
 
 import pytest
-from runcfixture import device_node, device_rule
+
+from tests.runcfixture import device_node, device_rule
 
 FAKE_HOOK = """#!{python}
 import json, os, sys

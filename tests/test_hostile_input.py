@@ -11,8 +11,9 @@ import json
 import os
 
 import pytest
-from conftest import v1_cgroup
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
+
+from tests.conftest import v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
 CID = "lost1"
 DEEP = 200_000
@@ -191,7 +192,7 @@ HUGE = "1" * 5000
 
 
 def test_proc_devices_nvidia_major_of_thousands_of_digits_is_one_clean_line(fakehost, nvsymlinkd_cli):
-    from fakehost import standard_host
+    from tests.fakehost import standard_host
 
     host = standard_host(fakehost.root)
     text = host.path("/proc/devices").read_text().replace("Character devices:\n",
@@ -207,7 +208,7 @@ def test_proc_devices_nvidia_major_of_thousands_of_digits_is_one_clean_line(fake
 
 def test_proc_devices_other_drivers_unusable_line_is_skipped_with_a_warning(fakehost, nvsymlinkd_cli):
     """Another driver's line of 5,000 digits says nothing about NVIDIA's majors: the rest is usable."""
-    from fakehost import standard_host
+    from tests.fakehost import standard_host
 
     host = standard_host(fakehost.root)
     text = host.path("/proc/devices").read_text().replace("Character devices:\n", f"Character devices:\n{HUGE} x\n")
@@ -286,7 +287,7 @@ def test_scope_device_allow_of_thousands_of_digits_is_unmapped():
 # --- a name listed twice in /proc/devices ---------------------------------------------------------
 
 def test_a_second_major_for_a_name_never_drops_a_link(fakehost, nvsymlinkd_cli):
-    from fakehost import standard_host
+    from tests.fakehost import standard_host
 
     host = standard_host(fakehost.root, names=("nvidia",))
     nvsymlinkd_cli("--root", host.root, "sync", check=0)

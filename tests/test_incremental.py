@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from fakehost import standard_host
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +24,7 @@ from nvsymlinkd.devchar.plan import plan_sync
 from nvsymlinkd.devchar.reconcile import reconcile
 from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.host.root import HostRoot
+from tests.fakehost import standard_host
 
 CAPS = 509
 SLOTS = 6  # cap names nvidia-cap0..5; minors 0..7, so names and rdevs collide and get reused

@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
-from runcfixture import device_node, device_rule
-from test_hook_trust_runc import fake_driver, hook_granted
 
 from nvsymlinkd.repair.plan import MECHANISMS, TRUSTED_SOURCES, UNTRUSTED_SOURCES, RepairStatus
 from nvsymlinkd.verify.kinds import FindingKind, Verdict
+from tests.conftest import IN_CI
+from tests.runcfixture import device_node, device_rule
+from tests.test_hook_trust_runc import fake_driver, hook_granted
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "docs" / "schema"
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import need_tool
+
+from tests.conftest import need_tool
 
 REPO = Path(__file__).parent.parent
 sys.path.insert(0, str(REPO / "tests" / "vm" / "guest"))

@@ -13,13 +13,13 @@ import time
 
 import prometheus_client.parser as parser  # test-only: python3-prometheus-client (.ci/apt.d/cluster.txt)
 import pytest
-from fakehost import standard_host
 
 from nvsymlinkd import metrics as m
 from nvsymlinkd.config import Config, parse_config
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import Journal
 from nvsymlinkd.verify.verifier import ContainerReport, Report
+from tests.fakehost import standard_host
 
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
 
@@ -389,7 +389,7 @@ def test_check_command_exit_codes(tmp_path):
 
 
 def test_daemon_writes_the_textfile_and_counts_move(tmp_path, need_root):
-    from daemonproc import DaemonProcess
+    from tests.daemonproc import DaemonProcess
 
     host = standard_host(tmp_path / "root")
     host.path(os.path.dirname(TEXTFILE)).mkdir(parents=True)
@@ -434,8 +434,8 @@ def test_daemon_writes_the_textfile_and_counts_move(tmp_path, need_root):
 
 @pytest.fixture
 def runc_host(tmp_path, need_root, monkeypatch):
-    from conftest import IN_CI, need_tool
-    from runcfixture import RuncHost
+    from tests.conftest import IN_CI, need_tool
+    from tests.runcfixture import RuncHost
 
     runc = need_tool("runc")
     if not os.path.exists("/sys/fs/cgroup/devices/devices.list") or not os.path.exists("/bin/busybox"):
@@ -451,11 +451,10 @@ def runc_host(tmp_path, need_root, monkeypatch):
 
 
 def test_container_verdicts_and_repairs_from_real_runc_containers(runc_host):
-    from runcfixture import device_node, device_rule
-
     from nvsymlinkd.repair.apply import SUCCESS, repair_all
     from nvsymlinkd.repair.plan import RepairHistory
     from nvsymlinkd.verify.verifier import verify_all
+    from tests.runcfixture import device_node, device_rule
 
     gpu0 = dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
                 env=["NVIDIA_VISIBLE_DEVICES=0"])

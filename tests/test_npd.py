@@ -23,11 +23,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fakehost import standard_host
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
+from tests.fakehost import standard_host
 
 NPD_DIR = Path(__file__).parent.parent / "deploy/node-problem-detector"
 CONFIG = NPD_DIR / "nvsymlinkd-monitor.json"
@@ -170,7 +170,7 @@ def daemon_entries(tmp_path) -> list:
 
 
 def gpu0():
-    from runcfixture import device_node, device_rule
+    from tests.runcfixture import device_node, device_rule
 
     return dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
                 env=["NVIDIA_VISIBLE_DEVICES=0"])
@@ -275,11 +275,10 @@ def test_stories_set_conditions_that_clear(runc_host, monkeypatch, tmp_path):
     conditions through the plugin: a hook's grant at risk that cgroupfs cannot protect (a refused
     prevention), lost and repaired, at risk again; a loss refused by the rate limit; a failed repair.
     A condition is True exactly while its story's container is in that state, and False after."""
-    from runcfixture import device_node, device_rule
-
     from nvsymlinkd.repair.apply import repair_all
     from nvsymlinkd.repair.plan import RepairHistory
     from nvsymlinkd.verify.verifier import verify_all
+    from tests.runcfixture import device_node, device_rule
 
     monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
     root = HostRoot(str(runc_host.root))
@@ -424,10 +423,9 @@ def test_prevented_and_forced_stories_through_systemd(tmp_path, need_root, monke
     """The systemd stories with real entries: the repairer against test_repair_dbus's systemd (a private
     bus, SetUnitProperties) and a real cgroup2 directory: prevented, repaired, refused at the keyboard
     (no "automatically"), forced by hand. Each fires its event; no condition is set."""
-    from test_repair_dbus import SystemdMock, gpu0, link_cgroups, need_dbusmock, v2_cgroup
-
     from nvsymlinkd.repair.apply import repair_container
     from nvsymlinkd.repair.plan import RepairHistory, RepairRequest
+    from tests.test_repair_dbus import SystemdMock, gpu0, link_cgroups, need_dbusmock, v2_cgroup
 
     need_dbusmock()
     host = standard_host(tmp_path / "root")

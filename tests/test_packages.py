@@ -17,14 +17,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import _skip_or_fail, need_tool
-from debbuild import build_deb, copy_tree, run
-from privatebus import need_dbusmock
-from runcfixture import device_node, device_rule
 
 import nvsymlinkd
 from nvsymlinkd.config import Config
 from nvsymlinkd.render import render_all
+from tests.conftest import _skip_or_fail, need_tool
+from tests.debbuild import build_deb, copy_tree, run
+from tests.privatebus import need_dbusmock
+from tests.runcfixture import device_node, device_rule
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = nvsymlinkd.__version__
@@ -558,7 +558,7 @@ if sys.argv[1:] == ["--system", "daemon-reload"]:
 
 @pytest.fixture
 def systemd_mock(tmp_path, need_root):
-    from test_repair_dbus import SystemdMock
+    from tests.test_repair_dbus import SystemdMock
 
     need_dbusmock()
     m = SystemdMock(tmp_path / "sdbus")

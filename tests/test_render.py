@@ -105,8 +105,8 @@ def test_metrics_textfile_is_off_by_default(tmp_path, nvsymlinkd_cli):
 
 
 def test_daemon_says_nothing_about_metrics_nobody_asked_for(tmp_path, need_root):
-    from daemonproc import DaemonProcess
-    from fakehost import standard_host
+    from tests.daemonproc import DaemonProcess
+    from tests.fakehost import standard_host
 
     host = standard_host(tmp_path / "root")
     host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510})

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
-from daemonproc import DEADLINE
-from runcfixture import device_node, device_rule
-from test_daemon_containers import start_daemon, systemd_mock  # noqa: F401  (fixtures; F811 on their users)
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
+from tests.daemonproc import DEADLINE
+from tests.runcfixture import device_node, device_rule
+from tests.test_daemon_containers import start_daemon, systemd_mock  # noqa: F401  (fixtures; F811 on their users)
 
 HOLD = 4.0  # seconds the mock keeps a SetUnitProperties reply back (under the repair's 5 s call timeout)
 # what the scope keeps in DeviceAllow (runc's defaults); it lacks the GPU: the container is at-risk-scope

@@ -26,9 +26,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
-from fakehost import FakeHost
-from privatebus import (
+
+from nvsymlinkd.config import Config
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest, plan_repair
+from tests.conftest import IN_CI
+from tests.fakehost import FakeHost
+from tests.privatebus import (
     DEADLINE,
     MANAGER,
     MOCK_IFACE,
@@ -38,11 +43,6 @@ from privatebus import (
     start_bus,
     start_mock,
 )
-
-from nvsymlinkd.config import Config
-from nvsymlinkd.host.devices import Device
-from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest, plan_repair
 
 SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
 

@@ -177,13 +177,13 @@ def test_adapter_from_verifier_findings():
 
     report = ContainerReport(
         "abc", "docker", "moby", "running", "lost", "docker-abc.scope", 4242,
-        findings=[Finding("lost", ("c 195:0",), "", ""),
-                  Finding("at-risk-scope", ("c 195:255",), "", ""),
-                  Finding("at-risk-not-in-spec", ("c 195:3", "c 195:4"), "", ""),
-                  Finding("at-risk-uvm-missing", ("c 509:0",), "", "")],
-        expected={"c 195:0": {"access": "rw", "sources": ["spec", "runtime-state"]},
-                  "c 195:255": {"access": "rw", "sources": ["spec"]},
-                  "c 195:4": {"access": "rw", "sources": ["baseline"]}},
+        findings=[Finding("lost", (Device.char(195, 0),), "", ""),
+                  Finding("at-risk-scope", (Device.char(195, 255),), "", ""),
+                  Finding("at-risk-not-in-spec", (Device.char(195, 3), Device.char(195, 4)), "", ""),
+                  Finding("at-risk-uvm-missing", (Device.char(509, 0),), "", "")],
+        expected={Device.char(195, 0): {"access": "rw", "sources": ["spec", "runtime-state"]},
+                  Device.char(195, 255): {"access": "rw", "sources": ["spec"]},
+                  Device.char(195, 4): {"access": "rw", "sources": ["baseline"]}},
         untrusted_nodes=("/dev/nvidia7 (c 195:7)",),
         cgroup={"devices": None, "unified": "/system.slice/docker-abc.scope"})
     r = requests_from_report(report)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from runcfixture import device_node, device_rule
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
+from tests.runcfixture import device_node, device_rule
 
 
 def gpu0():
@@ -138,6 +138,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     exception, which devices.list cannot show: the kernel's EPERM is the answer, and it is a failure."""
     from pathlib import Path
 
+    from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import repair_container, requests_from_report
     from nvsymlinkd.verify.verifier import verify_container
 
@@ -151,7 +152,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     res = repair_container(root, Config(), req)
     assert res.status == "failed"
     assert "parent cgroup does not allow it" in res.error and "EPERM" in res.error
-    assert res.verification["c 195:0"]["state"] == "deny"
+    assert res.verification[Device.char(195, 0)]["state"] == "deny"
     assert c.open_error("/dev/nvidia0") == "EPERM"
 
 
@@ -237,10 +238,9 @@ def test_a_person_can_force_a_repair_within_the_rate_limit(runc_host, nvsymlinkd
 
 
 def test_a_forced_repair_is_journaled_as_forced(runc_host):
-    from test_npd import recording_journal
-
     from nvsymlinkd.repair.apply import repair_all
     from nvsymlinkd.repair.plan import RepairHistory
+    from tests.test_npd import recording_journal
 
     c = runc_host.run("gpu-forcej", **gpu0())
     root = HostRoot(str(runc_host.root))

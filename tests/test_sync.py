@@ -5,11 +5,11 @@ import os
 import stat
 
 import pytest
-from fakehost import FakeHost, standard_host
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.devchar.reconcile import reconcile
 from nvsymlinkd.host.root import HostRoot
+from tests.fakehost import FakeHost, standard_host
 
 pytestmark = pytest.mark.root
 

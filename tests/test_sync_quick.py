@@ -14,7 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from fakehost import FakeHost
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,7 @@ from nvsymlinkd.devchar.quick import observe_and_plan
 from nvsymlinkd.devchar.reconcile import reconcile
 from nvsymlinkd.devchar.snapshot import observe
 from nvsymlinkd.host.root import HostRoot
+from tests.fakehost import FakeHost
 
 CAPS = 509
 LINK_KINDS = ("none", "exact", "absolute", "dotted", "other-node", "dangling", "foreign", "file", "dir")

@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import need_tool
-from fakehost import standard_host
-from runcfixture import device_node, device_rule
+
+from tests.conftest import need_tool
+from tests.fakehost import standard_host
+from tests.runcfixture import device_node, device_rule
 
 REPO = Path(__file__).parent.parent
 PAGES = sorted(p.name for p in (REPO / "man").glob("*.rst"))

@@ -12,10 +12,10 @@ import subprocess
 import textwrap
 
 import pytest
-from conftest import need_tool
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.render import RULES, render_all
+from tests.conftest import need_tool
 
 UNRELATED = "loop"
 
@@ -32,7 +32,7 @@ def real_modules(count: int) -> list:
 def udev_properties(tmp_path_factory, request):
     """{(module name, action): {property: value}} from udevadm test of the rendered rule."""
     if os.geteuid() != 0:
-        from conftest import _skip_or_fail
+        from tests.conftest import _skip_or_fail
         _skip_or_fail("needs root (unshare -m, mounts)")
     udevadm = need_tool("udevadm")
     unshare = need_tool("unshare")

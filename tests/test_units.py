@@ -4,10 +4,10 @@ import re
 import subprocess
 
 import pytest
-from conftest import need_tool
 
 from nvsymlinkd.config import Config
 from nvsymlinkd.render import RenderOptions, render_all
+from tests.conftest import need_tool
 
 # Configs that change the units: defaults, driver container, odd paths, metrics over HTTP.
 CONFIGS = {

@@ -7,10 +7,7 @@ import contextlib
 import json
 import os
 
-import bpfasm
 import pytest
-from conftest import v1_cgroup
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.cgroup import AccessPolicy, policy_of
@@ -32,6 +29,9 @@ from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import MESSAGE_IDS
 from nvsymlinkd.verify import hostcheck
 from nvsymlinkd.verify.verifier import HostDevices, evaluate
+from tests import bpfasm
+from tests.conftest import v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 MAJORS = frozenset({195, 510})
 HOST = HostDevices((NvidiaNode("/dev/nvidia0", "gpu", 195, 0), NvidiaNode("/dev/nvidia1", "gpu", 195, 1),
@@ -70,13 +70,13 @@ GPU0 = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node
 
 
 def kinds(report):
-    return {f.kind: f.devices for f in report.findings}
+    return {f.kind: tuple(str(d) for d in f.devices) for f in report.findings}
 
 
 def test_ok():
     r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}))
     assert (r.verdict, r.findings) == ("ok", [])
-    assert r.granted == {"c 195:0": "rw", "c 195:255": "rw"}
+    assert r.granted == {Device.char(195, 0): "rw", Device.char(195, 255): "rw"}
 
 
 def test_lost_partial_access_counts():
@@ -105,7 +105,7 @@ def test_hook_device_the_scope_lists_is_no_longer_at_risk():
 def test_wildcard_spec_rule_declares_every_gpu():
     spec = oci_spec(rules=[spec_rule(195, None, "rwm")])
     r = run(spec, v1({(195, 0): "rw", (195, 1): "rw", (195, 255): "rw"}))
-    assert r.verdict == "ok" and set(r.expected) == {"c 195:0", "c 195:1", "c 195:255"}
+    assert r.verdict == "ok" and set(r.expected) == {Device.char(195, m) for m in (0, 1, 255)}
 
 
 def test_uvm_missing_only_when_the_host_has_it():
@@ -151,14 +151,14 @@ def test_untrusted_nodes_are_reported_not_expected():
     r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", 195, 3)])
     assert r.untrusted_nodes == ("/dev/nvidia3 (c 195:3)",)
     # a sign, never a grant: the node the container holds but cannot open is denied, never ok
-    assert "c 195:3" not in r.expected and r.verdict == "denied"
+    assert Device.char(195, 3) not in r.expected and r.verdict == "denied"
     assert kinds(r) == {"denied": ("c 195:3",)}
 
 
 def test_baseline_only_device_is_lost_when_denied():
     base = baselinemod.Baseline("c1", 1, {Device("c", 195, 1): "rw"})
     r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), base=base)
-    assert kinds(r) == {"lost": ("c 195:1",)} and r.expected["c 195:1"]["sources"] == ["baseline"]
+    assert kinds(r) == {"lost": ("c 195:1",)} and r.expected[Device.char(195, 1)]["sources"] == ["baseline"]
 
 
 def test_rules_access_last_match_per_letter():
@@ -314,7 +314,7 @@ def load(mock, parameters):
 def mock_systemd(tmp_path, monkeypatch, template: str):
     """A private bus with python-dbusmock running TEMPLATE as systemd; yields the bus address (also
     DBUS_SYSTEM_BUS_ADDRESS meanwhile)."""
-    from privatebus import need_dbusmock, start_bus, start_mock
+    from tests.privatebus import need_dbusmock, start_bus, start_mock
 
     need_dbusmock()
     (tmp_path / "fake_systemd.py").write_text(template)
@@ -362,6 +362,28 @@ def test_scopes_without_a_bus_fall_back_to_files(fakehost, tmp_path, monkeypatch
     assert got["docker-abc.scope"].source == "files" and got["docker-abc.scope"].covers(Device("c", 195, 7), "rw")
 
 
+def test_scope_files_read_a_transient_units_drop_ins_where_systemd_writes_them(fakehost, tmp_path, monkeypatch):
+    """SetUnitProperties on a transient scope (a container's) writes its drop-in to
+    /run/systemd/transient/<scope>.d/, not /run/systemd/system.control/ (systemd's unit_drop_in_dir; seen in
+    the VM, s03): without the bus, a prevented container's added entry must still count."""
+    from nvsymlinkd.containers.scopes import read_scopes
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-socket")
+    fakehost.write("/run/systemd/transient/runc-p.scope", "[Scope]\nDevicePolicy=strict\n"
+                   "DeviceAllow=char-pts rwm\n")
+    fakehost.write("/run/systemd/transient/runc-p.scope.d/50-DeviceAllow.conf",
+                   "# This is a drop-in unit file extension, created via \"systemctl set-property\"\n"
+                   "[Scope]\nDeviceAllow=\nDeviceAllow=char-pts rwm\nDeviceAllow=/dev/char/195:0 rw\n")
+    fakehost.write("/run/systemd/system.control/runc-p.scope.d/60-DeviceAllow.conf",
+                   "[Scope]\nDeviceAllow=/dev/char/195:255 rw\n")
+    got = read_scopes(HostRoot(str(fakehost.root)), ["runc-p.scope"], Majors({}))
+    sd = got["runc-p.scope"]
+    assert sd.source == "files" and sd.policy == "strict"
+    assert sd.covers(Device("c", 195, 0), "rw"), sd.entries  # the transient unit's drop-in
+    assert sd.covers(Device("c", 195, 255), "rw"), sd.entries  # applied after 50-, by name
+    assert got.bus_error  # and the caller learns that systemd was not asked
+
+
 def test_no_spec_and_no_state_is_unknown_not_at_risk():
     c = container(None)
     exp = expected_access({Device("c", 195, 0)}, None, None, None)
@@ -386,7 +408,7 @@ def test_letters_allowed_apart_but_not_together_is_lost():
     # O_RDWR needs one v1 exception covering rw; r and w from two rules do not add up in the kernel
     r = run(GPU0, policy_of("c 195:0 r\nc 195:0 w\nc 195:255 rw\n"))
     assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
-    assert r.granted["c 195:0"] == "rw"  # each letter alone is allowed, and the report says so
+    assert r.granted[Device.char(195, 0)] == "rw"  # each letter alone is allowed, and the report says so
 
 
 MANY_SCOPES_TEMPLATE = """
@@ -422,7 +444,7 @@ def load(mock, parameters):
 
 @pytest.fixture
 def many_scopes_bus(tmp_path, need_root, monkeypatch):
-    n = 100  # more than the calls kept in flight at once (scopes.BUS_IN_FLIGHT)
+    n = 100  # more than the calls kept in flight at once (systemd.client.IN_FLIGHT)
     monkeypatch.setenv("FAKE_SYSTEMD_SCOPES", str(n))
     monkeypatch.setenv("FAKE_SYSTEMD_ASKED", str(tmp_path / "asked"))
     with mock_systemd(tmp_path, monkeypatch, MANY_SCOPES_TEMPLATE):
@@ -433,7 +455,9 @@ def test_many_scopes_asked_at_once_each_get_their_own_answer(many_scopes_bus, fa
     from nvsymlinkd.containers import scopes as scopesmod
 
     n, asked = many_scopes_bus
-    assert n > scopesmod.BUS_IN_FLIGHT
+    from nvsymlinkd.systemd.client import IN_FLIGHT
+
+    assert n > IN_FLIGHT
     names = [f"docker-s{i}.scope" for i in range(n)] + ["docker-gone.scope"]
     got = scopesmod.read_scopes(HostRoot(str(fakehost.root)), names, Majors({}))
     for i in range(n):

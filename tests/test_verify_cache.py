@@ -12,10 +12,7 @@ import json
 import os
 import time
 
-import bpfasm
 import pytest
-from conftest import _skip_or_fail, v1_cgroup
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts
@@ -29,6 +26,9 @@ from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify import cache as cachemod
 from nvsymlinkd.verify.cache import VerifyCache
 from nvsymlinkd.verify.verifier import verify_all
+from tests import bpfasm
+from tests.conftest import _skip_or_fail, v1_cgroup
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 GPU_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)],
                     env=["NVIDIA_VISIBLE_DEVICES=0"])
@@ -314,7 +314,7 @@ def test_host_nodes_are_scanned_again_when_a_node_directory_changes(fakehost, v1
     def granted(what: str) -> list:
         oracle.check(what)
         report = verify_all(root, Config(), use_bus=False, with_host=False, cache=oracle.cache)
-        return sorted(k for k in report.containers[0].granted if k.startswith("c 509:"))
+        return sorted(str(k) for k in report.containers[0].granted if k.major == 509)
 
     assert granted("the first pass") == ["c 509:1", "c 509:2"]
     before = len(scans)
@@ -460,7 +460,7 @@ def test_scope_unit_files_are_parsed_again_only_when_they_change(fakehost, v1_pa
 
 # --- the daemon: its kept cache still sees a change no runtime file shows ------------------------
 
-from test_daemon_containers import gpu0, start_daemon, systemd_bus  # noqa: E402, F401 - fixtures
+from tests.test_daemon_containers import gpu0, start_daemon, systemd_bus  # noqa: E402, F401 - fixtures
 
 
 def test_daemon_sees_a_device_cgroup_change_between_cached_passes(runc_host, systemd_bus, start_daemon):  # noqa: F811
@@ -490,12 +490,12 @@ def test_the_pass_that_records_a_baseline_judges_as_the_next_one_will(fakehost, 
     first = verify_all(root, config, update_baseline=True, use_bus=False, with_host=False, cache=cache)
     (c,) = first.containers
     assert c.baseline == "recorded"
-    assert c.expected["c 195:1"]["sources"] == ["baseline"], c.expected
+    assert c.expected[Device.char(195, 1)]["sources"] == ["baseline"], c.expected
     later = verify_all(root, config, update_baseline=True, use_bus=False, with_host=False, cache=cache)
     (d,) = later.containers
     assert d.baseline == "loaded"
     assert {**_doc(first)["containers"][0], "baseline": None} == {**_doc(later)["containers"][0], "baseline": None}
-    assert c.verdict == "at-risk" and any(f.devices == ("c 195:1",) for f in c.findings), c.findings
+    assert c.verdict == "at-risk" and any(f.devices == (Device.char(195, 1),) for f in c.findings), c.findings
 
 
 def test_a_pass_over_some_containers_keeps_the_others_cached(fakehost, v1_parent):

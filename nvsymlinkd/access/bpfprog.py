@@ -1,4 +1,4 @@
-"""The bpf(2) syscall, through ctypes: read the device programs a cgroup runs.
+"""The bpf(2) syscall (host/libc.py makes the call): read the device programs a cgroup runs.
 
 Reading (what the daemon does):
   BPF_PROG_QUERY(attach_type=BPF_CGROUP_DEVICE, query_flags=BPF_F_QUERY_EFFECTIVE)
@@ -20,20 +20,13 @@ BpfError (errno and the command named), never a bare OSError.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
-import platform
 import struct
 from dataclasses import dataclass
 
 from nvsymlinkd.errors import BpfError
 from nvsymlinkd.host import libc
-
-# syscall numbers (the bpf syscall is arch-specific)
-SYS_BPF_BY_MACHINE = {"x86_64": 321, "aarch64": 280, "arm64": 280, "i686": 357, "i386": 357,
-                      "ppc64le": 361, "ppc64": 361, "s390x": 351, "riscv64": 280, "loongarch64": 280,
-                      "armv7l": 386}
 
 # commands
 BPF_PROG_LOAD = 5
@@ -57,24 +50,19 @@ ATTR_BUFFER = 256        # bigger than any kernel's union bpf_attr: the kernel m
 INFO_LEN = 88            # struct bpf_prog_info through `ifindex` + the gpl_compatible word
 QUERY_SLOTS = 64         # programs per query before we ask again with the count the kernel reported
 
-def _syscall_number() -> int:
-    nr = SYS_BPF_BY_MACHINE.get(platform.machine())
-    if nr is None:
-        raise BpfError("bpf", errno.ENOSYS, f"no bpf syscall number known for {platform.machine()}")
-    return nr
+def _bpf(cmd: int, attr: libc.Buffer, size: int) -> int:
+    try:
+        return libc.bpf(cmd, attr, size)
+    except OSError as exc:
+        err, why = exc.errno or errno.EIO, exc.strerror or ""
+        if why.startswith("no bpf syscall number"):
+            raise BpfError("bpf", err, why) from None
+        raise BpfError(COMMAND_NAMES.get(cmd, f"bpf cmd {cmd}"), err) from None
 
 
-def _bpf(cmd: int, attr: ctypes.Array, size: int) -> int:
-    ret = libc.syscall(_syscall_number(), ctypes.c_long(cmd), ctypes.c_void_p(ctypes.addressof(attr)),
-                       ctypes.c_long(size))
-    if ret < 0:
-        raise BpfError(COMMAND_NAMES.get(cmd, f"bpf cmd {cmd}"), ctypes.get_errno())
-    return ret
-
-
-def _attr(*fields) -> ctypes.Array:
+def _attr(*fields) -> libc.Buffer:
     """A zeroed attr buffer with (offset, struct format, value) fields set."""
-    buf = ctypes.create_string_buffer(ATTR_BUFFER)
+    buf = libc.buffer(ATTR_BUFFER)
     for off, fmt, value in fields:
         struct.pack_into(fmt, buf, off, value)
     return buf
@@ -91,10 +79,10 @@ def query_device_programs(cgroup_fd: int, effective: bool = True) -> tuple:
     they were attached with (BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE or 0)."""
     slots = QUERY_SLOTS
     for _ in range(8):
-        ids = (ctypes.c_uint32 * slots)()
+        ids = libc.buffer(4 * slots)  # __u32 prog_ids[slots]
         attr = _attr((0, "=I", cgroup_fd), (4, "=I", BPF_CGROUP_DEVICE),
                      (8, "=I", BPF_F_QUERY_EFFECTIVE if effective else 0),
-                     (16, "=Q", ctypes.addressof(ids)), (24, "=I", slots))
+                     (16, "=Q", libc.address(ids)), (24, "=I", slots))
         try:
             _bpf(BPF_PROG_QUERY, attr, 28)
         except BpfError as e:
@@ -103,7 +91,7 @@ def query_device_programs(cgroup_fd: int, effective: bool = True) -> tuple:
                 continue
             raise
         count = struct.unpack_from("=I", attr, 24)[0]
-        return list(ids[:count]), struct.unpack_from("=I", attr, 12)[0]
+        return list(struct.unpack_from(f"={count}I", ids)), struct.unpack_from("=I", attr, 12)[0]
     raise BpfError("BPF_PROG_QUERY", errno.ENOSPC, "program list kept growing")
 
 
@@ -131,7 +119,7 @@ def read_program(prog_id: int) -> DeviceProgram:
 
 def read_program_fd(fd: int) -> DeviceProgram:
     """A program's id, name, tag, type and xlated instructions, from a descriptor of it."""
-    info = ctypes.create_string_buffer(ATTR_BUFFER)
+    info = libc.buffer(ATTR_BUFFER)
     _get_info(fd, info)
     prog_type, got_id = struct.unpack_from("=II", info, 0)
     tag = bytes(info.raw[8:16]).hex()
@@ -139,18 +127,18 @@ def read_program_fd(fd: int) -> DeviceProgram:
     name = info.raw[64:80].split(b"\0", 1)[0].decode("ascii", "replace")
     insns = b""
     if xlated_len:
-        code = ctypes.create_string_buffer(xlated_len)
-        info2 = ctypes.create_string_buffer(ATTR_BUFFER)
+        code = libc.buffer(xlated_len)
+        info2 = libc.buffer(ATTR_BUFFER)
         struct.pack_into("=I", info2, 20, xlated_len)
-        struct.pack_into("=Q", info2, 32, ctypes.addressof(code))
+        struct.pack_into("=Q", info2, 32, libc.address(code))
         _get_info(fd, info2)
         got_len = struct.unpack_from("=I", info2, 20)[0]
         insns = code.raw[:min(got_len, xlated_len)]
     return DeviceProgram(got_id, name, tag, prog_type, insns)
 
 
-def _get_info(fd: int, info: ctypes.Array) -> None:
-    attr = _attr((0, "=I", fd), (4, "=I", INFO_LEN), (8, "=Q", ctypes.addressof(info)))
+def _get_info(fd: int, info: libc.Buffer) -> None:
+    attr = _attr((0, "=I", fd), (4, "=I", INFO_LEN), (8, "=Q", libc.address(info)))
     _bpf(BPF_OBJ_GET_INFO_BY_FD, attr, 16)
 
 
@@ -175,18 +163,18 @@ def load_device_program(xlated: bytes, name: str = "", license: str = "GPL") -> 
 
     On a verifier reject the BpfError carries the verifier log's last lines.
     """
-    insns = ctypes.create_string_buffer(xlated, len(xlated))
-    lic = ctypes.create_string_buffer(license.encode() + b"\0")
-    log = ctypes.create_string_buffer(1 << 16)
+    insns = libc.buffer(xlated)
+    lic = libc.buffer(license.encode() + b"\0")
+    log = libc.buffer(1 << 16)
     prog_name = name.encode()[:15]
     attr = _attr((0, "=I", BPF_PROG_TYPE_CGROUP_DEVICE), (4, "=I", len(xlated) // 8),
-                 (8, "=Q", ctypes.addressof(insns)), (16, "=Q", ctypes.addressof(lic)),
-                 (24, "=I", 1), (28, "=I", len(log)), (32, "=Q", ctypes.addressof(log)),
+                 (8, "=Q", libc.address(insns)), (16, "=Q", libc.address(lic)),
+                 (24, "=I", 1), (28, "=I", len(log)), (32, "=Q", libc.address(log)),
                  (48, "16s", prog_name))
     try:
         return _bpf(BPF_PROG_LOAD, attr, 72)
     except BpfError as e:
-        lines = log.value.decode(errors="replace").strip().splitlines()
+        lines = log.raw.split(b"\0", 1)[0].decode(errors="replace").strip().splitlines()
         raise BpfError(e.command, e.errno, "verifier: " + " | ".join(lines[-3:])) from None
 
 

@@ -24,7 +24,7 @@ from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.devices import TYPES, Access, named_minors, rule_class
-from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.host.paths import normalize, unescape_mount_field
 from nvsymlinkd.host.root import HostRoot
 
 # The host's mount namespace (pid 1): its mount points are paths inside the root. This
@@ -65,20 +65,6 @@ class CgroupMounts:
     v1_freezer: Optional[Mount] = None
 
 
-def _unescape(field_text: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    out, i = [], 0
-    while i < len(field_text):
-        octal = field_text[i + 1:i + 4]
-        if field_text[i] == "\\" and len(octal) == 3 and all(c in "01234567" for c in octal):
-            out.append(chr(int(octal, 8)))
-            i += 4
-        else:
-            out.append(field_text[i])
-            i += 1
-    return "".join(out)
-
-
 def parse_mountinfo(text: str) -> list:
     """Mounts from /proc/<pid>/mountinfo text; lines that do not parse are skipped."""
     mounts = []
@@ -89,7 +75,7 @@ def parse_mountinfo(text: str) -> list:
         lf, rf = left.split(), right.split()
         if len(lf) < 6 or len(rf) < 3:
             continue
-        mounts.append(Mount(_unescape(lf[3]), _unescape(lf[4]), rf[0], tuple(rf[2].split(","))))
+        mounts.append(Mount(unescape_mount_field(lf[3]), unescape_mount_field(lf[4]), rf[0], tuple(rf[2].split(","))))
     return mounts
 
 

@@ -148,7 +148,7 @@ def human_lines(report, width: int | None = None) -> list:
                                  "-", "-"))
             continue
         for i, f in enumerate(c.findings):
-            rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(f.devices) or "-", f.fix))
+            rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(str(d) for d in f.devices) or "-", f.fix))
     # names, scopes and cgroup paths come from files a container can write: escaped before measuring
     rows = [tuple(printable(cell) for cell in r) for r in rows]
     last = len(rows[0]) - 1  # FIX: not padded

@@ -80,6 +80,8 @@ def run(args, root, config) -> int:
     thawed = [e for e in recover_frozen(root, config, journal, dry_run=args.dry_run)
               if e["action"] in ("thawed", "would-thaw")]
     report = verifier.verify_all(root, config, with_host=False)
+    if report.bus_error:
+        _bus_error_report(report.bus_error, journal, args.before_reload)
     try:
         results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
                              journal=journal, report=report, force=args.force, by_hand=True)
@@ -146,7 +148,7 @@ def _unrepaired_lines(unknown, denied, unfixable) -> list:
         f = _denied_json(c)
         lines.append(f"{c.short_id}: denied {', '.join(f['devices'])}, not repaired (nothing trusted granted them): "
                      f"{f['fix']}")
-    lines += [f"{c.short_id}: {f.kind} {', '.join(f.devices)}: no repair can grant it (expected by no trusted "
+    lines += [f"{c.short_id}: {f.kind} {', '.join(str(d) for d in f.devices)}: no repair can grant it (expected by no trusted "
               f"source); fix: {f.fix}" for c in unfixable for f in c.findings]
     return lines
 
@@ -155,7 +157,7 @@ def _denied_json(report) -> dict:
     from nvsymlinkd.verify.kinds import FindingKind
 
     f = next(f for f in report.findings if f.kind == FindingKind.DENIED)
-    return {"container": report.id, "devices": list(f.devices), "detail": f.detail, "fix": f.fix}
+    return {"container": report.id, "devices": [str(d) for d in f.devices], "detail": f.detail, "fix": f.fix}
 
 
 def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) -> None:
@@ -187,6 +189,23 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
     sys.stderr.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in bad))
 
 
+def _bus_error_report(error: str, journal, before_reload: bool) -> None:
+    """systemd did not answer for the scopes' DeviceAllow: they were judged from its unit files (which it
+    writes for every transient scope and runtime property). Said, never silent: on stderr (amid apt's or
+    dnf's output before a reload) and in the journal; what the files could not answer is reported per
+    container as `cannot judge`."""
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.journal import WARNING
+
+    what = "before a daemon-reload" if before_reload else "repair"
+    line = (f"{what}: systemd did not answer on the system bus ({error}); the containers' scopes were judged "
+            "from systemd's unit files in /run/systemd instead")
+    sys.stderr.write(f"nvsymlinkd: {printable(line)}\n")
+    sys.stderr.flush()
+    if journal is not None:
+        journal.log(WARNING, line)
+
+
 def _unprotected(results) -> list:
     """Containers in a systemd scope with devices a reload would take and none that may be granted (each
     refused: expected by nothing trusted, e.g. a hook's grant with no baseline yet): "nothing to do" for
@@ -205,7 +224,7 @@ def _unknown_reason(report) -> str:
 
 def _unfixable_json(report) -> dict:
     return {"container": report.id, "verdict": str(report.verdict),
-            "findings": [{"kind": str(f.kind), "devices": list(f.devices), "fix": f.fix} for f in report.findings]}
+            "findings": [{"kind": str(f.kind), "devices": [str(d) for d in f.devices], "fix": f.fix} for f in report.findings]}
 
 
 def _summary(results) -> dict:

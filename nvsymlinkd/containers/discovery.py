@@ -26,6 +26,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
+from nvsymlinkd.containers.model import display_name, exec_fifo_path
 from nvsymlinkd.containers.ocispec import (
     MAX_SMALL_BYTES,
     RuntimeState,
@@ -270,11 +271,6 @@ def proc_start_time(root: HostRoot, pid: int) -> int | None:
         return None
 
 
-def exec_fifo_path(c: Container) -> str | None:
-    """runc's and crun's exec.fifo beside the state file: present from create until start."""
-    return os.path.dirname(c.state_path) + "/exec.fifo" if c.state_path else None
-
-
 def still_creating(root: HostRoot, c: Container) -> bool:
     """Whether the runtime is still creating the container now: its exec.fifo there, its state file not
     yet (what _status calls "creating", asked again of the files)."""
@@ -353,15 +349,6 @@ def clean_name(value) -> str | None:
     if isinstance(value, str) and NAME_RE.fullmatch(value):
         return value
     return None
-
-
-def display_name(c) -> str | None:
-    """`namespace/pod/container` for Kubernetes, the Docker/Podman name otherwise, None when unknown."""
-    ns, pod, name = (getattr(c, "pod_namespace", None), getattr(c, "pod_name", None),
-                     getattr(c, "container_name", None))
-    if ns and pod:
-        return f"{ns}/{pod}/{name or '?'}"
-    return name
 
 
 def _names_from_annotations(c: Container) -> None:

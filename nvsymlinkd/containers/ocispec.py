@@ -16,6 +16,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from nvsymlinkd.containers.model import CDI_ANNOTATION
 from nvsymlinkd.errors import UnsafeFile
 from nvsymlinkd.host.devices import RWM, Access, Device, Rule
 from nvsymlinkd.host.root import read_at_most
@@ -24,7 +25,6 @@ MAX_JSON_BYTES = 16 << 20  # runc's state.json embeds the seccomp profile: tens 
 MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
 FRONTEND_MAJOR = 195  # /dev/nvidia0..N, nvidiactl, nvidia-modeset on every driver branch
 NVIDIA_HOOK = "nvidia-container-runtime-hook"
-CDI_ANNOTATION = "cdi.k8s.io/"
 # besides cdi.k8s.io/*: Podman's marker, and the names containers.py shows (CRI, then dockershim labels)
 KEPT_ANNOTATIONS = frozenset({
     "io.container.manager",

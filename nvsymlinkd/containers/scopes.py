@@ -2,15 +2,14 @@
 
 Sources, best first:
   1. D-Bus: org.freedesktop.systemd1.Scope.DeviceAllow/DevicePolicy of the
-     unit (live value; DBUS_SYSTEM_BUS_ADDRESS honoured; short timeouts).
+     unit (live value; one batch on the process's systemd client, systemd.client;
+     DBUS_SYSTEM_BUS_ADDRESS honoured).
   2. Files systemd writes for transient units: /run/systemd/transient/<scope>,
-     then its drop-ins in name order: SetUnitProperties on a transient unit
-     writes them beside it, /run/systemd/transient/<scope>.d/*.conf (systemd's
-     unit_drop_in_dir: "drop-ins for transient units always into the transient
-     directory"; the VM's s03 reads them there), and /run/systemd/system.control/
-     <scope>.d/*.conf, the runtime control directory, which wins where both
-     hold one name; an empty `DeviceAllow=` resets the list.
-Neither -> None: the caller reports `unknown` for this check.
+     then its drop-ins (SetUnitProperties: /run/systemd/transient/<scope>.d/*.conf
+     for a transient unit, /run/systemd/system.control/<scope>.d/*.conf for others)
+     in name order; an empty `DeviceAllow=` resets the list.
+Neither -> None: the caller reports `unknown` for this check. A bus that could not be
+asked is an error the caller sees (ScopeReads.bus_error), never an empty answer.
 
 Entry forms (REFERENCE.md): `/dev/char/M:m` (parsed without stat by systemd
 >= 240), `char-M` / `char-NAME` (NAME matched against /proc/devices),
@@ -31,17 +30,9 @@ from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
 from nvsymlinkd.host.devices import LETTERS, RWM, Access, Device, Rule
 from nvsymlinkd.host.procdevices import decimal
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.systemd.bus import close, quiet_dropped_writes
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = "org.freedesktop.systemd1.Manager"
-SCOPE_IFACE = "org.freedesktop.systemd1.Scope"
-BUS_TIMEOUT = 1.0  # seconds per call; the whole query is bounded by BUS_TOTAL
-BUS_TOTAL = 3.0
-BUS_IN_FLIGHT = 32  # calls awaiting a reply at once (dbus-daemon limits pending replies per connection)
 DEV_NUMBER_PATH = re.compile(r"/dev/(char|block)/(\d+):(\d+)")
 SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 
@@ -119,20 +110,9 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
         found = True
     except OSError:
         pass
-    # one name in both directories: the one earlier in systemd's search path (system.control) is used
-    dropins: dict = {}
-    for folder in (f"{TRANSIENT_DIR}/{scope}.d", f"{CONTROL_DIR}/{scope}.d"):
-        if files is not None:
-            listed = files.names(root.path(folder))
-        else:
-            try:
-                listed = os.listdir(root.path(folder))
-            except OSError:
-                listed = None
-        dropins.update((n, f"{folder}/{n}") for n in listed or () if n.endswith(".conf"))
-    for name in sorted(dropins)[:256]:
+    for path in _dropins(root, scope, files)[:256]:
         try:
-            settings = settings_of(dropins[name])
+            settings = settings_of(path)
         except OSError:
             continue
         _apply_settings(settings, entries, policy)
@@ -140,6 +120,28 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
     if not found:
         return None
     return ScopeDevices(scope, "files", policy[0], tuple(entries), (), ())
+
+
+def _dropins(root: HostRoot, scope: str, files) -> list:
+    """The scope's drop-ins as systemd reads them: every directory's *.conf in one name order, a name in an
+    earlier directory hiding the same name in a later one. systemd writes the runtime properties of a
+    transient unit (SetUnitProperties, `systemctl set-property`) to TRANSIENT_DIR/<unit>.d, whatever the
+    runtime flag (src/core/unit.c, unit_drop_in_dir: "Redirect drop-ins for transient units always into
+    the transient directory"); CONTROL_DIR/<unit>.d holds other units' runtime properties."""
+    chosen: dict = {}
+    for base in (CONTROL_DIR, TRANSIENT_DIR):
+        directory = f"{base}/{scope}.d"
+        if files is not None:
+            listed = files.names(root.path(directory)) or ()
+        else:
+            try:
+                listed = os.listdir(root.path(directory))
+            except OSError:
+                listed = ()
+        for name in listed:
+            if name.endswith(".conf"):
+                chosen.setdefault(name, f"{directory}/{name}")
+    return [chosen[name] for name in sorted(chosen)]
 
 
 def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
@@ -189,56 +191,28 @@ def bus_allowed(root: HostRoot) -> bool:
     return root.is_real_root or bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS"))
 
 
-def read_scopes_bus(scopes, address: str | None = None) -> dict:
-    """scope -> ScopeDevices for the scopes systemd knows; {} when the bus is absent or slow."""
+def read_scopes_bus(scopes) -> dict:
+    """scope -> ScopeDevices for the scopes systemd knows (one batch on the process's systemd client);
+    raises SystemdCallError when the bus is absent, refuses or does not answer in time."""
+    from nvsymlinkd.systemd.client import shared
+
     scopes = [s for s in scopes if SCOPE_NAME.fullmatch(s)]
     if not scopes:
         return {}
-    try:
-        asyncio.get_running_loop()
-        return {}  # inside the daemon's loop: it has its own connection; files are the fallback here
-    except RuntimeError:
-        pass
-    try:
-        return asyncio.run(asyncio.wait_for(_query(scopes, address), BUS_TOTAL))
-    except Exception:  # noqa: BLE001 - no bus, refused, timed out: the files are the fallback
-        return {}
+    found = shared().scope_properties(scopes)
+    out = {}
+    for scope, props in found.items():
+        sd = _scope_devices(scope, props)
+        if sd is not None:
+            out[scope] = sd
+    return out
 
 
-async def _query(scopes, address) -> dict:
-    from dbus_next.aio import MessageBus
-
-    if address is None:
-        address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/var/run/dbus/system_bus_socket"
-    quiet_dropped_writes()
-    bus = await asyncio.wait_for(MessageBus(bus_address=address).connect(), BUS_TIMEOUT)
-    try:
-        # every scope asked at once (the calls pipelined on one connection): two round trips per
-        # pass, not two per scope, which a loaded host (or a VM under emulation) pays for dearly
-        # (at most BUS_IN_FLIGHT at a time: the system bus caps a connection's pending replies)
-        slots = asyncio.Semaphore(BUS_IN_FLIGHT)
-        found = await asyncio.gather(*(_scope_devices(bus, scope, slots) for scope in scopes))
-    finally:
-        await close(bus)
-    return {sd.scope: sd for sd in found if sd is not None}
-
-
-async def _scope_devices(bus, scope: str, slots: asyncio.Semaphore):
-    """ScopeDevices of one scope from systemd, or None when systemd does not know it."""
-    from dbus_next import Message, MessageType
-
-    async with slots:
-        reply = await asyncio.wait_for(bus.call(Message(
-            destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
-            signature="s", body=[scope])), BUS_TIMEOUT)
-        if reply is None or reply.message_type != MessageType.METHOD_RETURN:  # None: never, a reply is expected
-            return None  # NoSuchUnit: not a systemd-managed container
-        reply = await asyncio.wait_for(bus.call(Message(
-            destination=SYSTEMD, path=reply.body[0], interface="org.freedesktop.DBus.Properties",
-            member="GetAll", signature="s", body=[SCOPE_IFACE])), BUS_TIMEOUT)
-    if reply is None or reply.message_type != MessageType.METHOD_RETURN:
-        return None
-    props = reply.body[0]
+def _scope_devices(scope: str, props) -> ScopeDevices | None:
+    """ScopeDevices of one scope from its properties, or None (systemd does not know it, or names no
+    DeviceAllow: the files decide)."""
+    if props is None:
+        return None  # NoSuchUnit: not a systemd-managed container
     allow = props.get("DeviceAllow")
     policy = props.get("DevicePolicy")
     if allow is None:
@@ -247,77 +221,71 @@ async def _scope_devices(bus, scope: str, slots: asyncio.Semaphore):
     return ScopeDevices(scope, "dbus", str(policy.value) if policy is not None else "auto", entries, ())
 
 
-async def _read_policy(bus, path: str, scope: str) -> ScopeDevices | None:
-    """DevicePolicy and DeviceAllow of the scope at object path `path`, two Gets pipelined (small
-    replies: a GetAll of a scope carries every cgroup property, and this is asked again and again)."""
-    from dbus_next import Message, MessageType
+class ScopeReads(dict):
+    """read_scopes' answer: scope -> ScopeDevices or None; bus_error: why systemd could not be asked
+    (the unit files answered instead), None when it was asked or was not to be."""
 
-    def get(name: str) -> Message:
-        return Message(destination=SYSTEMD, path=path, interface="org.freedesktop.DBus.Properties",
-                       member="Get", signature="ss", body=[SCOPE_IFACE, name])
-    policy, allow = await asyncio.gather(*(asyncio.wait_for(bus.call(get(n)), BUS_TIMEOUT)
-                                           for n in ("DevicePolicy", "DeviceAllow")))
-    if any(r is None or r.message_type != MessageType.METHOD_RETURN for r in (policy, allow)):
-        return None  # the unit went away (or is no scope)
-    entries = tuple((str(p), str(a)) for p, a in allow.body[0].value)
-    return ScopeDevices(scope, "dbus", str(policy.body[0].value), entries, ())
+    bus_error: str | None = None
 
 
-async def _poll_bus(scope: str, ready, timeout: float, interval: float, address: str | None):
-    """(ScopeDevices or None, polls) over one connection: asked until ready(sd) or timeout."""
-    from dbus_next import Message, MessageType
-    from dbus_next.aio import MessageBus
+async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float) -> tuple:
+    """(ScopeDevices or None, reads) on the client's connection: DevicePolicy and DeviceAllow (two small
+    Gets, pipelined: a GetAll carries every cgroup property, and this is asked again and again) until
+    ready(sd) or timeout. None: systemd does not know the scope (or it went away)."""
+    from nvsymlinkd.systemd import client
 
-    if address is None:
-        address = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/var/run/dbus/system_bus_socket"
-    quiet_dropped_writes()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    bus = await asyncio.wait_for(MessageBus(bus_address=address).connect(), BUS_TIMEOUT)
     try:
-        reply = await asyncio.wait_for(bus.call(Message(
-            destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER, member="GetUnit",
-            signature="s", body=[scope])), BUS_TIMEOUT)
-        if reply is None or reply.message_type != MessageType.METHOD_RETURN:
+        path = await client.get_unit(bus, scope)
+    except client.SystemdCallError as exc:
+        if exc.error_name == client.NO_SUCH_UNIT:
             return None, 1
-        path, polls = reply.body[0], 0
-        while True:
-            sd = await _read_policy(bus, path, scope)
-            polls += 1
-            if sd is None or ready(sd) or loop.time() >= deadline:
-                return sd, polls
-            await asyncio.sleep(interval)
-    finally:
-        await close(bus)
+        raise
+    reads = 0
+    while True:
+        try:
+            policy, allow = await asyncio.gather(*(
+                client.call(bus, "Get", "ss", [client.SCOPE, name], path=path, interface=client.PROPERTIES)
+                for name in ("DevicePolicy", "DeviceAllow")))
+        except client.SystemdCallError as exc:
+            if exc.error_name is not None:  # an answer, and it is no: the unit is gone
+                return None, reads + 1
+            raise
+        reads += 1
+        entries = tuple((str(p), str(a)) for p, a in allow[0].value)
+        sd = ScopeDevices(scope, "dbus", str(policy[0].value), entries, ())
+        if ready(sd) or loop.time() >= deadline:
+            return sd, reads
+        await asyncio.sleep(interval)
 
 
 def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: float,
                    use_bus: bool | None = None) -> tuple:
-    """(ScopeDevices, unmapped, or None when neither source knows the scope; polls) read again every
+    """(ScopeDevices, unmapped, or None when neither source knows the scope; reads) read again every
     `interval` seconds until ready(ScopeDevices) is true or `timeout` has passed: a scope the runtime is
-    still setting up (containers.early). D-Bus on one connection (the live values), else systemd's files;
-    a bus that fails midway leaves the files for the time that is left."""
+    still setting up (containers.early). D-Bus on the process's systemd client (the live values), else
+    systemd's files; a bus that fails leaves the files for the time that is left."""
     if not SCOPE_NAME.fullmatch(scope):
         return None, 0
     if use_bus is None:
         use_bus = bus_allowed(root)
     start = time.monotonic()
-    if use_bus:
+    if use_bus and not _in_running_loop():
+        from nvsymlinkd.systemd import client
+
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # (a thread with no loop: the daemon's executor, the CLI)
-            try:
-                sd, polls = asyncio.run(_poll_bus(scope, ready, timeout, interval, None))
-                if sd is not None:
-                    return sd, polls
-            except Exception:  # noqa: BLE001 - no bus, refused, timed out: the files are the fallback
-                pass
-    polls = 0
+            sd, reads = client.shared().run(lambda bus: _poll_bus(bus, scope, ready, timeout, interval))
+            if sd is not None:
+                return sd, reads
+        except client.SystemdCallError:  # no bus, refused, timed out: the files are the fallback
+            pass
+    reads = 0
     while True:
         sd = read_scope_files(root, scope)
-        polls += 1
+        reads += 1
         if sd is None or ready(sd) or time.monotonic() - start >= timeout:
-            return sd, polls
+            return sd, reads
         time.sleep(interval)
 
 
@@ -326,17 +294,35 @@ def _by_number(sd: ScopeDevices) -> bool:
     return all(DEV_NUMBER_PATH.fullmatch(spec) or spec.startswith(("char-", "block-")) for spec, _ in sd.entries)
 
 
-def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cache=None) -> dict:
-    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it.
+def _in_running_loop() -> bool:
+    """A caller on an event loop's thread (none today: the daemon verifies in worker threads) reads the
+    files: a blocking bus call there would stall that loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def read_scopes(root: HostRoot, scopes, majors, use_bus: bool | None = None, cache=None) -> ScopeReads:
+    """scope -> ScopeDevices (numeric rules mapped) or None when neither source knows it; the answer's
+    bus_error says why systemd was not asked (the files answered for every scope then).
 
     cache: a verify.cache.VerifyCache: the same entries and /proc/devices map to the same rules (a plain
     /dev path is stat'ed every time).
     """
+    from nvsymlinkd.systemd.client import SystemdCallError
+
     scopes = sorted(set(s for s in scopes if s))
     if use_bus is None:
-        use_bus = bus_allowed(root)
-    live = read_scopes_bus(scopes) if use_bus else {}
-    out: dict = {}
+        use_bus = bus_allowed(root) and not _in_running_loop()
+    out = ScopeReads()
+    live: dict = {}
+    if use_bus:
+        try:
+            live = read_scopes_bus(scopes)
+        except SystemdCallError as exc:  # the files answer; the caller says systemd did not
+            out.bus_error = str(exc)
     for scope in scopes:
         sd = live.get(scope) or read_scope_files(root, scope, cache.files if cache is not None else None)
         if sd is None:

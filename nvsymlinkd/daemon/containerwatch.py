@@ -90,6 +90,7 @@ class ContainerWatch(ContainerHook):
         self.history: RepairHistory | None = None
         self.said = JournalState()  # what the journal was told about each container (verify/journaldiff)
         self.passes = 0
+        self.bus_error_said = False  # systemd's silence on the bus was journaled, and it has not answered since
         self.verify_cache: VerifyCache | None = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
         self._pending: set = set()
         self._pending_ids: set = set()  # the containers runtime state events named since the last pass
@@ -142,6 +143,16 @@ class ContainerWatch(ContainerHook):
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    def _say_bus_error(self, error: str | None) -> None:
+        """systemd not answering for the scopes' DeviceAllow: journaled once when it starts (the unit files
+        answer meanwhile), not at every pass."""
+        if error and not self.bus_error_said:
+            self.bus_error_said = True
+            self.journal.log(journalmod.WARNING, f"systemd did not answer on the system bus ({error}); container "
+                             "scopes are judged from systemd's unit files in /run/systemd until it does")
+        elif not error:
+            self.bus_error_said = False
 
     def prevent_while_creating(self, unit: str) -> list | None:
         """Add to a new scope's DeviceAllow what its container's spec and the NVIDIA hook's trusted
@@ -232,6 +243,7 @@ class ContainerWatch(ContainerHook):
         # denied part of the container's devices for that moment, and a baseline never grows back
         report = verifier.verify_all(self.root, config, update_baseline=self._not_reloading.is_set(),
                                      use_bus=self.use_bus, with_host=False, cache=self.verify_cache, only=only)
+        self._say_bus_error(report.bus_error)
         report = self._confirmed(config, report, only)
         self.passes += 1
         self.journal.debug(f"verified {len(report.containers)} GPU containers in {report.seconds * 1000:.1f} ms ({why})")

@@ -3,10 +3,11 @@
 NVIDIA nodes are made with mknod by nvidia-modprobe/nvidia-persistenced and
 raise no uevent, so this is how the daemon sees them within milliseconds.
 
-Four libc calls through ctypes rather than a package: the packages on PyPI
-either bring their own event loop or threads (pyinotify, watchdog), are not
-in Debian stable (asyncinotify, inotify_simple), or wrap the same ctypes calls;
-we only need a non-blocking fd for loop.add_reader and a 16-byte header parser.
+Three libc calls (through host/libc.py, where every ctypes call lives) rather
+than a package: the packages on PyPI either bring their own event loop or
+threads (pyinotify, watchdog), are not in Debian stable (asyncinotify,
+inotify_simple), or wrap the same ctypes calls; we only need a non-blocking fd
+for loop.add_reader and a 16-byte header parser.
 
 Only names that matter wake the daemon: `nvidia*` in DRIVER_ROOT/dev (a busy
 /dev sees pty and tty churn all day) and anything inside nvidia-caps/ and
@@ -15,7 +16,6 @@ nvidia-caps-imex-channels/, whose watches are added when they appear.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import struct
@@ -51,20 +51,6 @@ WATCH_MASK = (IN_CREATE | IN_DELETE | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | 
 HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 READ_SIZE = 64 * 1024
 
-_libc = None
-
-
-def _lib():
-    global _libc
-    if _libc is None:
-        lib = libc.lib()
-        lib.inotify_init1.argtypes = [ctypes.c_int]
-        lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
-        _libc = lib
-    return _libc
-
-
 def parse_events(buf: bytes):
     """Raw inotify read buffer -> [(wd, mask, name)]."""
     out = []
@@ -83,12 +69,7 @@ class _Watch:
 
     def __init__(self, root: HostRoot):
         self.root = root
-        lib = _lib()
-        fd = lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
-        self.fd = fd
+        self.fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         self.watches: dict = {}  # wd -> (inside dir path, (st_dev, st_ino))
         self.missing_reported = False
         # What poll() saw since the last take(): the names events were about, and whether
@@ -139,14 +120,15 @@ class _Watch:
             if path == inside:
                 if ident == identity:
                     return None
-                _lib().inotify_rm_watch(self.fd, wd)  # EINVAL if already gone: fine
+                libc.inotify_rm_watch(self.fd, wd)
                 del self.watches[wd]
-        wd = _lib().inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), mask)
-        if wd < 0:
-            err = ctypes.get_errno()
+        try:
+            wd = libc.inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), mask)
+        except OSError as exc:
+            err = exc.errno or errno.EIO
             if err in (errno.ENOENT, errno.ENOTDIR):
                 return False
-            raise OSError(err, f"inotify_add_watch {inside}: {os.strerror(err)}")
+            raise OSError(err, f"inotify_add_watch {inside}: {os.strerror(err)}") from None
         self.watches[wd] = (inside, identity)
         return True
 
@@ -196,17 +178,22 @@ class DevWatch(_Watch):
 
     `poll()` reads what is queued and returns (changed, overflowed); the
     caller reconciles on either. `arm()` (re)adds missing watches and is cheap
-    to call before every reconcile, so a driver root that appears late is
-    picked up by the next resync.
+    to call before every reconcile. While DRIVER_ROOT/dev is missing, its
+    nearest existing ancestor is watched instead, so a driver root that
+    appears late (mkdir, a rename, a tmpfs mounted and then filled: the mount
+    itself is the mount table source's) is watched, and asks for a full pass,
+    the moment its dev/ is there.
     """
+
+    ANCESTOR_MASK = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 
     def __init__(self, root: HostRoot, driver_root: str):
         super().__init__(root)
         self.base = dev_dir(driver_root)
 
     def _open(self, inside: str) -> int:
-        # DRIVER_ROOT/dev confined to the root; an NVIDIA subdirectory never through a symlink
-        if inside == self.base:
+        # DRIVER_ROOT/dev and its ancestors confined to the root; an NVIDIA subdirectory never through a symlink
+        if inside == self.base or _above(inside, self.base):
             return self.root.open_dir(inside)
         parent = self.root.open_dir(self.base)
         try:
@@ -220,14 +207,36 @@ class DevWatch(_Watch):
         if ok:
             for sub in SUBDIRS:
                 self._add(f"{self.base.rstrip('/')}/{sub}")
+        self._watch_above(None if ok else self._nearest_ancestor())
         return ok
+
+    def _nearest_ancestor(self) -> str | None:
+        """Watch the nearest existing directory above DRIVER_ROOT/dev -> its path (None: none could be)."""
+        inside = self.base
+        while inside != "/":
+            inside = inside.rpartition("/")[0] or "/"
+            if self._add(inside, self.ANCESTOR_MASK) is not False:
+                return inside
+        return None
+
+    def _watch_above(self, keep: str | None) -> None:
+        """Drop the ancestor watches but `keep`'s."""
+        for wd, (path, _) in list(self.watches.items()):
+            if path != keep and _above(path, self.base):
+                libc.inotify_rm_watch(self.fd, wd)
+                del self.watches[wd]
 
     def poll(self):
         """Drain the queue -> (changed, overflowed); names go to `names` (relative to DRIVER_ROOT/dev)."""
         events, gone, overflowed = self._drain()
-        changed = bool(gone)  # a directory of nodes went: everything in it
+        above = [where for where in gone if _above(where, self.base)]
+        changed = len(gone) > len(above)  # a directory of nodes went: everything in it
         self.full = self.full or overflowed or changed
+        rearm = bool(above)  # the watched ancestor went: wait from further up
         for where, mask, name in events:
+            if _above(where, self.base):
+                rearm = rearm or _above(f"{where.rstrip('/')}/{name}", self.base, or_equal=True)
+                continue
             if where == self.base:
                 if not name.startswith("nvidia"):
                     continue
@@ -242,7 +251,14 @@ class DevWatch(_Watch):
             else:
                 self.names.add(f"{where.rpartition('/')[2]}/{name}")
             changed = True
+        if rearm and self.arm():  # DRIVER_ROOT/dev is there now: everything in it
+            changed = self.full = True
         return changed, overflowed
+
+
+def _above(path: str, base: str, or_equal: bool = False) -> bool:
+    """Whether `path` is a directory above `base` (or `base` itself, with or_equal)."""
+    return (or_equal and path == base) or path == "/" or base.startswith(path.rstrip("/") + "/")
 
 
 class LinkWatch(_Watch):

@@ -1,9 +1,10 @@
 """The event daemon: one asyncio loop, several event sources, one reconciler.
 
-Sources (each optional, each failing alone): inotify on DRIVER_ROOT/dev (the
-fast path), inotify on DEV_CHAR_PATH (a link someone removed or rewrote is
-back within milliseconds), udev module/PCI events, systemd on the system bus
-(reload started, reload finished, re-exec), a periodic resync. Every source only *requests* a reconcile; a single worker runs
+Sources (each optional, each failing alone; daemon/sources/, one class each, listed in SOURCES):
+inotify on DRIVER_ROOT/dev (the fast path), inotify on DEV_CHAR_PATH (a link
+someone removed or rewrote is back within milliseconds), the mount table (a
+driver root mounted after start), udev module/PCI events, systemd on the system
+bus (reload started, reload finished, re-exec), a periodic resync. Every source only *requests* a reconcile; a single worker runs
 `reconcile()` (observe + plan + apply, always the whole picture) in a
 thread, so a burst of 50 mknods costs a handful of passes: the first event
 starts a pass at once (a single node gets its link in about a millisecond on
@@ -24,16 +25,25 @@ import time
 from typing import TYPE_CHECKING
 
 from nvsymlinkd.daemon.notify import Notifier
+from nvsymlinkd.daemon.sources import Pending, Source
+from nvsymlinkd.daemon.sources.links import LinkSource
+from nvsymlinkd.daemon.sources.mounts import MountSource
+from nvsymlinkd.daemon.sources.nodes import NodeSource
+from nvsymlinkd.daemon.sources.resync import ResyncSource
+from nvsymlinkd.daemon.sources.runtimes import RuntimeSource
+from nvsymlinkd.daemon.sources.systemd import SystemdSource
+from nvsymlinkd.daemon.sources.udev import UdevSource
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.host import libc
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
 from nvsymlinkd.summary import plural
 
-if TYPE_CHECKING:  # the event sources are imported when they start (udev and D-Bus are optional)
-    from nvsymlinkd.daemon.inotify import DevWatch, LinkWatch, RuntimeWatch
-    from nvsymlinkd.daemon.udev import UdevWatch
+if TYPE_CHECKING:
     from nvsymlinkd.devchar.incremental import LinkState
-    from nvsymlinkd.systemd.bus import SystemdWatch
+
+# The event sources, in the order they start and are asked before and after each pass. Each
+# imports what it watches with (inotify, pyudev, dbus_next) when it starts.
+SOURCES = (NodeSource, LinkSource, RuntimeSource, UdevSource, MountSource, SystemdSource, ResyncSource)
 
 # Wait this long after the first event before a pass (0: just let the loop drain
 # what is already readable). Coalescing comes from "one pass at a time, requests
@@ -104,28 +114,24 @@ class ContainerHook:
 
 class Daemon:
     def __init__(self, root, config, reload_config=None, hook=None, journal=None, notifier=None,
-                 use_udev: bool = True, use_bus: bool = True, metrics=None):
+                 use_udev: bool = True, use_bus: bool = True, metrics=None, sources=SOURCES):
         self.root = root
         self.config = config
         self.reload_config = reload_config  # () -> Config, raises NvsymlinkdError
         self.journal = journal or Journal()
         self.hook = hook or ContainerHook(self.journal)
         self.notifier = notifier or Notifier()
-        self.use_udev = use_udev
-        self.use_bus = use_bus
-        self.devwatch: DevWatch | None = None
-        self.linkwatch: LinkWatch | None = None
-        self.runtimewatch: RuntimeWatch | None = None
-        self.udev: UdevWatch | None = None
-        self.systemd: SystemdWatch | None = None
+        off: set = {UdevSource} if not use_udev else set()
+        off |= {SystemdSource} if not use_bus else set()
+        self.sources: list[Source] = [cls(self) for cls in sources if cls not in off]
         self.bus_state = "off"
         self.passes = 0
         from nvsymlinkd.metrics import Metrics
 
         self.metrics = metrics or Metrics(root, config, self.journal)
-        self._node_event_at: float | None = None  # first device-node event not yet answered
         self._reasons: dict = {}
-        self._reload_pending = False
+        self.reload_pending = False  # a reload or re-exec finished: reload_finished after the next pass
+        self._ready = False
         self._pass_started: float | None = None
         self._last_nodes = None
         self.state: LinkState | None = None  # of the last full pass, kept up to date per event
@@ -135,33 +141,16 @@ class Daemon:
         self._said_change: dict = {}  # link -> [when last said (monotonic), corrections not said since]
         self._last_status = "starting"
         self._tasks: set = set()
-        self._periodic_task = None
         self._status_sent = 0.0
         self._status_handle: asyncio.TimerHandle | None = None
         self._said_no_driver = False  # "NVIDIA driver not loaded" is said once, again only after it was loaded
 
-    # -- requests from event sources ------------------------------------
-
     def request(self, reason: str) -> None:
+        """What every event source does: ask for a pass (requests made during one fold into the next)."""
         self._reasons[reason] = self._reasons.get(reason, 0) + 1
         self._wake.set()
 
-    def _on_reload(self, why: str) -> None:
-        self.metrics.on_reload()
-        self.hook.systemd_reloading(False)
-        self._reload_pending = True
-        self.request(why)
-
-    def _on_reload_start(self) -> None:
-        # Reloading(true) comes as systemd starts a reload: a pass now may still beat its
-        # re-applying of device policies; Reloading(false) comes after it has applied them.
-        self.hook.systemd_reloading(True)
-        self.request("systemd reload started")
-
-    def _on_scope(self, unit: str) -> None:
-        self._spawn(self._call_hook("scope_appeared", unit))
-
-    def _on_bus(self, state: str) -> None:
+    def set_bus_state(self, state: str) -> None:
         self.bus_state = state
         self._status_soon()
 
@@ -169,7 +158,7 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self._loop = loop
+        self.loop = loop
         self._status_sent = time.monotonic()  # the first status goes out with READY=1
         libc.malloc_compact(arenas=True)  # before the first worker thread exists: one heap, not one each
         self._wake = asyncio.Event()
@@ -179,32 +168,24 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         self.journal.event("daemon-started", INFO, f"starting: driver root {self.config.driver_root}, "
                            f"links in {self.config.dev_char_path}, resync every {self._interval_text()}")
-        self._start_devwatch()
-        self._start_linkwatch()
-        self._start_runtimewatch()
-        if self.use_udev:
-            self._start_udev()
-        self._spawn(self.metrics.run())
-        if self.use_bus:
-            _preload_bus()
+        for source in self.sources:
+            self._start(source)
+        self.spawn(self.metrics.run())
         await self._pass({"startup": 1})
         if self._status_handle is not None:
             self._status_handle.cancel()
             self._status_handle = None
         self._status_sent = time.monotonic()
         self.notifier.ready(self.status_line())
-        self._spawn(self._worker())
-        await self._call_hook("started")
-        self._restart_periodic()
+        self._ready = True
+        self.spawn(self._worker())
+        await self.call_hook("started")
+        self._status_sent = 0.0
         interval = self.notifier.watchdog_interval()
         if interval:
-            self._spawn(self._watchdog(interval))
-        if self.use_bus:
-            from nvsymlinkd.systemd.bus import SystemdWatch
-
-            self.systemd = SystemdWatch(self.journal, self._on_reload, self._on_scope, self._on_bus,
-                                        on_reload_start=self._on_reload_start)
-            self._spawn(self.systemd.run())
+            self.spawn(self._watchdog(interval))
+        for source in self.sources:
+            source.started()
         await self._stop.wait()
         if self._status_handle is not None:
             self._status_handle.cancel()
@@ -218,27 +199,30 @@ class Daemon:
         """Ask run() to return (what SIGTERM does)."""
         self._stop.set()
 
+    def _start(self, source: Source) -> None:
+        source.start()
+        fd = source.fileno()
+        if fd is not None:
+            self.loop.add_reader(fd, source.handle)
+
+    def _close(self, source: Source) -> None:
+        fd = source.fileno()
+        if fd is not None:
+            self.loop.remove_reader(fd)
+        source.stop()
+
     async def _shutdown(self) -> None:
         try:
             self.hook.close()
         except Exception:  # noqa: BLE001 - shutting down regardless
             pass
-        if self.systemd is not None:
-            self.systemd.close()
+        for source in reversed(self.sources):
+            self._close(source)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._stop_devwatch()
-        self._stop_linkwatch()
-        if self.runtimewatch is not None:
-            self._loop.remove_reader(self.runtimewatch.fileno())
-            self.runtimewatch.close()
-            self.runtimewatch = None
-        if self.udev is not None:
-            self._loop.remove_reader(self.udev.fileno())
-            self.udev.close()
 
-    def _spawn(self, coro):
+    def spawn(self, coro):
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -250,188 +234,6 @@ class Daemon:
             exc = task.exception()
             self.journal.log(ERR, f"internal error in a background task: {type(exc).__name__}: {exc}")
 
-    # -- event sources ----------------------------------------------------
-
-    def _start_devwatch(self) -> None:
-        from nvsymlinkd.daemon.inotify import DevWatch
-
-        try:
-            self.devwatch = DevWatch(self.root, self.config.driver_root)
-        except OSError as exc:
-            self.journal.warning(f"inotify unavailable ({exc.strerror}); new nodes are seen at the next resync")
-            return
-        self._loop.add_reader(self.devwatch.fileno(), self._on_inotify)
-        self._arm_devwatch()
-
-    def _stop_devwatch(self) -> None:
-        if self.devwatch is not None:
-            self._loop.remove_reader(self.devwatch.fileno())
-            self.devwatch.close()
-            self.devwatch = None
-
-    def _arm_devwatch(self) -> None:
-        if self.devwatch is None:
-            return
-        try:
-            ok = self.devwatch.arm()
-        except OSError as exc:
-            ok = False
-            reason = exc.strerror
-        else:
-            reason = "does not exist yet"
-        if not ok and not self.devwatch.missing_reported:
-            self.devwatch.missing_reported = True
-            self.journal.notice(f"cannot watch {self.devwatch.base} ({reason}); checking again at every resync")
-        elif ok:
-            self.devwatch.missing_reported = False
-
-    def _on_inotify(self, request: bool = True) -> None:
-        assert self.devwatch is not None  # its reader goes before it does (_stop_devwatch)
-        try:
-            changed, overflowed = self.devwatch.poll()
-        except OSError as exc:
-            self.journal.warning(f"reading inotify events failed ({exc.strerror}); resyncing")
-            changed, overflowed = True, False
-        if overflowed:
-            self.journal.event("event-overflow", NOTICE, "inotify queue overflowed: full resync")
-            if request:
-                self.request("inotify overflow")
-        elif changed:
-            if self._node_event_at is None:
-                self._node_event_at = time.monotonic()
-            if request:
-                self.request("device nodes changed")
-
-    def _start_linkwatch(self) -> None:
-        from nvsymlinkd.daemon.inotify import LinkWatch
-
-        try:
-            self.linkwatch = LinkWatch(self.root, self.config.dev_char_path)
-        except OSError as exc:
-            self.journal.warning(f"inotify unavailable ({exc.strerror}); links removed by others come back "
-                                 "at the next event or resync")
-            return
-        self._loop.add_reader(self.linkwatch.fileno(), self._on_linkwatch)
-        self._arm_linkwatch()
-
-    def _stop_linkwatch(self) -> None:
-        if self.linkwatch is not None:
-            self._loop.remove_reader(self.linkwatch.fileno())
-            self.linkwatch.close()
-            self.linkwatch = None
-
-    def _arm_linkwatch(self) -> bool:
-        """(Re)add the watches on DEV_CHAR_PATH and its parent -> True when DEV_CHAR_PATH is newly watched."""
-        if self.linkwatch is None:
-            return False
-        try:
-            return self.linkwatch.arm()
-        except OSError as exc:
-            if not self.linkwatch.missing_reported:
-                self.linkwatch.missing_reported = True
-                self.journal.notice(f"cannot watch {self.linkwatch.path} ({exc.strerror}); links removed by "
-                                    "others come back at the next event or resync")
-            return False
-
-    def _on_linkwatch(self, request: bool = True) -> None:
-        assert self.linkwatch is not None  # its reader goes before it does (_stop_linkwatch)
-        try:
-            changed, overflowed = self.linkwatch.poll()
-        except OSError as exc:
-            self.journal.warning(f"reading inotify events failed ({exc.strerror}); resyncing")
-            changed, overflowed = True, False
-        if overflowed:
-            self.journal.event("event-overflow", NOTICE, f"inotify queue on {self.linkwatch.path} overflowed: "
-                               "full resync")
-            if request:
-                self.request("inotify overflow")
-        elif changed and request:
-            self.request("links changed")
-
-    def _start_runtimewatch(self) -> None:
-        from nvsymlinkd.daemon.inotify import RuntimeWatch
-
-        try:
-            self.runtimewatch = RuntimeWatch(self.root)
-        except OSError as exc:
-            self.journal.warning(f"inotify unavailable ({exc.strerror}); new containers are verified "
-                                 "1 s and 5 s after their scope appears")
-            return
-        self._loop.add_reader(self.runtimewatch.fileno(), self._on_runtimewatch)
-        self._arm_runtimewatch(answer=False)  # the containers there now: the startup verification sees them
-
-    def _arm_runtimewatch(self, answer: bool = True) -> None:
-        """(Re)add the runtime state watches; a state file that landed unseen is answered now."""
-        if self.runtimewatch is None:
-            return
-        try:
-            landed = self.runtimewatch.arm()
-        except OSError as exc:
-            landed = set()
-            self._runtimewatch_limited(exc)
-        self._runtimewatch_limited(self.runtimewatch.limited)
-        if landed and answer:
-            self._spawn(self._call_hook("runtime_state_written", sorted(landed)))
-
-    def _runtimewatch_limited(self, exc) -> None:
-        assert self.runtimewatch is not None  # only called while the watch is there
-        if exc is not None and not self.runtimewatch.missing_reported:
-            self.runtimewatch.missing_reported = True
-            self.journal.notice(f"cannot watch the container runtimes' state ({exc.strerror}); new containers "
-                                "are verified 1 s and 5 s after their scope appears")
-
-    def _on_runtimewatch(self) -> None:
-        assert self.runtimewatch is not None  # its reader goes with it
-        try:
-            landed, overflowed = self.runtimewatch.poll()
-        except OSError as exc:
-            self.journal.warning(f"reading inotify events failed ({exc.strerror}); verifying containers")
-            landed, overflowed = {"(unreadable events)"}, False
-        self._runtimewatch_limited(self.runtimewatch.limited)
-        if overflowed:
-            self.journal.event("event-overflow", NOTICE, "inotify queue on the runtimes' state overflowed: "
-                               "verifying containers")
-            landed.add("(overflow)")
-        if landed:
-            self._spawn(self._call_hook("runtime_state_written", sorted(landed)))
-
-    def _drain_watches(self) -> None:
-        """Read what the inotify queues hold right before a pass observes: that pass answers it.
-
-        Without this, an event the loop had not read yet when the pass started would be
-        answered by the pass and then wake another one for nothing (and its latency be lost).
-        """
-        if self.devwatch is not None:
-            self._on_inotify(request=False)
-        if self.linkwatch is not None:
-            self._on_linkwatch(request=False)
-
-    def _start_udev(self) -> None:
-        from nvsymlinkd.daemon.udev import UdevWatch
-
-        try:
-            self.udev = UdevWatch()
-        except Exception as exc:  # noqa: BLE001 - no netlink (containers), no libudev: run without it
-            self.journal.notice(f"udev events unavailable ({exc}); module loads are seen through inotify "
-                                "and the periodic resync")
-            self.udev = None
-            return
-        self._loop.add_reader(self.udev.fileno(), self._on_udev)
-
-    def _on_udev(self) -> None:
-        assert self.udev is not None  # its reader goes with it
-        try:
-            events, overflowed = self.udev.poll()
-        except Exception as exc:  # noqa: BLE001 - a bad uevent must not stop the daemon
-            self.journal.warning(f"reading udev events failed ({exc}); resyncing")
-            events, overflowed = ["unreadable uevent"], False
-        if overflowed:
-            self.journal.event("event-overflow", NOTICE, "udev monitor buffer overflowed (ENOBUFS): full resync")
-            self.request("udev overflow")
-        for what in events:
-            self.journal.info(f"udev: {what}: resyncing")
-            self.request(f"udev {what}")
-
     # -- the worker ---------------------------------------------------------
 
     async def _worker(self) -> None:
@@ -440,29 +242,29 @@ class Daemon:
             await asyncio.sleep(SETTLE_SECONDS)
             self._wake.clear()
             reasons, self._reasons = self._reasons, {}
-            reload_done, self._reload_pending = self._reload_pending, False
+            reload_done, self.reload_pending = self.reload_pending, False
             try:
                 await self._pass(reasons)
             except Exception as exc:  # noqa: BLE001 - the worker must outlive any one pass
                 self._failed(f"unexpected {type(exc).__name__}: {exc}")
             if reload_done:
-                await self._call_hook("reload_finished")
+                await self.call_hook("reload_finished")
             elif "periodic resync" in reasons:
-                self._arm_runtimewatch()  # a root that could not be watched before
-                await self._call_hook("periodic")
+                await self.call_hook("periodic")
 
     async def _pass(self, reasons: dict) -> None:
-        self._drain_watches()  # first: it forgets watches on directories that went away, arm re-adds them
-        self._arm_devwatch()
-        self._arm_linkwatch()
-        node_names, link_names, full = self._take_names()
+        pending = Pending(reasons)
+        for source in self.sources:
+            # what their queues hold now: this pass answers it (without this, an event not read yet
+            # when the pass starts would be answered by it and then wake another one for nothing)
+            source.before_pass(pending)
         config = self.config
         self._pass_started = time.monotonic()
-        event_at, self._node_event_at = self._node_event_at, None
+        event_at = pending.event_at
         try:
             result = None
-            if not full and self.state is not None and not (reasons.keys() - EVENT_REASONS):
-                result = await self._incremental(node_names, link_names, config)
+            if not pending.full and self.state is not None and not (reasons.keys() - EVENT_REASONS):
+                result = await self._incremental(pending.nodes, pending.links, config)
             if result is None:
                 result = await self._full(config)
         except NvsymlinkdError as exc:
@@ -480,13 +282,9 @@ class Daemon:
         self._last_failure = None
         state = self.state
         assert state is not None  # the pass that just succeeded left its picture
-        if self.linkwatch is not None:
-            self.linkwatch.majors = state.nvidia_majors
+        for source in self.sources:
+            source.after_pass(state)
         self._driver_note(bool(state.nvidia_majors))
-        if self._arm_linkwatch():
-            # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
-            # before the watch was on is only seen by looking again
-            self.request("links directory watched")
         self._report(result)
         self.metrics.on_reconcile(result)
         changes = any(o.action.changes for o in result.pass_outcomes)
@@ -500,17 +298,7 @@ class Daemon:
         self._status_soon()
         if state.nodes_changed:
             state.nodes_changed = False
-            await self._call_hook("nodes_changed", result)
-
-    def _take_names(self):
-        """Names the watches reported since the last pass -> (node names, link names, full pass needed)."""
-        node_names, link_names, full = set(), set(), False
-        if self.devwatch is not None:
-            node_names, full = self.devwatch.take()
-        if self.linkwatch is not None:
-            link_names, full_links = self.linkwatch.take()
-            full = full or full_links
-        return node_names, link_names, full
+            await self.call_hook("nodes_changed", result)
 
     async def _full(self, config):
         from nvsymlinkd.devchar.incremental import LinkState
@@ -519,7 +307,7 @@ class Daemon:
         if self.state is not None:  # what the incremental passes since the last full one made of the nodes
             self._last_nodes = frozenset(self.state.nodes.values())
         self.state = None  # a failed pass leaves no picture to build on
-        sync = await self._loop.run_in_executor(None, reconcile, self.root, config)
+        sync = await self.loop.run_in_executor(None, reconcile, self.root, config)
         state = LinkState(self.root, sync)
         nodes = frozenset(sync.snapshot.nodes)
         state.nodes_changed = self._last_nodes is not None and nodes != self._last_nodes
@@ -539,7 +327,7 @@ class Daemon:
             # a handful of syscalls: cheaper here than the hop to a thread and back
             delta = state.update(node_names, link_names, config.create_nodes)
         else:
-            delta = await self._loop.run_in_executor(None, state.update, node_names, link_names,
+            delta = await self.loop.run_in_executor(None, state.update, node_names, link_names,
                                                      config.create_nodes)
         if delta is None:
             return None
@@ -634,27 +422,13 @@ class Daemon:
                            count=said[1])
         said[1] = 0
 
-    async def _call_hook(self, name: str, *args) -> None:
+    async def call_hook(self, name: str, *args) -> None:
         try:
             await getattr(self.hook, name)(*args)
         except Exception as exc:  # noqa: BLE001 - the verifier must never take the link keeper down
             self.journal.log(ERR, f"container hook {name} failed: {type(exc).__name__}: {exc}")
 
-    # -- timers -------------------------------------------------------------
-
-    def _restart_periodic(self) -> None:
-        if self._periodic_task is not None:
-            self._periodic_task.cancel()
-            self._periodic_task = None
-        self._status_sent = 0.0
-        self._status_handle = None
-        if self.config.resync_interval > 0:
-            self._periodic_task = self._spawn(self._periodic(self.config.resync_interval))
-
-    async def _periodic(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self.request("periodic resync")
+    # -- timers and signals ------------------------------------------------------
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -663,8 +437,6 @@ class Daemon:
             if started is None or time.monotonic() - started < 4 * interval:
                 self.notifier.watchdog()
             await asyncio.sleep(interval)
-
-    # -- signals --------------------------------------------------------------
 
     def _on_sighup(self) -> None:
         if self.reload_config is None:
@@ -678,14 +450,13 @@ class Daemon:
         self.metrics.config = new  # a new metrics_textfile applies at the next write; metrics_listen at restart
         self.journal.event("config-reloaded", INFO,
                            f"config reloaded from {new.source or 'defaults'}: {config_changes(old, new)}")
-        if new.driver_root != old.driver_root:
-            self._stop_devwatch()
-            self._start_devwatch()
-        if new.dev_char_path != old.dev_char_path:
-            self._stop_linkwatch()
-            self._start_linkwatch()
-        if new.resync_interval != old.resync_interval:
-            self._restart_periodic()
+        for i, source in enumerate(self.sources):
+            if any(getattr(old, key) != getattr(new, key) for key in source.config_keys):
+                self._close(source)
+                self.sources[i] = source = type(source)(self)
+                self._start(source)
+                if self._ready:
+                    source.started()
         self.request("config reloaded")
 
     # -- status -----------------------------------------------------------------
@@ -698,7 +469,7 @@ class Daemon:
         if delay <= 0:
             self._send_status()
         else:
-            self._status_handle = self._loop.call_later(delay, self._send_status)
+            self._status_handle = self.loop.call_later(delay, self._send_status)
 
     def _send_status(self) -> None:
         self._status_handle = None
@@ -739,20 +510,6 @@ def config_changes(old, new) -> str:
     changed = [f"{f.name} {shown(getattr(old, f.name))} -> {shown(getattr(new, f.name))}" for f in fields(new)
                if f.name != "source" and getattr(old, f.name) != getattr(new, f.name)]
     return ", ".join(changed) if changed else "nothing changed"
-
-
-def _preload_bus() -> None:
-    """Import the bus code before READY=1, not on the loop after it.
-
-    On a slow host importing dbus_next takes seconds (measured under qemu TCG), and the
-    container verifier's thread may be importing it at the same time: the loop, and with
-    it the link watch, would stall just after the daemon said it was ready.
-    """
-    try:
-        import dbus_next.aio  # noqa: F401
-    except ImportError:
-        pass  # SystemdWatch says what is missing when it starts
-    import nvsymlinkd.systemd.bus  # noqa: F401
 
 
 def _resolves_to(entry) -> str:

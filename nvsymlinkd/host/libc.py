@@ -1,7 +1,10 @@
 """All of nvsymlinkd's ctypes in one place: libc, its errno, and the raw syscalls.
 
 Python's os module has no openat2(2), bpf(2) or inotify; these are the only
-foreign calls the program makes, so they can be audited here.
+foreign calls the program makes, so they can be audited here (a test keeps
+`import ctypes` out of every other module). Each call here returns a plain
+int or raises OSError with the errno; the memory a syscall's pointers point
+at is a `Buffer` made here, so callers pack and unpack it with `struct`.
 """
 
 from __future__ import annotations
@@ -11,9 +14,15 @@ import errno
 import os
 import struct
 
+Buffer = ctypes.Array  # memory a syscall reads or writes through a pointer: buffer(), address()
+
 # openat2(2) is 437 in the unified syscall table of every architecture we run
 # on (include/uapi/asm-generic/unistd.h, arch/x86/entry/syscalls/syscall_64.tbl).
 SYS_OPENAT2_BY_MACHINE = {"x86_64": 437, "aarch64": 437, "arm64": 437}
+# bpf(2) is arch-specific
+SYS_BPF_BY_MACHINE = {"x86_64": 321, "aarch64": 280, "arm64": 280, "i686": 357, "i386": 357,
+                      "ppc64le": 361, "ppc64": 361, "s390x": 351, "riscv64": 280, "loongarch64": 280,
+                      "armv7l": 386}
 
 # include/uapi/linux/openat2.h
 RESOLVE_NO_XDEV = 0x01
@@ -87,3 +96,73 @@ def malloc_compact(arenas: bool = False) -> None:
         c.malloc_trim(0)
     except (AttributeError, OSError):
         pass
+
+
+# --- memory for pointer arguments --------------------------------------------------------------
+
+def buffer(init) -> Buffer:
+    """Zeroed memory of `init` bytes, or a copy of `init` (bytes, exactly its length). struct's
+    pack_into/unpack_from work on it, `.raw` is its content, address() what a pointer to it holds.
+    Keep it referenced while the kernel may use the address."""
+    if isinstance(init, int):
+        return ctypes.create_string_buffer(init)
+    return ctypes.create_string_buffer(bytes(init), len(init))
+
+
+def address(buf: Buffer) -> int:
+    return ctypes.addressof(buf)
+
+
+# --- bpf(2) ----------------------------------------------------------------------------------
+
+def bpf(cmd: int, attr: Buffer, size: int) -> int:
+    """bpf(2) with `size` bytes of the union bpf_attr in `attr` -> its return value; OSError with the
+    errno on failure (ENOSYS with a reason where no syscall number is known for this machine)."""
+    machine = os.uname().machine
+    nr = SYS_BPF_BY_MACHINE.get(machine)
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"no bpf syscall number known for {machine}")
+    ret = syscall(nr, ctypes.c_long(cmd), ctypes.c_void_p(ctypes.addressof(attr)), ctypes.c_long(size))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(ret)
+
+
+# --- inotify(7) ------------------------------------------------------------------------------
+
+_inotify_ready = False
+
+
+def _inotify():
+    global _inotify_ready
+    c = lib()
+    if not _inotify_ready:
+        c.inotify_init1.argtypes = [ctypes.c_int]
+        c.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        c.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+        _inotify_ready = True
+    return c
+
+
+def inotify_init1(flags: int) -> int:
+    """A new inotify fd (IN_NONBLOCK, IN_CLOEXEC are os.O_NONBLOCK, os.O_CLOEXEC). Raises OSError."""
+    fd = _inotify().inotify_init1(flags)
+    if fd < 0:
+        raise last_error("inotify_init1")
+    return int(fd)
+
+
+def inotify_add_watch(fd: int, path: bytes, mask: int) -> int:
+    """The watch descriptor for `path` (added, or the existing one with its mask replaced). Raises
+    OSError with the errno (ENOENT, ENOTDIR, ENOSPC, ...)."""
+    wd = _inotify().inotify_add_watch(fd, path, mask)
+    if wd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(wd)
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    """Remove a watch; one the kernel already dropped (EINVAL) is fine."""
+    _inotify().inotify_rm_watch(fd, wd)

@@ -56,3 +56,17 @@ def _relative_dir(target_dir: str, link_dir: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _joined_dir(link_dir: str, text_dir: str) -> str:
     return normalize(posixpath.join(link_dir, text_dir)) if text_dir else normalize(link_dir)
+
+
+def unescape_mount_field(text: str) -> str:
+    """A /proc/PID/mountinfo field as the kernel wrote it (space, tab, newline and backslash as \\ooo) -> the path."""
+    out, i = [], 0
+    while i < len(text):
+        octal = text[i + 1:i + 4]
+        if text[i] == "\\" and len(octal) == 3 and all(c in "01234567" for c in octal):
+            out.append(chr(int(octal, 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)

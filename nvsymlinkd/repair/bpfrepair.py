@@ -30,7 +30,7 @@ from nvsymlinkd.access.cgroup import v2_cgroup_dir
 from nvsymlinkd.errors import BpfError, CannotEvaluate, RepairError, RepairRefused
 from nvsymlinkd.host.devices import Rule
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.plan import Grant, RepairRequest
+from nvsymlinkd.repair.model import Grant, RepairRequest
 
 PROGRAM_NAME = "nvsymlinkd"  # BPF program name (15 characters at most): who attached it, for bpftool and us
 

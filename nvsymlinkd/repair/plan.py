@@ -2,7 +2,8 @@
 
 Input is a RepairRequest per container (built from the verifier's findings by
 `requests_from_report`), output a RepairPlan: one
-mechanism and the exact grants, or "cannot repair automatically: <reason>".
+mechanism (chosen from repair/mechanisms.py's table by the host's row) and the exact grants, or
+"cannot repair automatically: <reason>". The records themselves are in repair/model.py.
 
 Safety rules, enforced here whatever the caller passes in:
 - only grants from trusted sources (the spec, the runtime's state, the baseline
@@ -20,132 +21,34 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from nvsymlinkd.access.rules import decide
-from nvsymlinkd.host.devices import RW, Access, Device, Rule
-from nvsymlinkd.verify.kinds import FindingKind, Verdict
+from nvsymlinkd.host.devices import RW, Device, Rule
+from nvsymlinkd.repair.mechanisms import (  # noqa: F401 - the callers' names
+    BPF_PROGRAM,
+    DEVICES_ALLOW,
+    DEVICES_ALLOW_SYSTEMD,
+    MECHANISMS,
+    SYSTEMD,
+    choose,
+    not_own_cgroup,
+)
+from nvsymlinkd.repair.model import (  # noqa: F401 - the callers' names
+    AT_RISK,
+    LOST,
+    TRUSTED_SOURCES,
+    UNTRUSTED_SOURCES,
+    Grant,
+    RepairPlan,
+    RepairRequest,
+    RepairStatus,
+)
+from nvsymlinkd.verify.kinds import FindingKind
 
 if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
-    from nvsymlinkd.verify.verifier import ContainerReport
+    from nvsymlinkd.verify.evaluate import ContainerReport
 
-# Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
-# grant as containers.hookgrant reconstructs it exactly, never a guess).
-TRUSTED_SOURCES = ("spec", "runtime-state", "nvidia-hook", "baseline")
-UNTRUSTED_SOURCES = ("container-dev",)
-
-# Mechanisms (also the `mechanism` value in the JSON output and the journal)
-SYSTEMD = "systemd"  # SetUnitProperties(DeviceAllow) on the scope (cgroup v2)
-DEVICES_ALLOW = "devices.allow"  # append to the v1 cgroup's devices.allow (cgroupfs driver)
-DEVICES_ALLOW_SYSTEMD = "devices.allow+systemd"  # both, with the container frozen (v1 + systemd driver)
-# cgroup v2, cgroupfs driver: a new device program (the cgroup's own programs' policy plus the grants,
-# proven to differ by the grants only) attached with BPF_F_ALLOW_MULTI, then the old ones detached
-BPF_PROGRAM = "bpf-program"
-MECHANISMS = (SYSTEMD, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, BPF_PROGRAM)
-
-# What a request repairs: a loss, or a device at risk of being lost (the verdict's words).
-LOST, AT_RISK = Verdict.LOST, Verdict.AT_RISK
 DEFAULT_WINDOW_SECONDS = 600.0
-
-
-class RepairStatus(str, Enum):
-    """The outcome of one container's repair (the `status` in the JSON and the summary's counts)."""
-
-    REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
-    PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
-    NOTHING = "nothing-to-do"
-    WOULD = "would-repair"  # --dry-run / repair = "report"
-    CANNOT = "cannot-repair"  # the plan says no (reason given)
-    FAILED = "failed"  # applied, but an error, or the verification says it did not take
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def ok(self) -> bool:
-        """The first three count as success."""
-        return self in (RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING)
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One device a container should be able to open, and where that expectation comes from.
-
-    `access` is the original rule's letters (canonical order; a repeated or unknown letter is a
-    ValueError here, so a malformed access never reaches the planner).
-    """
-
-    device: Device  # a wildcard number (None) or a non-char type is refused by the planner
-    access: Access  # e.g. "rw" or "rwm"
-    source: str  # one of TRUSTED_SOURCES or UNTRUSTED_SOURCES
-    path: str | None = None  # the node path in the container, for messages
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
-            raise ValueError(f"access {self.access!r} is not a subset of rwm")
-        object.__setattr__(self, "access", Access(self.access))
-        object.__setattr__(self, "device", Device(*self.device))
-
-    @property
-    def rule(self) -> Rule:
-        """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
-        return Rule.exact(self.device, self.access)
-
-    def to_json(self) -> dict[str, Any]:
-        d = self.device
-        return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
-                "source": self.source, "path": self.path}
-
-
-@dataclass(frozen=True)
-class RepairRequest:
-    """What the verifier found about one container, reduced to what a repair needs."""
-
-    container_id: str
-    runtime: str
-    scope: str | None  # systemd unit (docker-<id>.scope, ...), None with cgroupfs
-    v1_devices: str | None  # path inside the v1 devices hierarchy, from /proc/<pid>/cgroup
-    v2_cgroup: str | None  # path inside the cgroup2 hierarchy
-    freezer: str | None  # path inside the v1 freezer hierarchy
-    cgroup_driver: str  # "systemd" or "cgroupfs"
-    grants: tuple[Grant, ...] = ()  # expected devices the container cannot open (lost) or may lose (at-risk)
-    kind: Verdict = LOST  # LOST or AT_RISK
-    reason: str = ""  # the verifier's one-line finding, for messages
-    pod_namespace: str | None = None  # names for messages only (containers.display_name)
-    pod_name: str | None = None
-    container_name: str | None = None
-    exec_fifo: str | None = None  # while created, not started: never frozen (the runtime could not start it)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,
-                "cgroup_v1_devices": self.v1_devices, "cgroup_v2": self.v2_cgroup, "freezer": self.freezer,
-                "cgroup_driver": self.cgroup_driver, "kind": Verdict(self.kind).value, "reason": self.reason,
-                "grants": [g.to_json() for g in self.grants]}
-
-
-@dataclass(frozen=True)
-class RepairPlan:
-    request: RepairRequest
-    mechanism: str | None = None  # one of MECHANISMS, None when nothing is done
-    grants: tuple[Grant, ...] = ()  # exactly what will be granted
-    refused: tuple[tuple[Grant, str], ...] = ()  # (grant, why), never granted
-    cannot: str | None = None  # "cannot repair automatically" reason
-    notes: tuple[str, ...] = ()
-    rate_limited: bool = False  # `cannot` is the rate limit (a person may say --force)
-    forced: bool = False  # the rate limit was bypassed by hand (repair --force)
-
-    @property
-    def action(self) -> str:
-        if self.cannot is not None:
-            return "cannot"
-        return "repair" if self.grants else "nothing"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "grants": [g.to_json() for g in self.grants],
-                "refused": [{"grant": g.to_json(), "why": why} for g, why in self.refused],
-                "cannot": self.cannot, "notes": list(self.notes), "rate_limited": self.rate_limited,
-                "forced": self.forced}
 
 
 @dataclass
@@ -230,16 +133,6 @@ def refusal(grant: Grant) -> str | None:
     return None
 
 
-def _parent_refusal(grant: Grant, parent_rules: Sequence[Rule] | None) -> str | None:
-    """v1: a child never gets what its parent denies; writing it would fail with EPERM."""
-    if parent_rules is None:
-        return None
-    d = grant.device
-    decision = decide(list(parent_rules), d.type, d.major, d.minor, grant.access,
-                      source="the parent cgroup's devices.list")
-    return None if decision.allowed else decision.reason
-
-
 def _accepted(grants: Iterable[Grant]) -> tuple[list[Grant], list[tuple[Grant, str]]]:
     """(grants to apply, sorted by device; (grant, why) refused). One grant per device: the narrowest."""
     accepted: dict[Device, Grant] = {}
@@ -283,80 +176,6 @@ def _wrong_unit(request: RepairRequest) -> str | None:
     return None
 
 
-def _v1_mechanism(request: RepairRequest, grants: list[Grant],
-                  parent_rules: Sequence[Rule] | None) -> tuple[str | None, tuple[str, ...], str | None]:
-    """cgroup v1: (mechanism, notes, None) or (None, (), why not)."""
-    for g in grants if parent_rules is not None else ():
-        why = _parent_refusal(g, parent_rules)
-        if why:
-            return None, (), (f"{g.device} is not allowed to the parent of {request.v1_devices}: {why}; "
-                              "a child cgroup never gets what its parent denies (fix the parent first)")
-    if request.cgroup_driver == "systemd":
-        return DEVICES_ALLOW_SYSTEMD, (), None
-    if request.kind == AT_RISK:
-        return None, (), ("with the cgroupfs driver on cgroup v1 the only device policy is the cgroup's "
-                          "own, which runc rewrites from the spec on `runc update`; nothing can make a "
-                          "device outside the spec stick (recreate the container with the device in "
-                          "its spec, e.g. the device plugin's PASS_DEVICE_SPECS)")
-    return DEVICES_ALLOW, ("cgroupfs driver: lasts until the runtime rewrites the cgroup (`runc update`) "
-                           "from a spec that lacks the device",), None
-
-
-def not_own_cgroup(request: RepairRequest, others_v2: Iterable[str | None] = ()) -> str | None:
-    """Why the request's cgroup v2 path is not the container's own cgroup, or None.
-
-    A device program applies to the cgroup and everything below it: only a cgroup that holds this
-    container alone may get a new one. Never the root, never a slice; its name (or, for crun's
-    `container` leaf, its parent's) names the container id (the path comes from the init's
-    /proc/<pid>/cgroup, which a privileged container can move: never into another's cgroup); no other
-    container's cgroup is it or below it."""
-    path = request.v2_cgroup
-    if path is None:
-        return "no cgroup v2 path is known for the container"
-    names = [n for n in path.split("/") if n]
-    while names and names[0] == "..":  # printed relative to our cgroup namespace (a pod): climbs, then names
-        names.pop(0)
-    if not names or any(n in (".", "..") for n in names):
-        return f"its cgroup v2 path {path} is a root, not a container's own cgroup: never a host-wide program"
-    if names[-1].endswith(".slice"):
-        return f"its cgroup {path} is a slice, shared by everything in it: only a container's own cgroup"
-    own = names[-2] if names[-1] == "container" and len(names) > 1 else names[-1]
-    # the id itself, or after a runtime's prefix: <id> (Docker, containerd's CRI, runc), crio-<id>,
-    # libpod-<id>; never merely somewhere inside a name (a short runc id "gpu" is in "gpu-other")
-    cid = request.container_id
-    if not cid or not (own == cid or (own.endswith(cid) and own[-len(cid) - 1] in "-_:")):
-        return (f"its cgroup {path} does not name the container id {request.container_id}; refusing to replace the "
-                "device program of a cgroup that may belong to another container")
-    for other in others_v2:
-        if other is not None and (other == path or other.startswith(path.rstrip("/") + "/")):
-            return (f"its cgroup {path} also holds another container ({other}): a program there would change "
-                    "that container's devices too")
-    return None
-
-
-def _mechanism(request: RepairRequest, grants: list[Grant], parent_rules: Sequence[Rule] | None,
-               others_v2: Iterable[str | None] = ()) -> tuple[str | None, tuple[str, ...], str | None]:
-    """(mechanism, notes, None), or (None, (), why it cannot be repaired automatically)."""
-    if request.v1_devices is not None:  # hybrid hosts too: the v1 devices controller decides
-        return _v1_mechanism(request, grants, parent_rules)
-    if request.v2_cgroup is not None:
-        if request.cgroup_driver != "systemd":
-            if request.kind == AT_RISK:
-                return None, (), ("with the cgroupfs driver on cgroup v2 the only device policy is the cgroup's BPF "
-                                  "program, which the runtime replaces from the spec when it re-applies its rules; "
-                                  "nothing can make a device outside the spec stick (recreate the container with "
-                                  "the device in its spec, e.g. the device plugin's PASS_DEVICE_SPECS)")
-            why = not_own_cgroup(request, others_v2)
-            if why is not None:
-                return None, (), why
-            return BPF_PROGRAM, ("cgroupfs driver on cgroup v2: lasts until the runtime attaches a program of its "
-                                 "own again (the daemon's next pass sees the loss and repairs it within the rate "
-                                 "limit)",), None
-        return SYSTEMD, (), None
-    return None, (), ("no device cgroup path is known for the container (its init process is gone or "
-                      "/proc/<pid>/cgroup was unreadable)")
-
-
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
                 window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
                 others_v2: Iterable[str | None] = (), force: bool = False) -> RepairPlan:
@@ -376,7 +195,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     mechanism: str | None = None
     notes: tuple[str, ...] = ()
     if cannot is None:
-        mechanism, notes, cannot = _mechanism(request, grants, parent_rules, others_v2)
+        mechanism, notes, cannot = choose(request, grants, parent_rules, others_v2)
     if cannot is not None:
         return RepairPlan(request, None, (), tuple(refused), cannot)
     limited = _rate_limited(request, now, history, window)
@@ -396,24 +215,22 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
     a LOST request; at-risk-scope (and at-risk-not-in-spec devices the baseline expects) an
     AT_RISK one. at-risk-uvm-missing is never repaired: nothing trusted expects that device.
     """
-    wanted, kind, reasons = [], AT_RISK, []
+    wanted: list[Device] = []
+    kind, reasons = AT_RISK, []
     for f in report.findings:
         if f.kind == FindingKind.LOST:
             kind = LOST
         elif f.kind not in (FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN_SPEC):
             continue
-        reasons.append(f"{f.kind}: {', '.join(f.devices)}")
+        reasons.append(f"{f.kind}: {', '.join(str(d) for d in f.devices)}")
         for dev in f.devices:
             if dev not in wanted:
                 wanted.append(dev)
     if not wanted:
         return None
     grants = []
-    for text in wanted:
-        device = Device.try_parse(text)  # the report's devices are its JSON strings
-        if device is None:
-            continue
-        exp = report.expected.get(text)
+    for device in wanted:
+        exp = report.expected.get(device)
         if not exp:
             # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
             grants.append(Grant(device, RW, "unexpected", None))

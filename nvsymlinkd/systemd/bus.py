@@ -27,7 +27,6 @@ working and this reconnects with exponential backoff.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 from typing import TYPE_CHECKING
@@ -35,32 +34,39 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # dbus_next is imported when the watch starts (an optional dependency)
     from dbus_next.aio import MessageBus
 
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = "org.freedesktop.systemd1.Manager"
-DBUS = "org.freedesktop.DBus"
-DBUS_PATH = "/org/freedesktop/DBus"
+from nvsymlinkd.systemd.client import (  # noqa: F401 - close, quiet_dropped_writes: used by name elsewhere
+    DBUS,
+    DBUS_PATH,
+    MANAGER,
+    SYSTEMD,
+    SYSTEMD_PATH,
+    SystemdCallError,
+    bus_address,
+    call,
+    close,
+    disconnect,
+    quiet_dropped_writes,
+)
 
 MATCH_MANAGER = f"type='signal',sender='{SYSTEMD}',path='{SYSTEMD_PATH}',interface='{MANAGER}'"
 MATCH_OWNER = (f"type='signal',sender='{DBUS}',path='{DBUS_PATH}',interface='{DBUS}',"
                f"member='NameOwnerChanged',arg0='{SYSTEMD}'")
 
 CONTAINER_SCOPE = re.compile(r"(docker|cri-containerd|crio|libpod|runc)-[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
-DEFAULT_SYSTEM_BUS = "unix:path=/var/run/dbus/system_bus_socket"
 # A scope removed during a reload or re-exec counts as the same scope when it is announced again
 # within this long (systemd re-announces every unit as it finishes); later it is new.
 REANNOUNCE_SECONDS = 60.0
 # systemd's answer to a second Subscribe() from the same client (src/core/dbus-manager.c)
 ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
+# The watch's own calls wait longer than a repair's: systemd answers nothing while it reloads (10-20 s in
+# an emulated guest), and a Subscribe() that waits out a reload is not a lost bus. dbus-daemon itself
+# answers NoReply after 25 s.
+WATCH_TIMEOUT = 30.0
 
 
 def is_container_scope(unit: str) -> bool:
     # crio-conmon-<id>.scope holds CRI-O's monitor process, not a container
     return bool(CONTAINER_SCOPE.fullmatch(unit)) and not unit.startswith("crio-conmon-")
-
-
-def bus_address() -> str:
-    return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or DEFAULT_SYSTEM_BUS
 
 
 class SystemdWatch:
@@ -148,13 +154,18 @@ class SystemdWatch:
     async def _setup(self, bus) -> None:
         bus.add_message_handler(self._on_message)
         for rule in (MATCH_OWNER, MATCH_MANAGER):
-            await self._call(bus, DBUS, DBUS_PATH, DBUS, "AddMatch", "s", [rule])
-        reply = await self._call(bus, DBUS, DBUS_PATH, DBUS, "GetNameOwner", "s", [SYSTEMD], check=False)
-        if reply is not None:
-            self.owner = reply.body[0]
-            await self._subscribe(bus)
-        else:
+            await call(bus, "AddMatch", "s", [rule], destination=DBUS, path=DBUS_PATH, interface=DBUS,
+                       timeout=WATCH_TIMEOUT)
+        try:
+            (owner,) = await call(bus, "GetNameOwner", "s", [SYSTEMD], destination=DBUS, path=DBUS_PATH,
+                                  interface=DBUS, timeout=WATCH_TIMEOUT)
+        except SystemdCallError as exc:
+            if exc.error_name is None:  # no answer: the connection is in doubt, run() treats it as a drop
+                raise
             self.journal.notice(f"{SYSTEMD} is not on the system bus yet; waiting for it")
+        else:
+            self.owner = owner
+            await self._subscribe(bus)
 
     async def _subscribe(self, bus) -> None:
         subscribed, detail = await self._try_subscribe(bus)
@@ -165,26 +176,15 @@ class SystemdWatch:
     async def _try_subscribe(self, bus) -> tuple:
         """Subscribe() -> (True, "") or (True, "already") when systemd says we already are
         subscribed (that is a subscription), else (False, its error)."""
-        from dbus_next import Message, MessageType
-
-        reply = await bus.call(Message(destination=SYSTEMD, path=SYSTEMD_PATH, interface=MANAGER,
-                                       member="Subscribe"))
-        if reply.message_type != MessageType.ERROR:
-            return True, ""
-        if reply.error_name == ALREADY_SUBSCRIBED:
-            return True, "already"
-        return False, f"{reply.error_name}: {reply.body[0] if reply.body else ''}".rstrip(": ")
-
-    async def _call(self, bus, dest, path, iface, member, sig, body, check=True):
-        from dbus_next import Message, MessageType
-
-        reply = await bus.call(Message(destination=dest, path=path, interface=iface, member=member,
-                                       signature=sig, body=body))
-        if reply.message_type == MessageType.ERROR:
-            if check:
-                raise RuntimeError(f"{member}: {reply.error_name}: {reply.body[0] if reply.body else ''}")
-            return None
-        return reply
+        try:
+            await call(bus, "Subscribe", timeout=WATCH_TIMEOUT)
+        except SystemdCallError as exc:
+            if exc.error_name == ALREADY_SUBSCRIBED:
+                return True, "already"
+            if exc.error_name is None:  # no answer at all: not a refusal, the caller's failure to handle
+                raise
+            return False, str(exc).split(": ", 1)[-1].rstrip(": ")
+        return True, ""
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -283,43 +283,7 @@ class SystemdWatch:
 
 
 def _disconnect(bus) -> None:
-    try:
-        bus.disconnect()
-    except Exception:  # noqa: BLE001 - already closed by the other side
-        pass
-
-
-def quiet_dropped_writes() -> None:
-    """On the running loop: a write dbus_next makes on a connection the bus has just dropped
-    (dbus restarted) fails with BrokenPipeError/ConnectionResetError into a future its own call
-    path never awaits (MessageBus._call discards send()'s future), so asyncio logs "Future
-    exception was never retrieved" with a traceback when that future is collected (chaos soak,
-    seed 20: dbus-restart then a module reload). The drop itself is handled where it is awaited:
-    the watch's disconnect (bus-lost, reconnect), a call's SystemdCallError. Any other exception
-    handler already set, and tasks, keep the default."""
-    loop = asyncio.get_running_loop()
-    if loop.get_exception_handler() is None:
-        loop.set_exception_handler(_dropped_write_handler)
-
-
-def _dropped_write_handler(loop, context: dict) -> None:
-    future = context.get("future")
-    if (isinstance(context.get("exception"), (ConnectionError, EOFError)) and future is not None
-            and not isinstance(future, asyncio.Task)
-            and str(context.get("message", "")).endswith("exception was never retrieved")):
-        return
-    loop.default_exception_handler(context)
-
-
-async def close(bus, timeout: float = 1.0) -> None:
-    """Disconnect a short-lived connection and collect how it ended. A connection the other side
-    dropped (dbus restarted mid-call) keeps its EOFError in dbus_next's disconnect future; nobody
-    else awaits it, so asyncio would log it, traceback and all, when the future is collected."""
-    _disconnect(bus)
-    try:
-        await asyncio.wait_for(bus.wait_for_disconnect(), timeout)
-    except Exception:  # noqa: BLE001 - the dropped connection's error, or no EOF in time: closed either way
-        pass
+    disconnect(bus)
 
 
 def _why(exc: BaseException) -> str:

@@ -43,9 +43,10 @@ from __future__ import annotations
 import os
 import stat
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from nvsymlinkd.containers.ocispec import MAX_JSON_BYTES, loads_object, open_regular, read_fd
+from nvsymlinkd.host import nodescan
 from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
 from nvsymlinkd.host.nodescan import scan_nodes
 from nvsymlinkd.host.root import HostRoot
@@ -186,6 +187,10 @@ class VerifyCache:
             self._memo = {k: v for k, v in self._memo.items() if k in self._used}
         self._used = set()
 
+    def absent(self, real_path: str) -> bool:
+        """True when no file is at real_path (FileCache.absent: listed again only when its directory changed)."""
+        return self.files.absent(real_path)
+
     def host_nodes(self, root: HostRoot, driver_root: str, majors: Any) -> tuple:
         """The NVIDIA nodes under DRIVER_ROOT/dev (scan_nodes' nodes), scanned again only when a
         directory the scan reads, or the majors, changed since the last pass."""
@@ -232,6 +237,36 @@ class VerifyCache:
         value = compute()
         self._memo[key] = (inputs, value)
         return value, False
+
+
+class NoCache:
+    """VerifyCache's shape for a pass that keeps nothing (`check`, `repair`): every fact is read and
+    judged afresh, and the verifier has one path whether the daemon's cache is there or not."""
+
+    files = None  # discover(), baseline.load() and the scopes' unit files read afresh without a FileCache
+    verdict_hits = 0
+
+    def begin_pass(self) -> None:
+        pass
+
+    def end_pass(self, drop_unused: bool = True) -> None:
+        pass
+
+    def absent(self, real_path: str) -> bool:
+        return False  # not known without a listing: the caller opens the file
+
+    def host_nodes(self, root: HostRoot, driver_root: str, majors: Any) -> tuple:
+        return tuple(nodescan.scan_nodes(root, driver_root, majors)[0])
+
+    def same(self, what: str, value: Any) -> Any:
+        return value
+
+    def memo(self, what: str, who: object, inputs: tuple, compute: Callable[[], Any]) -> tuple:
+        return compute(), False
+
+
+# What the verifier's gathering takes: the daemon's kept cache, or none (one shape, no `is None` branches).
+Cache = Union[VerifyCache, NoCache]
 
 
 def _node_dir_stamps(root: HostRoot, base: str) -> tuple | None:

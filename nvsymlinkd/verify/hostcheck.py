@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 
 from nvsymlinkd.containers.ocispec import read_bounded
 from nvsymlinkd.summary import plural
+from nvsymlinkd.verify.evaluate import HostFinding
 
 MAX_CONFIG_BYTES = 4 << 20
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -22,17 +22,6 @@ OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
 # missing at container start: the container loses that device at the next daemon-reload (>= 1.1.7 does
 # so only with systemd < 240). An optional dpkg epoch; "1.1.5+ds1-1", "1.1.5-0ubuntu1" all count.
 RUNC_AFFECTED = re.compile(r"(?:\d+:)?1\.1\.([3-6])(?![0-9])")
-
-
-@dataclass(frozen=True)
-class HostFinding:
-    kind: str  # privilege, cgroup-version, cgroup-driver, versions, dev-char, link-keepers, nvml
-    status: str  # ok, warn, info
-    detail: str
-    fix: str = ""
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "status": self.status, "detail": self.detail, "fix": self.fix}
 
 
 def cgroup_version(root) -> str:

@@ -15,13 +15,12 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Tuple
 
-from nvsymlinkd.verify.kinds import FindingKind, Verdict
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.verify.kinds import JOURNAL_KINDS, FindingKind, Verdict
 
-if TYPE_CHECKING:  # the report types live with the verifier, which does I/O: for the annotations only
-    from nvsymlinkd.verify.verifier import ContainerReport, Finding, Report
+if TYPE_CHECKING:  # for the annotations only (verify/evaluate.py imports JOURNAL_KINDS from kinds, not here)
+    from nvsymlinkd.verify.evaluate import ContainerReport, Finding, Report
 
-# Journal kinds (keys of journal.MESSAGE_IDS): one per finding kind, plus "container-ok" for a recovered container.
-JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 # syslog priorities (journal.ERR, WARNING, NOTICE; journal.py is the writer, not imported by pure modules)
 ERR, WARNING, NOTICE = 3, 4, 5
 FINDING_PRIORITIES = {FindingKind.LOST: ERR, FindingKind.DENIED: ERR, FindingKind.AT_RISK_SCOPE: WARNING,
@@ -31,8 +30,8 @@ FINDING_PRIORITIES = {FindingKind.LOST: ERR, FindingKind.DENIED: ERR, FindingKin
 # not at every pass (a "report" config or an impossible repair would otherwise repeat each resync).
 QUIET_REPEATS = ("repair-reported", "repair-refused", "repair-failed")
 
-# A finding as the state remembers it: its kind and its devices ("c M:m" as in the report).
-FindingKey = Tuple[FindingKind, Tuple[str, ...]]  # typing's: evaluated at import
+# A finding as the state remembers it: its kind and its devices.
+FindingKey = Tuple[FindingKind, Tuple[Device, ...]]  # typing's: evaluated at import
 
 
 class Entry(NamedTuple):
@@ -74,7 +73,7 @@ def journal_entries(report: ContainerReport) -> list[tuple[str, int, str, dict[s
     who = report.display_name or report.scope or report.runtime
     out = []
     for f in report.findings:
-        devices = ", ".join(f.devices) or "-"
+        devices = ", ".join(str(d) for d in f.devices) or "-"
         if f.kind == FindingKind.LOST:
             state = "lost"
         elif f.kind == FindingKind.DENIED:

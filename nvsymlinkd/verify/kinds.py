@@ -47,6 +47,9 @@ class FindingKind(str, Enum):
 AT_RISK_KINDS = frozenset({FindingKind.AT_RISK_SCOPE, FindingKind.AT_RISK_NOT_IN_SPEC, FindingKind.AT_RISK_UVM})
 # The verdicts of GPU containers, worst first (the metrics' and the summary's order).
 GPU_VERDICTS = (Verdict.LOST, Verdict.DENIED, Verdict.AT_RISK, Verdict.UNKNOWN, Verdict.OK)
+# Journal kinds (keys of messageids.MESSAGE_IDS): one per finding kind, plus "container-ok" for a recovered
+# container.
+JOURNAL_KINDS = {kind: f"container-{kind.value}" for kind in (Verdict.OK, *FindingKind)}
 
 
 def verdict_of(found: Iterable[FindingKind]) -> Verdict:

@@ -1,31 +1,25 @@
-"""Verdicts on GPU containers: ok, lost, denied, at-risk (three reasons) or unknown.
+"""Verdicts on GPU containers, gathered from the host: `verify_all()` / `verify_container()` read each
+container's facts (runtime state, spec, baseline, device cgroup, its /dev, its scope's DeviceAllow, the
+host's NVIDIA nodes) and hand them to the pure `verify.evaluate.evaluate()`, which decides (the daemon
+and `nvsymlinkd check` call them). The report's types and words live in verify/evaluate.py and
+verify/kinds.py; the names below stay importable from here for the callers.
 
-`evaluate()` is pure: container facts + expected access + the live access
-policy + the scope's DeviceAllow + host devices -> a ContainerReport.
-`verify_all()` / `verify_container()` gather those facts from the host (the
-daemon and `nvsymlinkd check` call them).
-
-Verdicts and finding kinds are the enums of verify/kinds.py; each finding kind has a fixed journal
-MESSAGE_ID in journal.MESSAGE_IDS (under journaldiff.JOURNAL_KINDS[kind]).
+cache: the daemon's verify.cache.VerifyCache, kept from pass to pass, or a verify.cache.NoCache that
+keeps nothing: one path through the gathering either way.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import time
-from dataclasses import dataclass, field
 
-from nvsymlinkd import journal as journalmod
-from nvsymlinkd.access.cgroup import AccessPolicy, CgroupMounts, find_cgroup_mounts, read_access
+from nvsymlinkd.access.cgroup import CgroupMounts, find_cgroup_mounts, read_access
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
 from nvsymlinkd.containers.discovery import (
     Container,
     container_dev_nodes,
     discover,
-    display_name,
-    exec_fifo_path,
     find,
     still_creating,
 )
@@ -36,504 +30,44 @@ from nvsymlinkd.containers.expected import (
     nvidia_majors_of,
 )
 from nvsymlinkd.containers.hookgrant import HookRequest, legacy_hook, reconstruct
-from nvsymlinkd.containers.ocispec import CDI_ANNOTATION, gpu_signs
+from nvsymlinkd.containers.ocispec import gpu_signs
 from nvsymlinkd.containers.scopes import ScopeDevices, map_entries, read_scopes, wait_for_scope
 from nvsymlinkd.devchar.snapshot import observe, read_majors
-from nvsymlinkd.host.devices import RW, Access, Device
-from nvsymlinkd.host.nodescan import scan_nodes
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.verify.cache import VerifyCache
+from nvsymlinkd.verify.cache import Cache, NoCache, VerifyCache
+from nvsymlinkd.verify.evaluate import (  # noqa: F401 - the callers' names
+    AT_RISK_NOT_IN_SPEC,
+    AT_RISK_SCOPE,
+    AT_RISK_UVM,
+    DENIED,
+    KINDS,
+    LOST,
+    NOT_GPU,
+    NOT_RUNNING,
+    OK,
+    UNKNOWN,
+    VERDICTS,
+    ContainerReport,
+    Finding,
+    HostDevices,
+    Report,
+    _read_live,
+    baseline_devices,
+    evaluate,
+)
 from nvsymlinkd.verify.hostcheck import check_host
-from nvsymlinkd.verify.journaldiff import JOURNAL_KINDS, journal_entries  # noqa: F401 - the callers' names
-from nvsymlinkd.verify.kinds import GPU_VERDICTS, FindingKind, Verdict, verdict_of
+from nvsymlinkd.verify.journaldiff import journal_entries  # noqa: F401 - the callers' names
+from nvsymlinkd.verify.kinds import JOURNAL_KINDS  # noqa: F401 - the callers' names
 
-# The words, defined once in verify/kinds.py; these names stay for the callers.
-OK, NOT_GPU, NOT_RUNNING = Verdict.OK, Verdict.NOT_GPU, Verdict.NOT_RUNNING
-LOST = FindingKind.LOST
-DENIED = FindingKind.DENIED
-AT_RISK_SCOPE = FindingKind.AT_RISK_SCOPE
-AT_RISK_NOT_IN_SPEC = FindingKind.AT_RISK_NOT_IN_SPEC
-AT_RISK_UVM = FindingKind.AT_RISK_UVM
-UNKNOWN = FindingKind.UNKNOWN
-KINDS = tuple(FindingKind)
-# Container verdicts, worst first.
-VERDICTS = GPU_VERDICTS
 # A container being created: how long the daemon waits for the runtime's device policy to show on the
-# new scope (runc sends it right before the hooks; under qemu TCG 0.2-2 s after UnitNew), and how often
+# new scope (runc sends it right before the hooks; under qemu TCG 0.4-3 s after UnitNew), and how often
 # it asks. Past the wait, or once the state file is written, the scope is judged as it reads then.
 POLICY_WAIT = 30.0
 POLICY_POLL = 0.01
 
-
-@dataclass(frozen=True)
-class Finding:
-    kind: FindingKind
-    devices: tuple  # "c M:m" strings
-    detail: str
-    fix: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "kind", FindingKind(self.kind))
-
-    @property
-    def message_id(self) -> str:
-        return journalmod.MESSAGE_IDS[JOURNAL_KINDS[self.kind]]
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind.value, "devices": list(self.devices), "detail": self.detail, "fix": self.fix,
-                "message_id": self.message_id}
-
-
-@dataclass(frozen=True)
-class HostDevices:
-    nodes: tuple  # NvidiaNode on the host
-    nvidia_majors: frozenset
-    uvm_major: int | None = None
-    devices: frozenset = field(init=False, repr=False, compare=False)  # the nodes' Devices
-    read_only_majors: frozenset = field(init=False, repr=False, compare=False)  # nvidia-caps: opened read-only
-
-    def __post_init__(self) -> None:
-        # made once a pass, not per container (a MIG host has ~2,000 nodes)
-        object.__setattr__(self, "devices", frozenset(Device.char(n.major, n.minor) for n in self.nodes))
-        object.__setattr__(self, "read_only_majors", frozenset(n.major for n in self.nodes if n.kind == "cap"))
-
-    @property
-    def uvm_node(self):
-        for n in self.nodes:
-            if n.kind == "uvm":
-                return n
-        return None
-
-
-@dataclass
-class ContainerReport:
-    id: str
-    runtime: str
-    namespace: str | None
-    status: str  # the runtime's: created, running, creating, stopped, unknown
-    verdict: Verdict
-    scope: str | None = None
-    init_pid: int | None = None
-    gpu_signs: tuple = ()
-    findings: list = field(default_factory=list)
-    expected: dict = field(default_factory=dict)  # "c M:m" -> {"access", "sources"}
-    granted: dict = field(default_factory=dict)  # "c M:m" -> access the cgroup allows now
-    untrusted_nodes: tuple = ()  # NVIDIA nodes seen in the container's own /dev (reported, never trusted)
-    nvidia_hook: dict | None = None  # hookgrant.HookGrant.to_json() when the spec has the legacy NVIDIA hook
-    cgroup: dict = field(default_factory=dict)
-    problems: tuple = ()
-    baseline: str | None = None  # "recorded", "loaded" or None
-    pod_namespace: str | None = None  # names for people (containers.Container), never for a decision
-    pod_name: str | None = None
-    container_name: str | None = None
-    # runc's/crun's exec.fifo while the container is created, not started (not in the JSON): a repair
-    # must not freeze it then, since the runtime cannot start a frozen container
-    exec_fifo: str | None = None
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:12] if len(self.id) == 64 else self.id
-
-    @property
-    def display_name(self) -> str | None:
-        return display_name(self)
-
-    def to_json(self) -> dict:
-        return {
-            "id": self.id, "runtime": self.runtime, "namespace": self.namespace, "status": self.status,
-            "verdict": Verdict(self.verdict).value, "scope": self.scope, "init_pid": self.init_pid,
-            "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
-            "expected": self.expected, "granted": self.granted, "untrusted_nodes": list(self.untrusted_nodes),
-            "nvidia_hook": self.nvidia_hook,
-            "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
-            "pod_namespace": self.pod_namespace, "pod_name": self.pod_name, "container_name": self.container_name,
-        }
-
-
-def _verdict(findings: list) -> Verdict:
-    return verdict_of(f.kind for f in findings)
-
-
-def _letters(policy, key: Device, access: Access):
-    """(granted letters, unknown reasons, whole access allowed by one check).
-
-    The whole access is asked first (one call in the common case); only when
-    that is not allowed is each letter asked separately, for the report.
-    """
-    v = policy.check(*key, access)
-    if v.state == "allow":  # the common case in one call
-        return access, [], True
-    granted, unknown = Access(), []
-    for letter in access:
-        v = policy.check(*key, letter)
-        if v.state == "allow":
-            granted = granted.union(letter)
-        elif v.state != "deny":
-            unknown.append(v.reason)
-    return granted, unknown, False
-
-
-def _declared_nodes(c: Container) -> set:
-    """The char Devices whose nodes the runtime itself created (spec linux.devices, runc's config.devices)."""
-    return {node.device for facts in (c.spec, c.state) if facts is not None
-            for node in facts.nodes if node.type == "c"}
-
-
-def _devices(keys) -> tuple:
-    return tuple(str(k) for k in keys)
-
-
-@dataclass
-class _Live:
-    """What the device cgroup allows now, per candidate device."""
-
-    granted: dict = field(default_factory=dict)  # Device -> Access allowed (some letters may be missing)
-    unknown: dict = field(default_factory=dict)  # Device -> why its access cannot be decided
-    together: set = field(default_factory=set)  # Devices whose "rw" one check allowed
-
-
-def _read_live(policy, expected: Expected, host: HostDevices, dev_nodes) -> _Live:
-    candidates = set(expected.devices) | host.devices
-    candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
-    live = _Live()
-    classes = getattr(policy, "equivalence_key", None)
-    decided: dict = {}  # equivalence key -> _letters' answer, where the policy can tell (access.cgroup)
-    for key in sorted(candidates):
-        eq = classes(*key) if classes is not None else None
-        answer = decided.get(eq) if eq is not None else None
-        if answer is None:
-            answer = _letters(policy, key, RW)
-            if eq is not None and not answer[1]:  # an unknown's reason may name the device: never shared
-                decided[eq] = answer
-        got, why, whole = answer
-        if whole:
-            live.together.add(key)
-        if got:
-            live.granted[key] = got
-        if why:
-            live.unknown[key] = why[0]
-    return live
-
-
-def _lost_devices(policy, expected: Expected, live: _Live) -> list:
-    """Expected devices the cgroup denies now; a device whose check is neither joins live.unknown.
-
-    An open asks for all its letters at once, and the v1 kernel wants ONE rule covering them all:
-    judge each expected device by one check of exactly what it needs.
-    """
-    lost = []
-    for k, need in sorted(expected.devices.items()):
-        if k in live.unknown:
-            continue
-        if k in live.together or (len(need) == 1 and need in live.granted.get(k, "")):
-            continue
-        v = policy.check(*k, need)
-        if v.state == "deny":
-            lost.append(k)
-        elif v.state != "allow":
-            live.unknown[k] = v.reason
-    return lost
-
-
-def _unreadable_finding(c: Container, expected: Expected) -> Finding | None:
-    """A runtime file that exists but cannot be read hides what it would say (a GPU sign, an expected
-    device, the init pid): such a container is unknown, never "not a GPU container" nor guessed stopped."""
-    unreadable = list(c.unreadable)
-    if not unreadable or c.status == "stopped":
-        return None
-    # Permission denied is this user's lack of rights, not damage: the advice must not send anyone
-    # to delete a runtime's state file
-    denied = os.strerror(errno.EACCES)
-    fix = (f"run nvsymlinkd as root: {denied} means this user may not read the runtime's files, not that "
-           "they are damaged" if any(u.endswith(denied) for u in unreadable) else
-           "the runtime writes these files as root: restore or remove the damaged file (or recreate the "
-           "container); until then its device access cannot be judged")
-    return Finding(
-        UNKNOWN, _devices(sorted(expected.devices)),
-        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""), fix)
-
-
-def _no_policy_finding(expected: Expected, policy_error: str | None) -> Finding:
-    return Finding(UNKNOWN, _devices(sorted(expected.devices)), f"cannot read the device cgroup: {policy_error}",
-                   "run as root on the host (not in a container); check /proc/<pid>/cgroup and the cgroup mounts")
-
-
-def _lost_finding(lost: list, expected: Expected, who: str) -> list:
-    if not lost:
-        return []
-    sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
-    return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup now",
-                    f"nvsymlinkd repair {who} (or recreate the container)")]
-
-
-def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_devices, who: str) -> list:
-    """Allowed now but declared by neither the spec nor runc's recorded rules: injected by a hook."""
-    not_declared = [k for k in sorted(live.granted) if k not in expected.declared]
-    if not_declared and c.scope and scope_devices is not None:
-        # systemd re-applies what the scope lists (repair adds hook devices there) and runc >= 1.0's
-        # `update` leaves device rules alone: a device the scope covers is no longer at risk
-        not_declared = [k for k in not_declared if not scope_devices.covers(k, live.granted[k])]
-    if not not_declared:
-        return []
-    # Declared vs injected needs the spec or runc's recorded rules; without either, say so.
-    if c.spec is None and (c.state is None or c.state.rules is None):
-        return [Finding(
-            UNKNOWN, _devices(not_declared),
-            "allowed now, but neither the spec nor the runtime's state could be read to tell declared from "
-            "hook-injected devices", "check the problems listed for this container (bundle or state file)")]
-    return [Finding(
-        AT_RISK_NOT_IN_SPEC, _devices(not_declared),
-        "allowed now but not in the container's spec (injected by a hook): "
-        + ("the next daemon-reload or runc update removes it" if c.scope else
-           "the next runc update or re-apply of the spec removes it"),
-        _not_in_spec_fix(c, expected, not_declared, who))]
-
-
-def _not_in_spec_fix(c: Container, expected: Expected, devices: list, who: str) -> str:
-    """What works for a hook-injected device, by what nvsymlinkd can do for it: only a device a trusted
-    source expects (the reconstructed NVIDIA hook grant, a baseline) is ever granted by a repair."""
-    recreate = "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate"
-    if any(k not in expected.devices for k in devices):
-        then = (f"adds them to {c.scope}'s DeviceAllow before a reload can take them" if c.scope else
-                "gives them back after a loss")
-        return (f"{recreate}; until then keep the nvsymlinkd daemon running: it records them as this container's "
-                f"baseline, then {then} (nothing trusted records this grant yet, so nvsymlinkd repair cannot)")
-    if c.scope:
-        return (f"nvsymlinkd repair {who} adds them to {c.scope}'s DeviceAllow now, so reloads keep them (the "
-                f"daemon does it by itself); for good, {recreate}")
-    return (f"{recreate}: with the cgroupfs driver nothing else keeps them at the next runc update; after a loss, "
-            f"nvsymlinkd repair {who} gives them back")
-
-
-def _request_signs(c: Container, expected: Expected) -> list:
-    """Why the container asks for GPUs in a way a runtime acts on (nodes are judged one by one).
-
-    CDI annotations, or the legacy NVIDIA hook whose grant cannot be reconstructed. Not
-    NVIDIA_VISIBLE_DEVICES alone: the CUDA images set it to `all` for every container, and without the
-    hook nothing reads it; nor a hook whose exact reconstruction grants nothing (void, or the toolkit's
-    config refusing an unprivileged request): there the runtime was asked and deliberately gave nothing.
-    """
-    signs = []
-    if c.spec is not None and any(k.startswith(CDI_ANNOTATION) for k in c.spec.annotations):
-        signs.append("CDI annotations")
-    hook = expected.hook
-    if hook is not None and not hook.trusted:
-        visible = c.spec.visible_devices if c.spec is not None else None
-        signs.append(f"the NVIDIA hook with NVIDIA_VISIBLE_DEVICES={visible}" if visible is not None
-                     else "the NVIDIA hook")
-    return signs
-
-
-def _denied_finding(c: Container, expected: Expected, live: _Live, policy, host: HostDevices, dev_nodes,
-                    lost: list) -> list:
-    """NVIDIA devices the container has (nodes in its spec, its runtime state or its /dev: a sign, never a
-    grant) or asks for, that the kernel denies and no trusted source expects: never ok, never repaired.
-    Not while a runtime file is unreadable: what it hides may be the very grant (the container is unknown)."""
-    if c.unreadable:
-        return []
-    have = {node.device for facts in (c.spec, c.state) if facts is not None
-            for node in facts.nodes if node.type == "c" and node.major in host.nvidia_majors}
-    have |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
-    denied = []
-    for k in sorted(have):
-        if k in expected.devices or k in live.unknown or k in live.together:
-            continue  # expected: judged as lost or not; undecided: said as unknown
-        need = Access("r") if k.major in host.read_only_majors else RW
-        if len(need) == 1 and need in live.granted.get(k, ""):
-            continue
-        v = policy.check(*k, need)
-        if v.state == "deny":
-            denied.append(k)
-        elif v.state != "allow":
-            live.unknown[k] = v.reason
-    why = ""
-    if denied:
-        why = "its NVIDIA nodes are denied by the device cgroup"
-    else:
-        asks = _request_signs(c, expected)
-        can_open = any(k.major in host.nvidia_majors for k in live.granted)
-        if asks and not have and not can_open and not expected.devices and not lost:
-            ctl_gpu = [Device.char(n.major, n.minor) for n in host.nodes if n.kind in ("ctl", "gpu")]
-            denied = sorted(k for k in ctl_gpu if k not in live.unknown)
-            why = f"it asks for GPUs ({', '.join(asks)}) but can open no NVIDIA device"
-            if not denied:
-                return []
-    if not denied:
-        return []
-    hook = expected.hook
-    hook_note = ""
-    if hook is not None and not hook.trusted:
-        hook_note = f"; the NVIDIA hook's grant could not be reconstructed: {hook.detail}"
-    return [Finding(
-        DENIED, _devices(denied),
-        f"{why}, and nothing trusted (spec rules, runtime state, NVIDIA hook grant, baseline) says it was granted "
-        f"them: nvsymlinkd cannot know whether they were granted and lost or never granted{hook_note}",
-        "fix the runtime's configuration (docker --gpus or the NVIDIA runtime, the device plugin or CDI instead of "
-        "mounted /dev/nvidia* nodes) and recreate the container; nvsymlinkd never grants what nothing trusted "
-        "granted")]
-
-
-def _scope_finding(c: Container, expected: Expected, scope_devices, lost: list, who: str) -> list:
-    """Declared devices the scope's DeviceAllow lacks: systemd's next apply takes them away."""
-    if not c.scope:
-        return []
-    if scope_devices is None:
-        return [Finding(UNKNOWN, (), f"cannot read DeviceAllow of {c.scope} (no systemd bus, no transient unit file)",
-                        "run on the host with /run/systemd and the system bus available")]
-    lost_set = set(lost)
-    missing = [k for k, need in sorted(expected.devices.items())
-               if k in expected.declared and k not in lost_set and not scope_devices.covers(k, need)]
-    if not missing:
-        return []
-    return [Finding(
-        AT_RISK_SCOPE, _devices(missing),
-        f"{c.scope} DeviceAllow (from {scope_devices.source}) lacks them: the next systemctl daemon-reload "
-        "removes them",
-        f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}")]
-
-
-def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes: bool = False) -> list:
-    """The host has nvidia-uvm, the container has GPUs but not it. The fix depends on who allocated the
-    devices: the device plugin (a pod: restart it, then recreate), or the runtime's hook at create time
-    (runc, Docker, Podman: recreating is enough now that nvidia-uvm is loaded)."""
-    uvm = host.uvm_node
-    if uvm is None:
-        return []
-    key = Device.char(uvm.major, uvm.minor)
-    has_gpu = any(k.major in host.nvidia_majors and k != key for k in set(live.granted) | set(expected.devices))
-    if not has_gpu or key in live.granted or key in expected.devices or key in live.unknown:
-        return []
-    return [Finding(
-        AT_RISK_UVM, (str(key),),
-        "the host has nvidia-uvm but this container was not given it ("
-        + ("the device plugin started before nvidia-uvm was loaded" if kubernetes else
-           "created before nvidia-uvm was loaded") + "): CUDA fails or falls back to the CPU",
-        "restart the device plugin after nvidia-uvm is loaded, then recreate this container" if kubernetes else
-        "recreate this container: nvidia-uvm is loaded now, so the runtime grants it to a new one (load it "
-        "at boot, before containers start: nvidia-modprobe -u -c=0)")]
-
-
-def _undecided_finding(host: HostDevices, expected: Expected, live: _Live) -> list:
-    relevant = [k for k in sorted(live.unknown) if k in expected.devices or k.major in host.nvidia_majors]
-    if not relevant:
-        return []
-    return [Finding(UNKNOWN, _devices(relevant), f"cannot decide access: {live.unknown[relevant[0]]}",
-                    "see the reason; nvsymlinkd reads cgroup v1 devices.list and v2 BPF device programs as root")]
-
-
-def _new_report(c: Container, signs, expected: Expected, host: HostDevices, dev_nodes) -> ContainerReport:
-    declared = _declared_nodes(c)
-    return ContainerReport(
-        c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
-        expected={str(k): {"access": a, "sources": list(expected.sources.get(k, ()))}
-                  for k, a in sorted(expected.devices.items())},
-        untrusted_nodes=tuple(f"{p} ({Device.char(ma, mi)})" for p, ma, mi in dev_nodes
-                              if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
-        cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
-        problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
-        nvidia_hook=expected.hook.to_json() if expected.hook is not None else None,
-        exec_fifo=exec_fifo_path(c) if c.status == "created" else None,
-        container_name=c.container_name,
-    )
-
-
-def evaluate(c: Container, signs, expected: Expected, policy: AccessPolicy | None, policy_error: str | None,
-             scope_devices: ScopeDevices | None, host: HostDevices, dev_nodes=()) -> ContainerReport:
-    """Decide one container's verdict: one finding function per kind, in the order they are reported.
-
-    policy: an access.cgroup.AccessPolicy or None (then policy_error says why).
-    scope_devices: a scopes.ScopeDevices, or None when the scope's DeviceAllow could not be read.
-    dev_nodes: (path, major, minor) in the container's /dev, untrusted.
-    """
-    report = _new_report(c, signs, expected, host, dev_nodes)
-    if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be
-        report.verdict = NOT_RUNNING
-        return report
-    findings = report.findings
-    running = c.status in ("created", "running")
-    unreadable = _unreadable_finding(c, expected)
-    if unreadable is not None:
-        findings.append(unreadable)
-        if not running or (not signs and not expected.devices):
-            report.verdict = _verdict(findings)
-            return report
-    if not signs and not expected.devices:
-        report.verdict = NOT_GPU
-        return report
-    if not running:
-        report.verdict = NOT_RUNNING
-        return report
-    if policy is None:
-        findings.append(_no_policy_finding(expected, policy_error))
-        report.verdict = _verdict(findings)
-        return report
-    live = _read_live(policy, expected, host, dev_nodes)
-    report.granted = {str(k): a for k, a in sorted(live.granted.items())}
-    lost = _lost_devices(policy, expected, live)
-    findings += _lost_finding(lost, expected, c.short_id)
-    findings += _denied_finding(c, expected, live, policy, host, dev_nodes, lost)
-    findings += _not_in_spec_finding(c, expected, live, scope_devices, c.short_id)
-    findings += _scope_finding(c, expected, scope_devices, lost, c.short_id)
-    findings += _uvm_finding(host, expected, live, kubernetes=c.pod_namespace is not None)
-    findings += _undecided_finding(host, expected, live)
-    report.verdict = _verdict(findings)
-    return report
-
-
-def baseline_devices(report: ContainerReport) -> dict | None:
-    """The access to record as the healthy baseline, or None when this is not a healthy moment.
-
-    Only once the runtime says created/running (hooks done), and never while
-    something is lost or unknown.
-    """
-    if report.status not in ("created", "running") or report.verdict in (LOST, DENIED, UNKNOWN, NOT_GPU,
-                                                                          NOT_RUNNING):
-        return None
-    if any(f.kind == UNKNOWN for f in report.findings):
-        return None
-    out = {}
-    for text, access in report.granted.items():
-        key = Device.try_parse(text)
-        if key is not None:
-            out[key] = access
-    return out or None
-
-
 # ---------------------------------------------------------------------------
 # Gathering: read the host once, then evaluate every container.
-
-
-@dataclass
-class Report:
-    containers: list  # ContainerReport (GPU containers only, plus not-running ones seen)
-    host: list  # hostcheck.HostFinding
-    not_gpu: int = 0
-    seconds: float = 0.0
-    # (container id, cgroup v2 path) of every container discovered, GPU or not, also in a pass over only some
-    # (a repair that replaces a cgroup's device program must see every container it would touch)
-    cgroups_v2: tuple = ()
-
-    @property
-    def problems(self) -> list:
-        return [c for c in self.containers if c.verdict not in (OK, NOT_RUNNING, NOT_GPU)]
-
-    @property
-    def all_ok(self) -> bool:
-        return not self.problems and not any(h.status == "warn" for h in self.host)
-
-    def to_json(self) -> dict:
-        counts = {v.value: 0 for v in VERDICTS + (NOT_RUNNING,)}
-        for c in self.containers:
-            verdict = Verdict(c.verdict).value
-            counts[verdict] = counts.get(verdict, 0) + 1
-        return {
-            "ok": self.all_ok,
-            "containers": [c.to_json() for c in self.containers],
-            "host": [h.to_json() for h in self.host],
-            "summary": {"gpu_containers": len(self.containers), "not_gpu_containers": self.not_gpu, **counts},
-            "seconds": round(self.seconds, 4),
-        }
 
 
 class _HostContext:
@@ -543,7 +77,7 @@ class _HostContext:
     containers need the nodes alone, which the daemon's cache scans again only when they changed.
     """
 
-    def __init__(self, root: HostRoot, config: Config, with_host: bool = True, cache: VerifyCache | None = None):
+    def __init__(self, root: HostRoot, config: Config, with_host: bool, cache: Cache):
         self.snapshot = None
         if with_host:
             self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
@@ -551,11 +85,12 @@ class _HostContext:
         else:
             majors = read_majors(root)
             driver_root = normalize(config.driver_root)
-            nodes = cache.host_nodes(root, driver_root, majors) if cache is not None else \
-                tuple(scan_nodes(root, driver_root, majors)[0])
+            nodes = cache.host_nodes(root, driver_root, majors)
         self.majors = majors
-        self.nvidia_majors = nvidia_majors_of(majors)
-        self.host = HostDevices(nodes, self.nvidia_majors, majors.major("nvidia-uvm"))
+        # what every container's inputs share: the objects kept from the last pass when equal, so that the
+        # cache compares them by identity in each container's inputs
+        self.nvidia_majors = cache.same("nvidia majors", nvidia_majors_of(majors))
+        self.host = cache.same("host", HostDevices(nodes, nvidia_majors_of(majors), majors.major("nvidia-uvm")))
         self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
         self.root = root
         self._hook_facts: tuple | None = None
@@ -583,14 +118,12 @@ def _hook_grant(c: Container, ctx: _HostContext):
     return reconstruct(request, *ctx.hook_facts())
 
 
-def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts | None = None, cache: VerifyCache | None = None):
+def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache):
     """(AccessPolicy, None), or (None, why): the why is a finding's detail."""
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
         return None, f"no cgroup known for init pid {c.init_pid}"
     try:
-        if mounts is not None:
-            return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts, cache), None
-        return read_access(root, c.cgroup_v1_devices, c.cgroup_v2), None
+        return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts, cache), None
     except Exception as exc:  # noqa: BLE001 - any failure to read is 'unknown', never 'ok'
         return None, str(exc) or exc.__class__.__name__
 
@@ -602,9 +135,7 @@ def _expect(c: Container, base, ctx: _HostContext, hook=None) -> tuple:
 
 
 def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_devices, host: HostDevices, dev_nodes,
-              cache: VerifyCache | None) -> ContainerReport:
-    if cache is None:
-        return evaluate(c, signs, expected, policy, why, scope_devices, host, dev_nodes)
+              cache: Cache) -> ContainerReport:
     # every input of evaluate(), as values: the container's every field (spec and runtime state
     # included), the policy by what it was read from, the scope's DeviceAllow, the host's nodes
     inputs = (tuple(vars(c).values()), signs, expected, policy.key if policy is not None else None, why,
@@ -621,15 +152,15 @@ def _evaluate(c: Container, signs, expected: Expected, policy, why, scope_device
     return report
 
 
-def _baseline(root: HostRoot, config: Config, c: Container, cache: VerifyCache | None):
+def _baseline(root: HostRoot, config: Config, c: Container, cache: Cache):
     if not c.live:
         return None
-    if cache is not None and cache.files.absent(root.path(baselinemod.baseline_path(config, c.id))):
+    if cache.absent(root.path(baselinemod.baseline_path(config, c.id))):
         return None  # what load() answers for a missing file, without opening it (most containers have none)
-    return baselinemod.load(root, config, c.id, c.init_start, cache.files if cache else None)
+    return baselinemod.load(root, config, c.id, c.init_start, cache.files)
 
 
-def _prepare(root: HostRoot, config: Config, ctx: _HostContext, c: Container, cache: VerifyCache | None) -> tuple:
+def _prepare(root: HostRoot, config: Config, ctx: _HostContext, c: Container, cache: Cache) -> tuple:
     """(baseline, gpu signs, expected access): all a container needs before its cgroup and scope are read."""
     base = _baseline(root, config, c, cache)
     return (base,) + _expected(c, base, ctx, cache)
@@ -641,7 +172,7 @@ def _is_gpu(prepared: tuple) -> bool:
 
 
 def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container, prepared: tuple,
-                scope_devices: ScopeDevices | None, update_baseline: bool, cache: VerifyCache | None = None) -> ContainerReport:
+                scope_devices: ScopeDevices | None, update_baseline: bool, cache: Cache) -> ContainerReport:
     """prepared: _prepare's (baseline, signs, expected) for c."""
     base, signs, expected = prepared
     if not _is_gpu(prepared):
@@ -671,10 +202,8 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
     return report
 
 
-def _expected(c: Container, base, ctx: _HostContext, cache: VerifyCache | None) -> tuple:
+def _expected(c: Container, base, ctx: _HostContext, cache: Cache) -> tuple:
     hook = _hook_grant(c, ctx)
-    if cache is None:
-        return _expect(c, base, ctx, hook)
     return cache.memo("expected", (c.namespace, c.id), (c.spec, c.state, base, ctx.host, ctx.nvidia_majors, hook),
                       lambda: _expect(c, base, ctx, hook))[0]
 
@@ -684,28 +213,26 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
     """Every container on the host, plus host findings. The daemon passes update_baseline=True.
 
     cache: the daemon's verify.cache.VerifyCache, kept from pass to pass (what did not change is not
-    parsed or judged again); the report is the same as without it.
+    parsed or judged again); the report is the same as without it (None: a NoCache, nothing kept).
     only: container ids: the report holds only those (the daemon's pass for containers whose runtime
     state was just written); no baseline is pruned then.
     """
     start = time.perf_counter()
-    if cache is not None:
-        cache.begin_pass()
-    ctx = _HostContext(root, config, with_host, cache)
-    if cache is not None:
-        ctx.host = cache.same("host", ctx.host)
-        ctx.nvidia_majors = cache.same("nvidia majors", ctx.nvidia_majors)
-    containers = discover(root, cache.files if cache is not None else None)
+    pass_cache: Cache = cache if cache is not None else NoCache()
+    pass_cache.begin_pass()
+    ctx = _HostContext(root, config, with_host, pass_cache)
+    containers = discover(root, pass_cache.files)
     cgroups_v2 = tuple((c.id, c.cgroup_v2) for c in containers if c.cgroup_v2 is not None)
     if only is not None:
         containers = [c for c in containers if c.id in only]
-    prepared = [_prepare(root, config, ctx, c, cache) for c in containers]
+    prepared = [_prepare(root, config, ctx, c, pass_cache) for c in containers]
     # only GPU containers' scopes are judged: a plain container's costs no D-Bus call
     scopes = read_scopes(root, [c.scope for c, p in zip(containers, prepared) if c.live and c.scope and _is_gpu(p)],
-                         ctx.majors, use_bus, cache)
+                         ctx.majors, use_bus, pass_cache)
     reports, not_gpu = [], 0
     for c, p in zip(containers, prepared):
-        r = _verify_one(root, config, ctx, c, p, scopes.get(c.scope) if c.scope else None, update_baseline, cache)
+        r = _verify_one(root, config, ctx, c, p, scopes.get(c.scope) if c.scope else None, update_baseline,
+                        pass_cache)
         if r.verdict == NOT_GPU:
             not_gpu += 1
         else:
@@ -715,23 +242,23 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         host = check_host(root, config, ctx.snapshot)
     if update_baseline and only is None:  # pruning needs every container's id
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
-    if cache is not None:
-        cache.end_pass(drop_unused=only is None)  # a pass over some containers keeps the others' entries
-    return Report(reports, host, not_gpu, time.perf_counter() - start, cgroups_v2)
+    pass_cache.end_pass(drop_unused=only is None)  # a pass over some containers keeps the others' entries
+    return Report(reports, host, not_gpu, time.perf_counter() - start, scopes.bus_error, cgroups_v2)
 
 
 def verify_container(root: HostRoot, config: Config, container_id_or_scope: str, update_baseline: bool = False,
                      use_bus: bool | None = None) -> ContainerReport | None:
     """One container by id, unique id prefix or scope name; None if no such container."""
-    ctx = _HostContext(root, config)
+    cache = NoCache()
+    ctx = _HostContext(root, config, True, cache)
     c = find(discover(root), container_id_or_scope)
     if c is None:
         return None
-    prepared = _prepare(root, config, ctx, c, None)
+    prepared = _prepare(root, config, ctx, c, cache)
     scope_devices = None
     if c.scope and c.live and _is_gpu(prepared):
         scope_devices = read_scopes(root, [c.scope], ctx.majors, use_bus).get(c.scope)
-    return _verify_one(root, config, ctx, c, prepared, scope_devices, update_baseline)
+    return _verify_one(root, config, ctx, c, prepared, scope_devices, update_baseline, cache)
 
 
 def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | None = None):
@@ -753,7 +280,7 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     if len(found) != 1:  # none, or two bundles naming one scope: nothing is this scope's for sure
         return None
     (c,) = found
-    ctx = _HostContext(root, config, with_host=False)
+    ctx = _HostContext(root, config, False, NoCache())
     hook = _hook_grant(c, ctx)
     candidates = candidate_devices(ctx.host.devices, c.spec, None, None, ctx.nvidia_majors, hook)
     expected = expected_access(candidates, c.spec, None, None, hook)
@@ -762,7 +289,7 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     # runc makes the scope with no device properties and sends its policy (Set) only right before the
     # hooks: until then the scope reads "no restriction", which it will not be (containers.early)
     waited = time.monotonic()
-    raw, polls = wait_for_scope(root, unit, lambda sd: runtime_policy_set(sd) or not still_creating(root, c),
+    raw, reads = wait_for_scope(root, unit, lambda sd: runtime_policy_set(sd) or not still_creating(root, c),
                                 POLICY_WAIT, POLICY_POLL, use_bus)
     waited = time.monotonic() - waited
     scope = None if raw is None else map_entries(root, raw, ctx.majors)
@@ -770,7 +297,7 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
         seen = "unknown (-)"
     else:
         seen = (f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries ({scope.source}), "
-                f"after {waited * 1000:.0f} ms and {polls} reads"
+                f"after {waited * 1000:.0f} ms and {reads} reads"
                 + ("" if runtime_policy_set(scope) else " (no device policy from the runtime: not restricted)"))
     return c, hook, missing_entries(expected, scope), \
         f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen}"

@@ -580,8 +580,11 @@ def guest_options() -> Dict[str, str]:
     """The run dir's options.json: the chaos soak's re-run of one seed or one printed sequence
     (NVSYMLINKD_CHAOS_SEEDS / NVSYMLINKD_CHAOS_STEPS, docs/vm.md "Chaos soak"), and
     NVSYMLINKD_CHAOS_DEBUG=1 (the daemon journals its debug entries: each pass and why), read by
-    chaosrun.cmdline_option."""
+    chaosrun.cmdline_option; matrix=full with NVSYMLINKD_VM_MATRIX=full (vmguest.full_matrix: the
+    full counts of reloads, re-execs and updates; the default run does fewer of each)."""
     options = {}
+    if os.environ.get("NVSYMLINKD_VM_MATRIX", "") == "full":
+        options["matrix"] = "full"
     for env, key in (("NVSYMLINKD_CHAOS_SEEDS", "chaos_seeds"), ("NVSYMLINKD_CHAOS_STEPS", "chaos_steps"),
                      ("NVSYMLINKD_CHAOS_DEBUG", "chaos_debug")):
         value = os.environ.get(env, "").strip()

@@ -69,9 +69,11 @@ PASS_SLACK_S = 20.0
 # DEFAULT_WINDOW_SECONDS): a drop within it would be refused (reported, as designed), so the soak gives
 # the slot a new container (a new id) before such a drop.
 REPAIR_WINDOW_S = 600.0
-# CI runs these, as issue 17 asks (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md
-# "Chaos soak"); NVSYMLINKD_VM_MATRIX=full adds the other 40 in s31.
-CI_SEEDS = tuple(range(1, 11))
+
+# CI runs these (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md "Chaos soak";
+# five, not issue 17's ten, to keep CI under 40 minutes: issue 27); NVSYMLINKD_VM_MATRIX=full adds
+# the other 45 in s31.
+CI_SEEDS = tuple(range(1, 6))
 FULL_SEEDS = tuple(range(1, 51))
 STEPS_PER_SEQUENCE = 20
 

@@ -353,6 +353,17 @@ def nvsymlinkd_mode() -> str:
     return "off"
 
 
+def full_matrix() -> bool:
+    """Whether the host runs the full matrix (NVSYMLINKD_VM_MATRIX=full: "matrix" in the run dir's
+    options.json, vmhost.guest_options): scenarios then repeat their events the full number of times;
+    the default run does each kind of event fewer times (CI time, docs/vm.md "The runtime matrix")."""
+    try:
+        with open(os.path.join(os.environ.get("VM_RUN", "/mnt/run"), "options.json")) as f:
+            return json.load(f).get("matrix") == "full"
+    except (OSError, ValueError):
+        return False
+
+
 def nvsymlinkd_unit_active(unit: str = "nvsymlinkd.service") -> bool:
     return unit_property(unit, "ActiveState") == "active"
 

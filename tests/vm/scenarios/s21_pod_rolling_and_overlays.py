@@ -1,8 +1,10 @@
-# vm: nvsymlinkd=off pod=yes timeout=1500 hierarchies=v1 full=v2
+# vm: nvsymlinkd=off pod=yes timeout=1500 hierarchies=v2,v1 matrix=full
 """Scenario 21: the DaemonSet's pod rolled, and each overlay's pod (issue 14), in one boot: three
 proofs in sequence, each from a clean slate (the last pod gone with its host state and textfile;
 kubepod.clean_slate), so one image load serves all three. Each check names its proof; a proof
-that fails does not stop the next.
+that fails does not stop the next. As a cell of its own only in the full matrix (v2 and @v1): the
+default run has them in s20's boot, after s20's proof (run_proofs; one image build or load, one
+boot, for CI time).
 
 driver-container: the rendered overlays/driver-container pod (driver_root /run/nvidia/driver)
     is READY before the driver root exists; then a tmpfs is mounted at /run/nvidia/driver on the
@@ -25,6 +27,7 @@ report-only: the rendered overlays/report-only pod journals a Docker GPU contain
 import glob
 import os
 import traceback
+from typing import Optional
 
 from kubepod import (
     cgroup_v1,
@@ -177,17 +180,26 @@ def proof(sc, name: str, fn, *args) -> None:
         sc.check(f"{name}: ran to the end", False, traceback.format_exc()[-1500:])
 
 
-with Scenario() as sc:
-    sc.fact("cgroup", "v1" if cgroup_v1() else "v2")
-    install_pause(MODULES)
-    image_ready(sc)
-    load_fake_driver(uvm=False)
+def run_proofs(sc, docker: Optional[Docker] = None) -> None:
+    """The three proofs, in order, on a guest with the pod image in Podman's store, the fake
+    driver loaded without nvidia-uvm and no NVIDIA node yet. docker: dockerd already started with
+    the toolkit installed (s20's boot in the default run, which runs these after its own proof)."""
     os.makedirs(DRIVER_ROOT, exist_ok=True)
     proof(sc, "driver-container", driver_container)
     mknod("/dev/nvidia0", 195, 0)
     mknod("/dev/nvidiactl", 195, 255)
-    install_nvidia_toolkit()
-    docker = Docker()
-    sc.timing("dockerd_start_and_import_s", docker.start())
+    if docker is None:
+        install_nvidia_toolkit()
+        docker = Docker()
+        sc.timing("dockerd_start_and_import_s", docker.start())
     proof(sc, "rolling", rolling, docker)
     proof(sc, "report-only", report_only, docker)
+
+
+if __name__ == "__main__":
+    with Scenario() as sc:
+        sc.fact("cgroup", "v1" if cgroup_v1() else "v2")
+        install_pause(MODULES)
+        image_ready(sc)
+        load_fake_driver(uvm=False)
+        run_proofs(sc)

@@ -1,0 +1,92 @@
+"""The daemon's event sources, each one class behind one small interface.
+
+A source watches one thing and only *asks*: for a pass (`daemon.request(reason)`), or of the
+container hook (`daemon.spawn(daemon.call_hook(...))`). It never runs a pass itself. The loop
+(daemon/loop.py) drives every source the same way, in the order of its SOURCES table:
+
+    start()             before the first pass: open what it watches. A source that cannot says so
+                        once (journal) and stays off; the others keep working.
+    fileno()            the fd the loop reads (add_reader), or None (off, or a task/timer source)
+    handle()            that fd is readable: drain it, ask for what it means (never blocks)
+    started()           after READY=1 (the first full pass is done): start tasks, timers
+    before_pass(p)      right before a pass observes: drain quietly (that pass answers what is
+                        queued), re-add watches, put the names it saw into `p` (a Pending)
+    after_pass(state)   after a pass succeeded, with the picture it left (devchar.incremental.LinkState)
+    stop()              close; the loop removes the reader first
+    config_keys         the config keys it is built from: a SIGHUP that changes one restarts it
+
+A new event source is one class here and one entry in loop.SOURCES.
+
+What a source may use of the daemon: root, config, journal, hook, metrics, loop, request(),
+spawn(), call_hook(), reload_pending, set_bus_state().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Protocol
+
+
+class Daemon(Protocol):
+    """What a source may use of the daemon (daemon/loop.py's Daemon): the interface, not the loop's class,
+    so that this package does not import the loop that imports it (no import circle)."""
+
+    root: Any
+    config: Any
+    journal: Any
+    hook: Any
+    metrics: Any
+    loop: Any
+    reload_pending: bool
+
+    def request(self, reason: str) -> None: ...
+
+    def spawn(self, coro: Any) -> Any: ...
+
+    def call_hook(self, name: str, *args: Any) -> Any: ...
+
+    def set_bus_state(self, state: str) -> None: ...
+
+
+@dataclass
+class Pending:
+    """What the next pass is asked to answer, gathered right before it observes."""
+
+    reasons: dict                                   # reason -> how often it was asked for since the last pass
+    nodes: set = field(default_factory=set)         # names under DRIVER_ROOT/dev that events were about
+    links: set = field(default_factory=set)         # `M:m` names in DEV_CHAR_PATH that events were about
+    full: bool = False                              # something only the whole picture answers (a directory
+                                                    # came, went or was replaced; a queue overflowed)
+    event_at: Optional[float] = None                # monotonic time of the first node event not yet answered
+
+
+class Source:
+    """An event source that does nothing: subclasses override what they need."""
+
+    name: ClassVar[str] = "source"
+    config_keys: ClassVar[tuple] = ()
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+        self.journal = daemon.journal
+
+    def start(self) -> None:
+        pass
+
+    def fileno(self) -> Optional[int]:
+        return None
+
+    def handle(self) -> None:
+        pass
+
+    def started(self) -> None:
+        pass
+
+    def before_pass(self, pending: Pending) -> None:
+        pass
+
+    def after_pass(self, state) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass

@@ -1,0 +1,139 @@
+"""What the repair mechanisms (repair/mechanisms.py, pure) do to the host through: one RepairHost per
+repair, bound to --root, the config and the repair's timeouts. Every write of a repair goes through it:
+the cgroup v1 files (repair/cgroupfiles.py), the lock and the freeze (repair/freeze.py), the
+/dev/char links, the device programs (repair/bpfrepair.py), and systemd (SystemdUnits: the one seam to
+nvsymlinkd.systemd.units, so a change of how repair reaches systemd is made here).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from nvsymlinkd.errors import RepairError
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair import cgroupfiles
+from nvsymlinkd.repair.cgroupfiles import (
+    DEVICES_FALLBACK,
+    FREEZER_FALLBACK,
+    SETTLE_TIMEOUT,
+    cgroup_dir,
+)
+from nvsymlinkd.repair.freeze import LOCK_WAIT, RepairLock, freeze_unless_created, thawed_line
+from nvsymlinkd.repair.model import Grant, RepairRequest
+
+if TYPE_CHECKING:
+    from nvsymlinkd.repair.bpfrepair import Prepared
+
+
+class SystemdUnits:
+    """The unit calls a repair makes, each failing as a RepairError with systemd's own words."""
+
+    def __init__(self, timeout: float = SETTLE_TIMEOUT):
+        self.timeout = timeout
+
+    def set_device_allow(self, scope: str, entries: list) -> None:
+        """SetUnitProperties(scope, runtime=true, DeviceAllow=entries): [(path, access)]."""
+        from nvsymlinkd.systemd.units import SystemdCallError, set_device_allow
+
+        try:
+            set_device_allow(scope, entries, timeout=self.timeout)
+        except SystemdCallError as exc:
+            raise RepairError(str(exc))
+
+    def unit_known(self, scope: str) -> None:
+        """RepairError unless systemd knows the unit (asked before anything is frozen)."""
+        from nvsymlinkd.systemd.units import SystemdCallError, get_unit
+
+        try:
+            get_unit(scope, timeout=self.timeout)
+        except SystemdCallError as exc:
+            raise RepairError(str(exc))
+
+    def device_allow(self, scope: str) -> dict:
+        """The scope's DeviceAllow as systemd holds it: {path: access}."""
+        from nvsymlinkd.systemd.units import SystemdCallError, get_device_allow
+
+        try:
+            return dict(get_device_allow(scope, timeout=self.timeout))
+        except SystemdCallError as exc:
+            raise RepairError(str(exc))
+
+
+class RepairHost:
+    def __init__(self, root: HostRoot, config, timeout: float = SETTLE_TIMEOUT, journal=None,
+                 lock_wait: float = LOCK_WAIT, systemd: SystemdUnits | None = None):
+        self.root = root
+        self.config = config
+        self.timeout = timeout
+        self.journal = journal
+        self.lock_wait = lock_wait
+        self.systemd = systemd if systemd is not None else SystemdUnits(timeout)
+
+    # -- cgroup v1 files
+
+    def devices_dir(self, request: RepairRequest) -> str:
+        return cgroup_dir(self.root, "devices", request.v1_devices, DEVICES_FALLBACK)
+
+    def freezer_dir(self, request: RepairRequest) -> str:
+        return cgroup_dir(self.root, "freezer", request.freezer, FREEZER_FALLBACK)
+
+    def write_devices_allow(self, devices_dir: str, grants: Sequence[Grant], steps: list) -> None:
+        cgroupfiles.write_devices_allow(self.root, devices_dir, grants, steps)
+
+    def read_rules(self, devices_dir: str) -> list:
+        return cgroupfiles.read_rules(self.root, devices_dir)
+
+    def wait_listed(self, devices_dir: str, grants: Sequence[Grant]) -> list:
+        return cgroupfiles.wait_listed(self.root, devices_dir, grants, self.timeout)
+
+    def restore_dropped(self, devices_dir: str, before: list, after: list, steps: list) -> None:
+        cgroupfiles.restore_dropped(self.root, devices_dir, before, after, steps)
+
+    # -- the lock and the freeze
+
+    @contextmanager
+    def locked(self) -> Iterator[list]:
+        """The host-wide repair lock; yields the lines of what an interrupted repair froze and taking the
+        lock thawed (the caller adds them to its steps)."""
+        with RepairLock(self.root, self.config, self.lock_wait, self.journal) as lock:
+            yield [thawed_line(e) for e in lock.thawed if e["action"] == "thawed"]
+
+    def frozen_unless_created(self, request: RepairRequest, freezer_dir: str, steps: list) -> AbstractContextManager:
+        return freeze_unless_created(self.root, request, freezer_dir, steps, self.timeout, self.config)
+
+    # -- /dev/char links
+
+    def ensure_dev_char_links(self, grants: Sequence[Grant], steps: list) -> None:
+        """Older systemd stats DeviceAllow paths: make sure /dev/char/M:m exists first."""
+        config = self.config
+        base = config.dev_char_path if config is not None else "/dev/char"
+
+        def present(g: Grant) -> bool:
+            d = g.device
+            st = self.root.stat_resolved(f"{base}/{d.major}:{d.minor}")
+            return st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(d.major, d.minor)
+
+        missing = [g for g in grants if not present(g)]
+        if not missing or config is None:
+            return
+        from nvsymlinkd.devchar.reconcile import reconcile
+
+        reconcile(self.root, config)
+        still = [g for g in missing if not present(g)]
+        steps.append("sync /dev/char" + (f" (still missing: {', '.join(g.device.dev_path for g in still)}; systemd "
+                                          ">= 240 does not need them)" if still else ""))
+
+    # -- cgroup v2 device programs
+
+    def bpf_prepare(self, request: RepairRequest, grants: Sequence[Grant]) -> Prepared:
+        from nvsymlinkd.repair import bpfrepair
+
+        return bpfrepair.prepare(self.root, request, tuple(grants))
+
+    def bpf_replace(self, prepared: Prepared, grants: Sequence[Grant], steps: list) -> None:
+        from nvsymlinkd.repair import bpfrepair
+
+        bpfrepair.replace(self.root, prepared, tuple(grants), steps)

@@ -1,0 +1,129 @@
+"""The words and records of a repair (pure): where a grant comes from, what a request asks, what a plan
+says, how a repair ended. repair/plan.py decides over them, repair/mechanisms.py carries them out,
+repair/apply.py reports them; plan.py re-exports every name for its callers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from nvsymlinkd.errors import RepairError
+from nvsymlinkd.host.devices import Access, Device, Rule
+from nvsymlinkd.verify.kinds import Verdict
+
+# Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
+# grant as containers.hookgrant reconstructs it exactly, never a guess).
+TRUSTED_SOURCES = ("spec", "runtime-state", "nvidia-hook", "baseline")
+UNTRUSTED_SOURCES = ("container-dev",)
+
+# What a request repairs: a loss, or a device at risk of being lost (the verdict's words).
+LOST, AT_RISK = Verdict.LOST, Verdict.AT_RISK
+
+
+class RepairStatus(str, Enum):
+    """The outcome of one container's repair (the `status` in the JSON and the summary's counts)."""
+
+    REPAIRED = "repaired"  # lost access is back, and made to stick where the host allows
+    PREVENTED = "prevented"  # at-risk: the scope's DeviceAllow now has it before a reload could take it
+    NOTHING = "nothing-to-do"
+    WOULD = "would-repair"  # --dry-run / repair = "report"
+    CANNOT = "cannot-repair"  # the plan says no (reason given)
+    FAILED = "failed"  # applied, but an error, or the verification says it did not take
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ok(self) -> bool:
+        """The first three count as success."""
+        return self in (RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One device a container should be able to open, and where that expectation comes from.
+
+    `access` is the original rule's letters (canonical order; a repeated or unknown letter is a
+    ValueError here, so a malformed access never reaches the planner).
+    """
+
+    device: Device  # a wildcard number (None) or a non-char type is refused by the planner
+    access: Access  # e.g. "rw" or "rwm"
+    source: str  # one of TRUSTED_SOURCES or UNTRUSTED_SOURCES
+    path: str | None = None  # the node path in the container, for messages
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
+            raise ValueError(f"access {self.access!r} is not a subset of rwm")
+        object.__setattr__(self, "access", Access(self.access))
+        object.__setattr__(self, "device", Device(*self.device))
+
+    @property
+    def rule(self) -> Rule:
+        """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
+        return Rule.exact(self.device, self.access)
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.device
+        return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
+                "source": self.source, "path": self.path}
+
+
+@dataclass(frozen=True)
+class RepairRequest:
+    """What the verifier found about one container, reduced to what a repair needs."""
+
+    container_id: str
+    runtime: str
+    scope: str | None  # systemd unit (docker-<id>.scope, ...), None with cgroupfs
+    v1_devices: str | None  # path inside the v1 devices hierarchy, from /proc/<pid>/cgroup
+    v2_cgroup: str | None  # path inside the cgroup2 hierarchy
+    freezer: str | None  # path inside the v1 freezer hierarchy
+    cgroup_driver: str  # "systemd" or "cgroupfs"
+    grants: tuple[Grant, ...] = ()  # expected devices the container cannot open (lost) or may lose (at-risk)
+    kind: Verdict = LOST  # LOST or AT_RISK
+    reason: str = ""  # the verifier's one-line finding, for messages
+    pod_namespace: str | None = None  # names for messages only (containers.display_name)
+    pod_name: str | None = None
+    container_name: str | None = None
+    exec_fifo: str | None = None  # while created, not started: never frozen (the runtime could not start it)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,
+                "cgroup_v1_devices": self.v1_devices, "cgroup_v2": self.v2_cgroup, "freezer": self.freezer,
+                "cgroup_driver": self.cgroup_driver, "kind": Verdict(self.kind).value, "reason": self.reason,
+                "grants": [g.to_json() for g in self.grants]}
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    request: RepairRequest
+    mechanism: str | None = None  # one of mechanisms.MECHANISMS, None when nothing is done
+    grants: tuple[Grant, ...] = ()  # exactly what will be granted
+    refused: tuple[tuple[Grant, str], ...] = ()  # (grant, why), never granted
+    cannot: str | None = None  # "cannot repair automatically" reason
+    notes: tuple[str, ...] = ()
+    rate_limited: bool = False  # `cannot` is the rate limit (a person may say --force)
+    forced: bool = False  # the rate limit was bypassed by hand (repair --force)
+
+    @property
+    def action(self) -> str:
+        if self.cannot is not None:
+            return "cannot"
+        return "repair" if self.grants else "nothing"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "grants": [g.to_json() for g in self.grants],
+                "refused": [{"grant": g.to_json(), "why": why} for g, why in self.refused],
+                "cannot": self.cannot, "notes": list(self.notes), "rate_limited": self.rate_limited,
+                "forced": self.forced}
+
+
+
+def needed(value: str | None, what: str) -> str:
+    """A request's field that the planned mechanism needs (the planner picks it only when the field is known)."""
+    if value is None:
+        raise RepairError(f"no {what} known for this container")
+    return value

@@ -1,0 +1,67 @@
+"""The repair mechanisms as a table (repair/mechanisms.py): one per row of docs/repair.md's matrix, chosen by
+the planner from the table and carried out by repair.apply through it, so that a new mechanism is one
+class and one entry."""
+
+from __future__ import annotations
+
+import itertools
+
+from nvsymlinkd.config import Config
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair import mechanisms
+from nvsymlinkd.repair.apply import repair_container
+from nvsymlinkd.repair.plan import Grant, RepairRequest, RepairStatus, plan_repair
+
+
+def test_one_mechanism_per_row_of_the_matrix():
+    rows = [(m.cgroup, m.driver) for m in mechanisms.TABLE]
+    assert sorted(rows) == sorted(itertools.product(("v1", "v2"), ("cgroupfs", "systemd")))
+    assert len(set(mechanisms.BY_NAME)) == len(mechanisms.TABLE) and mechanisms.MECHANISMS == tuple(mechanisms.BY_NAME)
+
+
+class _Stamp(mechanisms.Mechanism):
+    """A mechanism written for this test: the v2 cgroupfs row, doing nothing but saying so."""
+
+    name, cgroup, driver = "stamp", "v2", "cgroupfs"
+    notes = ("a test's mechanism",)
+
+    def __init__(self):
+        self.calls = []
+
+    def refusal(self, request, grants, parent_rules, others_v2):
+        return "not this container" if request.container_id == "other" else None
+
+    def apply(self, host, plan, steps):
+        self.calls.append(("apply", host.root))
+        steps.append("stamp " + ", ".join(str(g.rule) for g in plan.grants))
+        return None
+
+    def preview(self, host, plan):
+        return ["stamp would " + str(plan.grants[0].rule)]
+
+    def post_check(self, host, request, grants, verification):
+        self.calls.append("post_check")
+        verification.update({g.device: {"state": "allow", "reason": "stamped"} for g in grants})
+
+
+def _request(cid="abc"):
+    return RepairRequest(cid, "runc", None, None, f"/docker/{cid}", None, "cgroupfs",
+                         (Grant(Device("c", 195, 0), "rw", "spec"),))
+
+
+def test_a_new_mechanism_is_one_class_and_one_table_entry(monkeypatch, tmp_path):
+    stamp = _Stamp()
+    table = tuple(stamp if (m.cgroup, m.driver) == ("v2", "cgroupfs") else m for m in mechanisms.TABLE)
+    monkeypatch.setattr(mechanisms, "TABLE", table)
+    monkeypatch.setitem(mechanisms.BY_NAME, "stamp", stamp)
+    plan = plan_repair(_request(), now=0)
+    assert (plan.mechanism, plan.notes) == ("stamp", ("a test's mechanism",))
+    assert "not this container" == plan_repair(_request("other"), now=0).cannot  # its refusal speaks
+    root = HostRoot(str(tmp_path))
+    done = repair_container(root, Config(), _request())
+    assert done.status == RepairStatus.REPAIRED and done.steps == ["stamp c 195:0 rw"], done.to_json()
+    assert stamp.calls == [("apply", root), "post_check"]
+    assert done.verification == {Device.char(195, 0): {"state": "allow", "reason": "stamped"}}
+    would = repair_container(root, Config(), _request(), dry_run=True)
+    assert would.status == RepairStatus.WOULD and would.program == ["stamp would c 195:0 rw"]
