@@ -120,12 +120,13 @@ class ContainerWatch(ContainerHook):
     async def scope_appeared(self, unit: str) -> None:
         self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
         loop = asyncio.get_running_loop()
+        # Nothing is changed on the scope while runc creates the container: a SetUnitProperties between
+        # runc's Set (systemd attaches its device program) and runc's own program replacing it
+        # (BPF_F_REPLACE of systemd's) makes systemd swap its program under runc, and runc create fails
+        # ("failed to call BPF_PROG_ATTACH ... no such file or directory": seen in the chaos soak,
+        # docs/daemon.md). The pass after state.json prevents; a reload before it is the race the soak budgets.
         for delay in SCOPE_RECHECK_DELAYS:
             loop.call_later(delay, self._request, f"new scope {unit}")
-        if self.get_config().repair == "auto" and self.use_bus is not False:
-            # before runc has run the hooks: a reload between the NVIDIA hook's grant and state.json
-            # must find the grant in the scope's DeviceAllow already (containers.early)
-            await loop.run_in_executor(None, self.prevent_while_creating, unit)
 
     async def runtime_state_written(self, containers: list) -> None:
         names = [c.rpartition("/")[2] for c in containers]
@@ -153,44 +154,6 @@ class ContainerWatch(ContainerHook):
                              "scopes are judged from systemd's unit files in /run/systemd until it does")
         elif not error:
             self.bus_error_said = False
-
-    def prevent_while_creating(self, unit: str) -> list | None:
-        """Add to a new scope's DeviceAllow what its container's spec and the NVIDIA hook's trusted
-        reconstruction grant and it lacks, while runc is still creating the container (blocking; runs in a
-        worker thread). Returns the (path, access) entries added; None when nothing was done."""
-        from nvsymlinkd.systemd.units import DEFAULT_TIMEOUT, SystemdCallError, set_device_allow
-        from nvsymlinkd.verify import verifier
-
-        try:
-            found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus)
-        except Exception as exc:  # noqa: BLE001 - the pass after state.json still judges the container
-            self.journal.log(journalmod.WARNING, f"container scope {unit}: cannot read the container being "
-                             f"created: {type(exc).__name__}: {exc}")
-            return None
-        if found is None:
-            self.journal.debug(f"container scope {unit}: no container being created names it in its spec")
-            return None
-        c, hook, missing, seen = found
-        if hook is not None and not hook.trusted:
-            self.journal.debug(f"container {c.id} ({unit}) being created: the NVIDIA hook's grant is not "
-                               f"reconstructed ({hook.detail}): only the spec's devices are kept")
-        if not missing:
-            self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing ({seen})")
-            return None
-        self.journal.debug(f"container {c.id} ({unit}) being created: {seen}")
-        entries = [(d.dev_path, str(a)) for d, a in missing]
-        shown = ", ".join(f"{d} {a}" for d, a in missing)
-        try:
-            set_device_allow(unit, entries, timeout=DEFAULT_TIMEOUT)
-        except SystemdCallError as exc:
-            self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot add {shown} "
-                             f"to its DeviceAllow: {exc}; the pass after its state is written tries again",
-                             container_id=c.id, unit=unit)
-            return None
-        self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: added {shown} to its "
-                         "DeviceAllow before its hooks ran (its spec and the NVIDIA hook's grant), so a reload "
-                         "keeps them", container_id=c.id, unit=unit)
-        return entries
 
     # -- the worker -----------------------------------------------------------
 
