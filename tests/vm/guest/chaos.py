@@ -74,9 +74,9 @@ PASS_SLACK_S = 20.0
 REPAIR_WINDOW_S = 600.0
 
 # CI runs these (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md "Chaos soak";
-# five, not issue 17's ten, to keep CI under 40 minutes: issue 27); NVSYMLINKD_VM_MATRIX=full adds
-# the other 45 in s31.
-CI_SEEDS = tuple(range(1, 6))
+# four, not issue 17's ten, to keep CI under 40 minutes: issue 27; seeds 1-4 still draw every kind of
+# step, tests/test_chaos.py checks it); NVSYMLINKD_VM_MATRIX=full adds the other 46 in s31.
+CI_SEEDS = tuple(range(1, 5))
 FULL_SEEDS = tuple(range(1, 51))
 STEPS_PER_SEQUENCE = 20
 
