@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Protocol
 
+from nvsymlinkd.journal import NOTICE
+
 
 class Daemon(Protocol):
     """What a source may use of the daemon (daemon/loop.py's Daemon): the interface, not the loop's class,
@@ -90,3 +92,47 @@ class Source:
 
     def stop(self) -> None:
         pass
+
+
+class WatchSource(Source):
+    """A source over one daemon.inotify watch (LinkWatch, DevWatch): its fd, its reader, its close.
+    Subclasses open `watch` in start() and say what a change means (changed_reason, changed())."""
+
+    changed_reason: ClassVar[str] = "watched files changed"
+
+    def __init__(self, daemon: Daemon):
+        super().__init__(daemon)
+        self.watch: Any = None
+
+    def fileno(self) -> Optional[int]:
+        return self.watch.fileno() if self.watch is not None else None
+
+    def handle(self) -> None:
+        self._read(request=True)
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+
+    def overflow_text(self) -> str:
+        return "inotify queue overflowed: full resync"
+
+    def changed(self) -> None:
+        """Events arrived (no overflow): what the subclass keeps of that moment."""
+
+    def _read(self, request: bool) -> None:
+        assert self.watch is not None  # its reader goes before it does
+        try:
+            changed, overflowed = self.watch.poll()
+        except OSError as exc:
+            self.journal.warning(f"reading inotify events failed ({exc.strerror}); resyncing")
+            changed, overflowed = True, False
+        if overflowed:
+            self.journal.event("event-overflow", NOTICE, self.overflow_text())
+            if request:
+                self.daemon.request("inotify overflow")
+        elif changed:
+            self.changed()
+            if request:
+                self.daemon.request(self.changed_reason)

@@ -5,23 +5,23 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from nvsymlinkd.daemon.sources import Pending, Source
-from nvsymlinkd.journal import NOTICE
+from nvsymlinkd.daemon.sources import Pending, WatchSource
 
 if TYPE_CHECKING:  # imported when the source starts
     from nvsymlinkd.daemon.inotify import DevWatch
 
 
-class NodeSource(Source):
+class NodeSource(WatchSource):
     """NVIDIA nodes are made with mknod and raise no uevent: this sees them within milliseconds
     (daemon.inotify.DevWatch). Its events may be answered by an incremental pass for their names."""
 
     name = "nodes"
     config_keys = ("driver_root",)
+    changed_reason = "device nodes changed"
+    watch: DevWatch | None
 
     def __init__(self, daemon) -> None:
         super().__init__(daemon)
-        self.watch: DevWatch | None = None
         self.event_at: float | None = None  # first node event not yet answered by a pass
 
     def start(self) -> None:
@@ -34,12 +34,6 @@ class NodeSource(Source):
             return
         self._arm()
 
-    def fileno(self) -> int | None:
-        return self.watch.fileno() if self.watch is not None else None
-
-    def handle(self) -> None:
-        self._read(request=True)
-
     def before_pass(self, pending: Pending) -> None:
         if self.watch is None:
             return
@@ -51,11 +45,6 @@ class NodeSource(Source):
         if self.event_at is not None:
             pending.event_at = self.event_at if pending.event_at is None else min(pending.event_at, self.event_at)
             self.event_at = None
-
-    def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
-            self.watch = None
 
     def _arm(self) -> None:
         assert self.watch is not None
@@ -73,19 +62,6 @@ class NodeSource(Source):
         elif ok:
             self.watch.missing_reported = False
 
-    def _read(self, request: bool) -> None:
-        assert self.watch is not None  # its reader goes before it does
-        try:
-            changed, overflowed = self.watch.poll()
-        except OSError as exc:
-            self.journal.warning(f"reading inotify events failed ({exc.strerror}); resyncing")
-            changed, overflowed = True, False
-        if overflowed:
-            self.journal.event("event-overflow", NOTICE, "inotify queue overflowed: full resync")
-            if request:
-                self.daemon.request("inotify overflow")
-        elif changed:
-            if self.event_at is None:
-                self.event_at = time.monotonic()
-            if request:
-                self.daemon.request("device nodes changed")
+    def changed(self) -> None:
+        if self.event_at is None:
+            self.event_at = time.monotonic()
