@@ -643,12 +643,27 @@ def new_unit(systemd_mock, unit: str) -> None:
                                     dbus_interface=MOCK_IFACE)
 
 
+def keep_dropin(runc_host, unit: str) -> Path:
+    return runc_host.root / "run/systemd/system" / f"{unit}.d" / "90-nvsymlinkd-keep.conf"
+
+
+def dropin_entries(runc_host, unit: str) -> list:
+    """The DeviceAllow entries of the daemon's drop-in for the scope, as (path, access); [] without one."""
+    path = keep_dropin(runc_host, unit)
+    if not path.exists():
+        return []
+    return sorted(tuple(line.split("=", 1)[1].split(" ", 1)) for line in path.read_text().splitlines()
+                  if line.startswith("DeviceAllow="))
+
+
 def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, systemd_mock, start_daemon):
     """Issue 24's early path, taken back: once runc's Set has landed (DevicePolicy=strict and its entries),
     runc replaces systemd's device program with its own (BPF_F_REPLACE); a SetUnitProperties from the daemon
     in between made systemd swap its program under runc, and `docker run` failed with "failed to call
     BPF_PROG_ATTACH ... no such file or directory" (the chaos soak, 2026-11-26). While a container is being
-    created (exec.fifo, no state.json), the daemon changes nothing on its scope."""
+    created (exec.fifo, no state.json), the daemon changes nothing live on its scope: what the NVIDIA hook
+    grants goes to a drop-in of the daemon's own, which systemd reads only at the next reload
+    (systemd.dropin), written once runc's Set shows on the scope, before state.json exists."""
     from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(runc_host)
@@ -659,9 +674,102 @@ def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, syste
     state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
     new_unit(systemd_mock, unit)
-    time.sleep(0.5)
+    time.sleep(1.0)  # runc's init sets the container up meanwhile
+    # an entry in a drop-in of a scope still `auto` would make a reload restrict it to that entry
+    assert dropin_entries(runc_host, unit) == [], "a drop-in before the runtime restricted the scope"
+    set_at = time.monotonic()
     systemd_mock.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])  # runc's Set
-    d.wait_for_line(rf"container scope {unit} appeared", mark)
-    time.sleep(2.0)  # longer than the old early path took to add the grant (under 5 s asserted, ~0.1 s here)
+    i = d.wait_for_line(r"being created: wrote", mark)
+    took = time.monotonic() - set_at
     assert not state_json.exists()
+    # the hook's grant for GPU 1 (its node and nvidiactl, reconstructed) and the spec's own c 195:0 rule
+    assert dropin_entries(runc_host, unit) == [("/dev/char/195:0", "rw"), ("/dev/char/195:1", "rw"),
+                                               ("/dev/char/195:255", "rw")]
+    assert cid in d.lines[i] and "c 195:1 rw" in d.lines[i], d.lines[i]
+    assert took < 5.0, took
+    # with the fields every container entry has (CONTAINER_ID=, UNIT=: `journalctl CONTAINER_ID=...` finds it)
+    (fields,) = [f for m, f in d.entries(mark) if "being created: wrote" in m]
+    assert fields.get("CONTAINER_ID") == cid and fields.get("UNIT") == unit, fields
+    time.sleep(1.0)
     assert systemd_mock.calls() == [], "the scope's DeviceAllow changed while runc was creating the container"
+    assert systemd_mock.device_allow(unit) == [("/dev/char/1:3", "rwm")]
+
+
+def test_the_drop_in_goes_with_its_scope(runc_host, systemd_mock, start_daemon):
+    """systemd removes a transient scope's unit file when the scope goes, never a drop-in it did not write:
+    the daemon's next full pass removes its own (and the directory when nothing else is in it), and leaves
+    every other file there alone."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "b1ade" * 12 + "abcd"
+    unit = f"cri-containerd-{cid}.scope"
+    transient = runc_host.root / "run/systemd/transient" / unit
+    transient.parent.mkdir(parents=True, exist_ok=True)
+    transient.write_text("[Scope]\n")
+    gone = "cri-containerd-" + "0" * 64 + ".scope"  # an earlier container's, its scope long gone
+    keep_dropin(runc_host, gone).parent.mkdir(parents=True)
+    keep_dropin(runc_host, gone).write_text("[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
+    other = keep_dropin(runc_host, gone).parent / "10-admin.conf"
+    other.write_text("[Scope]\nCPUWeight=10\n")
+    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    systemd_mock.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])
+    d.wait_for_line(r"being created: wrote", mark)
+    d.wait_for_line(rf"removed the drop-in of {gone}", mark)
+    assert not keep_dropin(runc_host, gone).exists() and other.read_text() == "[Scope]\nCPUWeight=10\n"
+    assert keep_dropin(runc_host, unit).exists()  # its scope is still there
+    transient.unlink()  # systemd dropped the scope
+    mark = d.mark()
+    new_unit(systemd_mock, "cri-containerd-" + "1" * 64 + ".scope")  # any new scope asks for a full pass
+    d.wait_for_line(rf"removed the drop-in of {unit}", mark, timeout=15)
+    assert not keep_dropin(runc_host, unit).parent.exists()
+
+
+def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, systemd_mock, start_daemon):
+    """A scope that still reads DevicePolicy=auto with no entries when its container's state is written (a
+    privileged container: runc's allow-all is exactly that; crun programs the cgroup itself) is not
+    restricted by systemd: a reload takes nothing, and entries in a drop-in would make it an allow-list."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "0ddba11" * 9 + "a"
+    unit = f"cri-containerd-{cid}.scope"
+    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    time.sleep(0.5)
+    state_json.write_text("{}")  # the runtime is done creating it
+    i = d.wait_for_line(r"being created: its DeviceAllow lacks nothing", mark)
+    assert "not restricted" in d.lines[i], d.lines[i]
+    assert dropin_entries(runc_host, unit) == [] and systemd_mock.calls() == []
+
+
+@pytest.mark.parametrize("case", ["hook grant not reconstructed", "scope of another cgroupsPath"])
+def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(runc_host, systemd_mock,
+                                                                             start_daemon, case):
+    """A GPU UUID the driver does not list: the hook's grant is no trusted source, only the spec's own rule
+    is kept. A scope whose name no bundle's cgroupsPath makes: nothing at all."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "feed" * 16
+    unit = f"cri-containerd-{cid}.scope"
+    systemd_mock.add_scope(unit, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    other = case.startswith("scope")
+    being_created(runc_host, cid, "GPU-not-on-this-host", f"system.slice:cri-containerd:{'x' + cid[1:] if other else cid}")
+    mark = d.mark()
+    new_unit(systemd_mock, unit)
+    if other:
+        d.wait_for_line(r"no container being created names it", mark)
+        assert dropin_entries(runc_host, unit) == [] and systemd_mock.calls() == []
+        return
+    d.wait_for_line(r"being created: wrote", mark)
+    assert dropin_entries(runc_host, unit) == [("/dev/char/195:0", "rw")]
+    assert systemd_mock.calls() == []

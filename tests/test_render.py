@@ -54,7 +54,7 @@ def test_driver_container_values_reach_the_units(tmp_path, nvsymlinkd_cli):
     assert "ExecStart=/usr/local/bin/nvsymlinkd sync --driver-root /run/nvidia/driver --create-nodes\n" in sync
     assert "WatchdogSec" not in service.replace("# watchdog_sec = 0", "")
     # nodes are created under the driver root, outside /dev: it must be writable under ProtectSystem=strict
-    assert "ReadWritePaths=/sys/fs/cgroup -/run/nvidia/driver/dev\n" in service
+    assert "ReadWritePaths=/sys/fs/cgroup -/run/systemd/system -/run/nvidia/driver/dev\n" in service
     assert "ReadWritePaths=-/run/nvidia/driver/dev\n" in sync
 
 
@@ -72,7 +72,7 @@ def test_state_dir_under_var_lib_is_made_by_systemd(tmp_path, nvsymlinkd_cli):
     cfg.write_text('state_dir = "/var/lib/nvsymlinkd-test"\n')
     service = nvsymlinkd_cli("--config", cfg, "render", check=0).stdout
     assert "\nStateDirectory=nvsymlinkd-test\n" in service
-    assert "ReadWritePaths=/sys/fs/cgroup\n" in service and "RuntimeDirectory" not in service
+    assert "ReadWritePaths=/sys/fs/cgroup -/run/systemd/system\n" in service and "RuntimeDirectory" not in service
     cache = render_all(Config(state_dir="/var/cache/nv/state"))["nvsymlinkd.service"]
     assert "\nCacheDirectory=nv/state\n" in cache
 
@@ -80,7 +80,7 @@ def test_state_dir_under_var_lib_is_made_by_systemd(tmp_path, nvsymlinkd_cli):
 def test_state_dir_elsewhere_must_exist():
     service = render_all(Config(state_dir="/srv/nvsymlinkd"))["nvsymlinkd.service"]
     # no "-": a missing directory fails the start instead of silently losing every baseline
-    assert "ReadWritePaths=/sys/fs/cgroup /srv/nvsymlinkd\n" in service
+    assert "ReadWritePaths=/sys/fs/cgroup -/run/systemd/system /srv/nvsymlinkd\n" in service
     assert "Directory=" not in service
     with pytest.raises(NvsymlinkdError, match="system directory"):  # normalized: /etc
         render_all(Config(state_dir="/var/lib/../../etc"))
@@ -101,7 +101,7 @@ def test_metrics_textfile_is_off_by_default(tmp_path, nvsymlinkd_cli):
     """Issue 15.10: no node-exporter path in the packaged unit, no 'cannot write metrics' on every start."""
     service = nvsymlinkd_cli("--config", "/dev/null", "render", check=0).stdout
     assert "node_exporter" not in service
-    assert "ReadWritePaths=/sys/fs/cgroup\n" in service
+    assert "ReadWritePaths=/sys/fs/cgroup -/run/systemd/system\n" in service
 
 
 def test_daemon_says_nothing_about_metrics_nobody_asked_for(tmp_path, need_root):

@@ -212,6 +212,21 @@ def test_scope_files_read_the_transient_units_own_drop_ins(fakehost):
     assert sd.covers(Device("c", 195, 0), "rw") and not sd.covers(Device("c", 195, 1), "rw")
 
 
+def test_scope_files_read_the_runtime_unit_directory_after_the_transient_one(fakehost):
+    """A reload reads every directory's drop-ins of a unit in one name order: nvsymlinkd's own drop-in under
+    /run/systemd/system (systemd.dropin, "90-") comes after runc's "50-DeviceAllow.conf", whose empty
+    DeviceAllow= resets the list, so its entries add to runc's (what the VM's s03 shows a reload doing)."""
+    scope = "docker-abc.scope"
+    fakehost.write(f"/run/systemd/transient/{scope}.d/50-DeviceAllow.conf",
+                   "[Scope]\nDeviceAllow=\nDeviceAllow=/dev/char/1:3 rwm\n")
+    fakehost.write(f"/run/systemd/transient/{scope}.d/50-DevicePolicy.conf", "[Scope]\nDevicePolicy=strict\n")
+    fakehost.write(f"/run/systemd/system/{scope}.d/90-nvsymlinkd-keep.conf", "[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
+    fakehost.write(f"/etc/systemd/system/{scope}.d/10-admin.conf", "[Scope]\nDeviceAllow=/dev/char/195:9 rw\n")
+    sd = read_scope_files(HostRoot(str(fakehost.root)), scope)
+    assert sd.policy == "strict"
+    assert sd.entries == (("/dev/char/1:3", "rwm"), ("/dev/char/195:0", "rw")), sd.entries  # 10- came before the reset
+
+
 def test_unit_settings_char_star():
     assert unit_settings("DeviceAllow=char-* rwm\n") == (("allow", ("char-*", "rwm")),)
 

@@ -33,6 +33,10 @@ from nvsymlinkd.host.root import HostRoot
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
+# the unit directories after those two in systemd's search path that hold drop-ins for any unit: an
+# administrator's (/etc) and the runtime one, where nvsymlinkd keeps a creating container's hook grant
+# (systemd.dropin)
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system")
 DEV_NUMBER_PATH = re.compile(r"/dev/(char|block)/(\d+):(\d+)")
 SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 
@@ -127,9 +131,10 @@ def _dropins(root: HostRoot, scope: str, files) -> list:
     earlier directory hiding the same name in a later one. systemd writes the runtime properties of a
     transient unit (SetUnitProperties, `systemctl set-property`) to TRANSIENT_DIR/<unit>.d, whatever the
     runtime flag (src/core/unit.c, unit_drop_in_dir: "Redirect drop-ins for transient units always into
-    the transient directory"); CONTROL_DIR/<unit>.d holds other units' runtime properties."""
+    the transient directory"); CONTROL_DIR/<unit>.d holds other units' runtime properties; UNIT_DIRS
+    follow in the search path's order (src/core/unit.c, unit_file_find_dropin_paths over lookup_paths)."""
     chosen: dict = {}
-    for base in (CONTROL_DIR, TRANSIENT_DIR):
+    for base in (CONTROL_DIR, TRANSIENT_DIR) + UNIT_DIRS:
         directory = f"{base}/{scope}.d"
         if files is not None:
             listed = files.names(root.path(directory)) or ()

@@ -120,13 +120,12 @@ class ContainerWatch(ContainerHook):
     async def scope_appeared(self, unit: str) -> None:
         self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
         loop = asyncio.get_running_loop()
-        # Nothing is changed on the scope while runc creates the container: a SetUnitProperties between
-        # runc's Set (systemd attaches its device program) and runc's own program replacing it
-        # (BPF_F_REPLACE of systemd's) makes systemd swap its program under runc, and runc create fails
-        # ("failed to call BPF_PROG_ATTACH ... no such file or directory": seen in the chaos soak,
-        # docs/daemon.md). The pass after state.json prevents; a reload before it is the race the soak budgets.
         for delay in SCOPE_RECHECK_DELAYS:
             loop.call_later(delay, self._request, f"new scope {unit}")
+        if self.get_config().repair == "auto":
+            # a reload between the NVIDIA hook's grant and the pass state.json triggers must keep the
+            # grant: written to a drop-in of ours, never to the scope's live policy (systemd.dropin)
+            await loop.run_in_executor(None, self.keep_while_creating, unit)
 
     async def runtime_state_written(self, containers: list) -> None:
         names = [c.rpartition("/")[2] for c in containers]
@@ -154,6 +153,57 @@ class ContainerWatch(ContainerHook):
                              "scopes are judged from systemd's unit files in /run/systemd until it does")
         elif not error:
             self.bus_error_said = False
+
+    def keep_while_creating(self, unit: str) -> list | None:
+        """Write to the scope's drop-in of ours (systemd.dropin) what the NVIDIA hook's trusted
+        reconstruction and the container's spec grant and the scope's DeviceAllow lacks, while runc
+        creates the container: a daemon-reload from then on re-applies them. Nothing live changes: a
+        SetUnitProperties now makes systemd swap its device program under runc's and the hook's
+        BPF_F_REPLACE, and the container fails to start (docs/daemon.md). Blocking (a worker thread).
+        Returns the (Device, Access) entries written; None when nothing was written."""
+        from nvsymlinkd.systemd import dropin
+        from nvsymlinkd.verify import verifier
+
+        try:
+            found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus)
+        except Exception as exc:  # noqa: BLE001 - the pass after state.json still judges the container
+            self.journal.log(journalmod.WARNING, f"container scope {unit}: cannot read the container being "
+                             f"created: {type(exc).__name__}: {exc}")
+            return None
+        if found is None:
+            self.journal.debug(f"container scope {unit}: no container being created names it in its spec")
+            return None
+        c, hook, missing, seen = found
+        if hook is not None and not hook.trusted:
+            self.journal.debug(f"container {c.id} ({unit}) being created: the NVIDIA hook's grant is not "
+                               f"reconstructed ({hook.detail}): only the spec's devices are kept")
+        if not missing:
+            self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing ({seen})")
+            return None
+        self.journal.debug(f"container {c.id} ({unit}) being created: {seen}")
+        shown = ", ".join(f"{d} {a}" for d, a in missing)
+        try:
+            path = dropin.write(self.root, unit, c.id, missing)
+        except (OSError, ValueError) as exc:
+            self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot write {shown} "
+                             f"to a drop-in of its scope: {exc}; the pass after its state is written prevents",
+                             container_id=c.id, unit=unit)
+            return None
+        self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: wrote {shown} to {path} "
+                         "(its spec and the NVIDIA hook's grant), so a daemon-reload keeps them; its live device "
+                         "policy is left to runc", container_id=c.id, unit=unit)
+        return list(missing)
+
+    def _remove_stale_dropins(self) -> None:
+        """The drop-ins of ours whose scope systemd no longer has (systemd.dropin)."""
+        from nvsymlinkd.systemd import dropin
+
+        for scope in dropin.stale_dropins(self.root):
+            try:
+                if dropin.remove(self.root, scope):
+                    self.journal.debug(f"removed the drop-in of {scope}: the scope is gone")
+            except (OSError, ValueError) as exc:
+                self.journal.log(journalmod.WARNING, f"cannot remove {dropin.dropin_path(scope)}: {exc}")
 
     # -- the worker -----------------------------------------------------------
 
@@ -215,6 +265,8 @@ class ContainerWatch(ContainerHook):
             self.metrics.on_containers(report)
         if config.repair != "off" and report.problems:
             self._repair(config, report, only)
+        if only is None:
+            self._remove_stale_dropins()
         return report
 
     def _new_in_window(self, report) -> dict:

@@ -56,12 +56,11 @@ DROP_STREAM = 0x5EED_0000       # the second generator's seed offset (any consta
 # a grant for a device that does not exist, so it gets the issue's 1 s.
 BUDGET_S: Dict[str, float] = {"uvm-reload": 1.0}
 DEFAULT_BUDGET_S = 0.0
-# A container created and a daemon-reload at once (container-recreate=SLOT/reload): the reload can come
-# between the hook's grant and state.json, before the daemon's pass sees the container; the repair closes
-# the window (0.33 s measured). The daemon does not touch a scope while runc creates its container: a
-# SetUnitProperties then makes systemd swap its device program under runc's BPF_F_REPLACE, and the
-# container fails to start (found by the CI-time run of 2026-11-26, docs/daemon.md).
-RACE_BUDGET_S = 1.0
+# A container created and a daemon-reload at once (container-recreate=SLOT/reload) has no budget (issue
+# 24): while runc creates the container the daemon writes the NVIDIA hook's reconstructed grant to a
+# drop-in of the scope (systemd.dropin), which the reload reads, so no reload after that can take the
+# grant; the scope's live policy is never touched then (a SetUnitProperties made systemd swap its device
+# program under runc's BPF_F_REPLACE and the container failed to start: docs/daemon.md).
 # cgroupfs-drop is a loss nothing announces (no event says a cgroup got a new device program): the
 # daemon repairs it by the bpf-program mechanism at its next pass, the periodic resync at the latest
 # (resync_interval: 60 s by default, 5/20/60 s after the soak's sighup steps); with /reload the
@@ -91,8 +90,6 @@ class Step:
 
     @property
     def budget_s(self) -> float:
-        if self.kind == "container-recreate" and "reload" in self.args:
-            return RACE_BUDGET_S
         return BUDGET_S.get(self.kind, DEFAULT_BUDGET_S)
 
     def drop_budget_s(self, resync_s: float) -> float:

@@ -362,9 +362,9 @@ class Soak:
         return ctr
 
     def early_margin(self, ctr: Ctr) -> None:
-        """For a hook-granted container: how long before the NVIDIA hook's grant the daemon had added it to
-        the new scope's DeviceAllow (its "being created: added" entry, written once SetUnitProperties
-        returned), in seconds; negative: a reload in between could have taken the grant (the race)."""
+        """For a hook-granted container: how long before the NVIDIA hook's grant the daemon had written it
+        to the new scope's drop-in (its "being created: wrote" entry, journaled once the file was in
+        place), in seconds; negative: a reload in between could have taken the grant (the race)."""
         grant_at = None
         try:
             with open(HOOK_LOG) as f:
@@ -377,7 +377,7 @@ class Soak:
         if grant_at is None:
             return
         added = [int(e["__REALTIME_TIMESTAMP"]) / 1e6 for e in journal(unit=UNIT, container_id=ctr.id)
-                 if "being created: added" in str(e.get("MESSAGE"))]
+                 if "being created: wrote" in str(e.get("MESSAGE"))]
         self.margins.append((ctr.name, round(grant_at - added[0], 3) if added else None))
 
     def grant_of(self, ctr: Ctr) -> set:

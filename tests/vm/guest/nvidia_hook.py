@@ -31,6 +31,11 @@ CLONE_NEWNS = 0x00020000
 # /dev/nvidia<N> for the GPUs asked for, then the control nodes every GPU container gets.
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 LOG = "/run/vmtest/nvidia-hook.log"
+# In the container's env: the hook runs `systemctl daemon-reload` right after its grant, inside runc create
+# (before state.json): the chaos soak's old race, made certain (s11). It first waits (at most
+# RELOAD_WAIT_S) for nvsymlinkd's drop-in of the scope, and logs how long that took.
+RELOAD_AFTER_GRANT = "VMTEST_RELOAD_AFTER_GRANT=1"
+RELOAD_WAIT_S = 5.0
 
 
 def log(msg: str) -> None:
@@ -128,9 +133,28 @@ def prestart(state: dict) -> None:
     nodes = [(p, os.stat(p)) for p in paths]
     rules = [(DeviceRule("c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
     grant(state["pid"], rules)
+    if RELOAD_AFTER_GRANT in spec.get("process", {}).get("env", []):
+        reload_after_grant(state)
     rootfs = spec.get("root", {}).get("path", "rootfs")
     log(f"{state['id']}: making {paths} in the container")
     make_nodes(state["pid"], os.path.join(bundle, rootfs), nodes)
+
+
+def reload_after_grant(state: dict) -> None:
+    """systemctl daemon-reload between the grant and state.json, once nvsymlinkd's drop-in of the
+    container's scope is there (or RELOAD_WAIT_S passed): one log line with the wait."""
+    import subprocess
+
+    scope = proc_cgroups(state["pid"]).get("", proc_cgroups(state["pid"]).get("devices", "")).rpartition("/")[2]
+    dropin = f"/run/systemd/system/{scope}.d/90-nvsymlinkd-keep.conf"
+    start = time.monotonic()
+    while not os.path.exists(dropin) and time.monotonic() - start < RELOAD_WAIT_S:
+        time.sleep(0.005)
+    waited = time.monotonic() - start
+    there = os.path.exists(dropin)
+    subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=120)
+    log(f"{state['id']}: daemon-reload after the grant; the drop-in of {scope} "
+        f"{'was there' if there else 'MISSING'} after {waited:.3f} s")
 
 
 def main() -> None:

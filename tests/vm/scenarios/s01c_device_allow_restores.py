@@ -2,8 +2,16 @@
 [("/dev/char/195:0", "rw")]) restores access at once, and it survives the next reload and a
 reexec. This is the call the repair makes: the scenario prints its latency (over three more
 rounds in the full matrix, one in the default run).
+
+Then the fact nvsymlinkd's drop-in rests on (issue 24, systemd.dropin): a file of ours,
+/run/systemd/system/<scope>.d/90-nvsymlinkd-keep.conf, changes nothing live, and the next reload and
+re-exec read it after runc's /run/systemd/transient/<scope>.d/50-DeviceAllow.conf (which resets the
+list): a grant runc's rules lack (a hook's) is kept, where a reload takes it from a container
+without the file.
 """
 # vm: nvsymlinkd=off timeout=240
+import os
+
 from vmguest import (
     Scenario,
     daemon_reexec,
@@ -49,3 +57,24 @@ with Scenario() as sc:
         c.delete()
     sc.timing("restore_latency_rounds_s", max(rounds))
     sc.fact("restore_latency_rounds_s", rounds)
+
+    # the drop-in: a hook-granted container (its spec's rules lack c 195:0), with and without the file
+    kept = start_gpu_container("gpu-s01c-kept", [], hook_grants=[gpu0])
+    bare = start_gpu_container("gpu-s01c-bare", [], hook_grants=[gpu0])
+    dropin_dir = f"/run/systemd/system/{kept.scope}.d"
+    os.makedirs(dropin_dir, exist_ok=True)
+    with open(f"{dropin_dir}/90-nvsymlinkd-keep.conf", "w") as f:
+        f.write("[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
+    sc.check(f"{kept.scope}: the file changes nothing live",
+             "/dev/char/195:0" not in unit_property(kept.scope, "DeviceAllow"))
+    daemon_reload()
+    sc.expect_open(kept, "/dev/nvidia0", "OK", "after daemon-reload, the drop-in read after runc's")
+    sc.expect_open(bare, "/dev/nvidia0", "EPERM", "after daemon-reload, no drop-in (the loss)")
+    paths = unit_property(kept.scope, "DropInPaths")
+    sc.check(f"{kept.scope}: systemd lists runc's drop-in, then ours",
+             paths.index("50-DeviceAllow.conf") < paths.index("90-nvsymlinkd-keep.conf") if
+             "90-nvsymlinkd-keep.conf" in paths and "50-DeviceAllow.conf" in paths else False, paths)
+    daemon_reexec()
+    sc.expect_open(kept, "/dev/nvidia0", "OK", "after daemon-reexec with the drop-in")
+    kept.delete()
+    bare.delete()

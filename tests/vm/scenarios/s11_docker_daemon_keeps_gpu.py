@@ -11,15 +11,20 @@ denied opens. A plain (non-GPU) container beside them is not listed as a GPU one
 ok once per hook-granted container, naming it (CONTAINER_NAME). A third GPU container started
 right after the re-execs is seen through D-Bus (systemd keeps the daemon's Subscribe() across a
 re-exec: the daemon runs with NVSYMLINKD_DEBUG=1 here to show the scope signal) and prevented.
+A fourth (issue 24) has its NVIDIA hook run `systemctl daemon-reload` right after the grant, inside
+runc create: the reload finds nvsymlinkd's drop-in of the scope (the hook's grant reconstructed from
+the spec and the driver's GPU list, published as s24 does; written while runc created the container,
+nothing live changed) and keeps the grant; gpupoll never sees a denied open.
 On cgroup v1 the verdict allows systemd's own short re-apply windows (stacks.judge_poll).
 """
 # vm: nvsymlinkd=deb timeout=900 full=v1
 import os
 
-from stacks import Docker, install_nvidia_toolkit, prove_prevention
+from nvidia_hook import LOG as HOOK_LOG
+from nvidia_hook import RELOAD_AFTER_GRANT
+from stacks import Docker, install_nvidia_toolkit, prove_prevention, publish_gpu_list
 from vmguest import (
     Scenario,
-    daemon_reload,
     expect_nvsymlinkd,
     load_fake_driver,
     mknod,
@@ -33,7 +38,9 @@ with Scenario() as sc:
     os.makedirs("/run/systemd/system/nvsymlinkd.service.d", exist_ok=True)
     with open("/run/systemd/system/nvsymlinkd.service.d/debug.conf", "w") as f:
         f.write("[Service]\nEnvironment=NVSYMLINKD_DEBUG=1\n")
-    daemon_reload()
+    # the NVIDIA hook's grant is reconstructed (trusted) only with the driver's GPU list (as s24, s30);
+    # publishing it reloads systemd, the restart brings the unit into its /proc/driver
+    sc.check("the driver's GPU list is published under /proc/driver/nvidia/gpus", publish_gpu_list())
     sh("systemctl", "restart", "nvsymlinkd.service", timeout=120)
     majors = load_fake_driver(uvm=True)
     nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
@@ -49,6 +56,19 @@ with Scenario() as sc:
         plain = [docker.run_plain("web")]
         ctrs = [docker.run_gpu("gpu-gpus"),
                 docker.run_gpu("gpu-legacy", gpus=False, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"])]
+        # a reload between the hook's grant and state.json: kept by the drop-in, so never at risk
+        race = docker.run_gpu("gpu-race", env=[RELOAD_AFTER_GRANT])
+        race.needs_prevention = False
+        ctrs.append(race)
+        with open(HOOK_LOG) as f:
+            said = [line.strip() for line in f if race.id in line and "daemon-reload after the grant" in line]
+        sc.check("gpu-race: its hook reloaded systemd after the grant, the drop-in already there",
+                 len(said) == 1 and "was there" in said[0], " | ".join(said) or "no such line in the hook's log")
+        if said:
+            sc.fact("gpu_race_dropin_wait", said[0].rsplit(" after ", 1)[1])
+        wrote = sh("journalctl", "-u", "nvsymlinkd.service", "-o", "cat", "--no-pager", check=False).stdout
+        sc.check("gpu-race: nvsymlinkd journaled the drop-in it wrote while runc created it",
+                 any(race.id in line and "being created: wrote" in line for line in wrote.splitlines()))
         prove_prevention(sc, docker, ctrs, "docker", plain=plain,
                          after_reexec=lambda: docker.run_gpu("gpu-late"))
     finally:
