@@ -4,7 +4,7 @@ reexec. This is the call the repair makes: the scenario prints its latency (over
 rounds in the full matrix, one in the default run).
 """
 # vm: nvsymlinkd=off timeout=240
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reexec,
     daemon_reload,

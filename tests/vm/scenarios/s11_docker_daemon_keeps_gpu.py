@@ -16,8 +16,8 @@ On cgroup v1 the verdict allows systemd's own short re-apply windows (stacks.jud
 # vm: nvsymlinkd=deb timeout=900 full=v1
 import os
 
-from stacks import Docker, install_nvidia_toolkit, prove_prevention
-from vmguest import (
+from tests.vm.guest.stacks import Docker, install_nvidia_toolkit, prove_prevention
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     expect_nvsymlinkd,
