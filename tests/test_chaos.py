@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.vm.guest import chaos
+from tests.vm.guest.stacks import PollLog
+
 REPO = Path(__file__).parent.parent
-sys.path.insert(0, str(REPO / "tests" / "vm" / "guest"))
-import chaos  # noqa: E402
-from stacks import PollLog  # noqa: E402
 
 GPU0, CTL, UVM = (195, 0), (195, 255), (237, 0)
 
@@ -44,8 +44,7 @@ def test_the_cgroupfs_drop_leaves_the_drawn_steps_as_they_were():
 
 def test_same_seed_same_sequence_in_another_interpreter():
     """Not an accident of this process's state: a fresh Python draws the same steps."""
-    code = ("import sys; sys.path.insert(0, 'tests/vm/guest'); import chaos; "
-            "print(chaos.format_sequence(chaos.draw_sequence(23)))")
+    code = "from tests.vm.guest import chaos; print(chaos.format_sequence(chaos.draw_sequence(23)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == chaos.format_sequence(chaos.draw_sequence(23))
 
@@ -194,9 +193,8 @@ def test_kernel_judge_opens_in_the_containers_cgroup(runc_host, tmp_path):
     """chaosrun.cgroup_opens (what judges (b) in the VM): a child moved into a real runc
     container's device cgroup gets the kernel's verdict for that cgroup (granted: OK, not granted:
     EPERM), and nvsymlinkd's access engine reads the same cgroup the same way."""
-    import chaosrun
-
     from tests.runcfixture import device_rule
+    from tests.vm.guest import chaosrun
 
     nodes = {}
     for minor in (0, 1):       # no driver behind them: an allowed open gives ENXIO, a denied one EPERM
@@ -214,9 +212,8 @@ def test_seed_and_steps_reach_the_guest_through_the_run_dir(monkeypatch, tmp_pat
     """NVSYMLINKD_CHAOS_SEEDS / _STEPS on the host re-run a seed or a printed sequence exactly: they
     go into the run dir's options.json (a guest restored from a base snapshot keeps the base's
     kernel command line), where chaosrun reads them."""
-    sys.path.insert(0, str(REPO / "tests" / "vm"))
-    import chaosrun
-    import vmhost
+    from tests.vm import vmhost
+    from tests.vm.guest import chaosrun
 
     monkeypatch.delenv("NVSYMLINKD_CHAOS_SEEDS", raising=False)
     monkeypatch.delenv("NVSYMLINKD_CHAOS_STEPS", raising=False)

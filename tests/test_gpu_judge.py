@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _skip_or_fail, need_tool
+from tests.gpu import judge, smoke
 
 GPU_DIR = Path(__file__).parent / "gpu"
-sys.path.insert(0, str(GPU_DIR))
-
-import judge  # noqa: E402
-import smoke  # noqa: E402
 
 WORKS = {"smi_rc": 0, "smi_text": "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)", "nvml": "ok", "nvml_count": 1,
          "cuinit": 0}

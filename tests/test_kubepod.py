@@ -7,17 +7,15 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import need_tool
+from tests.vm.guest import kubepod
 
 REPO = Path(__file__).parent.parent
-sys.path.insert(0, str(REPO / "tests" / "vm" / "guest"))
-import kubepod  # noqa: E402
 
 KUBE = REPO / "deploy/kubernetes"
 TREES = {"base": KUBE / "base", "driver-container": KUBE / "overlays/driver-container",

@@ -7,14 +7,13 @@ stated in docs/vm.md alone, which the README and docs/operations.md link to inst
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.vm import vmhost  # the scenario headers' one reader
+
 REPO = Path(__file__).parent.parent
-sys.path.insert(0, str(REPO / "tests" / "vm"))
-import vmhost  # noqa: E402  (standard library only: the scenario headers' one reader)
 
 DEFAULT = set(vmhost.list_scenarios("default"))
 FULL = set(vmhost.list_scenarios("full"))

@@ -48,12 +48,12 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-TESTS = REPO / "tests"
-for _p in (str(HERE), str(TESTS), str(REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+if __name__ == "__main__":
+    # run as `python3 tests/gpu/smoke.py` (tests/gpu/run.sh, VM scenario s40, --self-check by hand):
+    # the checkout's root on the path, for tests.gpu.judge, tests.bpfasm, tests.fakehost and nvsymlinkd
+    sys.path.insert(0, str(REPO))
 
-import judge  # noqa: E402
+from tests.gpu import judge  # noqa: E402
 
 RUNC_ROOT = "/run/runc"
 NVIDIA_NAMES = ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
@@ -265,7 +265,7 @@ def attached_program(cgroup_dir: str) -> list:
     finally:
         os.close(cg)
     if not ids and os.environ.get("GPUSMOKE_V2_ONLY"):
-        import bpfasm  # a hybrid host's unified cgroup: no program, no v2 restriction
+        from tests import bpfasm  # a hybrid host's unified cgroup: no program, no v2 restriction
         return bpfasm.runc_allow_all()
     if len(ids) != 1:
         raise RuntimeError(f"{cgroup_dir} has {len(ids)} device programs attached, expected the runtime's one")
@@ -291,7 +291,7 @@ def take_nvidia_access(pid: int, majors: set) -> str:
         return f"v1: devices.deny of {gone} in {dirs['devices']}"
     if not dirs["v2"]:
         raise RuntimeError(f"pid {pid} has neither a v1 devices cgroup nor a cgroup2 directory")
-    import bpfasm
+    from tests import bpfasm
     return "v2: " + replace_v2_program(dirs["v2"], bpfasm.systemd_program([], policy="closed"))
 
 
@@ -317,9 +317,8 @@ def hook_main(argv: list) -> int:
                     f.write(f"c {n['major']}:{n['minor']} rw\n")
             done.append("v1 devices.allow")
         if not dirs["devices"] or os.environ.get("GPUSMOKE_V2_ONLY"):
-            import bpfasm
-
             from nvsymlinkd.access.rules import DeviceRule
+            from tests import bpfasm
             old = attached_program(dirs["v2"])
             blocks = [(DeviceRule("c", n["major"], n["minor"], "rw"), True) for n in nodes]
             done.append(replace_v2_program(dirs["v2"], bpfasm.nvidia_prepend(blocks, old)))
@@ -398,7 +397,7 @@ class Suite:
     def fake_host(self) -> Path:
         """A host tree with the fake nodes and a /proc/devices naming them (tests/fakehost.py), for the
         host steps (sync, link check, daemon) on a machine without NVIDIA nodes."""
-        from fakehost import FakeHost
+        from tests.fakehost import FakeHost
         host = FakeHost(self.work / "host")
         host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 511})
         for n in FAKE_NODES:
@@ -629,8 +628,9 @@ class Suite:
         path = self.work / "bin" / HOOK_NAME
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"#!{sys.executable}\nimport sys\nsys.path[:0] = {[str(HERE), str(TESTS), str(REPO)]!r}\n"
-                            "import smoke\nsys.exit(smoke.hook_main(sys.argv))\n")
+            # the checkout comes on PYTHONPATH with the hook's env (hook_env)
+            path.write_text(f"#!{sys.executable}\nimport sys\n"
+                            "from tests.gpu import smoke\nsys.exit(smoke.hook_main(sys.argv))\n")
             path.chmod(0o755)
         return str(path)
 
@@ -1293,10 +1293,9 @@ def self_check(args) -> int:
             results.append((name, "FAIL", f"{type(e).__name__}: {e}"))
 
     def imports():
-        import bpfasm  # noqa: F401
-
         import nvsymlinkd.cli  # noqa: F401
         from nvsymlinkd.access import bpfeval, bpfprog  # noqa: F401
+        from tests import bpfasm  # noqa: F401
         have = []
         for mod in ("pyudev", "dbus_next", "jinja2", "pynvml"):
             try:
@@ -1349,10 +1348,9 @@ def self_check(args) -> int:
             shutil.rmtree(s.work, ignore_errors=True)
 
     def bpf():
-        import bpfasm
-
         from nvsymlinkd.access import bpfeval, bpfprog
         from nvsymlinkd.access.rules import DeviceRule
+        from tests import bpfasm
         prog = bpfasm.systemd_program([], policy="closed")
         hooked = bpfasm.nvidia_prepend([(DeviceRule("c", 195, 0, "rw"), True)], bpfasm.runc_program([], False))
         for insns in (prog, hooked):

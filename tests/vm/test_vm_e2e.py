@@ -14,9 +14,9 @@ import subprocess
 import time
 
 import pytest
-import vmhost
 
 from tests.conftest import IN_CI, need_tool
+from tests.vm import vmhost
 
 SCENARIOS = vmhost.list_scenarios()
 
@@ -194,9 +194,7 @@ def test_the_full_matrix_reaches_the_guest(tmp_path, monkeypatch):
     base's kernel command line), where it picks the full counts of reloads, re-execs and updates;
     the default run's counts still have every kind of event, each update value twice and reloads
     after the re-execs (for the container started after them)."""
-    monkeypatch.syspath_prepend(str(vmhost.VM_DIR / "guest"))
-    import stacks
-    import vmguest
+    from tests.vm.guest import stacks, vmguest
 
     monkeypatch.setenv("VM_RUN", str(tmp_path))
     for matrix, want in (("full", stacks.FULL_COUNTS), ("", stacks.DEFAULT_COUNTS)):

@@ -373,9 +373,7 @@ def build_package(version: Optional[str] = None) -> Package:
     for tool in ("dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise VmError(f"'{tool}' is missing: apt-get install the packages in .ci/apt.d/packaging.txt")
-    if str(VM_DIR.parent) not in sys.path:
-        sys.path.insert(0, str(VM_DIR.parent))
-    import debbuild
+    from tests import debbuild
 
     key = debbuild.source_key() or f"nogit{os.getpid()}"   # no git: no file list to key on
     kind = f"debup-{version}" if version else "deb"
@@ -1125,4 +1123,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    # run as `python3 tests/vm/vmhost.py ...`: the checkout's root on the path, for tests.debbuild
+    sys.path.insert(0, str(REPO))
     sys.exit(main())

@@ -23,8 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-import chaos
-from stacks import (
+from nvsymlinkd.access.cgroup import ALLOW, read_access
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest import chaos
+from tests.vm.guest.stacks import (
     IDLE,
     IMAGE,
     POLL_LOG,
@@ -36,7 +39,7 @@ from stacks import (
     install_nvidia_toolkit,
     publish_gpu_list,
 )
-from vmguest import (
+from tests.vm.guest.vmguest import (
     MODULES,
     SRC,
     WORK,
@@ -51,10 +54,6 @@ from vmguest import (
     unit_property,
     wait_for,
 )
-
-from nvsymlinkd.access.cgroup import ALLOW, read_access
-from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.journal import MESSAGE_IDS
 
 HOOK_LOG = "/run/vmtest/nvidia-hook.log"
 CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
@@ -298,7 +297,7 @@ class Soak:
 
     def wait_settled(self, timeout: float) -> None:
         """Every hook-granted container prevented: `nvsymlinkd check --json` says ok for all."""
-        from stacks import check_json
+        from tests.vm.guest.stacks import check_json
 
         def settled():
             report = check_json()
@@ -815,7 +814,7 @@ def seeds_for(mode: str) -> List[int]:
 
 def run_soak(mode: str) -> None:
     """The scenario: setup, the seeds' sequences (or the one given on the command line), the end."""
-    from vmguest import Scenario, expect_nvsymlinkd
+    from tests.vm.guest.vmguest import Scenario, expect_nvsymlinkd
 
     with Scenario() as sc:
         expect_nvsymlinkd(sc)

@@ -20,12 +20,14 @@ import stat
 import sys
 import time
 
-sys.path[:0] = ["/mnt/src/tests", "/mnt/src"]
-
-from bpfasm import nvidia_prepend  # noqa: E402  (tests/bpfasm.py: libnvidia-container's shape)
+if __name__ == "__main__":
+    # run by runc (stacks.py's /usr/bin/nvidia-container-runtime-hook, vmguest's createRuntime hook)
+    # with no PYTHONPATH: the checkout's root (/mnt/src) on the path, for nvsymlinkd and tests.bpfasm
+    sys.path[:0] = [os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", ".."))]
 
 from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
 from nvsymlinkd.access.rules import DeviceRule  # noqa: E402
+from tests.bpfasm import nvidia_prepend  # noqa: E402  (libnvidia-container's shape)
 
 CLONE_NEWNS = 0x00020000
 # /dev/nvidia<N> for the GPUs asked for, then the control nodes every GPU container gets.

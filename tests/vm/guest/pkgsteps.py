@@ -1,6 +1,6 @@
 """The package's own life cycle on a node with running GPU containers (issue 25): s23 and s25.
 
-    from pkgsteps import PackageSteps, Polled, without_prevention
+    from tests.vm.guest.pkgsteps import PackageSteps, Polled, without_prevention
     steps = PackageSteps(sc, events)
     steps.run("proof", debs, make_containers, control=False)
 
@@ -22,7 +22,7 @@ import tarfile
 import time
 from typing import Callable, Dict
 
-from stacks import (
+from tests.vm.guest.stacks import (
     POLL_ARGV,
     POLL_LOG,
     V1_WINDOW_BOUND_S,
@@ -31,7 +31,15 @@ from stacks import (
     build_rootfs_tar,
     hierarchy,
 )
-from vmguest import WORK, Container, _cgroup_rule, _device_spec, daemon_reload, sh, wait_for
+from tests.vm.guest.vmguest import (
+    WORK,
+    Container,
+    _cgroup_rule,
+    _device_spec,
+    daemon_reload,
+    sh,
+    wait_for,
+)
 
 PKGS = "/root/nvsymlinkd-pkgs"
 BUNDLES = "/var/lib/vmtest/bundles"
@@ -105,7 +113,7 @@ class Polled(Container):
         if hook_grants:
             # the legacy NVIDIA hook as a runtime wrapper adds it: prestart, granting what
             # NVIDIA_VISIBLE_DEVICES asks for (stacks.install_nvidia_toolkit puts it at HOOK)
-            from stacks import HOOK
+            from tests.vm.guest.stacks import HOOK
 
             spec["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=all")
             spec.setdefault("hooks", {})["prestart"] = [{"path": HOOK, "args": [HOOK, "prestart"]}]

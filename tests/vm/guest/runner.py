@@ -2,8 +2,9 @@
 (vm-scenario.service powers the guest off either way).
 
 Runs from the read-only source share (/mnt/src) as a oneshot unit after multi-user.target.
-Reads /mnt/run/scenarios.txt (one name a line), runs tests/vm/scenarios/<name>.py with
-tests/vm/guest and the project on PYTHONPATH, and writes /mnt/run/results/:
+Reads /mnt/run/scenarios.txt (one name a line), runs tests/vm/scenarios/<name>.py with the
+project on PYTHONPATH (the scenarios import `tests.vm.guest.vmguest`, `nvsymlinkd`, ...), and
+writes /mnt/run/results/:
 <name>.json (the verdict, written by the scenario itself), <name>.log (its output),
 journal.txt (the whole boot's journal), runner.json (boot time, exit codes: written last, by a
 rename, so the host may stop qemu as soon as it appears).
@@ -91,8 +92,7 @@ def main():
     if mode in ("deb", "source"):
         # Before any scenario code: the daemon is up before the driver loads or a container
         # starts, as on a host where the package is installed and enabled.
-        sys.path[:0] = [f"{SRC}/tests/vm/guest", SRC]
-        import vmguest
+        from tests.vm.guest import vmguest
 
         start = time.monotonic()
         try:
@@ -124,7 +124,7 @@ def main():
             timeout = float(f.read())
     except (OSError, ValueError):
         timeout = 300.0
-    env = dict(os.environ, PYTHONPATH=f"{SRC}/tests/vm/guest:{SRC}", PYTHONDONTWRITEBYTECODE="1",
+    env = dict(os.environ, PYTHONPATH=SRC, PYTHONDONTWRITEBYTECODE="1",
                VM_RESULTS=RESULTS, VM_MODULES=os.path.join(RUN, "modules"))
     for name in names:
         # NAME@v1: the same script, booted on the other cgroup hierarchy (vmhost.py)
@@ -159,4 +159,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # run by vm-scenario.service as /mnt/src/tests/vm/guest/runner.py: the checkout's root on the
+    # path, for `tests.vm.guest.vmguest` (and the `nvsymlinkd` it installs from)
+    sys.path[:0] = [SRC]
     main()

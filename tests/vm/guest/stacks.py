@@ -3,7 +3,7 @@ with the NVIDIA container toolkit's shape (issue 13). Everything is offline: the
 busybox rootfs (plus the static poller tests/vm/poller/gpupoll.c, built on the host) imported into
 each stack, nothing is pulled.
 
-    from stacks import install_nvidia_toolkit, Docker
+    from tests.vm.guest.stacks import install_nvidia_toolkit, Docker
     install_nvidia_toolkit()
     docker = Docker(); docker.start()
     ctr = docker.run_gpu("gpu-docker")          # docker run --gpus all ... gpupoll /dev/nvidia0
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     MODULES,
     SRC,
     WORK,
@@ -629,7 +629,7 @@ def unit_started(unit: str) -> Optional[float]:
 
 
 def check_json() -> dict:
-    from vmguest import nvsymlinkd
+    from tests.vm.guest.vmguest import nvsymlinkd
     proc = nvsymlinkd("check", "--json")
     try:
         return json.loads(proc.stdout)
@@ -646,7 +646,7 @@ DEFAULT_COUNTS = (6, 2, 4)
 
 
 def event_counts() -> tuple:
-    from vmguest import full_matrix
+    from tests.vm.guest.vmguest import full_matrix
     return FULL_COUNTS if full_matrix() else DEFAULT_COUNTS
 
 
@@ -804,7 +804,7 @@ def prove_names(sc, ctrs: List[StackContainer]) -> None:
     """`nvsymlinkd repair X` and `check X` accept what a user types (issue 13 item 4): the Docker or
     Podman name, namespace/pod/container and namespace/pod, a unique id prefix, the scope; the
     table shows the name in its NAME column."""
-    from vmguest import nvsymlinkd
+    from tests.vm.guest.vmguest import nvsymlinkd
     for n, ctr in enumerate(ctrs):
         # every form once per runtime (the first container), the name for the others: each CLI run
         # costs seconds under TCG and the forms resolve alike for every container of a runtime

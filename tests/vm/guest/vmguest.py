@@ -4,7 +4,7 @@ Runs as root inside the Debian 12 guest (systemd 252, runc 1.1.5, cgroup v2). Th
 the judge: a container's access is whatever open() returns inside it ("OK" or an errno name
 such as "EPERM"), never what some configuration file claims.
 
-    from vmguest import Scenario, load_fake_driver, mknod, start_gpu_container, daemon_reload
+    from tests.vm.guest.vmguest import Scenario, load_fake_driver, mknod, start_gpu_container, daemon_reload
     with Scenario() as sc:
         majors = load_fake_driver()
         gpu0 = mknod("/dev/nvidia0", 195, 0)

@@ -7,7 +7,13 @@ at start (runc's own BPF program allows it) and gets EPERM after systemctl daemo
 # vm: nvsymlinkd=off timeout=240
 import os
 
-from vmguest import Scenario, daemon_reload, load_fake_driver, mknod, start_gpu_container
+from tests.vm.guest.vmguest import (
+    Scenario,
+    daemon_reload,
+    load_fake_driver,
+    mknod,
+    start_gpu_container,
+)
 
 with Scenario() as sc:
     majors = load_fake_driver()

@@ -2,7 +2,7 @@
 passes DeviceAllow=/dev/char/195:0 rw to systemd and access survives reloads and a reexec.
 """
 # vm: nvsymlinkd=off timeout=300
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reexec,
     daemon_reload,

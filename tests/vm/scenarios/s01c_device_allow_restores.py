@@ -12,7 +12,7 @@ without the file.
 # vm: nvsymlinkd=off timeout=240
 import os
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reexec,
     daemon_reload,

@@ -6,7 +6,7 @@ daemon-reloads and one daemon-reexec.
 # vm: nvsymlinkd=deb timeout=300
 import os
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reexec,
     daemon_reload,

@@ -21,7 +21,8 @@ import glob
 import os
 import time
 
-from vmguest import (
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     expect_nvsymlinkd,
@@ -35,8 +36,6 @@ from vmguest import (
     start_gpu_container,
     wait_for,
 )
-
-from nvsymlinkd.journal import MESSAGE_IDS
 
 ROUNDS = 3 if full_matrix() else 1     # the default run: one round (CI time); the full matrix: three
 

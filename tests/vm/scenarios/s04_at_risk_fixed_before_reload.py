@@ -3,7 +3,7 @@ skipped the rule for systemd) is fixed by nvsymlinkd before any reload: its scop
 DeviceAllow gains the device, so the first reload loses nothing.
 """
 # vm: nvsymlinkd=deb timeout=300
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     expect_nvsymlinkd,

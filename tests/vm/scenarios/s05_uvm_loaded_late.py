@@ -5,7 +5,7 @@ loaded; then nvidia-uvm is inserted and its node made. The /dev/char link for uv
 # vm: nvsymlinkd=deb timeout=300
 import os
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     expect_nvsymlinkd,
     load_fake_driver,

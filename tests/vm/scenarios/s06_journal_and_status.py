@@ -8,7 +8,8 @@ nvsymlinkd` shows the daemon's STATUS= line.
 import os
 import time
 
-from vmguest import (
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     expect_nvsymlinkd,
@@ -20,8 +21,6 @@ from vmguest import (
     status_in_systemctl_status,
     wait_for,
 )
-
-from nvsymlinkd.journal import MESSAGE_IDS
 
 UNIT = "nvsymlinkd.service"
 KIND_OF = {v: k for k, v in MESSAGE_IDS.items()}

@@ -18,7 +18,7 @@ import os
 import subprocess
 import time
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     expect_nvsymlinkd,
     load_fake_driver,

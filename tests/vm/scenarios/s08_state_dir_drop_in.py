@@ -10,7 +10,7 @@ GPU container's baseline into the new directory.
 import glob
 import os
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     DEB_UNIT,
     Scenario,
     daemon_reload,

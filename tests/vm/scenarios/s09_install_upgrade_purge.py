@@ -22,7 +22,7 @@ import re
 import shutil
 import time
 
-from vmguest import (
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     load_fake_driver,

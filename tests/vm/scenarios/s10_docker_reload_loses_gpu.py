@@ -11,8 +11,8 @@ EPERM. A control that cannot fail proves nothing: this one fails if the loss sto
 import os
 import time
 
-from stacks import Docker, install_nvidia_toolkit
-from vmguest import Scenario, daemon_reload, load_fake_driver, mknod, sh
+from tests.vm.guest.stacks import Docker, install_nvidia_toolkit
+from tests.vm.guest.vmguest import Scenario, daemon_reload, load_fake_driver, mknod, sh
 
 with Scenario() as sc:
     majors = load_fake_driver(uvm=True)

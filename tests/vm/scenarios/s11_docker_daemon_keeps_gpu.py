@@ -20,10 +20,10 @@ On cgroup v1 the verdict allows systemd's own short re-apply windows (stacks.jud
 # vm: nvsymlinkd=deb timeout=900 full=v1
 import os
 
-from nvidia_hook import LOG as HOOK_LOG
-from nvidia_hook import RELOAD_AFTER_GRANT
-from stacks import Docker, install_nvidia_toolkit, prove_prevention, publish_gpu_list
-from vmguest import (
+from tests.vm.guest.nvidia_hook import LOG as HOOK_LOG
+from tests.vm.guest.nvidia_hook import RELOAD_AFTER_GRANT
+from tests.vm.guest.stacks import Docker, install_nvidia_toolkit, prove_prevention, publish_gpu_list
+from tests.vm.guest.vmguest import (
     Scenario,
     expect_nvsymlinkd,
     load_fake_driver,

@@ -6,8 +6,8 @@ prestart hook grants the GPU behind systemd's back). `systemctl daemon-reload` -
 # vm: nvsymlinkd=off timeout=420 full=v1
 import time
 
-from stacks import Containerd, install_nvidia_toolkit
-from vmguest import Scenario, daemon_reload, load_fake_driver, mknod, sh
+from tests.vm.guest.stacks import Containerd, install_nvidia_toolkit
+from tests.vm.guest.vmguest import Scenario, daemon_reload, load_fake_driver, mknod, sh
 
 with Scenario() as sc:
     majors = load_fake_driver(uvm=True)

@@ -11,8 +11,8 @@ scope, and the journal's entries carry POD_NAMESPACE, POD_NAME and CONTAINER_NAM
 # vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
-from stacks import Containerd, install_nvidia_toolkit, prove_prevention
-from vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+from tests.vm.guest.stacks import Containerd, install_nvidia_toolkit, prove_prevention
+from tests.vm.guest.vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
 
 with Scenario() as sc:
     expect_nvsymlinkd(sc)

@@ -13,10 +13,23 @@ The last two are facts pinned here: if a crun or systemd update changes them, th
 import os
 import time
 
-from stacks import Events, Podman, device_cgroup, hierarchy, install_nvidia_toolkit, judge_poll
-from vmguest import Scenario, daemon_reload, load_fake_driver, make_char_link, mknod, sh
-
 from nvsymlinkd.access import bpfprog
+from tests.vm.guest.stacks import (
+    Events,
+    Podman,
+    device_cgroup,
+    hierarchy,
+    install_nvidia_toolkit,
+    judge_poll,
+)
+from tests.vm.guest.vmguest import (
+    Scenario,
+    daemon_reload,
+    load_fake_driver,
+    make_char_link,
+    mknod,
+    sh,
+)
 
 with Scenario() as sc:
     majors = load_fake_driver(uvm=True)

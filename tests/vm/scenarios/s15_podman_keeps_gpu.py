@@ -10,8 +10,8 @@ an id prefix and the scope; the journal tells runc's container's story once, nam
 # vm: nvsymlinkd=deb timeout=600 full=v1
 import os
 
-from stacks import Podman, install_nvidia_toolkit, prove_prevention
-from vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+from tests.vm.guest.stacks import Podman, install_nvidia_toolkit, prove_prevention
+from tests.vm.guest.vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
 
 with Scenario() as sc:
     expect_nvsymlinkd(sc)

@@ -22,7 +22,8 @@ import json
 import os
 import re
 
-from kubepod import (
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest.kubepod import (
     TEXTFILE,
     Pod,
     cgroup_v1,
@@ -34,8 +35,8 @@ from kubepod import (
     reloads_keep_gpus,
     translate,
 )
-from stacks import Docker, Podman, install_nvidia_toolkit, prove_prevention
-from vmguest import (
+from tests.vm.guest.stacks import Docker, Podman, install_nvidia_toolkit, prove_prevention
+from tests.vm.guest.vmguest import (
     MODULES,
     SRC,
     Scenario,
@@ -47,8 +48,6 @@ from vmguest import (
     sh,
     wait_for,
 )
-
-from nvsymlinkd.journal import MESSAGE_IDS
 
 NPD = os.path.join(SRC, "deploy", "node-problem-detector", "nvsymlinkd-monitor.json")
 RELOADS = 10            # the full matrix's; the default run's: 5
@@ -154,7 +153,7 @@ with Scenario() as sc:
     if not full_matrix():
         # s21's proofs in this boot, from where s21 starts: no pod, no host state, the fake driver
         # without nvidia-uvm, no NVIDIA node or /dev/char link (the pod made them for s20's proof)
-        import s21_pod_rolling_and_overlays as s21
+        from tests.vm.scenarios import s21_pod_rolling_and_overlays as s21
 
         clean_slate(None)
         nvidia = {m for name, m in proc_devices_majors().items() if name.startswith("nvidia")}

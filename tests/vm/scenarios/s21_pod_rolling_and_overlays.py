@@ -29,7 +29,8 @@ import os
 import traceback
 from typing import Optional
 
-from kubepod import (
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest.kubepod import (
     cgroup_v1,
     clean_slate,
     image_ready,
@@ -40,8 +41,8 @@ from kubepod import (
     play_ready,
     translate,
 )
-from stacks import Docker, install_nvidia_toolkit, wait_prevented
-from vmguest import (
+from tests.vm.guest.stacks import Docker, install_nvidia_toolkit, wait_prevented
+from tests.vm.guest.vmguest import (
     MODULES,
     Scenario,
     daemon_reload,
@@ -51,8 +52,6 @@ from vmguest import (
     unit_property,
     wait_for,
 )
-
-from nvsymlinkd.journal import MESSAGE_IDS
 
 DRIVER_ROOT = "/run/nvidia/driver"
 # the pod picks a driver root mounted late up at its next full pass: the periodic resync

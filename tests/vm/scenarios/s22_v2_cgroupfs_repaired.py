@@ -17,8 +17,9 @@ import os
 import sys
 import time
 
-from stacks import POLL_ARGV, POLL_LOG, Docker, PollLog, install_nvidia_toolkit
-from vmguest import (
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest.stacks import POLL_ARGV, POLL_LOG, Docker, PollLog, install_nvidia_toolkit
+from tests.vm.guest.vmguest import (
     SRC,
     Scenario,
     expect_nvsymlinkd,
@@ -30,9 +31,6 @@ from vmguest import (
     start_gpu_container,
     wait_for,
 )
-
-sys.path[:0] = [SRC]
-from nvsymlinkd.journal import MESSAGE_IDS  # noqa: E402
 
 CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
 RESYNC_S = 3

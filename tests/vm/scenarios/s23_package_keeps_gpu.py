@@ -27,9 +27,9 @@ Nothing is left frozen, /run/nvsymlinkd/frozen is empty, the state directory is 
 
 import time
 
-from pkgsteps import PackageSteps, Polled, operator, the_debs, without_prevention
-from stacks import Events, hierarchy
-from vmguest import Scenario, load_fake_driver, mknod, unit_property
+from tests.vm.guest.pkgsteps import PackageSteps, Polled, operator, the_debs, without_prevention
+from tests.vm.guest.stacks import Events, hierarchy
+from tests.vm.guest.vmguest import Scenario, load_fake_driver, mknod, unit_property
 
 with Scenario() as sc:
     wall = time.monotonic()

@@ -18,8 +18,15 @@ drop-in's BindReadOnlyPaths=: the unit mounts its own /proc) in nvsymlinkd.servi
 import os
 import time
 
-from stacks import Containerd, Docker, check_json, install_nvidia_toolkit, journal_since
-from vmguest import (
+from nvsymlinkd.journal import MESSAGE_IDS
+from tests.vm.guest.stacks import (
+    Containerd,
+    Docker,
+    check_json,
+    install_nvidia_toolkit,
+    journal_since,
+)
+from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     expect_nvsymlinkd,
@@ -29,8 +36,6 @@ from vmguest import (
     sh,
     wait_for,
 )
-
-from nvsymlinkd.journal import MESSAGE_IDS
 
 UNIT = "nvsymlinkd.service"
 

@@ -16,9 +16,16 @@ reload taking a GPU, s24 that a reload takes hook grants nothing prevented.
 import os
 import time
 
-from pkgsteps import PackageSteps, Polled, StackPolled, operator, the_debs
-from stacks import Containerd, Docker, Events, Podman, hierarchy, install_nvidia_toolkit
-from vmguest import Scenario, daemon_reload, load_fake_driver, mknod, sh
+from tests.vm.guest.pkgsteps import PackageSteps, Polled, StackPolled, operator, the_debs
+from tests.vm.guest.stacks import (
+    Containerd,
+    Docker,
+    Events,
+    Podman,
+    hierarchy,
+    install_nvidia_toolkit,
+)
+from tests.vm.guest.vmguest import Scenario, daemon_reload, load_fake_driver, mknod, sh
 
 FAKE_PROC_DRIVER = "/run/vmtest/proc-driver"
 DROP_IN = "/run/systemd/system/nvsymlinkd.service.d/50-proc-driver.conf"

@@ -14,6 +14,6 @@ NVSYMLINKD_CHAOS_SEEDS=7 (or 3,9 / 11-20) and NVSYMLINKD_CHAOS_STEPS=<a printed 
 host re-run exactly what failed (kernel command line nvsymlinkd.chaos_seeds / chaos_steps).
 """
 # vm: nvsymlinkd=deb timeout=3600
-from chaosrun import run_soak
+from tests.vm.guest.chaosrun import run_soak
 
 run_soak("ci")

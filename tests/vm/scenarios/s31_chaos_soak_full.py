@@ -2,6 +2,6 @@
 guest, only with NVSYMLINKD_VM_MATRIX=full: with s30, all 50 sequences. See s30 and docs/vm.md.
 """
 # vm: nvsymlinkd=deb timeout=9000 matrix=full
-from chaosrun import run_soak
+from tests.vm.guest.chaosrun import run_soak
 
 run_soak("full")

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from vmguest import RESULTS, SRC, Scenario, load_fake_driver, mknod
+from tests.vm.guest.vmguest import RESULTS, SRC, Scenario, load_fake_driver, mknod
 
 with Scenario() as sc:
     majors = load_fake_driver(uvm=True)
