@@ -146,3 +146,36 @@ def test_a_new_runtime_is_one_entry(fakehost, tmp_path):
     assert out["versions"] == {"exampled": "2.0-1"}
     # and without the entry, none of it (the table is what they read)
     assert [c.runtime for c in discover(HostRoot(str(fakehost.root)))] == []
+
+
+def test_a_container_in_containerds_moby_namespace_is_dockers(fakehost):
+    """The namespace Docker claims makes a container Docker's in containerd's roots too (its runc root and
+    task bundles), not containerd's."""
+    layouts = Layouts(fakehost)
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    spec = oci_spec(rules=[spec_rule(195, 0)])
+    layouts.containerd("m1", spec, ns="moby", state=False)
+    layouts.write_json("/run/containerd/runc/moby/m1/state.json",
+                       runc_state("m1", layouts.next_pid, 1000, "/run/containerd/io.containerd.runtime.v2.task/moby/m1",
+                                  spec, {"devices": "/sys/fs/cgroup/devices/moby/m1"}))
+    layouts.containerd("k1", spec, ns="k8s.io")
+    found = [(c.runtime, c.namespace, c.id, c.state_path) for c in discover(HostRoot(str(fakehost.root)))]
+    assert found == [("containerd", "k8s.io", "k1", "/run/containerd/runc/k8s.io/k1/state.json"),
+                     ("docker", "moby", "m1", "/run/containerd/runc/moby/m1/state.json")]
+
+
+def test_dockers_defaults_count_only_where_docker_is_installed(fakehost):
+    """No daemon.json: Docker's default driver is reported when /run/docker is a directory or dockerd is
+    there; a file named /run/docker is not Docker (DriverConfig.installed: a trailing "/" is a directory)."""
+    from nvsymlinkd.verify.hostcheck import docker_driver
+
+    root = HostRoot(str(fakehost.root))
+    assert docker_driver(root, "v2") is None
+    fakehost.write("/run/docker", "")
+    assert docker_driver(root, "v2") is None
+    os.unlink(fakehost.path("/run/docker"))
+    os.mkdir(fakehost.path("/run/docker"))
+    assert docker_driver(root, "v2") == ("systemd", "default (no /etc/docker/daemon.json)")
+    os.rmdir(fakehost.path("/run/docker"))
+    fakehost.write("/usr/bin/dockerd", "")
+    assert docker_driver(root, "v1") == ("cgroupfs", "default (no /etc/docker/daemon.json)")

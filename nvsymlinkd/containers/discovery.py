@@ -1,11 +1,9 @@
 """Discovery of running containers from the runtimes' own state on disk.
 
-Sources, all under --root, as the runtime table (containers.runtimes) lists them:
-  the OCI runtimes' state roots: runc's /run/runc, /run/containerd/runc/<ns>, /run/docker/runtime-runc/moby
-    (<root>/<id>/state.json), crun's /run/crun (<root>/<id>/status + config.json)
-  bundle roots: containerd's tasks (/run/containerd/io.containerd.runtime.v2.task/<ns>/<id>/config.json),
-    CRI-O's and Podman's runroot (/run/containers/storage/overlay-containers/<id>/userdata/config.json)
-One container may show in several; they are merged by id (and namespace).
+Sources, all under --root, as the runtime table (containers.runtimes, docs/runtimes.md) lists them:
+the OCI runtimes' state roots (<root>[/<namespace>]/<id>/, with runc's state.json or crun's status),
+the bundle roots (<root>[/<namespace>]/<id>[/userdata]/config.json and a pid file), and plain runc's
+bundle from its state's label. One container may show in several; they are merged by id (and namespace).
 
 Names, for people (display, the CONTAINER argument, journal fields, metric labels; never for a
 decision): Kubernetes pod namespace/name and container name from the spec's CRI annotations
