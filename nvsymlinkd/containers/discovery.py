@@ -49,7 +49,7 @@ from nvsymlinkd.host.root import HostRoot
 MAX_ENTRIES = 100_000  # per directory: a safety bound, far above any real node
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}")
 LIVE = ("created", "running")
-MANAGER_ANNOTATION = "io.container.manager"  # Podman's libpod, CRI-O's cri-o (containers.runtimes.Runtime.manager)
+MANAGER_ANNOTATION = "io.container.manager"  # whose value names a manager (containers.runtimes.Runtime.manager)
 # (pod namespace, pod name, container name) annotations: CRI (containerd, CRI-O), then dockershim's labels
 # (Docker copies labels into the spec's annotations; CRI-O sets both).
 K8S_NAME_ANNOTATIONS = (
