@@ -1,11 +1,9 @@
 """Discovery of running containers from the runtimes' own state on disk.
 
-Sources, all under --root:
-  runc-style state roots: /run/runc, /run/containerd/runc/<ns>, /run/docker/runtime-runc/moby
-    (<root>/<id>/state.json), crun's /run/crun (<root>/<id>/status + config.json)
-  containerd task bundles: /run/containerd/io.containerd.runtime.v2.task/<ns>/<id>/config.json
-  CRI-O and Podman: /run/containers/storage/overlay-containers/<id>/userdata/config.json
-One container may show in several; they are merged by id (and namespace).
+Sources, all under --root, as the runtime table (containers.runtimes, docs/runtimes.md) lists them:
+the OCI runtimes' state roots (<root>[/<namespace>]/<id>/, with runc's state.json or crun's status),
+the bundle roots (<root>[/<namespace>]/<id>[/userdata]/config.json and a pid file), and plain runc's
+bundle from its state's label. One container may show in several; they are merged by id (and namespace).
 
 Names, for people (display, the CONTAINER argument, journal fields, metric labels; never for a
 decision): Kubernetes pod namespace/name and container name from the spec's CRI annotations
@@ -29,27 +27,29 @@ from dataclasses import dataclass, field
 from nvsymlinkd.containers.model import display_name, exec_fifo_path
 from nvsymlinkd.containers.ocispec import (
     MAX_SMALL_BYTES,
+    STATE_PARSERS,
     RuntimeState,
     SpecFacts,
     UnsafeFile,
     load_json,
-    parse_crun_status,
-    parse_runc_state,
     parse_spec,
     read_bounded,
+)
+from nvsymlinkd.containers.runtimes import (
+    BUNDLE_ROOTS,
+    BY_NAME,
+    STATE_ROOTS,
+    managed_by,
+    namespace_owner,
 )
 from nvsymlinkd.errors import UsageError
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 
-RUNC_ROOTS = (("/run/runc", "runc", None), ("/run/docker/runtime-runc/moby", "docker", "moby"))
-CONTAINERD_RUNC = "/run/containerd/runc"
-CRUN_ROOT = "/run/crun"
-CONTAINERD_TASKS = "/run/containerd/io.containerd.runtime.v2.task"
-STORAGE_CONTAINERS = "/run/containers/storage/overlay-containers"
 MAX_ENTRIES = 100_000  # per directory: a safety bound, far above any real node
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,255}")
 LIVE = ("created", "running")
+MANAGER_ANNOTATION = "io.container.manager"  # whose value names a manager (containers.runtimes.Runtime.manager)
 # (pod namespace, pod name, container name) annotations: CRI (containerd, CRI-O), then dockershim's labels
 # (Docker copies labels into the spec's annotations; CRI-O sets both).
 K8S_NAME_ANNOTATIONS = (
@@ -59,7 +59,7 @@ K8S_NAME_ANNOTATIONS = (
 DOCKER_DATA_ROOT = "/var/lib/docker"
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
 PODMAN_STORAGE_FILES = ("/var/lib/containers/storage/overlay-containers/containers.json",
-                        f"{STORAGE_CONTAINERS}/volatile-containers.json")
+                        "/run/containers/storage/overlay-containers/volatile-containers.json")
 # Docker's and Kubernetes' own name rules (DNS labels, [a-zA-Z0-9][a-zA-Z0-9_.-]*), bounded: a name that
 # does not fit is not shown, so no escape sequence, newline or label-breaking byte reaches an output.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
@@ -68,7 +68,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
 @dataclass
 class Container:
     id: str
-    runtime: str  # docker, containerd, cri-o, podman, runc, crun
+    runtime: str  # a containers.runtimes name: docker, containerd, cri-o, podman, runc, crun
     namespace: str | None = None
     status: str = "unknown"  # created, running, paused, stopped, unknown
     init_pid: int | None = None
@@ -145,35 +145,31 @@ def discover(root: HostRoot, files=None) -> list:
             c = found[key] = Container(cid, runtime, ns)
         return c
 
-    # 1. runtime state (pid, cgroups, the rules runc programmed)
-    roots = [(d, rt, ns) for d, rt, ns in RUNC_ROOTS]
-    roots += [(f"{CONTAINERD_RUNC}/{ns}", "docker" if ns == "moby" else "containerd", ns)
-              for ns in _subdirs(root, CONTAINERD_RUNC)]
-    for base, runtime, ns in roots:
-        for cid in _subdirs(root, base):
-            c = get(ns, cid, runtime)
-            c.state_path = f"{base}/{cid}/state.json"
-            _load_state(root, c, c.state_path, parse_runc_state, load)
-    for cid in _subdirs(root, CRUN_ROOT):
-        c = found.get((None, cid)) or get(None, cid, "crun")
-        c.state_path = f"{CRUN_ROOT}/{cid}/status"
-        _load_state(root, c, c.state_path, parse_crun_status, load)
-        if c.spec is None:  # crun keeps its own copy of the spec beside the status
-            _load_spec(root, c, f"{CRUN_ROOT}/{cid}/config.json", load)
+    # 1. the OCI runtimes' state (pid, cgroups, the rules runc programmed), in the table's order
+    for runtime, state in STATE_ROOTS:
+        for ns, base in _namespaces(root, state.path, state.namespaced, state.namespace):
+            owner = namespace_owner(ns, runtime).name
+            for cid in _subdirs(root, base):
+                c = get(ns, cid, owner)
+                c.state_path = f"{base}/{cid}/{state.format.file}"
+                _load_state(root, c, c.state_path, STATE_PARSERS[state.format.parser], load)
+                if state.format.spec_copy and c.spec is None:  # crun keeps its own copy of the spec beside it
+                    _load_spec(root, c, f"{base}/{cid}/{state.format.spec_copy}", load)
 
-    # 2. bundles (the OCI spec and the shim's pid file)
-    for ns in _subdirs(root, CONTAINERD_TASKS):
-        for cid in _subdirs(root, f"{CONTAINERD_TASKS}/{ns}"):
-            c = get(ns, cid, "docker" if ns == "moby" else "containerd")
-            _attach_bundle(root, c, f"{CONTAINERD_TASKS}/{ns}/{cid}", "init.pid", load)
-    for cid in _subdirs(root, STORAGE_CONTAINERS):
-        userdata = f"{STORAGE_CONTAINERS}/{cid}/userdata"
-        if not _exists(root, f"{userdata}/config.json"):
-            continue
-        c = get(None, cid, "cri-o")
-        _attach_bundle(root, c, userdata, "pidfile", load)
-        manager = c.spec.annotations.get("io.container.manager") if c.spec else None
-        c.runtime = "podman" if manager == "libpod" else "cri-o"
+    # 2. bundles (the OCI spec and the shim's pid file): the bundle's runtime decides, or the manager its
+    # spec names (CRI-O's and Podman's runroot)
+    claimed: set = set()
+    for runtime, bundles in BUNDLE_ROOTS:
+        for ns, base in _namespaces(root, bundles.path, bundles.namespaced, None):
+            owner = namespace_owner(ns, runtime).name
+            for cid in _subdirs(root, base):
+                bundle = f"{base}/{cid}/{bundles.subdir}" if bundles.subdir else f"{base}/{cid}"
+                if bundles.needs_spec and not _exists(root, f"{bundle}/config.json"):
+                    continue
+                c = get(ns, cid, owner)
+                _attach_bundle(root, c, bundle, bundles.pid_file, load)
+                c.runtime = managed_by(owner, _manager(c))
+                claimed.add((ns, cid))
 
     # 3. plain runc: the bundle from state.json's label
     for c in found.values():
@@ -181,14 +177,25 @@ def discover(root: HostRoot, files=None) -> list:
             bundle = _label_to_inside(root, c.state.bundle)
             _attach_bundle(root, c, bundle, None, load)
 
-    for c in found.values():
-        # Podman keeps its bundle in the graphroot (/var/lib/containers/...), not under
-        # STORAGE_CONTAINERS: found through crun's or runc's state, its spec still names it.
-        if c.runtime in ("runc", "crun") and c.spec and c.spec.annotations.get("io.container.manager") == "libpod":
-            c.runtime = "podman"
+    for key, c in found.items():
+        # Podman keeps its bundle in the graphroot (/var/lib/containers/...), not in a bundle root:
+        # found through crun's or runc's state, its spec still names it
+        if key not in claimed:
+            c.runtime = managed_by(c.runtime, _manager(c))
         _finish(root, c)
     _attach_names(root, found.values(), load)
     return sorted(found.values(), key=lambda c: (c.runtime, c.namespace or "", c.id))
+
+
+def _namespaces(root: HostRoot, path: str, namespaced: bool, namespace: str | None) -> list:
+    """[(namespace, directory)] of a state or bundle root: itself, or one per namespace directory in it."""
+    if not namespaced:
+        return [(namespace, path)]
+    return [(ns, f"{path}/{ns}") for ns in _subdirs(root, path)]
+
+
+def _manager(c: Container) -> str | None:
+    return c.spec.annotations.get(MANAGER_ANNOTATION) if c.spec is not None else None
 
 
 def _label_to_inside(root: HostRoot, path: str) -> str:
@@ -375,7 +382,21 @@ def _docker_data_root(root: HostRoot, load=load_json) -> str:
     return DOCKER_DATA_ROOT
 
 
-def _podman_names(root: HostRoot) -> dict:
+def _docker_names(root: HostRoot, load=load_json):
+    """id -> Docker's name, from <data-root>/containers/<id>/config.v2.json ("Name": "/name")."""
+    data_root = _docker_data_root(root, load)
+
+    def name_of(cid: str) -> str | None:
+        if not ID_RE.fullmatch(cid):
+            return None
+        doc = _read_small_json(root, f"{data_root}/containers/{cid}/config.v2.json", load)
+        name = doc.get("Name") if doc else None
+        return clean_name(name[1:] if name.startswith("/") else name) if isinstance(name, str) else None
+
+    return name_of
+
+
+def _podman_names(root: HostRoot, load=load_json):
     """id -> first name, from containers/storage's containers.json ([{"id": ..., "names": [...]}, ...])."""
     out: dict = {}
     for inside in PODMAN_STORAGE_FILES:
@@ -390,26 +411,23 @@ def _podman_names(root: HostRoot) -> dict:
             name = clean_name(names[0]) if isinstance(names, list) and names else None
             if name:
                 out.setdefault(entry["id"], name)
-    return out
+    return out.get
+
+
+# containers.runtimes.Runtime.names -> (root, load) -> (id -> name or None), made once a pass when needed
+NAME_SOURCES = {"docker": _docker_names, "containers-storage": _podman_names}
 
 
 def _attach_names(root: HostRoot, containers, load=load_json) -> None:
-    docker_root = podman = None
+    lookups: dict = {}
     for c in containers:
         _names_from_annotations(c)
-        if c.pod_name:
+        source = BY_NAME[c.runtime].names
+        if c.pod_name or source is None:
             continue
-        if c.runtime == "docker" and ID_RE.fullmatch(c.id):
-            if docker_root is None:
-                docker_root = _docker_data_root(root, load)
-            doc = _read_small_json(root, f"{docker_root}/containers/{c.id}/config.v2.json", load)
-            name = doc.get("Name") if doc else None
-            if isinstance(name, str):
-                c.container_name = clean_name(name[1:] if name.startswith("/") else name)
-        elif c.runtime == "podman":
-            if podman is None:
-                podman = _podman_names(root)
-            c.container_name = podman.get(c.id)
+        if source not in lookups:
+            lookups[source] = NAME_SOURCES[source](root, load)
+        c.container_name = lookups[source](c.id)
 
 
 def _names_of(c) -> set:

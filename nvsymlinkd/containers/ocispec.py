@@ -433,6 +433,10 @@ def parse_crun_status(doc: dict) -> RuntimeState:
     )
 
 
+# containers.runtimes.StateFormat.parser -> the reader of that runtime's state file
+STATE_PARSERS = {"runc": parse_runc_state, "crun": parse_crun_status}
+
+
 def is_void(visible: str | None) -> bool:
     return visible is None or visible.strip().lower() in ("", "void", "none")
 

@@ -20,8 +20,8 @@ import errno
 import os
 import struct
 
-from nvsymlinkd.containers.discovery import CONTAINERD_RUNC, CRUN_ROOT, RUNC_ROOTS
 from nvsymlinkd.containers.discovery import ID_RE as ID_NAME
+from nvsymlinkd.containers.runtimes import STATE_FILES, STATE_ROOTS
 from nvsymlinkd.devchar.model import is_dev_char_name
 from nvsymlinkd.host import libc
 from nvsymlinkd.host.nodes import SUBDIRS, dev_dir
@@ -312,13 +312,12 @@ class LinkWatch(_Watch):
         return changed, overflowed
 
 
-# The runtimes' state roots (the ones discovery reads), and the files whose arrival says a
-# container is created: runc writes state.json only after its prestart and createRuntime
-# hooks have run (REFERENCE), crun its status file.
-RUNTIME_ROOTS = (*(base for base, _, _ in RUNC_ROOTS), CRUN_ROOT)
-RUNTIME_NAMESPACES = CONTAINERD_RUNC  # one runc root per containerd namespace in it
+# The runtimes' state roots (the ones discovery reads: containers.runtimes), and the files whose
+# arrival says a container is created (STATE_FILES): runc writes state.json only after its prestart
+# and createRuntime hooks have run (REFERENCE), crun its status file.
+RUNTIME_ROOTS = tuple(state.path for _, state in STATE_ROOTS if not state.namespaced)
+RUNTIME_NAMESPACES = tuple(state.path for _, state in STATE_ROOTS if state.namespaced)  # a root per namespace in each
 RUNTIME_TOP = "/run"  # missing roots are waited for from their nearest ancestor, this one at most
-STATE_FILES = frozenset({"state.json", "status"})
 
 
 class RuntimeWatch(_Watch):
@@ -358,7 +357,7 @@ class RuntimeWatch(_Watch):
     def _kind(self, inside: str) -> str:
         if inside in self.roots:
             return "root"
-        if inside == RUNTIME_NAMESPACES:
+        if inside in RUNTIME_NAMESPACES:
             return "namespaces"
         if inside.rpartition("/")[0] in self.roots:
             return "container"
@@ -371,17 +370,18 @@ class RuntimeWatch(_Watch):
         (containers are listed only when their root is newly watched).
         """
         landed: set = set()
-        if self._add(RUNTIME_NAMESPACES, self.DIR_MASK):
-            for ns in _id_subdirs(self.root, RUNTIME_NAMESPACES):
-                self.roots.add(f"{RUNTIME_NAMESPACES}/{ns}")
-        elif not self._watched(RUNTIME_NAMESPACES):
-            self._add_ancestor(RUNTIME_NAMESPACES)
+        for namespaces in RUNTIME_NAMESPACES:
+            if self._add(namespaces, self.DIR_MASK):
+                for ns in _id_subdirs(self.root, namespaces):
+                    self.roots.add(f"{namespaces}/{ns}")
+            elif not self._watched(namespaces):
+                self._add_ancestor(namespaces)
         for base in sorted(self.roots):
             added = self._add(base, self.DIR_MASK)
             if added:
                 for cid in _id_subdirs(self.root, base):
                     landed |= self._add_container(f"{base}/{cid}")
-            elif added is False and base.rpartition("/")[0] != RUNTIME_NAMESPACES:
+            elif added is False and base.rpartition("/")[0] not in RUNTIME_NAMESPACES:
                 self._add_ancestor(base)
         return landed
 
@@ -433,7 +433,7 @@ class RuntimeWatch(_Watch):
                 if ID_NAME.fullmatch(name):
                     self.roots.add(f"{where}/{name}")
                     rearm = True
-            elif any(p.startswith(f"{where.rstrip('/')}/{name}") for p in (*self.roots, RUNTIME_NAMESPACES)):
+            elif any(p.startswith(f"{where.rstrip('/')}/{name}") for p in (*self.roots, *RUNTIME_NAMESPACES)):
                 rearm = True  # an ancestor got the next directory on the way to a root
         if rearm:
             landed |= self.arm()

@@ -27,13 +27,13 @@ working and this reconnects with exponential backoff.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # dbus_next is imported when the watch starts (an optional dependency)
     from dbus_next.aio import MessageBus
 
+from nvsymlinkd.containers.runtimes import is_container_scope  # the runtime table's scope names
 from nvsymlinkd.systemd.client import (  # noqa: F401 - close, quiet_dropped_writes: used by name elsewhere
     DBUS,
     DBUS_PATH,
@@ -52,7 +52,6 @@ MATCH_MANAGER = f"type='signal',sender='{SYSTEMD}',path='{SYSTEMD_PATH}',interfa
 MATCH_OWNER = (f"type='signal',sender='{DBUS}',path='{DBUS_PATH}',interface='{DBUS}',"
                f"member='NameOwnerChanged',arg0='{SYSTEMD}'")
 
-CONTAINER_SCOPE = re.compile(r"(docker|cri-containerd|crio|libpod|runc)-[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 # A scope removed during a reload or re-exec counts as the same scope when it is announced again
 # within this long (systemd re-announces every unit as it finishes); later it is new.
 REANNOUNCE_SECONDS = 60.0
@@ -62,11 +61,6 @@ ALREADY_SUBSCRIBED = "org.freedesktop.systemd1.AlreadySubscribed"
 # an emulated guest), and a Subscribe() that waits out a reload is not a lost bus. dbus-daemon itself
 # answers NoReply after 25 s.
 WATCH_TIMEOUT = 30.0
-
-
-def is_container_scope(unit: str) -> bool:
-    # crio-conmon-<id>.scope holds CRI-O's monitor process, not a container
-    return bool(CONTAINER_SCOPE.fullmatch(unit)) and not unit.startswith("crio-conmon-")
 
 
 class SystemdWatch:

@@ -11,6 +11,7 @@ import os
 import re
 
 from nvsymlinkd.containers.ocispec import read_bounded
+from nvsymlinkd.containers.runtimes import BY_NAME, PACKAGES, RUNTIMES, DriverConfig
 from nvsymlinkd.summary import plural
 from nvsymlinkd.verify.evaluate import HostFinding
 
@@ -49,22 +50,36 @@ def _toml(text: str):
     return toml_module().loads(text)
 
 
-def docker_driver(root, version: str):
-    """(driver, where) from /etc/docker/daemon.json; None when Docker is not configured here."""
-    text = _read_text(root, "/etc/docker/daemon.json")
+def _driver(runtime: str) -> DriverConfig:
+    config = BY_NAME[runtime].driver
+    assert config is not None  # the table's entry for a runtime whose reader is named after it
+    return config
+
+
+def _installed(root, inside: str) -> bool:
+    """Whether a path that says a runtime is installed exists (ending in "/": as a directory)."""
+    if inside.endswith("/"):
+        return os.path.isdir(root.path(inside.rstrip("/")))
+    return os.path.exists(root.path(inside))
+
+
+def docker_driver(root, version: str, config: DriverConfig | None = None):
+    """(driver, where) from Docker's daemon.json; None when Docker is not configured here."""
+    config = config or _driver("docker")
+    text = _read_text(root, config.config)
     if text is None:
-        if os.path.isdir(root.path("/run/docker")) or os.path.exists(root.path("/usr/bin/dockerd")):
+        if any(_installed(root, p) for p in config.installed):
             default = "systemd" if version == "v2" else "cgroupfs"
-            return default, "default (no /etc/docker/daemon.json)"
+            return default, f"default (no {config.config})"
         return None
     try:
         doc = json.loads(text)
     except ValueError as exc:
-        return "unknown", f"/etc/docker/daemon.json is not valid JSON ({exc})"
+        return "unknown", f"{config.config} is not valid JSON ({exc})"
     opts = doc.get("exec-opts") if isinstance(doc, dict) else None
     for opt in opts if isinstance(opts, list) else []:
         if isinstance(opt, str) and opt.replace(" ", "").startswith("native.cgroupdriver="):
-            return opt.split("=", 1)[1].strip(), "/etc/docker/daemon.json exec-opts"
+            return opt.split("=", 1)[1].strip(), f"{config.config} exec-opts"
     return ("systemd" if version == "v2" else "cgroupfs"), "default (no native.cgroupdriver in exec-opts)"
 
 
@@ -81,34 +96,38 @@ def _find_systemd_cgroup(node, path=()):
     return out
 
 
-def containerd_driver(root):
-    text = _read_text(root, "/etc/containerd/config.toml")
+def containerd_driver(root, version: str = "", config: DriverConfig | None = None):
+    """(driver, where) from containerd's config.toml (SystemdCgroup of each runtime); None without it."""
+    path = (config or _driver("containerd")).config
+    text = _read_text(root, path)
     if text is None:
         return None
     try:
         doc = _toml(text)
     except Exception as exc:  # noqa: BLE001 - tomllib's error type differs by version
-        return "unknown", f"/etc/containerd/config.toml is not valid TOML ({exc})"
+        return "unknown", f"{path} is not valid TOML ({exc})"
     found = _find_systemd_cgroup(doc)
     if not found:
-        return "cgroupfs", "/etc/containerd/config.toml (no SystemdCgroup: default false)"
+        return "cgroupfs", f"{path} (no SystemdCgroup: default false)"
     drivers = sorted({"systemd" if v else "cgroupfs" for _, v in found})
     where = ", ".join(f"{n}: SystemdCgroup={'true' if v else 'false'}" for n, v in found)
-    return "/".join(drivers), f"/etc/containerd/config.toml ({where})"
+    return "/".join(drivers), f"{path} ({where})"
 
 
 CGROUP_MANAGER = re.compile(r'^\s*cgroup_manager\s*=\s*"([^"]*)"', re.M)
 
 
-def crio_driver(root):
+def crio_driver(root, version: str = "", config: DriverConfig | None = None):
+    """(driver, where) from CRI-O's crio.conf and its crio.conf.d/*.conf; None without either."""
+    path = (config or _driver("cri-o")).config
     files = []
-    if os.path.exists(root.path("/etc/crio/crio.conf")):
-        files.append("/etc/crio/crio.conf")
+    if os.path.exists(root.path(path)):
+        files.append(path)
     try:
-        names = sorted(n for n in os.listdir(root.path("/etc/crio/crio.conf.d")) if n.endswith(".conf"))
+        names = sorted(n for n in os.listdir(root.path(f"{path}.d")) if n.endswith(".conf"))
     except OSError:
         names = []
-    files += [f"/etc/crio/crio.conf.d/{n}" for n in names]
+    files += [f"{path}.d/{n}" for n in names]
     if not files:
         return None
     value, where = "systemd", "CRI-O default"
@@ -120,7 +139,11 @@ def crio_driver(root):
     return value, where
 
 
-def package_versions(root, names=("runc", "systemd", "containerd", "containerd.io", "docker-ce", "cri-o")) -> dict:
+# containers.runtimes.DriverConfig.reader -> (root, cgroup version, config) -> (driver, where) or None
+DRIVER_READERS = {"docker-json": docker_driver, "containerd-toml": containerd_driver, "crio-conf": crio_driver}
+
+
+def package_versions(root, names=("systemd", *PACKAGES)) -> dict:
     """Installed versions from dpkg's status file (cheap; no subprocess). {} if not a dpkg system."""
     try:
         data = read_bounded(root.path(DPKG_STATUS), MAX_DPKG_BYTES).decode("utf-8", "replace")
@@ -312,8 +335,10 @@ def check_host(root, config, snapshot=None) -> list:
 def _cgroup_driver_findings(root, version: str) -> tuple:
     """Each runtime's cgroup driver -> (findings, whether one may use systemd's)."""
     out, systemd_driver = [], False
-    for runtime, result in (("docker", docker_driver(root, version)), ("containerd", containerd_driver(root)),
-                            ("cri-o", crio_driver(root))):
+    for runtime in RUNTIMES:
+        if runtime.driver is None:
+            continue
+        result = DRIVER_READERS[runtime.driver.reader](root, version, runtime.driver)
         if result is None:
             continue
         driver, where = result
@@ -321,10 +346,10 @@ def _cgroup_driver_findings(root, version: str) -> tuple:
             systemd_driver = True
         if "systemd" in driver:
             out.append(HostFinding("cgroup-driver", "info",
-                                   f"{runtime}: {driver} cgroup driver ({where}); containers depend on "
+                                   f"{runtime.name}: {driver} cgroup driver ({where}); containers depend on "
                                    "/dev/char links and their scopes' DeviceAllow surviving daemon-reload"))
         else:
-            out.append(HostFinding("cgroup-driver", "info", f"{runtime}: {driver} cgroup driver ({where})"))
+            out.append(HostFinding("cgroup-driver", "info", f"{runtime.name}: {driver} cgroup driver ({where})"))
     return out, systemd_driver
 
 
