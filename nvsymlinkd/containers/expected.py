@@ -97,7 +97,7 @@ def expected_access(candidates, spec, state, baseline, hook=None) -> Expected:
     sources: dict = {}
     for key in sorted(candidates):
         key = Device(*key)
-        cls = rule_class(key.type, key.major, key.minor, named)
+        cls = rule_class(key, named)
         from_rules = by_class.get(cls)
         if from_rules is None:
             from_rules = by_class[cls] = _from_rules(spec_rules, state_rules, key)

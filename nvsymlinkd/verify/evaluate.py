@@ -143,13 +143,13 @@ def _letters(policy: AccessPolicy, key: Device, access: Access) -> Letters:
     The whole access is asked first (one call in the common case); only when
     that is not allowed is each letter asked separately, for the report.
     """
-    v = policy.check(*key, access)
+    v = policy.check(key, access)
     if v.state == "allow":  # the common case in one call
         return access, [], True
     granted: Access = Access()
     unknown: list[str] = []
     for letter in access:
-        v = policy.check(*key, letter)
+        v = policy.check(key, Access(letter))
         if v.state == "allow":
             granted = granted.union(letter)
         elif v.state != "deny":
@@ -183,7 +183,7 @@ def _read_live(policy: AccessPolicy, expected: Expected, host: HostDevices, dev_
     classes: Callable[..., Any] | None = getattr(policy, "equivalence_key", None)
     decided: dict[Any, Letters] = {}  # equivalence key -> _letters' answer, where the policy can tell (access.cgroup)
     for key in sorted(candidates):
-        eq = classes(*key) if classes is not None else None
+        eq = classes(key) if classes is not None else None
         answer = decided.get(eq) if eq is not None else None
         if answer is None:
             answer = _letters(policy, key, RW)
@@ -211,7 +211,7 @@ def _lost_devices(policy: AccessPolicy, expected: Expected, live: _Live) -> list
             continue
         if k in live.together or (len(need) == 1 and need in live.granted.get(k, "")):
             continue
-        v = policy.check(k.type, k.major, k.minor, need)
+        v = policy.check(k, need)
         if v.state == "deny":
             lost.append(k)
         elif v.state != "allow":
@@ -326,7 +326,7 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy: Acces
         need = Access("r") if k.major in host.read_only_majors else RW
         if len(need) == 1 and need in live.granted.get(k, ""):
             continue
-        v = policy.check(k.type, k.major, k.minor, need)
+        v = policy.check(k, need)
         if v.state == "deny":
             denied.append(k)
         elif v.state != "allow":

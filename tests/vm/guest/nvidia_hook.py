@@ -25,7 +25,7 @@ sys.path[:0] = ["/mnt/src/tests", "/mnt/src"]
 from bpfasm import nvidia_prepend  # noqa: E402  (tests/bpfasm.py: libnvidia-container's shape)
 
 from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
-from nvsymlinkd.access.rules import DeviceRule  # noqa: E402
+from nvsymlinkd.host.devices import Rule  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
 # /dev/nvidia<N> for the GPUs asked for, then the control nodes every GPU container gets.
@@ -126,7 +126,7 @@ def prestart(state: dict) -> None:
         log(f"{state['id']}: no NVIDIA_VISIBLE_DEVICES: nothing to do")
         return
     nodes = [(p, os.stat(p)) for p in paths]
-    rules = [(DeviceRule("c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
+    rules = [(Rule(True, "c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
     grant(state["pid"], rules)
     rootfs = spec.get("root", {}).get("path", "rootfs")
     log(f"{state['id']}: making {paths} in the container")
@@ -143,7 +143,7 @@ def main() -> None:
         rules = []
         for arg in sys.argv[1:]:
             dev_type, major, minor, access = arg.split(":")
-            rules.append((DeviceRule(dev_type, int(major), int(minor), access), True))
+            rules.append((Rule(True, dev_type, int(major), int(minor), access), True))
         grant(state["pid"], rules)
     except Exception as e:
         log(f"{state.get('id')}: FAILED {e!r}")
