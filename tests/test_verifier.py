@@ -220,14 +220,14 @@ def test_unit_settings_char_star():
 
 def test_baseline_roundtrip_and_reuse(fakehost):
     root, config = HostRoot(str(fakehost.root)), Config()
-    b = baselinemod.record(root, config, "abc", 77, {("c", 195, 0): "rw"})
+    b = baselinemod.record(root, config, "abc", 77, {Device.char(195, 0): "rw"})
     assert baselinemod.load(root, config, "abc", 77).devices == b.devices
     assert baselinemod.load(root, config, "abc", 78) is None  # the id was reused by a new container
     odd = "../../x y"
-    baselinemod.record(root, config, odd, 1, {("c", 195, 1): "r"})
+    baselinemod.record(root, config, odd, 1, {Device.char(195, 1): "r"})
     files = sorted(os.listdir(fakehost.path("/run/nvsymlinkd/baselines")))
     assert files[0] == "abc.json" and files[1].startswith("sha256-") and len(files) == 2  # no temp files left
-    assert baselinemod.load(root, config, odd, 1).devices == {("c", 195, 1): "r"}
+    assert baselinemod.load(root, config, odd, 1).devices == {Device.char(195, 1): "r"}
     assert baselinemod.prune(root, config, ["abc"]) == [files[1]]
 
 

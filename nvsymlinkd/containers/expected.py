@@ -71,7 +71,7 @@ def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozen
             if rule.allow and rule.type == "c" and rule.major in nvidia_majors and rule.minor is not None:
                 keys.add(Device.char(rule.major, rule.minor))
     if baseline is not None:
-        keys.update(Device(*k) for k in baseline.devices)
+        keys.update(baseline.devices)
     return {k for k in keys if k.major in nvidia_majors}
 
 
@@ -96,7 +96,6 @@ def expected_access(candidates, spec, state, baseline, hook=None) -> Expected:
     declared = set()
     sources: dict = {}
     for key in sorted(candidates):
-        key = Device(*key)
         cls = rule_class(key, named)
         from_rules = by_class.get(cls)
         if from_rules is None:
