@@ -57,7 +57,7 @@ def test_the_verifier_reads_a_cgroup_as_checking_each_device_does(text, minors, 
     host = HostDevices(tuple(NvidiaNode(f"/dev/nvidia-caps/nvidia-cap{m}", "cap", 509, m) for m in sorted(minors))
                        + (NvidiaNode("/dev/nvidia0", "gpu", 195, 0),), frozenset({195, 509}), None)
     exp = Expected({Device.char(195, m): "rw" for m in expected})
-    dev_nodes = [("/dev/nvidia-caps/nvidia-cap3", 509, 3), ("/dev/other", 7, 1)]
+    dev_nodes = [("/dev/nvidia-caps/nvidia-cap3", Device.char(509, 3)), ("/dev/other", Device.char(7, 1))]
     assert _read_live(policy, exp, host, dev_nodes) == _read_live(_PerDevice(policy), exp, host, dev_nodes)
 
 

@@ -148,7 +148,7 @@ def test_lost_beats_at_risk_and_not_running_and_not_gpu():
 
 
 def test_untrusted_nodes_are_reported_not_expected():
-    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", 195, 3)])
+    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", Device.char(195, 3))])
     assert r.untrusted_nodes == ("/dev/nvidia3 (c 195:3)",)
     # a sign, never a grant: the node the container holds but cannot open is denied, never ok
     assert Device.char(195, 3) not in r.expected and r.verdict == "denied"
