@@ -122,3 +122,18 @@ def test_no_function_takes_a_device_as_loose_fields():
             if ("dev_type" in names or {"major", "minor"} <= names) and (rel, node.name) not in LOOSE_NUMBERS_ALLOWED:
                 loose.append(f"{rel}:{node.lineno} {node.name}({', '.join(sorted(names))})")
     assert not loose, "take a host.devices.Device instead:\n" + "\n".join(loose)
+
+
+def test_device_text_is_read_back_only_from_a_file():
+    """"c M:m" is text for the JSON, the journal and messages: only a file nvsymlinkd reads (the
+    baseline it wrote) turns it back into a Device; nothing parses its own text to decide."""
+    repo = Path(__file__).parent.parent
+    parsing = []
+    for path in sorted((repo / "nvsymlinkd").rglob("*.py")):
+        rel = str(path.relative_to(repo))
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            f = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(f, ast.Attribute) and f.attr in ("parse", "try_parse") and isinstance(f.value, ast.Name)
+                    and f.value.id == "Device"):
+                parsing.append(f"{rel}:{node.lineno}")
+    assert [p.partition(":")[0] for p in parsing] == ["nvsymlinkd/containers/baseline.py"], parsing
