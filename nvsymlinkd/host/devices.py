@@ -175,7 +175,7 @@ class Rule:
             return False
         return self.minor is None or self.minor == device.minor
 
-    def covers(self, device: Device, access: str) -> bool:
+    def covers(self, device: Device, access: Access) -> bool:
         """This one rule matches the device and holds every letter asked for."""
         return self.matches(device) and self.access.covers(access)
 
