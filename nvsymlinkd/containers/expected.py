@@ -45,9 +45,9 @@ def usable(access: str) -> Access:
 
 @dataclass(frozen=True)
 class Expected:
-    devices: dict = field(default_factory=dict)  # Device -> Access ("rw", "r", ...): what must be allowed
-    declared: frozenset = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
-    sources: dict = field(default_factory=dict)  # Device -> tuple of SPEC/RUNTIME_STATE/HOOK/BASELINE
+    devices: dict[Device, Access] = field(default_factory=dict)  # what must be allowed ("rw", "r", ...)
+    declared: frozenset[Device] = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
+    sources: dict[Device, tuple[str, ...]] = field(default_factory=dict)  # SPEC/RUNTIME_STATE/HOOK/BASELINE
     hook: Any = None  # the hookgrant.HookGrant reconstructed for the container, None without an NVIDIA hook
 
 
