@@ -25,15 +25,15 @@ import bpfasm  # noqa: E402
 
 from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
 from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access  # noqa: E402
-from nvsymlinkd.access.rules import DeviceRule  # noqa: E402
+from nvsymlinkd.host.devices import RW, Device, Rule  # noqa: E402
 from nvsymlinkd.host.root import HostRoot  # noqa: E402
 
 UVM = 508
 RULES = bpfasm.SYSTEMD_STATIC + [
-    DeviceRule("c", None, None, "m"), DeviceRule("b", None, None, "m"),
-    DeviceRule("c", 10, 200, "rwm"), DeviceRule("c", 195, 0, "rw"), DeviceRule("c", 195, 255, "rw"),
-    DeviceRule("c", 195, 254, "rw"), DeviceRule("c", UVM, 0, "rw"), DeviceRule("c", UVM, 1, "rw")]
-CHECKS = [("c", 195, 0), ("c", 195, 255), ("c", 195, 254), ("c", UVM, 0), ("c", UVM, 1)]
+    Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"),
+    Rule(True, "c", 10, 200, "rwm"), Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 255, "rw"),
+    Rule(True, "c", 195, 254, "rw"), Rule(True, "c", UVM, 0, "rw"), Rule(True, "c", UVM, 1, "rw")]
+CHECKS = [Device.char(195, 0), Device.char(195, 255), Device.char(195, 254), Device.char(UVM, 0), Device.char(UVM, 1)]
 
 
 def setup(n: int, mounts):
@@ -64,7 +64,7 @@ def run_once(root, mounts, cgroups, use_v1: bool, use_v2: bool) -> float:
     for v1_path, v2_path in cgroups:
         policy = read_access(root, v1_path if use_v1 else None, v2_path if use_v2 else None, mounts=mounts)
         for dev in CHECKS:
-            v = policy.check(*dev, "rw")
+            v = policy.check(dev, RW)
             assert v.state == "allow", v
     return time.perf_counter() - t0
 

@@ -36,7 +36,6 @@ from nvsymlinkd.access.bpfgen import (  # noqa: F401 - the package's assembler, 
 )
 from nvsymlinkd.access.bpfgen import emit_jump as _emit_jump
 from nvsymlinkd.access.bpfgen import place as _place
-from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.host.devices import Rule
 
 LOAD_CTX = list(bpfgen.LOAD_CTX)   # a list: tests build programs by `+`
@@ -61,10 +60,10 @@ def runc_allow_all() -> list:
 
 
 # bpf_devices_allow_list_static(): what DevicePolicy=closed always allows
-SYSTEMD_STATIC = [DeviceRule("c", 1, 3, "rwm"), DeviceRule("c", 1, 5, "rwm"),
-                  DeviceRule("c", 1, 7, "rwm"), DeviceRule("c", 1, 8, "rwm"),
-                  DeviceRule("c", 1, 9, "rwm"), DeviceRule("c", 5, 0, "rwm"),
-                  DeviceRule("c", 5, 2, "rwm"), DeviceRule("c", 136, None, "rw")]
+SYSTEMD_STATIC = [Rule(True, "c", 1, 3, "rwm"), Rule(True, "c", 1, 5, "rwm"),
+                  Rule(True, "c", 1, 7, "rwm"), Rule(True, "c", 1, 8, "rwm"),
+                  Rule(True, "c", 1, 9, "rwm"), Rule(True, "c", 5, 0, "rwm"),
+                  Rule(True, "c", 5, 2, "rwm"), Rule(True, "c", 136, None, "rw")]
 
 
 def systemd_program(allow: list, policy: str = "strict") -> list:
@@ -96,7 +95,7 @@ def systemd_program(allow: list, policy: str = "strict") -> list:
 
 
 def nvidia_prepend(devices: list, original: list, temp_reg: int = 6) -> list:
-    """libnvidia-container: spec devices (list of (DeviceRule, allow)) become blocks in front of
+    """libnvidia-container: spec devices (list of (Rule, allow)) become blocks in front of
     the program already attached; it iterates the list from the end, like the original.
 
     temp_reg: the access-test scratch register. Current sources use r6; one stored older

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from nvsymlinkd.access import bpfeval
 from nvsymlinkd.access.cgroup import policy_of
 from nvsymlinkd.containers.expected import Expected
-from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.verify.verifier import HostDevices, _read_live
 
@@ -23,8 +23,8 @@ number = st.one_of(st.just("*"), st.integers(0, 6).map(str))
 rule = st.tuples(st.sampled_from("abc"), st.one_of(st.just("*"), st.sampled_from(MAJORS).map(str)), number,
                  st.sets(st.sampled_from("rwm"), min_size=1).map(lambda s: "".join(sorted(s))))
 rules = st.lists(rule, max_size=6).map(lambda rs: "".join(f"{t} {ma}:{mi} {a}\n" for t, ma, mi, a in rs))
-device = st.tuples(st.sampled_from("bc"), st.sampled_from(MAJORS), st.integers(0, 9))
-ACCESSES = ("r", "w", "m", "rw", "rm", "wm", "rwm")
+device = st.builds(Device, st.sampled_from("bc"), st.sampled_from(MAJORS), st.integers(0, 9))
+ACCESSES = tuple(Access(a) for a in ("r", "w", "m", "rw", "rm", "wm", "rwm"))
 
 
 @settings(max_examples=400, deadline=None)
@@ -33,14 +33,14 @@ def test_devices_of_one_class_get_the_same_answers(text, devices):
     policy = policy_of(text)
     by_class: dict = {}
     for d in devices:
-        key = policy.equivalence_key(*d)
+        key = policy.equivalence_key(d)
         assert key is not None  # v1 rules read without error always tell
         by_class.setdefault(key, []).append(d)
     for members in by_class.values():
         first = members[0]
         for other in members[1:]:
             for access in ACCESSES:
-                assert policy.check(*first, access).state == policy.check(*other, access).state, (text, first, other)
+                assert policy.check(first, access).state == policy.check(other, access).state, (text, first, other)
 
 
 class _PerDevice:
@@ -57,11 +57,11 @@ def test_the_verifier_reads_a_cgroup_as_checking_each_device_does(text, minors, 
     host = HostDevices(tuple(NvidiaNode(f"/dev/nvidia-caps/nvidia-cap{m}", "cap", 509, m) for m in sorted(minors))
                        + (NvidiaNode("/dev/nvidia0", "gpu", 195, 0),), frozenset({195, 509}), None)
     exp = Expected({Device.char(195, m): "rw" for m in expected})
-    dev_nodes = [("/dev/nvidia-caps/nvidia-cap3", 509, 3), ("/dev/other", 7, 1)]
+    dev_nodes = [("/dev/nvidia-caps/nvidia-cap3", Device.char(509, 3)), ("/dev/other", Device.char(7, 1))]
     assert _read_live(policy, exp, host, dev_nodes) == _read_live(_PerDevice(policy), exp, host, dev_nodes)
 
 
 def test_bpf_programs_are_checked_device_by_device():
     program = [bpfeval.Insn(0xb7, 0, 0, 0, 1), bpfeval.Insn(0x95, 0, 0, 0, 0)]  # r0 = 1; exit: allow all
-    assert policy_of(programs=[program]).equivalence_key("c", 509, 5) is None
-    assert policy_of("c 509:* rw\n", programs=[program]).equivalence_key("c", 509, 5) is None
+    assert policy_of(programs=[program]).equivalence_key(Device.char(509, 5)) is None
+    assert policy_of("c 509:* rw\n", programs=[program]).equivalence_key(Device.char(509, 5)) is None

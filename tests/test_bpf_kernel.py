@@ -19,7 +19,7 @@ from nvsymlinkd import record
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access
-from nvsymlinkd.access.rules import DeviceRule
+from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from tests import bpfasm
 from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
@@ -102,7 +102,7 @@ def compare(k, leaf_cgroup: str, stats: dict, label: str) -> None:
     kernel_says = kernel_probe([k["dirs"].real(leaf_cgroup) + "/cgroup.procs"] + _v1_root_procs(k),
                                k["nodes"], k["scratch"], probes)
     for probe, truth in zip(probes, kernel_says):
-        verdict = policy.check(*probe)
+        verdict = policy.check(Device(*probe[:3]), probe[3])
         stats["cases"] += 1
         stats[truth] = stats.get(truth, 0) + 1
         if verdict.state == "unknown":
@@ -114,13 +114,13 @@ def compare(k, leaf_cgroup: str, stats: dict, label: str) -> None:
                                      f" kernel says {truth}\n  " + "\n  ".join(policy.describe()))
 
 
-def random_rule(rng: random.Random, k, types=("c", "b")) -> DeviceRule:
+def random_rule(rng: random.Random, k, types=("c", "b")) -> Rule:
     dev_type = rng.choice(types)
     pool = k["chars"] if dev_type == "c" else k["blocks"]
     major = None if rng.random() < 0.2 else rng.choice(pool + [1, 4095])
     minor = None if rng.random() < 0.3 else rng.choice([0, 1, 255, 70000, 7])
     access = rng.choice(["r", "w", "m", "rw", "rm", "wm", "rwm", "rwm"])
-    return DeviceRule(dev_type, major, minor, access)
+    return Rule(True, dev_type, major, minor, access)
 
 
 def _new_stats():
@@ -177,7 +177,7 @@ def test_nested_and_multiple_programs_match_kernel(kernel):
         with Attached() as att:
             parent_rules = [random_rule(rng, kernel) for _ in range(rng.randint(2, 8))]
             if n % 3 == 0:   # a broad parent, so that the leaf programs decide more often
-                parent_rules.append(DeviceRule("c", None, None, "rwm"))
+                parent_rules.append(Rule(True, "c", None, None, "rwm"))
             att.attach(kernel["dirs"].real(parent), bpfasm.systemd_program(parent_rules),
                        name="sd_devices")
             att.attach(kernel["dirs"].real(leaf), bpfasm.runc_program(
@@ -249,7 +249,7 @@ def test_helper_call_is_unknown_never_allow(kernel):
     leaf = kernel["dirs"].make("helper")
     with Attached() as att:
         att.attach(kernel["dirs"].real(leaf), prog)
-        v = read_access(ROOT, None, leaf).check("c", 195, 0, "rw")
+        v = read_access(ROOT, None, leaf).check(Device("c", 195, 0), "rw")
     assert v.state == "unknown"
     assert "insn 0 (BPF_CALL" in v.reason and "helper" in v.reason
 
@@ -260,25 +260,25 @@ def test_deny_wins_over_unknown(kernel):
         att.attach(kernel["dirs"].real(leaf), [Insn(be.JMP | be.CALL, 0, 0, 0, 5),
                                                bpfasm.mov64(0, 1), bpfasm.exit_()])
         att.attach(kernel["dirs"].real(leaf), bpfasm.runc_program([], default_allow=False))
-        v = read_access(ROOT, None, leaf).check("c", 195, 0, "r")
+        v = read_access(ROOT, None, leaf).check(Device("c", 195, 0), "r")
     assert v.state == "deny", v
 
 
 def test_no_program_is_allow_and_described(kernel):
     leaf = kernel["dirs"].make("empty")
     policy = read_access(ROOT, None, leaf)
-    assert policy.check("c", 195, 0, "rw").state == "allow"
+    assert policy.check(Device("c", 195, 0), "rw").state == "allow"
     assert any("no BPF_CGROUP_DEVICE program" in line for line in policy.describe())
 
 
 def test_missing_cgroup_is_unknown(kernel):
-    v = read_access(ROOT, None, "/nvsd-test-no-such-cgroup").check("c", 195, 0, "r")
+    v = read_access(ROOT, None, "/nvsd-test-no-such-cgroup").check(Device("c", 195, 0), "r")
     assert v.state == "unknown" and "cgroup gone" in v.reason
 
 
 def test_producer_guess_from_real_readback(kernel):
     leaf = kernel["dirs"].make("guess")
-    rule = [DeviceRule("c", 195, None, "rw")]
+    rule = [Rule(True, "c", 195, None, "rw")]
     with Attached() as att:
         att.attach(kernel["dirs"].real(leaf), bpfasm.systemd_program(rule), name="sd_devices")
         att.attach(kernel["dirs"].real(leaf), bpfasm.runc_program(rule, False))
@@ -302,7 +302,7 @@ def test_unprivileged_reader_gets_unknown(kernel):
                 os.setgroups([])
                 os.setresgid(65534, 65534, 65534)
                 os.setresuid(65534, 65534, 65534)
-                v = read_access(ROOT, None, leaf).check("c", 195, 0, "r")
+                v = read_access(ROOT, None, leaf).check(Device("c", 195, 0), "r")
                 os.write(wfd, f"{v.state}|{v.reason}".encode())
             finally:
                 os._exit(0)

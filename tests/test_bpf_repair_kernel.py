@@ -23,7 +23,6 @@ import pytest
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen, bpfprog, bpfproof
 from nvsymlinkd.access.cgroup import find_cgroup_mounts
-from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
@@ -37,12 +36,12 @@ from tests.test_verify_cache import GPU_SPEC, Program, _host
 
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261126"))
 # runc's default allow list (libcontainer/specconv AllowedDevices, as runc's emulator states it)
-RUNC_DEFAULTS = [DeviceRule("c", None, None, "m"), DeviceRule("b", None, None, "m"), DeviceRule("c", 1, 3, "rwm"),
-                 DeviceRule("c", 1, 8, "rwm"), DeviceRule("c", 1, 7, "rwm"), DeviceRule("c", 5, 0, "rwm"),
-                 DeviceRule("c", 1, 5, "rwm"), DeviceRule("c", 1, 9, "rwm"), DeviceRule("c", 5, 1, "rwm"),
-                 DeviceRule("c", 136, None, "rwm"), DeviceRule("c", 5, 2, "rwm"), DeviceRule("c", 10, 200, "rwm")]
-HEALTHY = RUNC_DEFAULTS + [DeviceRule("c", 195, 0, "rw"), DeviceRule("c", 195, 255, "rw")]
-LOST = RUNC_DEFAULTS + [DeviceRule("c", 195, 255, "rw")]
+RUNC_DEFAULTS = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
+                 Rule(True, "c", 1, 8, "rwm"), Rule(True, "c", 1, 7, "rwm"), Rule(True, "c", 5, 0, "rwm"),
+                 Rule(True, "c", 1, 5, "rwm"), Rule(True, "c", 1, 9, "rwm"), Rule(True, "c", 5, 1, "rwm"),
+                 Rule(True, "c", 136, None, "rwm"), Rule(True, "c", 5, 2, "rwm"), Rule(True, "c", 10, 200, "rwm")]
+HEALTHY = RUNC_DEFAULTS + [Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 255, "rw")]
+LOST = RUNC_DEFAULTS + [Rule(True, "c", 195, 255, "rw")]
 C0_DEVICE = Device("c", 195, 0)
 PROBES = [("c", 195, 0, "rw"), ("c", 195, 255, "rw"), ("c", 195, 1, "rw"), ("c", 195, 0, "m")]
 
@@ -197,7 +196,7 @@ def test_a_hook_granted_device_is_given_back_from_the_baseline(gpu, nvsymlinkd_c
 
     g = gpu("v2hook-7b22e0c1", HOOK_SPEC)
     prog = g.runtime_program(LOST)
-    hooked = bpfasm.nvidia_prepend([(DeviceRule("c", 195, 0, "rw"), True)], bpfasm.runc_program(LOST, False),
+    hooked = bpfasm.nvidia_prepend([(Rule(True, "c", 195, 0, "rw"), True)], bpfasm.runc_program(LOST, False),
                                    temp_reg=temp_reg)
     new = bpfprog.load_device_program(be.encode(hooked))
     bpfprog.attach_device_program(prog.cg_fd, new, bpfprog.BPF_F_ALLOW_MULTI)
@@ -389,11 +388,11 @@ def test_differential_generator_interpreter_kernel(v2, tmp_path, capsys):
         prog = bpfgen.program(rules, default_allow)
         producer = rng.choice(["runc", "systemd", "nvidia"])   # the shapes a repair meets
         if producer == "systemd":   # an allow list; no `a` type, no minor without a major
-            allow = [DeviceRule(r.type, r.major, r.minor if r.major is not None else None, r.access)
+            allow = [Rule(True, r.type, r.major, r.minor if r.major is not None else None, r.access)
                      for r in rules if r.type != "a"]
             prog = bpfasm.systemd_program(allow, rng.choice(["strict", "closed"]))
         elif producer == "nvidia":  # the hook's blocks prepended to the runtime's program
-            hook = [(DeviceRule(r.type, r.major, r.minor, r.access), r.allow) for r in rules[:2] if r.type != "a"]
+            hook = [(Rule(True, r.type, r.major, r.minor, r.access), r.allow) for r in rules[:2] if r.type != "a"]
             prog = bpfasm.nvidia_prepend(hook, bpfgen.program(rules[2:], default_allow), temp_reg=rng.choice([2, 6]))
         counts[producer] = counts.get(producer, 0) + 1
         derived = bpfgen.program(bpfproof.policy_rules([prog]))
@@ -418,7 +417,7 @@ def test_differential_generator_interpreter_kernel(v2, tmp_path, capsys):
                 os.close(prog_fd)
                 os.close(cg_fd)
             verdicts[name] = kernel
-            interp = ["allow" if be.check(xlated, *p).allowed else "deny" for p in samples]
+            interp = ["allow" if be.check(xlated, Device(*p[:3]), p[3]).allowed else "deny" for p in samples]
             bad = [(p, i, k) for p, i, k in zip(samples, interp, kernel) if i != k]
             counts["interpreter vs kernel"] += len(bad)
             assert not bad, (name, producer, rules, default_allow, bad[:5])

@@ -11,25 +11,29 @@ from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.bpfeval import Insn
 from nvsymlinkd.access.bpfprog import DeviceProgram
 from nvsymlinkd.access.cgroup import AccessPolicy, _Program, _V1Source, _V2Source
-from nvsymlinkd.access.rules import DeviceRule, decide, parse_devices_list
+from nvsymlinkd.access.rules import decide, parse_devices_list
+from nvsymlinkd.host.devices import Access, Device, Rule
 from tests import bpfasm
 from tests.bpfasm import alu, exit_, ja, jmp, ldx, mov32, mov64
 
 ACCESS = st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"])
 REQUEST_ACCESS = st.sampled_from(["r", "w", "m", "rw"])
 # systemd cannot express `*:N`, so its rules have a minor only with a major
-systemd_rule = st.builds(lambda t, ma, mi, a: DeviceRule(t, ma, mi if ma is not None else None, a),
+systemd_rule = st.builds(lambda t, ma, mi, a: Rule(True, t, ma, mi if ma is not None else None, a),
                          st.sampled_from(["c", "b"]), st.one_of(st.none(), st.integers(0, 300)),
                          st.one_of(st.none(), st.integers(0, 300)), ACCESS)
-runc_rule = st.builds(DeviceRule, st.sampled_from(["c", "b"]),
+runc_rule = st.builds(Rule, st.just(True), st.sampled_from(["c", "b"]),
                       st.one_of(st.none(), st.integers(0, 300)),
                       st.one_of(st.none(), st.integers(0, 300)), ACCESS)
-request = st.tuples(st.sampled_from(["c", "b"]), st.integers(0, 300), st.integers(0, 300),
-                    REQUEST_ACCESS)
+request = st.tuples(st.builds(Device, st.sampled_from(["c", "b"]), st.integers(0, 300), st.integers(0, 300)),
+                    REQUEST_ACCESS.map(Access))
 
 
-def run(insns, dev_type="c", major=195, minor=0, access="rw"):
-    return be.check(be.decode(be.encode(insns)), dev_type, major, minor, access)
+GPU0 = Device.char(195, 0)
+
+
+def run(insns, device=GPU0, access="rw"):
+    return be.check(be.decode(be.encode(insns)), device, Access(access))
 
 
 @settings(max_examples=300, deadline=None)
@@ -48,10 +52,10 @@ def test_systemd_allow_list_means_devices_list(rules, req):
 
 def test_systemd_closed_policy_allows_its_static_devices_only():
     prog = bpfasm.systemd_program([], policy="closed")
-    assert run(prog, "c", 1, 3, "rw").allowed is True          # /dev/null
-    assert run(prog, "c", 136, 4, "rw").allowed is True        # pts
-    assert run(prog, "c", 136, 4, "m").allowed is False
-    assert run(prog, "c", 195, 0, "r").allowed is False
+    assert run(prog, Device.char(1, 3), "rw").allowed is True          # /dev/null
+    assert run(prog, Device.char(136, 4), "rw").allowed is True        # pts
+    assert run(prog, Device.char(136, 4), "m").allowed is False
+    assert run(prog, Device.char(195, 0), "r").allowed is False
 
 
 def test_nvidia_prepend_both_scratch_registers():
@@ -59,21 +63,21 @@ def test_nvidia_prepend_both_scratch_registers():
     r2, which also holds the type: a failed access test then corrupts the next block's type
     test. The interpreter runs whichever shape the kernel holds."""
     base = bpfasm.runc_program([], default_allow=False)                  # deny all
-    spec = [(DeviceRule("c", 195, None, "rw"), True),                    # evaluated second
-            (DeviceRule("c", 200, 0, "m"), True)]                        # evaluated first
+    spec = [(Rule(True, "c", 195, None, "rw"), True),                    # evaluated second
+            (Rule(True, "c", 200, 0, "m"), True)]                        # evaluated first
     fixed = bpfasm.nvidia_prepend(spec, base, temp_reg=6)
-    assert run(fixed, "c", 195, 0, "rw").allowed is True
-    assert run(fixed, "c", 195, 0, "r").allowed is True
+    assert run(fixed, Device.char(195, 0), "rw").allowed is True
+    assert run(fixed, Device.char(195, 0), "r").allowed is True
     old = bpfasm.nvidia_prepend(spec, base, temp_reg=2)
     # rw (bits 6): the m-block leaves r2 = 6 & 1 = 0; the 195 block compares r2 with CHAR (2),
     # falls through to the original program: deny, although `c 195:* rw` is in the spec
-    assert run(old, "c", 195, 0, "rw").allowed is False
-    assert run(old, "c", 200, 0, "m").allowed is True
+    assert run(old, Device.char(195, 0), "rw").allowed is False
+    assert run(old, Device.char(200, 0), "m").allowed is True
     assert be.guess_producer("", be.decode(be.encode(old))) == "libnvidia-container"
 
 
 def test_producer_guesses():
-    rule = [DeviceRule("c", 195, 0, "rw")]
+    rule = [Rule(True, "c", 195, 0, "rw")]
     assert be.guess_producer("sd_devices", []) == "systemd"
     assert be.guess_producer("", bpfasm.systemd_program(rule)) == "systemd"
     assert be.guess_producer("", bpfasm.runc_program(rule, False)) == "runc/crun"
@@ -107,8 +111,8 @@ def test_ld_imm64_constant_and_pointer_arithmetic():
             alu(be.ADD, 1, 4, is64=True), ldx(be.SIZE_W, 8, 1, 0),                   # major via r1+4
             mov64(0, 0), jmp(be.JNE, 6, 2, src=7, x=True), jmp(be.JNE, 8, 1, 195), mov64(0, 1),
             exit_()]
-    assert run(prog, major=195).allowed is True
-    assert run(prog, major=196).allowed is False
+    assert run(prog, Device.char(195, 0)).allowed is True
+    assert run(prog, Device.char(196, 0)).allowed is False
 
 
 @pytest.mark.parametrize("ops,expected", [
@@ -131,7 +135,7 @@ def test_alu_corner_cases(ops, expected):
     prog = ([mov64(3, 0), ldx(be.SIZE_W, 4, 1, 4)] + ops +
             [Insn(be.LD | be.SIZE_DW, 5, 0, 0, lo), Insn(0, 0, 0, 0, hi),
              mov64(0, 0), jmp(be.JNE, 2, 1, src=5, x=True), mov64(0, 1), exit_()])
-    r = run(prog, major=195)
+    r = run(prog, Device.char(195, 0))
     assert r.allowed is True, r
 
 
@@ -160,15 +164,15 @@ def test_policy_is_the_and_of_all_sources():
     call = [Insn(be.JMP | be.CALL, 0, 0, 0, 5), mov64(0, 1), exit_()]
     v1_gpu = _V1Source("/l", rules=parse_devices_list("c 195:* rw\n", "/l"))
     v1_none = _V1Source("/l", rules=[])
-    assert AccessPolicy([v1_gpu, _v2(allow_all)]).check("c", 195, 0, "rw").state == "allow"
-    assert AccessPolicy([v1_none, _v2(allow_all)]).check("c", 195, 0, "rw").state == "deny"
-    assert AccessPolicy([v1_gpu, _v2(allow_all, deny_all)]).check("c", 195, 0, "r").state == "deny"
-    v = AccessPolicy([v1_gpu, _v2(allow_all, call)]).check("c", 195, 0, "r")
+    assert AccessPolicy([v1_gpu, _v2(allow_all)]).check(Device("c", 195, 0), "rw").state == "allow"
+    assert AccessPolicy([v1_none, _v2(allow_all)]).check(Device("c", 195, 0), "rw").state == "deny"
+    assert AccessPolicy([v1_gpu, _v2(allow_all, deny_all)]).check(Device("c", 195, 0), "r").state == "deny"
+    v = AccessPolicy([v1_gpu, _v2(allow_all, call)]).check(Device("c", 195, 0), "r")
     assert v.state == "unknown" and "insn 0 (BPF_CALL" in v.reason
-    assert AccessPolicy([v1_none, _v2(call)]).check("c", 195, 0, "r").state == "deny"
-    assert AccessPolicy([_V1Source("/l", error="cannot read /l")]).check("c", 1, 3, "r").state == "unknown"
-    assert AccessPolicy([]).check("c", 1, 3, "r").state == "allow"
+    assert AccessPolicy([v1_none, _v2(call)]).check(Device("c", 195, 0), "r").state == "deny"
+    assert AccessPolicy([_V1Source("/l", error="cannot read /l")]).check(Device("c", 1, 3), "r").state == "unknown"
+    assert AccessPolicy([]).check(Device("c", 1, 3), "r").state == "allow"
     with pytest.raises(ValueError):
-        AccessPolicy([]).check("a", 1, 3, "r")
+        AccessPolicy([]).check(Device("a", 1, 3), "r")
     with pytest.raises(ValueError):
-        AccessPolicy([]).check("c", 1, 3, "x")
+        AccessPolicy([]).check(Device("c", 1, 3), "x")

@@ -11,15 +11,14 @@ from hypothesis import strategies as st
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen, bpfproof
-from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import Access, Device, Rule
 from tests import bpfasm
 from tests.bpfasm import alu, exit_, jmp, ldx, mov32
 
-RUNC_DEFAULTS = [DeviceRule("c", None, None, "m"), DeviceRule("b", None, None, "m"), DeviceRule("c", 1, 3, "rwm"),
-                 DeviceRule("c", 1, 5, "rwm"), DeviceRule("c", 136, None, "rwm"), DeviceRule("c", 10, 200, "rwm")]
-GPU = [DeviceRule("c", 195, 0, "rw"), DeviceRule("c", 195, 255, "rw")]
+RUNC_DEFAULTS = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
+                 Rule(True, "c", 1, 5, "rwm"), Rule(True, "c", 136, None, "rwm"), Rule(True, "c", 10, 200, "rwm")]
+GPU = [Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 255, "rw")]
 C0 = Device("c", 195, 0)
 
 
@@ -32,15 +31,15 @@ def test_distinguished_names_every_compared_number():
     assert d.majors["c"] == {1, 10, 136, 195} and d.majors["b"] == set()
     assert d.minors["c"] == {1: {3, 5}, 10: {200}, 195: {0, 255}}
     # systemd's shape: the minor is compared only once the major matched
-    d = be.distinguished(bpfasm.systemd_program([DeviceRule("c", 195, 0, "rw")], "closed"))
+    d = be.distinguished(bpfasm.systemd_program([Rule(True, "c", 195, 0, "rw")], "closed"))
     assert d.minors["c"][195] == {0} and None not in d.minors["c"]
     # runc's `*:N` rule compares the minor whatever the major
-    assert be.distinguished(runc([DeviceRule("c", None, 7, "r")])).minors["c"] == {None: {7}}
+    assert be.distinguished(runc([Rule(True, "c", None, 7, "r")])).minors["c"] == {None: {7}}
 
 
 @pytest.mark.parametrize("temp_reg", [2, 6])
 def test_distinguished_runs_the_nvidia_hook_shapes(temp_reg):
-    prog = bpfasm.nvidia_prepend([(DeviceRule("c", 195, 1, "rw"), True)], runc(GPU), temp_reg=temp_reg)
+    prog = bpfasm.nvidia_prepend([(Rule(True, "c", 195, 1, "rw"), True)], runc(GPU), temp_reg=temp_reg)
     assert be.distinguished(prog).minors["c"][195] == {0, 1, 255}
 
 
@@ -79,17 +78,17 @@ def test_copies_and_all_ones_masks_are_the_number_itself():
     ("the grant's letters only, when the rest denies m",
      [runc(GPU[1:])], [(C0, "rw")], ["c 195:0 rw", "c 195:255 rw"]),
     ("a deny inside an allowed major stops the wildcard",
-     [runc([DeviceRule("c", 195, None, "rw")]), bpfasm.runc_program([DeviceRule("c", 195, 1, "rwm")], True)],
+     [runc([Rule(True, "c", 195, None, "rw")]), bpfasm.runc_program([Rule(True, "c", 195, 1, "rwm")], True)],
      [], ["deny c 195:1 rwm", "c 195:* rw"]),
     ("r and w allowed apart, rw not: two rules",
-     [runc([DeviceRule("c", 195, 0, "r"), DeviceRule("c", 195, 0, "w")])], [], ["c 195:0 r", "c 195:0 w"]),
+     [runc([Rule(True, "c", 195, 0, "r"), Rule(True, "c", 195, 0, "w")])], [], ["c 195:0 r", "c 195:0 w"]),
     ("... and a stop where a wider rule would allow rw",
-     [runc([DeviceRule("c", 195, None, "rw")]),
+     [runc([Rule(True, "c", 195, None, "rw")]),
       bpfgen.program([Rule(True, "c", 195, 0, "r"), Rule(True, "c", 195, 0, "w"), Rule(False, "c", 195, 0, "rwm")],
                      default_allow=True)],
      [], ["c 195:0 r", "c 195:0 w", "deny c 195:0 rwm", "c 195:* rw"]),
     ("the AND of two programs",
-     [runc(RUNC_DEFAULTS + GPU), runc([DeviceRule("c", 195, None, "rw"), DeviceRule("c", 1, None, "rwm")])],
+     [runc(RUNC_DEFAULTS + GPU), runc([Rule(True, "c", 195, None, "rw"), Rule(True, "c", 1, None, "rwm")])],
      [], ["c 1:3 rwm", "c 1:5 rwm", "c 195:0 rw", "c 195:255 rw", "c 1:* m"]),
     ("no program says nothing is allowed", [bpfgen.program([])], [(C0, "rw")], ["c 195:0 rw"]),
 ])
@@ -120,9 +119,9 @@ OLD = [runc(RUNC_DEFAULTS + GPU[1:])]
     ("nothing asked, nothing changed", OLD, [], None),
     ("a grant nobody asked for", [runc(RUNC_DEFAULTS + GPU)], [], "no grant asks for it"),
     ("more letters than the grant", [runc(RUNC_DEFAULTS + GPU)], [(C0, "r")], "c 195:0 w: denied before"),
-    ("a neighbour of the grant", [runc(RUNC_DEFAULTS + GPU + [DeviceRule("c", 195, 1, "rw")])], [(C0, "rw")],
+    ("a neighbour of the grant", [runc(RUNC_DEFAULTS + GPU + [Rule(True, "c", 195, 1, "rw")])], [(C0, "rw")],
      "c 195:1 r: denied before"),
-    ("a whole major", [runc(RUNC_DEFAULTS + [DeviceRule("c", 195, None, "rw")])], [(C0, "rw")],
+    ("a whole major", [runc(RUNC_DEFAULTS + [Rule(True, "c", 195, None, "rw")])], [(C0, "rw")],
      "c 195:* r: denied before"),
     ("a narrowing", [runc(RUNC_DEFAULTS[1:] + GPU)], [(C0, "rw")], "c *:* m: allowed before, denied"),
     ("a parent that still denies", [runc(RUNC_DEFAULTS + GPU), runc(RUNC_DEFAULTS + GPU[1:])], [(C0, "rw")],
@@ -164,7 +163,7 @@ def test_generator_means_first_match(rules, default_allow):
     prog = bpfgen.program(rules, default_allow)
     for dev in probes(rules):
         for access in REQUESTS:
-            assert be.check(prog, dev.type, dev.major, dev.minor, access).allowed is \
+            assert be.check(prog, dev, access).allowed is \
                 first_match(rules, default_allow, dev, access), (dev, access)
 
 
@@ -183,7 +182,7 @@ def test_policy_rules_then_prove_round_trip(rules, default_allow, more, grant_nu
         for access in REQUESTS:
             old = first_match(rules, default_allow, dev, access) and (not more or first_match(more, True, dev, access))
             granted = any(dev == g and Access(a).covers(access) for g, a in grants)
-            assert be.check(new, dev.type, dev.major, dev.minor, access).allowed is (old or granted), (dev, access)
+            assert be.check(new, dev, access).allowed is (old or granted), (dev, access)
 
 
 def test_nothing_is_emitted_after_a_rule_that_decides_everything():
@@ -200,4 +199,4 @@ def test_a_major_block_without_a_stop_lets_nothing_reach_a_minor_wildcard_it_sho
     prog = bpfgen.program(rules)
     derived = bpfproof.policy_rules([prog])
     assert bpfproof.prove([prog], [bpfgen.program(derived)], []).ok
-    assert be.check(bpfgen.program(derived), "c", 195, 0, "m").allowed is False
+    assert be.check(bpfgen.program(derived), C0, Access("m")).allowed is False

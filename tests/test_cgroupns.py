@@ -29,7 +29,7 @@ import pytest
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access import cgroup as cgroupaccess
 from nvsymlinkd.access.cgroup import mount_relative
-from nvsymlinkd.access.rules import DeviceRule
+from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from tests import bpfasm
 from tests.conftest import _skip_or_fail
@@ -186,7 +186,7 @@ def test_private_cgroupns_verdicts_from_v1_and_bpf_and_repair(runc_host, pod_env
     try:
         try:  # runc's shape: default allow, one deny exception (c 195:1)
             attached.attach(f"{UNIFIED}{_unified_path(bpf.pid)}",
-                            bpfasm.runc_program([DeviceRule("c", 195, 1, "rwm")], default_allow=True))
+                            bpfasm.runc_program([Rule(True, "c", 195, 1, "rwm")], default_allow=True))
         except (OSError, bpfprog.BpfError) as exc:
             _skip_or_fail(f"cannot attach a BPF_CGROUP_DEVICE program: {exc}")
         lost.deny("c 195:0 rw")
@@ -273,14 +273,14 @@ def test_namespace_root_is_where_this_process_is(tmp_path, monkeypatch):
     mounts = cgroupaccess.find_cgroup_mounts(root)
     assert (mounts.v1_devices.mountpoint, mounts.v1_devices.ns_base) == ("/sys/fs/cgroup/devices", "/kubepods/pod1/me")
     policy = cgroupaccess.read_access(root, "/../../pod2/ctr", None)
-    assert policy.check("c", 195, 0, "rw").state == "allow"
+    assert policy.check(Device("c", 195, 0), "rw").state == "allow"
     assert policy.describe() == ["cgroup v1 devices: /sys/fs/cgroup/devices/kubepods/pod2/ctr/devices.list: c 195:0 rw"]
     for escaping in ("/../../../../etc", "/../../../..", "/../../pod2/../../x"):
-        assert cgroupaccess.read_access(root, escaping, None).check("c", 195, 0, "r").state == "unknown"
+        assert cgroupaccess.read_access(root, escaping, None).check(Device("c", 195, 0), "r").state == "unknown"
 
 
 @pytest.mark.parametrize("holders", [[], ["kubepods/pod1/me", "other/pod3/x"]])
 def test_namespace_root_not_found_or_ambiguous_is_unknown(tmp_path, monkeypatch, holders):
     root = _fake_pod_tree(tmp_path, monkeypatch, holders)
-    v = cgroupaccess.read_access(root, "/../../pod2/ctr", None).check("c", 195, 0, "rw")
+    v = cgroupaccess.read_access(root, "/../../pod2/ctr", None).check(Device("c", 195, 0), "rw")
     assert v.state == "unknown" and "cannot tell where this process's cgroup namespace sits" in v.reason

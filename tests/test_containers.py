@@ -18,6 +18,7 @@ from nvsymlinkd.containers.discovery import (
     scope_of,
 )
 from nvsymlinkd.containers.ocispec import UnsafeFile, gpu_signs, parse_spec, read_bounded
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from tests.fixtures.runtimes.layouts import NVIDIA_HOOK, Layouts, oci_spec, spec_node, spec_rule
 
@@ -231,7 +232,7 @@ def test_container_dev_nodes_never_follow_links(fakehost, tmp_path):
     (fakehost.path("/proc/4242")).mkdir(parents=True)
     os.symlink(str(croot), fakehost.path("/proc/4242/root"))
     nodes = container_dev_nodes(HostRoot(str(fakehost.root)), 4242)
-    assert nodes == [("/dev/nvidia-caps/nvidia-cap1", 511, 1), ("/dev/nvidia0", 195, 0)]
+    assert nodes == [("/dev/nvidia-caps/nvidia-cap1", Device.char(511, 1)), ("/dev/nvidia0", Device.char(195, 0))]
     # /dev itself a symlink: refused
     os.rename(croot / "dev", croot / "realdev")
     os.symlink("realdev", croot / "dev")

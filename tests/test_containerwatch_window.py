@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 
-from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
 from nvsymlinkd.daemon import containerwatch
 from nvsymlinkd.daemon.containerwatch import ContainerWatch
+from nvsymlinkd.host.devices import Rule
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts
 from tests.test_hostile_input import RecordingJournal
@@ -45,7 +45,7 @@ def test_a_v2_loss_read_during_a_reload_is_said_at_once(fakehost, v2, monkeypatc
     cgroup = v2.make("lost")
     pid = Layouts(fakehost).containerd("v2lost", GPU_SPEC, cgroup=cgroup)
     fakehost.write(f"/proc/{pid}/cgroup", Layouts.v2_cgroup(cgroup))  # v2 only: the program decides
-    prog = Program(v2.real(cgroup), [DeviceRule("c", 195, 255, "rw")])  # the spec's c 195:0 taken
+    prog = Program(v2.real(cgroup), [Rule(True, "c", 195, 255, "rw")])  # the spec's c 195:0 taken
     try:
         watch, journal = _watch(root)
         report = watch.verify_and_repair("test")

@@ -329,7 +329,7 @@ IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", 
 @pytest.mark.parametrize("module", [
     "nvsymlinkd.repair.plan", "nvsymlinkd.host.devices", "nvsymlinkd.verify.kinds",
     "nvsymlinkd.host.paths", "nvsymlinkd.host.nodes", "nvsymlinkd.devchar.model", "nvsymlinkd.devchar.plan",
-    "nvsymlinkd.verify.journaldiff", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
+    "nvsymlinkd.verify.journaldiff", "nvsymlinkd.access.rules", "nvsymlinkd.access.bpfeval", "nvsymlinkd.access.bpfgen",
     "nvsymlinkd.access.bpfproof", "nvsymlinkd.containers.hookgrant", "nvsymlinkd.containers.early",
     "nvsymlinkd.verify.evaluate", "nvsymlinkd.containers.model", "nvsymlinkd.messageids", "nvsymlinkd.text",
     "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.containers.runtimes",

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvsymlinkd.access.cgroup import find_cgroup_mounts, parse_mountinfo, read_access
-from nvsymlinkd.access.rules import DeviceRule, decide, parse_devices_list
+from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from tests import bpfasm
 from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
@@ -38,52 +39,52 @@ c 508:0 rw
 """
 
 
-def allowed(text, *req):
-    return decide(parse_devices_list(text, PATH), *req).allowed
+def allowed(text, device, access):
+    return decide(parse_devices_list(text, PATH), device, access).allowed
 
 
 def test_parse_runc_gpu_container():
     rules = parse_devices_list(RUNC_GPU, PATH)
     assert len(rules) == 14
-    assert rules[6] == DeviceRule("c", None, None, "m")
-    assert rules[8] == DeviceRule("c", 136, None, "rwm")
+    assert rules[6] == Rule(True, "c", None, None, "m")
+    assert rules[8] == Rule(True, "c", 136, None, "rwm")
     assert str(rules[11]) == "c 195:0 rw"
 
 
 def test_runc_gpu_container_decisions():
-    assert allowed(RUNC_GPU, "c", 195, 0, "rw")
-    assert allowed(RUNC_GPU, "c", 195, 255, "r")
-    assert not allowed(RUNC_GPU, "c", 195, 1, "r")          # another GPU
-    assert not allowed(RUNC_GPU, "c", 508, 1, "rw")         # nvidia-uvm-tools not granted
-    assert allowed(RUNC_GPU, "c", 195, 1, "m")              # c *:* m
-    assert not allowed(RUNC_GPU, "c", 195, 0, "rwm")        # m is a separate rule
-    assert allowed(RUNC_GPU, "c", 136, 7, "rw")             # c 136:* wildcard minor
-    assert allowed(RUNC_GPU, "b", 8, 0, "m") and not allowed(RUNC_GPU, "b", 8, 0, "r")
+    assert allowed(RUNC_GPU, Device("c", 195, 0), "rw")
+    assert allowed(RUNC_GPU, Device("c", 195, 255), "r")
+    assert not allowed(RUNC_GPU, Device("c", 195, 1), "r")          # another GPU
+    assert not allowed(RUNC_GPU, Device("c", 508, 1), "rw")         # nvidia-uvm-tools not granted
+    assert allowed(RUNC_GPU, Device("c", 195, 1), "m")              # c *:* m
+    assert not allowed(RUNC_GPU, Device("c", 195, 0), "rwm")        # m is a separate rule
+    assert allowed(RUNC_GPU, Device("c", 136, 7), "rw")             # c 136:* wildcard minor
+    assert allowed(RUNC_GPU, Device("b", 8, 0), "m") and not allowed(RUNC_GPU, Device("b", 8, 0), "r")
 
 
 def test_one_rule_must_cover_all_requested_access():
     # the kernel does not add up access across rules (match_exception)
     text = "c 195:0 r\nc 195:* w\n"
-    assert allowed(text, "c", 195, 0, "r") and allowed(text, "c", 195, 0, "w")
-    assert not allowed(text, "c", 195, 0, "rw")
-    d = decide(parse_devices_list(text, PATH), "c", 195, 0, "rw")
+    assert allowed(text, Device("c", 195, 0), "r") and allowed(text, Device("c", 195, 0), "w")
+    assert not allowed(text, Device("c", 195, 0), "rw")
+    d = decide(parse_devices_list(text, PATH), Device("c", 195, 0), "rw")
     assert "no rule covering c 195:0 rw" in d.reason and "c 195:0 r" in d.reason
 
 
 def test_allow_all_line_and_its_caveat():
-    d = decide(parse_devices_list("a *:* rwm\n", PATH), "b", 8, 0, "rwm")
+    d = decide(parse_devices_list("a *:* rwm\n", PATH), Device("b", 8, 0), "rwm")
     assert d.allowed and "allow-all" in d.reason and "deny exceptions" in d.reason
 
 
 def test_empty_list_denies_everything():
-    d = decide(parse_devices_list("", PATH), "c", 1, 3, "r")
+    d = decide(parse_devices_list("", PATH), Device("c", 1, 3), "r")
     assert not d.allowed and d.reason == "devices.list has no rule for c 1:3 r"
 
 
 def test_type_mismatch_and_wildcard_major():
-    assert allowed("c *:0 r\n", "c", 7, 0, "r")
-    assert not allowed("c *:0 r\n", "b", 7, 0, "r")
-    assert not allowed("c *:0 r\n", "c", 7, 1, "r")
+    assert allowed("c *:0 r\n", Device("c", 7, 0), "r")
+    assert not allowed("c *:0 r\n", Device("b", 7, 0), "r")
+    assert not allowed("c *:0 r\n", Device("c", 7, 1), "r")
 
 
 @pytest.mark.parametrize("line,where", [
@@ -108,11 +109,11 @@ def test_property_garbage_only_raises_host_file_error(text):
         return
     for rule in rules:   # whatever parses must round-trip and decide without error
         assert parse_devices_list(str(rule), PATH) == [rule]
-        decide(rules, "c", 1, 3, "rw")
+        decide(rules, Device("c", 1, 3), "rw")
 
 
 rule_strategy = st.builds(
-    DeviceRule, st.sampled_from(["c", "b"]), st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    Rule, st.just(True), st.sampled_from(["c", "b"]), st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"]))
 
@@ -124,7 +125,7 @@ def test_property_decision_is_the_kernel_rule(rules, dev_type, major, minor, acc
     text = "".join(f"{r}\n" for r in rules)
     expected = any((r.major in (None, major)) and (r.minor in (None, minor)) and r.dev_type == dev_type
                    and set(access) <= set(r.access) for r in rules)
-    assert allowed(text, dev_type, major, minor, access) == expected
+    assert allowed(text, Device(dev_type, major, minor), access) == expected
 
 
 def test_mountinfo_finds_hybrid_and_escapes():
@@ -148,18 +149,18 @@ def test_read_access_under_fake_root(tmp_path):
     d.mkdir(parents=True)
     (d / "devices.list").write_text(RUNC_GPU)
     policy = read_access(HostRoot(str(root)), "/docker/abc", None)
-    v = policy.check("c", 195, 0, "rw")
+    v = policy.check(Device("c", 195, 0), "rw")
     assert (v.state, v.reason) == ("allow", "devices.list has c 195:0 rw")
-    assert policy.check("c", 195, 3, "r").state == "deny"
+    assert policy.check(Device("c", 195, 3), "r").state == "deny"
     assert policy.describe()[0].startswith(f"cgroup v1 devices: {PATH}: c 1:5 rwm")
     (d / "devices.list").write_text("c 195:0 rw\nc 195:x r\n")
-    v = read_access(HostRoot(str(root)), "/docker/abc", None).check("c", 195, 0, "r")
+    v = read_access(HostRoot(str(root)), "/docker/abc", None).check(Device("c", 195, 0), "r")
     assert v.state == "unknown" and f"{PATH}:2" in v.reason
-    v = read_access(HostRoot(str(root)), "/docker/gone", None).check("c", 195, 0, "r")
+    v = read_access(HostRoot(str(root)), "/docker/gone", None).check(Device("c", 195, 0), "r")
     assert v.state == "unknown" and "cgroup gone" in v.reason
-    v = read_access(HostRoot(str(root)), "/docker/../../../etc", None).check("c", 195, 0, "r")
+    v = read_access(HostRoot(str(root)), "/docker/../../../etc", None).check(Device("c", 195, 0), "r")
     assert v.state == "unknown"
-    assert read_access(HostRoot(str(root)), None, None).check("b", 8, 0, "rwm").state == "allow"
+    assert read_access(HostRoot(str(root)), None, None).check(Device("b", 8, 0), "rwm").state == "allow"
 
 
 # --- the real kernel -----------------------------------------------------------------------
@@ -231,7 +232,7 @@ def test_v1_random_rule_sets_match_kernel(v1_devices, tmp_path):
         truth = kernel_probe([f"{real}/cgroup.procs"], nodes, str(scratch), probes)
         stats["sets"] += 1
         for probe, kernel_says in zip(probes, truth):
-            v = policy.check(*probe)
+            v = policy.check(Device(*probe[:3]), probe[3])
             stats["cases"] += 1
             stats[kernel_says] = stats.get(kernel_says, 0) + 1
             if v.state == "unknown":
@@ -255,4 +256,4 @@ def test_v1_allow_all_mode_matches_kernel(v1_devices, tmp_path):
     probes = [("c", chars[0], 0, acc) for acc in ("r", "w", "rw", "m")]
     truth = kernel_probe([dirs.real(cg) + "/cgroup.procs"], nodes, str(tmp_path), probes)
     assert truth == ["allow"] * 4
-    assert [policy.check(*p).state for p in probes] == ["allow"] * 4
+    assert [policy.check(Device(*p[:3]), p[3]).state for p in probes] == ["allow"] * 4

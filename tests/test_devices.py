@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +101,39 @@ def test_rule_refuses_bad_type_and_access():
     with pytest.raises(ValueError):
         Rule(True, "c", 1, 2, "rx")
     assert Rule(True, "a", None, None, "rwm").is_allow_all and not Rule(False, "a", None, None, "rwm").is_allow_all
+
+
+# Where loose device numbers may still be parameters: the constructor of a char Device, and the
+# /dev/char link name "M:m" (a file name, devchar's own text).
+LOOSE_NUMBERS_ALLOWED = {("nvsymlinkd/host/devices.py", "char"), ("nvsymlinkd/devchar/incremental.py", "_name")}
+
+
+def test_no_function_takes_a_device_as_loose_fields():
+    """The vocabulary at every seam: a function that decides about a device takes a Device (and an
+    Access), never (dev_type, major, minor[, access]) (issue 27: nine did)."""
+    repo = Path(__file__).parent.parent
+    loose = []
+    for path in sorted((repo / "nvsymlinkd").rglob("*.py")):
+        rel = str(path.relative_to(repo))
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            names = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+            if ("dev_type" in names or {"major", "minor"} <= names) and (rel, node.name) not in LOOSE_NUMBERS_ALLOWED:
+                loose.append(f"{rel}:{node.lineno} {node.name}({', '.join(sorted(names))})")
+    assert not loose, "take a host.devices.Device instead:\n" + "\n".join(loose)
+
+
+def test_device_text_is_read_back_only_from_a_file():
+    """"c M:m" is text for the JSON, the journal and messages: only a file nvsymlinkd reads (the
+    baseline it wrote) turns it back into a Device; nothing parses its own text to decide."""
+    repo = Path(__file__).parent.parent
+    parsing = []
+    for path in sorted((repo / "nvsymlinkd").rglob("*.py")):
+        rel = str(path.relative_to(repo))
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            f = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(f, ast.Attribute) and f.attr in ("parse", "try_parse") and isinstance(f.value, ast.Name)
+                    and f.value.id == "Device"):
+                parsing.append(f"{rel}:{node.lineno}")
+    assert [p.partition(":")[0] for p in parsing] == ["nvsymlinkd/containers/baseline.py"], parsing

@@ -148,7 +148,7 @@ def test_lost_beats_at_risk_and_not_running_and_not_gpu():
 
 
 def test_untrusted_nodes_are_reported_not_expected():
-    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", 195, 3)])
+    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", Device.char(195, 3))])
     assert r.untrusted_nodes == ("/dev/nvidia3 (c 195:3)",)
     # a sign, never a grant: the node the container holds but cannot open is denied, never ok
     assert Device.char(195, 3) not in r.expected and r.verdict == "denied"
@@ -235,14 +235,14 @@ def test_unit_settings_char_star():
 
 def test_baseline_roundtrip_and_reuse(fakehost):
     root, config = HostRoot(str(fakehost.root)), Config()
-    b = baselinemod.record(root, config, "abc", 77, {("c", 195, 0): "rw"})
+    b = baselinemod.record(root, config, "abc", 77, {Device.char(195, 0): "rw"})
     assert baselinemod.load(root, config, "abc", 77).devices == b.devices
     assert baselinemod.load(root, config, "abc", 78) is None  # the id was reused by a new container
     odd = "../../x y"
-    baselinemod.record(root, config, odd, 1, {("c", 195, 1): "r"})
+    baselinemod.record(root, config, odd, 1, {Device.char(195, 1): "r"})
     files = sorted(os.listdir(fakehost.path("/run/nvsymlinkd/baselines")))
     assert files[0] == "abc.json" and files[1].startswith("sha256-") and len(files) == 2  # no temp files left
-    assert baselinemod.load(root, config, odd, 1).devices == {("c", 195, 1): "r"}
+    assert baselinemod.load(root, config, odd, 1).devices == {Device.char(195, 1): "r"}
     assert baselinemod.prune(root, config, ["abc"]) == [files[1]]
 
 

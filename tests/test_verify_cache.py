@@ -16,12 +16,11 @@ import pytest
 
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts
-from nvsymlinkd.access.rules import DeviceRule
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
 from nvsymlinkd.containers import scopes as scopesmod
 from nvsymlinkd.devchar.snapshot import read_majors
-from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify import cache as cachemod
 from nvsymlinkd.verify.cache import VerifyCache
@@ -235,7 +234,7 @@ def test_a_replaced_bpf_program_is_judged_again(fakehost, v2):
             and not os.path.exists(fakehost.path("/sys/fs/cgroup/unified/cgroup.controllers")):
         _skip_or_fail("the cgroup2 mount is not at /sys/fs/cgroup or /sys/fs/cgroup/unified")
     lay = Layouts(fakehost)
-    grant = [DeviceRule("c", 195, 0, "rw"), DeviceRule("c", 195, 255, "rw")]
+    grant = [Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 255, "rw")]
     progs = []
     try:
         for cid in ("v2ctr", "steady"):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, NoReturn, Optional, Sequence, Union
 
 from nvsymlinkd.errors import CannotEvaluate
+from nvsymlinkd.host.devices import Access, Device
 
 # instruction classes
 LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
@@ -88,12 +89,12 @@ def encode(insns: Sequence[Insn]) -> bytes:
     return b"".join(parts)
 
 
-def make_ctx(dev_type: str, major: int, minor: int, access: str) -> bytes:
+def make_ctx(device: Device, access: Access) -> bytes:
     """The context the kernel passes for one check (access letters combined, as the kernel does)."""
     bits = 0
     for letter in access:
         bits |= ACCESS_BITS[letter]
-    return struct.pack("=III", (bits << 16) | DEV_TYPES[dev_type], major & M32, minor & M32)
+    return struct.pack("=III", (bits << 16) | DEV_TYPES[device.type], device.major & M32, device.minor & M32)
 
 
 @dataclass(frozen=True)
@@ -357,8 +358,8 @@ def _condition(insn: Insn, is32: bool, regs: list[Reg], scalar: Scalar, fail: Fa
     fail(describe_insn(insn))
 
 
-def check(insns: Sequence[Insn], dev_type: str, major: int, minor: int, access: str) -> EvalResult:
-    return evaluate(insns, make_ctx(dev_type, major, minor, access))
+def check(insns: Sequence[Insn], device: Device, access: Access) -> EvalResult:
+    return evaluate(insns, make_ctx(device, access))
 
 
 def guess_producer(name: str, insns: Sequence[Insn]) -> str:

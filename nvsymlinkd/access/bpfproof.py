@@ -101,7 +101,7 @@ def allowed(programs: Sequence[Program], device: Device) -> frozenset[int]:
     """The access sets (bit masks) every program allows for the device; CannotEvaluate for unknown."""
     out = set()
     for mask in ACCESS_MASKS:
-        ctx = be.make_ctx(device.type, device.major, device.minor, access_letters(mask))
+        ctx = be.make_ctx(device, access_letters(mask))
         verdict = True
         for prog in programs:
             result = be.evaluate(prog, ctx)

@@ -1,11 +1,11 @@
 """A cgroup's effective device access: cgroup v1 `devices.list` AND every v2 device program.
 
     policy = read_access(root, "/docker/abc", "/system.slice/docker-abc.scope")
-    policy.check("c", 195, 0, "rw")  -> Verdict("allow", "devices.list has c 195:* rw")
+    policy.check(Device.char(195, 0), Access("rw"))  -> AccessDecision("allow", "devices.list has c 195:* rw")
 
 The kernel checks a device open/mknod against the v2 BPF_CGROUP_DEVICE programs
 of the process's cgroup2 cgroup (all effective ones must allow) and then against
-the v1 devices controller when that is mounted. So the verdict is the AND of:
+the v1 devices controller when that is mounted. So the decision is the AND of:
   - v1: the cgroup's devices.list (decided by nvsymlinkd.access.rules);
   - v2: each effective program, run by nvsymlinkd.access.bpfeval on the request.
 deny AND anything = deny; allow AND unknown = unknown. A source that cannot be
@@ -23,7 +23,7 @@ from typing import Optional
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
-from nvsymlinkd.host.devices import TYPES, Access, named_minors, rule_class
+from nvsymlinkd.host.devices import TYPES, Access, Device, named_minors, rule_class
 from nvsymlinkd.host.paths import normalize, unescape_mount_field
 from nvsymlinkd.host.root import HostRoot
 
@@ -40,7 +40,10 @@ ALLOW, DENY, UNKNOWN = "allow", "deny", "unknown"
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AccessDecision:
+    """What a cgroup's device access answers for one device and access (verify.kinds.Verdict is a
+    container's verdict, made from many of these)."""
+
     state: str        # "allow" | "deny" | "unknown"
     reason: str       # one line
 
@@ -271,11 +274,11 @@ class _V1Source:
         """Everything check() depends on (AccessPolicy.key)."""
         return ("v1", self.list_path, self.text, self.error, None if self.text is not None else self.rules)
 
-    def check(self, dev_type, major, minor, access) -> Verdict:
+    def check(self, device: Device, access: Access) -> AccessDecision:
         if self.error is not None:
-            return Verdict(UNKNOWN, self.error)
-        d = decide(self.rules or [], dev_type, major, minor, access)
-        return Verdict(ALLOW if d.allowed else DENY, d.reason)
+            return AccessDecision(UNKNOWN, self.error)
+        d = decide(self.rules or [], device, access)
+        return AccessDecision(ALLOW if d.allowed else DENY, d.reason)
 
     def describe(self) -> list:
         if self.error is not None or self.rules is None:
@@ -310,25 +313,25 @@ class _V2Source:
         return ("v2", self.cgroup, self.cgroup_dir, self.error,
                 tuple((p.info.prog_id, p.info.tag, len(p.insns)) for p in self.programs))
 
-    def check(self, dev_type, major, minor, access) -> Verdict:
+    def check(self, device: Device, access: Access) -> AccessDecision:
         if self.error is not None:
-            return Verdict(UNKNOWN, self.error)
-        ctx = bpfeval.make_ctx(dev_type, major, minor, access)
+            return AccessDecision(UNKNOWN, self.error)
+        ctx = bpfeval.make_ctx(device, access)
         allows, unknown = [], None
         for prog in self.programs:
             if not prog.insns:
-                unknown = unknown or Verdict(UNKNOWN, f"{prog.label}: the kernel did not return its instructions")
+                unknown = unknown or AccessDecision(UNKNOWN, f"{prog.label}: the kernel did not return its instructions")
                 continue
             result = bpfeval.evaluate(prog.insns, ctx)
             if result.allowed is False:
-                return Verdict(DENY, f"{prog.label} denies ({result.reason})")
+                return AccessDecision(DENY, f"{prog.label} denies ({result.reason})")
             if result.allowed is None:
-                unknown = unknown or Verdict(UNKNOWN, f"{prog.label}: {result.reason}")
+                unknown = unknown or AccessDecision(UNKNOWN, f"{prog.label}: {result.reason}")
             else:
                 allows.append(f"{prog.label} allows")
         if unknown is not None:
             return unknown
-        return Verdict(ALLOW, "; ".join(allows))
+        return AccessDecision(ALLOW, "; ".join(allows))
 
     def describe(self) -> list:
         where = f"cgroup v2 {self.cgroup}" + (f" ({self.cgroup_dir})" if self.cgroup_dir else "")
@@ -346,7 +349,7 @@ class AccessPolicy:
         self.sources = sources
         self._minors: Optional[frozenset] = None
 
-    def equivalence_key(self, dev_type: str, major: int, minor: int) -> Optional[tuple]:
+    def equivalence_key(self, device: Device) -> Optional[tuple]:
         """A key that devices share only when every check() of them, for any access, has the same
         state (the reasons name the device); None when that cannot be told.
 
@@ -361,29 +364,29 @@ class AccessPolicy:
                 self._minors = named_minors(r for s in self.sources for r in (s.rules or ()))
         if -1 in self._minors:
             return None
-        return rule_class(dev_type, major, minor, self._minors)
+        return rule_class(device, self._minors)
 
     @property
     def key(self) -> tuple:
         """Equal keys, equal answers to every check() (what verify.cache compares)."""
         return tuple(s.key for s in self.sources)
 
-    def check(self, dev_type: str, major: int, minor: int, access: str) -> Verdict:
-        if dev_type not in TYPES:
-            raise ValueError(f"device type must be 'c' or 'b', not {dev_type!r}")
+    def check(self, device: Device, access: Access) -> AccessDecision:
+        if device.type not in TYPES:
+            raise ValueError(f"device type must be 'c' or 'b', not {device.type!r}")
         access = Access(access)
         if not access:
             raise ValueError("access must name at least one of r, w, m")
-        verdicts = [s.check(dev_type, major, minor, access) for s in self.sources]
-        for v in verdicts:
+        decisions = [s.check(device, access) for s in self.sources]
+        for v in decisions:
             if v.state == DENY:
                 return v
-        for v in verdicts:
+        for v in decisions:
             if v.state == UNKNOWN:
                 return v
-        if not verdicts:
-            return Verdict(ALLOW, "no device restriction (no v1 devices cgroup, no v2 device program)")
-        return Verdict(ALLOW, "; ".join(v.reason for v in verdicts if v.reason))
+        if not decisions:
+            return AccessDecision(ALLOW, "no device restriction (no v1 devices cgroup, no v2 device program)")
+        return AccessDecision(ALLOW, "; ".join(v.reason for v in decisions if v.reason))
 
     def describe(self) -> list:
         lines = []

@@ -25,11 +25,6 @@ ACCESS_LETTERS = LETTERS
 MAX_U32 = 0xFFFFFFFF
 
 
-def DeviceRule(dev_type: str, major: Optional[int], minor: Optional[int], access: str) -> Rule:  # noqa: N802
-    """One devices.list line as a Rule (every line of that file is an allow rule)."""
-    return Rule(True, dev_type, major, minor, Access(access))
-
-
 def _number(field: str, what: str, path: str, lineno: int) -> Optional[int]:
     if field == "*":
         return None
@@ -74,12 +69,10 @@ class RuleDecision:
     reason: str
 
 
-def decide(rules: Sequence[Rule], dev_type: str, major: int, minor: int, access: str,
+def decide(rules: Sequence[Rule], device: Device, access: Access,
            source: str = "devices.list") -> RuleDecision:
     """Decide one request against parsed devices.list rules (kernel semantics)."""
     access = Access(access)
-    device = Device(dev_type, major, minor)
-    request = f"{device} {access}"
     for rule in rules:
         if rule.is_allow_all:
             return RuleDecision(True, rule, f"{source} has {rule} (allow-all mode; the kernel "
@@ -87,6 +80,7 @@ def decide(rules: Sequence[Rule], dev_type: str, major: int, minor: int, access:
     for rule in rules:
         if rule.covers(device, access):
             return RuleDecision(True, rule, f"{source} has {rule}")
+    request = f"{device} {access}"
     partial = [str(r) for r in rules if r.matches(device)]
     if partial:
         return RuleDecision(False, None, f"{source} has no rule covering {request} "

@@ -26,7 +26,7 @@ MAX_BASELINE_BYTES = 1 << 20
 class Baseline:
     container_id: str
     init_start: int | None
-    devices: dict  # Device -> Access
+    devices: dict[Device, Access]
     recorded_at: float = 0.0
 
     def to_json(self) -> dict:
@@ -34,7 +34,7 @@ class Baseline:
             "container_id": self.container_id,
             "init_start": self.init_start,
             "recorded_at": self.recorded_at,
-            "devices": {str(Device(*k)): v for k, v in sorted(self.devices.items())},
+            "devices": {str(k): v for k, v in sorted(self.devices.items())},
         }
 
 

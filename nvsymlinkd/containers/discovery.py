@@ -43,6 +43,7 @@ from nvsymlinkd.containers.runtimes import (
     namespace_owner,
 )
 from nvsymlinkd.errors import UsageError
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 
@@ -468,7 +469,7 @@ def find(containers: list, wanted: str):
 
 
 def container_dev_nodes(root: HostRoot, pid: int, limit: int = 4096) -> list:
-    """Char nodes in the container's own /dev as (path, major, minor), read via /proc/<pid>/root.
+    """Char nodes in the container's own /dev as (path, Device), read via /proc/<pid>/root.
 
     Untrusted: reported only. Never follows a symlink inside the container:
     /dev and nvidia-caps are opened with O_NOFOLLOW and entries are lstat'ed.
@@ -504,7 +505,7 @@ def _scan_dev(parent_fd: int, name: str, shown: str, out: list, limit: int, dept
             except OSError:
                 continue
             if stat.S_ISCHR(st.st_mode):
-                out.append((f"{shown}/{entry}", os.major(st.st_rdev), os.minor(st.st_rdev)))
+                out.append((f"{shown}/{entry}", Device.char(os.major(st.st_rdev), os.minor(st.st_rdev))))
             elif stat.S_ISDIR(st.st_mode) and depth == 0:
                 _scan_dev(fd, entry, f"{shown}/{entry}", out, limit, depth + 1)
     except OSError:

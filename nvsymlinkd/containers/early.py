@@ -76,7 +76,7 @@ def missing_entries(expected: Expected, scope_devices: Any) -> list[tuple[Device
     for device, access in sorted(expected.devices.items()):
         if not set(expected.sources.get(device, ())) & SOURCES:
             continue
-        if scope_devices is not None and scope_devices.covers(device, str(access)):
+        if scope_devices is not None and scope_devices.covers(device, access):
             continue
         out.append((device, access))
     return out

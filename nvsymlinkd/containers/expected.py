@@ -45,9 +45,9 @@ def usable(access: str) -> Access:
 
 @dataclass(frozen=True)
 class Expected:
-    devices: dict = field(default_factory=dict)  # Device -> Access ("rw", "r", ...): what must be allowed
-    declared: frozenset = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
-    sources: dict = field(default_factory=dict)  # Device -> tuple of SPEC/RUNTIME_STATE/HOOK/BASELINE
+    devices: dict[Device, Access] = field(default_factory=dict)  # what must be allowed ("rw", "r", ...)
+    declared: frozenset[Device] = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
+    sources: dict[Device, tuple[str, ...]] = field(default_factory=dict)  # SPEC/RUNTIME_STATE/HOOK/BASELINE
     hook: Any = None  # the hookgrant.HookGrant reconstructed for the container, None without an NVIDIA hook
 
 
@@ -71,7 +71,7 @@ def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozen
             if rule.allow and rule.type == "c" and rule.major in nvidia_majors and rule.minor is not None:
                 keys.add(Device.char(rule.major, rule.minor))
     if baseline is not None:
-        keys.update(Device(*k) for k in baseline.devices)
+        keys.update(baseline.devices)
     return {k for k in keys if k.major in nvidia_majors}
 
 
@@ -96,8 +96,7 @@ def expected_access(candidates, spec, state, baseline, hook=None) -> Expected:
     declared = set()
     sources: dict = {}
     for key in sorted(candidates):
-        key = Device(*key)
-        cls = rule_class(key.type, key.major, key.minor, named)
+        cls = rule_class(key, named)
         from_rules = by_class.get(cls)
         if from_rules is None:
             from_rules = by_class[cls] = _from_rules(spec_rules, state_rules, key)

@@ -50,7 +50,7 @@ class ScopeDevices:
     rules: tuple  # Rule (allow) for the entries we could map to numbers
     unmapped: tuple = ()  # entries we could not map (plain paths that do not resolve, ...)
 
-    def covers(self, device: Device, access: str) -> bool:
+    def covers(self, device: Device, access: Access) -> bool:
         """Would systemd's next apply allow this access? (one entry must cover every letter)"""
         if self.policy == "auto" and not self.entries:
             return True  # no device restriction at all

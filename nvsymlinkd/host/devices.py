@@ -175,7 +175,7 @@ class Rule:
             return False
         return self.minor is None or self.minor == device.minor
 
-    def covers(self, device: Device, access: str) -> bool:
+    def covers(self, device: Device, access: Access) -> bool:
         """This one rule matches the device and holds every letter asked for."""
         return self.matches(device) and self.access.covers(access)
 
@@ -192,9 +192,9 @@ def named_minors(rules: Iterable[Rule]) -> frozenset[int]:
     return frozenset(r.minor for r in rules if r.minor is not None)
 
 
-def rule_class(dev_type: str, major: int, minor: int, named: frozenset[int]) -> tuple[str, int, Optional[int]]:
+def rule_class(device: Device, named: frozenset[int]) -> tuple[str, int, Optional[int]]:
     """A key two devices share only when they match the very same rules, for rules whose named minors
     are `named`: a rule matches a device by its type (or all), its major (or *) and its minor (or *), so
     devices of one type and major whose minors no rule names cannot be told apart; a minor some rule
     names is its own class. A MIG host's ~2,000 capability nodes are then decided once per class."""
-    return (dev_type, major, minor if minor in named else None)
+    return (device.type, device.major, device.minor if device.minor in named else None)

@@ -160,8 +160,7 @@ def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
     for g in grants:
-        d = g.device
-        v = policy.check(d.type, d.major, d.minor, g.access)
+        v = policy.check(g.device, g.access)
         out[g.device] = {"state": v.state, "reason": v.reason}
     return out
 

@@ -63,8 +63,7 @@ def read_rules(root: HostRoot, devices_dir: str) -> list:
 
 
 def covered(rules, grant: Grant) -> bool:
-    d = grant.device
-    return decide(rules, d.type, d.major, d.minor, grant.access).allowed
+    return decide(rules, grant.device, grant.access).allowed
 
 
 def write_devices_allow(root: HostRoot, devices_dir: str, grants, steps: list) -> None:
@@ -106,6 +105,6 @@ def restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: list
         device = rule.device
         if device is None:
             continue  # a wildcard line systemd dropped stays dropped: we never write wildcards
-        if not decide(after, device.type, device.major, device.minor, rule.access).allowed:
+        if not decide(after, device, rule.access).allowed:
             write_cgroup_file(root, f"{devices_dir}/devices.allow", str(rule))
             steps.append(f"devices.allow {rule} (restored: systemd's re-apply dropped it)")

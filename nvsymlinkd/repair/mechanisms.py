@@ -68,9 +68,7 @@ def _parent_refusal(grant: Grant, parent_rules: Sequence[Rule] | None) -> str | 
     """v1: a child never gets what its parent denies; writing it would fail with EPERM."""
     if parent_rules is None:
         return None
-    d = grant.device
-    decision = decide(list(parent_rules), d.type, d.major, d.minor, grant.access,
-                      source="the parent cgroup's devices.list")
+    decision = decide(list(parent_rules), grant.device, grant.access, source="the parent cgroup's devices.list")
     return None if decision.allowed else decision.reason
 
 

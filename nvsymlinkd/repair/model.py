@@ -58,7 +58,6 @@ class Grant:
         if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
             raise ValueError(f"access {self.access!r} is not a subset of rwm")
         object.__setattr__(self, "access", Access(self.access))
-        object.__setattr__(self, "device", Device(*self.device))
 
     @property
     def rule(self) -> Rule:

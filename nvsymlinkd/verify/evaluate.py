@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # the facts' types; their modules read the host, this one onl
     from nvsymlinkd.containers.expected import Expected
     from nvsymlinkd.containers.scopes import ScopeDevices
 
-# A node in the container's own /dev: (path, major, minor), untrusted (typing's: evaluated at import).
-DevNode = Tuple[str, int, int]
+# A node in the container's own /dev: (path, its char Device), untrusted (typing's: evaluated at import).
+DevNode = Tuple[str, Device]
 # _letters' answer: (granted letters, unknown reasons, whole access allowed by one check)
 Letters = Tuple[Access, List[str], bool]
 
@@ -143,13 +143,13 @@ def _letters(policy: AccessPolicy, key: Device, access: Access) -> Letters:
     The whole access is asked first (one call in the common case); only when
     that is not allowed is each letter asked separately, for the report.
     """
-    v = policy.check(*key, access)
+    v = policy.check(key, access)
     if v.state == "allow":  # the common case in one call
         return access, [], True
     granted: Access = Access()
     unknown: list[str] = []
     for letter in access:
-        v = policy.check(*key, letter)
+        v = policy.check(key, Access(letter))
         if v.state == "allow":
             granted = granted.union(letter)
         elif v.state != "deny":
@@ -178,12 +178,12 @@ class _Live:
 
 def _read_live(policy: AccessPolicy, expected: Expected, host: HostDevices, dev_nodes: Iterable[DevNode]) -> _Live:
     candidates = set(expected.devices) | host.devices
-    candidates |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
+    candidates |= {d for _, d in dev_nodes if d.major in host.nvidia_majors}
     live = _Live()
     classes: Callable[..., Any] | None = getattr(policy, "equivalence_key", None)
     decided: dict[Any, Letters] = {}  # equivalence key -> _letters' answer, where the policy can tell (access.cgroup)
     for key in sorted(candidates):
-        eq = classes(*key) if classes is not None else None
+        eq = classes(key) if classes is not None else None
         answer = decided.get(eq) if eq is not None else None
         if answer is None:
             answer = _letters(policy, key, RW)
@@ -211,7 +211,7 @@ def _lost_devices(policy: AccessPolicy, expected: Expected, live: _Live) -> list
             continue
         if k in live.together or (len(need) == 1 and need in live.granted.get(k, "")):
             continue
-        v = policy.check(k.type, k.major, k.minor, need)
+        v = policy.check(k, need)
         if v.state == "deny":
             lost.append(k)
         elif v.state != "allow":
@@ -318,7 +318,7 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy: Acces
         return []
     have = {node.device for facts in (c.spec, c.state) if facts is not None
             for node in facts.nodes if node.type == "c" and node.major in host.nvidia_majors}
-    have |= {Device.char(ma, mi) for _, ma, mi in dev_nodes if ma in host.nvidia_majors}
+    have |= {d for _, d in dev_nodes if d.major in host.nvidia_majors}
     denied = []
     for k in sorted(have):
         if k in expected.devices or k in live.unknown or k in live.together:
@@ -326,7 +326,7 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy: Acces
         need = Access("r") if k.major in host.read_only_majors else RW
         if len(need) == 1 and need in live.granted.get(k, ""):
             continue
-        v = policy.check(k.type, k.major, k.minor, need)
+        v = policy.check(k, need)
         if v.state == "deny":
             denied.append(k)
         elif v.state != "allow":
@@ -414,8 +414,7 @@ def _new_report(c: Container, signs: Sequence[str], expected: Expected, host: Ho
         c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
         expected={k: {"access": a, "sources": list(expected.sources.get(k, ()))}
                   for k, a in sorted(expected.devices.items())},
-        untrusted_nodes=tuple(f"{p} ({Device.char(ma, mi)})" for p, ma, mi in dev_nodes
-                              if ma in host.nvidia_majors and Device.char(ma, mi) not in declared),
+        untrusted_nodes=tuple(f"{p} ({d})" for p, d in dev_nodes if d.major in host.nvidia_majors and d not in declared),
         cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
         nvidia_hook=expected.hook.to_json() if expected.hook is not None else None,
@@ -431,7 +430,7 @@ def evaluate(c: Container, signs: Sequence[str], expected: Expected, policy: Acc
 
     policy: an access.cgroup.AccessPolicy or None (then policy_error says why).
     scope_devices: a scopes.ScopeDevices, or None when the scope's DeviceAllow could not be read.
-    dev_nodes: (path, major, minor) in the container's /dev, untrusted.
+    dev_nodes: (path, Device) of the char nodes in the container's /dev, untrusted.
     """
     report = _new_report(c, signs, expected, host, dev_nodes)
     if c.status == "creating":  # hooks still running: nothing is settled yet, whatever it turns out to be

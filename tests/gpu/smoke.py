@@ -317,10 +317,10 @@ def hook_main(argv: list) -> int:
                     f.write(f"c {n['major']}:{n['minor']} rw\n")
             done.append("v1 devices.allow")
         if not dirs["devices"] or os.environ.get("GPUSMOKE_V2_ONLY"):
-            from nvsymlinkd.access.rules import DeviceRule
+            from nvsymlinkd.host.devices import Rule
             from tests import bpfasm
             old = attached_program(dirs["v2"])
-            blocks = [(DeviceRule("c", n["major"], n["minor"], "rw"), True) for n in nodes]
+            blocks = [(Rule(True, "c", n["major"], n["minor"], "rw"), True) for n in nodes]
             done.append(replace_v2_program(dirs["v2"], bpfasm.nvidia_prepend(blocks, old)))
         _mknod_in_container(pid, rootfs, nodes)
         done.append(f"mknod {[n['name'] for n in nodes]} under {rootfs}/dev")
@@ -1349,10 +1349,10 @@ def self_check(args) -> int:
 
     def bpf():
         from nvsymlinkd.access import bpfeval, bpfprog
-        from nvsymlinkd.access.rules import DeviceRule
+        from nvsymlinkd.host.devices import Rule
         from tests import bpfasm
         prog = bpfasm.systemd_program([], policy="closed")
-        hooked = bpfasm.nvidia_prepend([(DeviceRule("c", 195, 0, "rw"), True)], bpfasm.runc_program([], False))
+        hooked = bpfasm.nvidia_prepend([(Rule(True, "c", 195, 0, "rw"), True)], bpfasm.runc_program([], False))
         for insns in (prog, hooked):
             fd = bpfprog.load_device_program(bpfeval.encode(insns))
             os.close(fd)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from nvsymlinkd.access.cgroup import ALLOW, read_access
+from nvsymlinkd.host.devices import RW, Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import MESSAGE_IDS
 from tests.vm.guest import chaos
@@ -144,7 +145,7 @@ def engine_verdicts(pid: int, devs: List[chaos.Dev]) -> Dict[chaos.Dev, str]:
     groups = proc_cgroups(pid)
     policy = read_access(HostRoot("/"), None if unified() else groups.get("devices"),
                          groups.get("") if unified() else None)
-    return {d: policy.check("c", d[0], d[1], "rw").state for d in devs}
+    return {d: policy.check(Device.char(d[0], d[1]), RW).state for d in devs}
 
 
 # ---------------------------------------------------------------- containers

@@ -26,7 +26,7 @@ if __name__ == "__main__":
     sys.path[:0] = [os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", ".."))]
 
 from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
-from nvsymlinkd.access.rules import DeviceRule  # noqa: E402
+from nvsymlinkd.host.devices import Rule  # noqa: E402
 from tests.bpfasm import nvidia_prepend  # noqa: E402  (libnvidia-container's shape)
 
 CLONE_NEWNS = 0x00020000
@@ -133,7 +133,7 @@ def prestart(state: dict) -> None:
         log(f"{state['id']}: no NVIDIA_VISIBLE_DEVICES: nothing to do")
         return
     nodes = [(p, os.stat(p)) for p in paths]
-    rules = [(DeviceRule("c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
+    rules = [(Rule(True, "c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
     grant(state["pid"], rules)
     if RELOAD_AFTER_GRANT in spec.get("process", {}).get("env", []):
         reload_after_grant(state)
@@ -169,7 +169,7 @@ def main() -> None:
         rules = []
         for arg in sys.argv[1:]:
             dev_type, major, minor, access = arg.split(":")
-            rules.append((DeviceRule(dev_type, int(major), int(minor), access), True))
+            rules.append((Rule(True, dev_type, int(major), int(minor), access), True))
         grant(state["pid"], rules)
     except Exception as e:
         log(f"{state.get('id')}: FAILED {e!r}")
