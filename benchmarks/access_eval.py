@@ -19,14 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import bpfasm  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script: the repository root, for tests.*
 
 from nvsymlinkd.access import bpfeval, bpfprog  # noqa: E402
 from nvsymlinkd.access.cgroup import find_cgroup_mounts, read_access  # noqa: E402
 from nvsymlinkd.host.devices import RW, Device, Rule  # noqa: E402
 from nvsymlinkd.host.root import HostRoot  # noqa: E402
+from tests import bpfasm  # noqa: E402
 
 UVM = 508
 RULES = bpfasm.SYSTEMD_STATIC + [

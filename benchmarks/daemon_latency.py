@@ -30,12 +30,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # a script: the repository root, for tests.*
 
-from fakehost import standard_host  # noqa: E402
-
-from nvsymlinkd.daemon.inotify import IN_CREATE, _lib, parse_events  # noqa: E402
+from nvsymlinkd.daemon.inotify import IN_CREATE, parse_events  # noqa: E402
+from nvsymlinkd.host import libc  # noqa: E402
+from tests.fakehost import standard_host  # noqa: E402
 
 CAPS = 509
 
@@ -54,10 +53,11 @@ print(" ".join(map(str, stamps)))
 REACTOR = r"""
 import os, select, sys
 sys.path.insert(0, sys.argv[2])
-from nvsymlinkd.daemon.inotify import IN_DELETE, _lib, parse_events
+from nvsymlinkd.daemon.inotify import IN_DELETE, parse_events
+from nvsymlinkd.host import libc
 where = sys.argv[1]
-fd = _lib().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-_lib().inotify_add_watch(fd, where.encode(), IN_DELETE)
+fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+libc.inotify_add_watch(fd, where.encode(), IN_DELETE)
 print("ready", flush=True)
 while True:
     select.select([fd], [], [])
@@ -70,9 +70,8 @@ class LinkWatch:
     """inotify on the link directory: when did each link appear?"""
 
     def __init__(self, path: Path):
-        self.fd = _lib().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if _lib().inotify_add_watch(self.fd, str(path).encode(), IN_CREATE) < 0:
-            raise OSError("inotify_add_watch failed")
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        libc.inotify_add_watch(self.fd, str(path).encode(), IN_CREATE)  # raises OSError
         self.seen: dict = {}
 
     def wait(self, names, timeout=60.0):

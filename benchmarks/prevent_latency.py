@@ -29,13 +29,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # a script: the repository root, for tests.*
 
-from daemonproc import DaemonProcess  # noqa: E402
-from privatebus import MANAGER, MOCK_IFACE  # noqa: E402
-from runcfixture import RuncHost, device_node, device_rule  # noqa: E402
-from test_repair_dbus import SystemdMock  # noqa: E402
+from tests.daemonproc import DaemonProcess  # noqa: E402
+from tests.privatebus import MANAGER, MOCK_IFACE  # noqa: E402
+from tests.runcfixture import RuncHost, device_node, device_rule  # noqa: E402
+from tests.test_repair_dbus import SystemdMock  # noqa: E402
 
 # Records when the hook is done (after its grant and the fake root's /proc link).
 HOOK = r"""

@@ -31,13 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from fakehost import standard_host  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script: the repository root, for tests.*
 
 from nvsymlinkd.config import Config  # noqa: E402
 from nvsymlinkd.devchar.reconcile import reconcile  # noqa: E402
 from nvsymlinkd.host.root import HostRoot  # noqa: E402
+from tests.fakehost import standard_host  # noqa: E402
 
 CAPS_MAJOR = 236
 

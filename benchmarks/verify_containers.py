@@ -33,17 +33,15 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent))
-
-from fakehost import FakeHost  # noqa: E402
-from fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule  # noqa: E402
+sys.path.insert(0, str(HERE.parent))  # a script: the repository root, for tests.*
 
 from nvsymlinkd.config import Config  # noqa: E402
 from nvsymlinkd.containers.discovery import discover  # noqa: E402
 from nvsymlinkd.host.root import HostRoot  # noqa: E402
 from nvsymlinkd.verify.cache import VerifyCache  # noqa: E402
 from nvsymlinkd.verify.verifier import verify_all  # noqa: E402
+from tests.fakehost import FakeHost  # noqa: E402
+from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule  # noqa: E402
 
 V1 = Path("/sys/fs/cgroup/devices")
 GPUS = 8

@@ -221,3 +221,16 @@ def test_entry_points_run_as_documented_from_anywhere(tmp_path):
     # the hook reads the container state from stdin first: empty stdin stops it there, after its imports
     hook = run(REPO / "tests/vm/guest/nvidia_hook.py", stdin="")
     assert "JSONDecodeError" in hook.stderr and "ModuleNotFoundError" not in hook.stderr, hook.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) + ["build-packages"])
+def test_benchmarks_and_scripts_get_past_their_imports(tmp_path, script):
+    """The benchmarks and scripts/build-packages run by their path (docs/performance.md, docs/packaging.md)
+    put only the repository root on sys.path and import the suite's helpers as tests.<...>: each starts
+    (its --help) from another directory with no PYTHONPATH. Two benchmarks imported names that had moved
+    (daemon/inotify's _lib into host/libc, the bare test helpers into the tests package) and failed at once."""
+    path = REPO / ("scripts" if script == "build-packages" else "benchmarks") / script
+    out = subprocess.run([sys.executable, str(path), "--help"], cwd=tmp_path, env=_clean_env(),
+                         capture_output=True, text=True, timeout=120)
+    # build-packages answers --help with its usage line on stderr and exit 2, as for any bad argument
+    assert "Traceback" not in out.stderr and "usage" in (out.stdout + out.stderr).lower(), out.stderr[-2000:]
