@@ -333,6 +333,7 @@ IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", 
     "nvsymlinkd.access.bpfproof", "nvsymlinkd.containers.hookgrant", "nvsymlinkd.containers.early",
     "nvsymlinkd.verify.evaluate", "nvsymlinkd.containers.model", "nvsymlinkd.messageids", "nvsymlinkd.text",
     "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.containers.runtimes",
+    "nvsymlinkd.record", "nvsymlinkd.errors", "nvsymlinkd.host.procdevices",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "
@@ -342,3 +343,18 @@ def test_pure_modules_import_no_io(module):
     ours = {m for m in new if m.split(".")[0] == "nvsymlinkd"}
     assert ours <= PURE, f"{module} imports {sorted(ours - PURE)}"
     assert not new & IO_STDLIB, f"{module} imports {sorted(new & IO_STDLIB)}"
+
+
+def test_every_pure_module_is_strict_typed_and_held_by_the_contract():
+    """Issue 27: `--strict` mypy covers every pure module. PURE lists what pure modules may import; each of
+    them that is a module (not a package's __init__) is in scripts/test's strict list and in the contract
+    test's parameters, so a module added to PURE without either fails here."""
+    import re
+
+    script = (REPO / "scripts" / "test").read_text()
+    strict_part = script.split("--strict", 1)[1].split(".venv/bin/mypy --ignore-missing-imports nvsymlinkd\n", 1)[0]
+    strict = {p[:-3].replace("/", ".") for p in re.findall(r"nvsymlinkd/[\w/]+\.py", strict_part)}
+    params = set(test_pure_modules_import_no_io.pytestmark[0].args[1])
+    modules = {m for m in PURE if (REPO / (m.replace(".", "/") + ".py")).is_file()}
+    assert modules - strict == set(), f"pure modules without --strict mypy in scripts/test: {sorted(modules - strict)}"
+    assert modules - params == set(), f"pure modules outside test_pure_modules_import_no_io: {sorted(modules - params)}"
