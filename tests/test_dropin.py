@@ -20,7 +20,7 @@ def test_the_text_says_whose_and_lists_each_device_once_in_order():
     assert "ab" * 32 in text
 
 
-@pytest.mark.parametrize("name", ["../../etc/x.scope", "a/b.scope", "docker-1.service", "", ".scope", "x..scope"])
+@pytest.mark.parametrize("name", ["../../etc/x.scope", "a/b.scope", "docker-1.service", "", ".scope", "..scope", "a\0.scope"])
 def test_no_path_for_a_name_that_is_no_scope(name):
     with pytest.raises(ValueError):
         dropin.dropin_path(name)

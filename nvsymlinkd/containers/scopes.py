@@ -36,7 +36,8 @@ CONTROL_DIR = "/run/systemd/system.control"
 # the unit directories after those two in systemd's search path that hold drop-ins for any unit: an
 # administrator's (/etc) and the runtime one, where nvsymlinkd keeps a creating container's hook grant
 # (systemd.dropin)
-UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system")
+RUNTIME_UNIT_DIR = "/run/systemd/system"
+UNIT_DIRS = ("/etc/systemd/system", RUNTIME_UNIT_DIR)
 DEV_NUMBER_PATH = re.compile(r"/dev/(char|block)/(\d+):(\d+)")
 SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 

@@ -27,23 +27,20 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from collections.abc import Iterable
 
+from nvsymlinkd.containers.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
+from nvsymlinkd.containers.scopes import SCOPE_NAME, TRANSIENT_DIR
 from nvsymlinkd.host.atomicfile import write_atomic_at
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
 
-RUNTIME_DIR = "/run/systemd/system"
-TRANSIENT_DIR = "/run/systemd/transient"
 NAME = "90-nvsymlinkd-keep.conf"
-# systemd's unit names of container scopes (containers.scopes.SCOPE_NAME): no "/", no "..", no NUL
-SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 
 
 def dropin_path(scope: str) -> str:
     """The inside path of the scope's drop-in; ValueError for a name that is no scope's."""
-    if not SCOPE.fullmatch(scope) or ".." in scope:
+    if not SCOPE_NAME.fullmatch(scope):  # one path component: no "/", no NUL
         raise ValueError(f"not a scope unit name: {scope!r}")
     return f"{RUNTIME_DIR}/{scope}.d/{NAME}"
 
@@ -85,7 +82,7 @@ def stale_dropins(root: HostRoot) -> list[str]:
         if not name.endswith(".scope.d"):
             continue
         scope = name[:-2]
-        if not SCOPE.fullmatch(scope) or ".." in scope:
+        if not SCOPE_NAME.fullmatch(scope):
             continue
         if not os.path.lexists(root.path(f"{RUNTIME_DIR}/{name}/{NAME}")):
             continue
