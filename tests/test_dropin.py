@@ -12,7 +12,7 @@ SCOPE = "docker-" + "ab" * 32 + ".scope"
 
 
 def test_the_text_says_whose_and_lists_each_device_once_in_order():
-    text = dropin.dropin_text(SCOPE, "ab" * 32, [(Device("c", 195, 255), Access("rw")), (Device("c", 195, 0), Access("rw")),
+    text = dropin.dropin_text("ab" * 32, [(Device("c", 195, 255), Access("rw")), (Device("c", 195, 0), Access("rw")),
                                                  (Device("c", 510, 0), Access("rwm"))])
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert body == ["[Scope]", "DeviceAllow=/dev/char/195:0 rw", "DeviceAllow=/dev/char/195:255 rw",

@@ -45,7 +45,7 @@ def dropin_path(scope: str) -> str:
     return f"{RUNTIME_DIR}/{scope}.d/{NAME}"
 
 
-def dropin_text(scope: str, container_id: str, entries: Iterable[tuple[Device, Access]]) -> str:
+def dropin_text(container_id: str, entries: Iterable[tuple[Device, Access]]) -> str:
     """The drop-in's content: a comment saying whose and why, then one DeviceAllow= per entry (the
     /dev/char/M:m form, which systemd >= 240 parses without a stat: REFERENCE.md)."""
     lines = [
@@ -64,7 +64,7 @@ def write(root: HostRoot, scope: str, container_id: str, entries: Iterable[tuple
     directory = path.rpartition("/")[0]
     fd = root.make_dirs(directory, 0o755)
     try:
-        write_atomic_at(fd, NAME, dropin_text(scope, container_id, entries), 0o644)
+        write_atomic_at(fd, NAME, dropin_text(container_id, entries), 0o644)
     finally:
         os.close(fd)
     return path
