@@ -316,3 +316,12 @@ def test_unprivileged_reader_gets_unknown(kernel):
 
 
 Insn = be.Insn
+
+
+def test_a_rejected_program_is_explained_by_the_verifier_log(kernel):
+    """Loads go without a log (issue 39 item 4); a rejected one is loaded again with it, to say why."""
+    bad = [bpfasm.mov64(0, 1)]  # no exit: the verifier rejects it
+    with pytest.raises(bpfprog.BpfError) as err:
+        bpfprog.load_device_program(be.encode(bad))
+    assert err.value.errno == 22 and "verifier: " in str(err.value)
+    assert "exit" in str(err.value).split("verifier: ", 1)[1], str(err.value)

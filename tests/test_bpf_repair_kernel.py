@@ -453,3 +453,23 @@ def test_a_plain_container_in_the_same_cgroup_makes_the_repair_refuse(gpu, fakeh
     (result,) = repair_all(g.root, Config(repair="auto"), report=report, history=RepairHistory(), use_bus=False)
     assert result.status == "cannot-repair" and "also holds another container" in result.plan.cannot, result
     assert g.kernel()[0] == "deny"
+
+
+def test_a_repair_program_of_hundreds_of_rules_loads_and_is_enforced(gpu, nvsymlinkd_cli):
+    """Issue 39 item 4: a program of more than about 70 rules overflowed the 64 KiB verifier log (log level 1)
+    and BPF_PROG_LOAD failed with ENOSPC although the program verifies. A runtime program of 320 exact
+    rules (c 200:0..319 beside the GPU's), c 195:0 lost: the repair's program (320+ rules) loads, and the
+    kernel enforces it: c 195:0 back, the other rules kept, c 195:1 still denied."""
+    many = [Rule(True, "c", 200, n, "rw") for n in range(320)]
+    g = gpu()
+    g.runtime_program(LOST + many)
+    assert g.kernel()[0] == "deny"
+    proc, doc = repair_cli(nvsymlinkd_cli, g, g.cid)
+    (res,) = doc["containers"]
+    assert res["status"] == "repaired" and res["mechanism"] == "bpf-program", res
+    assert len(res["program"]) > 320 and any(r.startswith("allow c 200:319 ") for r in res["program"])
+    assert g.kernel() == ["allow", "allow", "deny", "allow"]
+    if 200 in bpfasm.free_majors("Character"):  # the kept rules, judged by the kernel too
+        nodes = make_nodes(g.scratch, [("c", 200, 0), ("c", 200, 319), ("c", 200, 320)])
+        probes = [("c", 200, 0, "rw"), ("c", 200, 319, "rw"), ("c", 200, 320, "rw")]
+        assert kernel_probe([g.real + "/cgroup.procs"], nodes, g.scratch, probes) == ["allow", "allow", "deny"]

@@ -48,6 +48,7 @@ BPF_F_REPLACE = 4
 
 ATTR_BUFFER = 256        # bigger than any kernel's union bpf_attr: the kernel may write past what we pass
 INFO_LEN = 88            # struct bpf_prog_info through `ifindex` + the gpl_compatible word
+LOG_BUFFER = 1 << 20      # the verifier log, asked for only to explain a failed load
 QUERY_SLOTS = 64         # programs per query before we ask again with the count the kernel reported
 
 def _bpf(cmd: int, attr: libc.Buffer, size: int) -> int:
@@ -161,21 +162,28 @@ def read_cgroup_device_programs(cgroup_dir: str) -> list:
 def load_device_program(xlated: bytes, name: str = "", license: str = "GPL") -> int:
     """BPF_PROG_LOAD a BPF_PROG_TYPE_CGROUP_DEVICE program; returns its fd.
 
-    On a verifier reject the BpfError carries the verifier log's last lines.
+    Loaded without a verifier log: a log buffer that overflows fails the load with ENOSPC even when the
+    program verifies (kernel/bpf/verifier.c, bpf_check: `if (log->level && bpf_verifier_log_full(log))
+    ret = -ENOSPC` up to 6.3; bpf_vlog_finalize since 6.4), and a repair program of a few hundred rules
+    writes more than any fixed buffer. Only a failed load is tried again with the log (level 1, LOG_BUFFER),
+    to explain it: the BpfError carries the first errno and the log's last lines.
     """
     insns = libc.buffer(xlated)
     lic = libc.buffer(license.encode() + b"\0")
-    log = libc.buffer(1 << 16)
     prog_name = name.encode()[:15]
-    attr = _attr((0, "=I", BPF_PROG_TYPE_CGROUP_DEVICE), (4, "=I", len(xlated) // 8),
-                 (8, "=Q", libc.address(insns)), (16, "=Q", libc.address(lic)),
-                 (24, "=I", 1), (28, "=I", len(log)), (32, "=Q", libc.address(log)),
-                 (48, "16s", prog_name))
+    fields = [(0, "=I", BPF_PROG_TYPE_CGROUP_DEVICE), (4, "=I", len(xlated) // 8),
+              (8, "=Q", libc.address(insns)), (16, "=Q", libc.address(lic)), (48, "16s", prog_name)]
     try:
-        return _bpf(BPF_PROG_LOAD, attr, 72)
-    except BpfError as e:
-        lines = log.raw.split(b"\0", 1)[0].decode(errors="replace").strip().splitlines()
-        raise BpfError(e.command, e.errno, "verifier: " + " | ".join(lines[-3:])) from None
+        return _bpf(BPF_PROG_LOAD, _attr(*fields), 72)
+    except BpfError as first:
+        log = libc.buffer(LOG_BUFFER)
+        try:
+            fd = _bpf(BPF_PROG_LOAD, _attr(*fields, (24, "=I", 1), (28, "=I", len(log)),
+                                           (32, "=Q", libc.address(log))), 72)
+        except BpfError:
+            lines = log.raw.split(b"\0", 1)[0].decode(errors="replace").strip().splitlines()
+            raise BpfError(first.command, first.errno, "verifier: " + " | ".join(lines[-3:])) from None
+        return fd  # the same program loaded the second time (the first failure was transient: EAGAIN)
 
 
 def attach_device_program(cgroup_fd: int, prog_fd: int, flags: int = BPF_F_ALLOW_MULTI,
