@@ -320,7 +320,7 @@ PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.d
         "nvsymlinkd.access.bpfproof", "nvsymlinkd.verify", "nvsymlinkd.verify.kinds",
         "nvsymlinkd.verify.journaldiff", "nvsymlinkd.verify.evaluate", "nvsymlinkd.messageids", "nvsymlinkd.text",
         "nvsymlinkd.containers.model",
-        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
+        "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.repair.keep", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
         "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant",
         "nvsymlinkd.containers.early", "nvsymlinkd.containers.runtimes"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
@@ -333,7 +333,7 @@ IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", 
     "nvsymlinkd.access.bpfproof", "nvsymlinkd.containers.hookgrant", "nvsymlinkd.containers.early",
     "nvsymlinkd.verify.evaluate", "nvsymlinkd.containers.model", "nvsymlinkd.messageids", "nvsymlinkd.text",
     "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.containers.runtimes",
-    "nvsymlinkd.record", "nvsymlinkd.errors", "nvsymlinkd.host.procdevices",
+    "nvsymlinkd.record", "nvsymlinkd.repair.keep", "nvsymlinkd.errors", "nvsymlinkd.host.procdevices",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "

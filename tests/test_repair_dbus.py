@@ -31,6 +31,7 @@ from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest, plan_repair
+from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import IN_CI
 from tests.fakehost import FakeHost
 from tests.privatebus import (
@@ -60,7 +61,7 @@ ret = dbus.ObjectPath(p)
 
 # SetUnitProperties: update DeviceAllow like systemd, then observe and (for v1 scopes) re-apply.
 SET_UNIT_PROPERTIES = """
-import dbus, json, os
+import dbus, json, os, subprocess, sys
 name, runtime, props = args
 p = '/org/freedesktop/systemd1/unit/'
 for ch in name:
@@ -71,7 +72,12 @@ unit = objects[p]
 allow = []
 for a, b in unit.props['org.freedesktop.systemd1.Scope']['DeviceAllow']:
     allow.append((str(a), str(b)))
+policy = str(unit.props['org.freedesktop.systemd1.Scope']['DevicePolicy'])
 for key, value in props:
+    if key == 'DevicePolicy':
+        policy = str(value)
+    if key == 'DeviceAllow' and len(value) == 0:
+        allow = []  # systemd: an empty array resets the list
     if key == 'DeviceAllow':
         for path, access in value:
             kept = []
@@ -82,15 +88,20 @@ for key, value in props:
 structs = []
 for e in allow:
     structs.append(dbus.Struct(e))
-unit.UpdateProperties('org.freedesktop.systemd1.Scope', {'DeviceAllow': dbus.Array(structs, signature='(ss)')})
+unit.UpdateProperties('org.freedesktop.systemd1.Scope', {'DeviceAllow': dbus.Array(structs, signature='(ss)'),
+                                                         'DevicePolicy': policy})
 cfgs = getattr(self, 'nvs_cfg', {})
 cfg = cfgs.get(str(name))
 if cfg and cfg.get('fail'):
     raise dbus.exceptions.DBusException('Access denied', name='org.freedesktop.DBus.Error.AccessDenied')
+if cfg and cfg.get('v2'):
+    # cgroup v2: systemd's own program for the policy, on the scope's cgroup (tests/sdprogram.py)
+    subprocess.run([sys.executable, '-m', 'tests.sdprogram', cfg['v2'], policy, json.dumps(allow)], cwd=cfg['repo'],
+                   check=True)
 if cfg:
     seen = {'freezer': open(cfg['freezer']).read().strip() if cfg.get('freezer') else None, 'dev_char': {}}
     for e in allow:
-        seen['dev_char'][e[0]] = os.path.exists(cfg['root'] + e[0])
+        seen['dev_char'][e[0]] = os.path.exists(cfg.get('root', '') + e[0])
     if cfg.get('devices'):
         d = cfg['devices']
         if cfg.get('fake'):
@@ -434,8 +445,23 @@ def test_refused_call_is_a_failure(systemd, fake):
     link_cgroups(fake)
     req = RepairRequest("ghost", "docker", "docker-ghost.scope", None, "/x", None, "systemd", gpu0())
     res = repair_container(HostRoot(str(fake.root)), Config(), req)
-    assert res.status == "failed"
-    assert "NoSuchUnit" in res.error
+    # its DevicePolicy cannot be read: systemd is never asked (on an auto scope a DeviceAllow= narrows)
+    assert res.status == "cannot-repair" and "cannot read the DevicePolicy" in res.plan.cannot, res.to_json()
+    assert "does not know docker-ghost.scope" in res.plan.cannot and systemd.calls() == []
+
+
+def test_a_call_systemd_refuses_is_a_failure(systemd, fake):
+    from nvsymlinkd.repair.apply import repair_container
+
+    link_cgroups(fake)
+    cgdir, cgpath = v2_cgroup()
+    systemd.add_scope("docker-ghost.scope", [("/dev/null", "rwm")], fail=True)
+    req = RepairRequest("ghost", "docker", "docker-ghost.scope", None, cgpath, None, "systemd", gpu0())
+    try:
+        res = repair_container(HostRoot(str(fake.root)), Config(), req)
+    finally:
+        cgdir.rmdir()
+    assert res.status == "failed" and "AccessDenied" in res.error, res.to_json()
 
 
 def test_failed_prevention_does_not_block_the_repair_of_the_loss(systemd, fake):
@@ -446,21 +472,28 @@ def test_failed_prevention_does_not_block_the_repair_of_the_loss(systemd, fake):
     without its GPUs. A failed prevention now limits further preventions only (no loop), and the
     first repair of a real loss goes ahead."""
     from nvsymlinkd.repair.apply import repair_container
+    from nvsymlinkd.repair.plan import ScopeFacts
 
     link_cgroups(fake)
+    cgdir, cgpath = v2_cgroup()
+    systemd.add_scope("docker-ghost.scope", [("/dev/null", "rwm")], fail=True)
     now = [1000.0]
     history = RepairHistory()
-    at_risk = RepairRequest("ghost", "docker", "docker-ghost.scope", None, "/x", None, "systemd", gpu0(), AT_RISK)
-    res = repair_container(HostRoot(str(fake.root)), Config(), at_risk, history=history, clock=lambda: now[0])
-    assert res.status == "failed"   # the call did not take (NoSuchUnit here, a timeout in the soak)
+    at_risk = RepairRequest("ghost", "docker", "docker-ghost.scope", None, cgpath, None, "systemd", gpu0(), AT_RISK)
+    try:
+        res = repair_container(HostRoot(str(fake.root)), Config(), at_risk, history=history, clock=lambda: now[0])
+    finally:
+        cgdir.rmdir()
+    assert res.status == "failed"   # the call did not take (AccessDenied here, a timeout in the soak)
     now[0] += 6
-    lost = RepairRequest("ghost", "docker", "docker-ghost.scope", None, "/x", None, "systemd", gpu0(), LOST)
-    plan = plan_repair(lost, now=now[0], history=history)
+    lost = RepairRequest("ghost", "docker", "docker-ghost.scope", None, cgpath, None, "systemd", gpu0(), LOST)
+    scope = ScopeFacts("strict", (("/dev/null", "rwm"),), leaf_program=False)
+    plan = plan_repair(lost, now=now[0], history=history, scope=scope)
     assert plan.action == "repair", plan.cannot
-    again = plan_repair(at_risk, now=now[0], history=history)
+    again = plan_repair(at_risk, now=now[0], history=history, scope=scope)
     assert again.action == "cannot" and "rate limit" in again.cannot
     history.record("ghost", now[0])   # the loss repaired: that one limits both
-    assert plan_repair(lost, now=now[0] + 1, history=history).action == "cannot"
+    assert plan_repair(lost, now=now[0] + 1, history=history, scope=scope).action == "cannot"
 
 
 # ---------------------------------------------------------------------------
@@ -621,12 +654,18 @@ def test_v1_systemd_restores_what_the_reapply_dropped(systemd, fake, real_v1):
     res = repair_container(HostRoot(str(fake.root)), Config(), req)
     assert res.status == "repaired", (res.error, res.verification, res.steps)
     restored = [s for s in res.steps if "restored" in s]
-    assert restored == ["devices.allow c 1:3 rwm (restored: systemd's re-apply dropped it)",
-                        "devices.allow c 195:255 rw (restored: systemd's re-apply dropped it)"]
+    assert sorted(restored) == sorted(f"devices.allow {r} (restored: systemd's re-apply dropped it)"
+                                      for r in ("c *:* m", "c 1:3 rwm", "c 195:255 rw"))
     listed = (dev / "devices.list").read_text()
     assert "c 195:255 rw" in listed and "c 1:3 rwm" in listed
-    assert "c *:* m" not in listed  # a dropped wildcard is never written back
+    # a dropped wildcard the cgroup listed comes back too: a repair never narrows (issue 39 item 0; it stayed
+    # dropped before, and the container could no longer mknod)
+    assert "c *:* m" in listed
     assert res.steps.index("thaw") > res.steps.index(restored[-1])  # put back while still frozen
+    # the kernel judges, from a process in the cgroup: the grant, the hook's device, mknod, /dev/null
+    nodes = make_nodes(str(node.parent), [("c", 195, 0), ("c", 195, 255), ("c", 1, 3)])
+    probes = [("c", 195, 0, "rw"), ("c", 195, 255, "rw"), ("c", 195, 1, "m"), ("c", 1, 3, "rw")]
+    assert kernel_probe([str(dev / "cgroup.procs")], nodes, str(node.parent), probes) == ["allow"] * 4
 
 
 def test_v1_systemd_real_freezer_already_frozen(systemd, fake, real_v1):

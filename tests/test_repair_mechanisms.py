@@ -29,8 +29,12 @@ class _Stamp(mechanisms.Mechanism):
     def __init__(self):
         self.calls = []
 
-    def refusal(self, request, grants, parent_rules, others_v2):
+    def refusal(self, request, grants, parent_rules, others_v2, scope=None):
         return "not this container" if request.container_id == "other" else None
+
+    def saves(self, host, plan):
+        self.calls.append("saves")
+        return host.save()  # it changes nothing that could narrow
 
     def apply(self, host, plan, steps):
         self.calls.append(("apply", host.root))
@@ -61,7 +65,7 @@ def test_a_new_mechanism_is_one_class_and_one_table_entry(monkeypatch, tmp_path)
     root = HostRoot(str(tmp_path))
     done = repair_container(root, Config(), _request())
     assert done.status == RepairStatus.REPAIRED and done.steps == ["stamp c 195:0 rw"], done.to_json()
-    assert stamp.calls == [("apply", root), "post_check"]
+    assert stamp.calls == ["saves", ("apply", root), "post_check"]
     assert done.verification == {Device.char(195, 0): {"state": "allow", "reason": "stamped"}}
     would = repair_container(root, Config(), _request(), dry_run=True)
     assert would.status == RepairStatus.WOULD and would.program == ["stamp would c 195:0 rw"]

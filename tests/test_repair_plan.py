@@ -19,6 +19,7 @@ from nvsymlinkd.repair.plan import (
     Grant,
     RepairHistory,
     RepairRequest,
+    ScopeFacts,
     plan_repair,
     requests_from_report,
 )
@@ -28,6 +29,10 @@ def req(grants=None, v1="/docker/abc", v2=None, driver="cgroupfs", scope=None, k
     if grants is None:
         grants = (Grant(Device("c", 195, 0), "rw", "spec"),)
     return RepairRequest("abc", "docker", scope, v1, v2, freezer, driver, tuple(grants), kind)
+
+
+# a scope runc's systemd driver made: an allow-list already (DevicePolicy=strict, its entries)
+STRICT = ScopeFacts("strict", (("/dev/char/195:255", "rw"),), leaf_program=True)
 
 
 @pytest.mark.parametrize("kwargs, mechanism", [
@@ -46,7 +51,7 @@ def req(grants=None, v1="/docker/abc", v2=None, driver="cgroupfs", scope=None, k
     (dict(v1=None, v2="/kubepods/pod1/crio-abc", driver="cgroupfs"), BPF_PROGRAM),  # CRI-O's cgroupfs leaf
 ])
 def test_mechanism_by_host_kind(kwargs, mechanism):
-    plan = plan_repair(req(**kwargs), now=0)
+    plan = plan_repair(req(**kwargs), now=0, scope=STRICT)
     assert plan.action == "repair" and plan.mechanism == mechanism
     assert [str(g.rule) for g in plan.grants] == ["c 195:0 rw"]
 
@@ -190,7 +195,7 @@ def test_adapter_from_verifier_findings():
     assert r.kind == LOST and r.cgroup_driver == "systemd" and r.scope == "docker-abc.scope"
     assert [(str(g.device), g.source) for g in r.grants] == [
         ("c 195:0", "spec"), ("c 195:255", "spec"), ("c 195:3", "unexpected"), ("c 195:4", "baseline")]
-    plan = plan_repair(r, now=0)
+    plan = plan_repair(r, now=0, scope=STRICT)
     assert plan.mechanism == SYSTEMD
     assert [str(g.device) for g in plan.grants] == ["c 195:0", "c 195:4", "c 195:255"]
     assert [str(g.device) for g, _ in plan.refused] == ["c 195:3"]  # granted now, expected by nothing trusted
@@ -224,3 +229,40 @@ def test_what_can_never_be_done_is_said_before_the_rate_limit():
     for v1, v2 in (("/docker/abc", None), (None, "/docker/abc")):
         plans = [plan_repair(req(v1=v1, v2=v2, kind=AT_RISK), now=now, history=history) for now in (103.0, 106.0)]
         assert plans[0].cannot == plans[1].cannot and "rate limit" not in plans[0].cannot
+
+
+# --- a repair never narrows: the scope's DevicePolicy decides whether systemd may be asked (issue 39 item 0)
+
+SCOPE = dict(v1=None, v2="/machine.slice/libpod-abc.scope", driver="systemd", scope="libpod-abc.scope")
+CRUN = dict(SCOPE, v2="/machine.slice/libpod-abc.scope/container")  # crun's program sits on this leaf
+AUTO = ScopeFacts("auto", (), leaf_program=True)
+
+
+@pytest.mark.parametrize("kwargs, kind, scope, mechanism, words", [
+    # the VM's case: auto scope, crun's program below it; a lost device -> the leaf's program, never systemd
+    (CRUN, LOST, AUTO, BPF_PROGRAM, "DevicePolicy=auto and no DeviceAllow="),
+    (SCOPE, LOST, AUTO, BPF_PROGRAM, "restricts nothing"),  # the program on the scope's own cgroup
+    (CRUN, LOST, STRICT, BPF_PROGRAM, "cannot grant past it"),
+    (CRUN, AT_RISK, STRICT, SYSTEMD, None),  # an entry more on an allow-list only widens it
+    (SCOPE, LOST, ScopeFacts("auto", (("/dev/char/195:255", "rw"),), leaf_program=True), SYSTEMD, None),
+    (SCOPE, LOST, ScopeFacts("closed", (), leaf_program=False), SYSTEMD, None),
+])
+def test_systemd_only_where_an_entry_more_cannot_narrow(kwargs, kind, scope, mechanism, words):
+    plan = plan_repair(req(kind=kind, **kwargs), now=0, scope=scope)
+    assert plan.action == "repair" and plan.mechanism == mechanism, plan.cannot
+    if words:
+        assert plan.notes[0].startswith("not via systemd:") and words in plan.notes[0], plan.notes
+
+
+@pytest.mark.parametrize("kwargs, kind, scope, words", [
+    (SCOPE, LOST, None, "cannot read the DevicePolicy and DeviceAllow of libpod-abc.scope (not read)"),
+    (SCOPE, LOST, ScopeFacts(error="no bus", leaf_program=True), "(no bus)"),
+    (CRUN, AT_RISK, AUTO, "restricts nothing"),  # a reload takes nothing there; an entry would take the rest
+    (SCOPE, LOST, ScopeFacts("auto", (), leaf_program=False), "restricts nothing"),
+    (CRUN, LOST, ScopeFacts("strict", (), leaf_program=None), "may have (not read)"),
+    # the leaf's program cannot be replaced either: both reasons said
+    (dict(CRUN, v2="/machine.slice/libpod-abc.scope/other"), LOST, AUTO, "does not name the container id"),
+])
+def test_systemd_refused_where_it_could_narrow(kwargs, kind, scope, words):
+    plan = plan_repair(req(kind=kind, **kwargs), now=0, scope=scope)
+    assert plan.action == "cannot" and words in plan.cannot, plan.cannot

@@ -388,6 +388,25 @@ class AccessPolicy:
             return AccessDecision(ALLOW, "no device restriction (no v1 devices cgroup, no v2 device program)")
         return AccessDecision(ALLOW, "; ".join(v.reason for v in decisions if v.reason))
 
+    def programs(self) -> list:
+        """Every source as a program (lists of bpfeval.Insn): v2 programs as decoded, a v1 devices.list
+        through bpfgen (its rules in order, default deny). Only for where the numbers lie: the classes of
+        devices every source treats alike (access.bpfproof.classes); check() stays the judge. A source
+        that could not be read or decoded gives nothing."""
+        from nvsymlinkd.access import bpfgen
+
+        out: list = []
+        for s in self.sources:
+            if isinstance(s, _V1Source) and s.error is None:
+                rules = s.rules or []
+                try:
+                    out.append(bpfgen.allow_all() if any(r.is_allow_all for r in rules) else bpfgen.program(rules))
+                except ValueError:  # more rules than one program holds: their devices are not told apart
+                    continue
+            elif isinstance(s, _V2Source) and s.error is None:
+                out += [p.insns for p in s.programs if p.insns]
+        return out
+
     def describe(self) -> list:
         lines = []
         for s in self.sources:

@@ -18,9 +18,11 @@ import time
 from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
+from nvsymlinkd.access.cgroup import read_access
 from nvsymlinkd.containers.model import display_name
 from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair import keep
 from nvsymlinkd.repair.cgroupfiles import (  # noqa: F401 - the callers' names
     DEVICES_FALLBACK,
     FREEZER_FALLBACK,
@@ -41,7 +43,7 @@ from nvsymlinkd.repair.freeze import (  # noqa: F401 - the callers' names
     recover_frozen,
     thawed_line,
 )
-from nvsymlinkd.repair.host import RepairHost
+from nvsymlinkd.repair.host import RepairHost, Saved
 from nvsymlinkd.repair.mechanisms import BY_NAME
 from nvsymlinkd.repair.plan import (
     AT_RISK,
@@ -50,6 +52,7 @@ from nvsymlinkd.repair.plan import (
     RepairPlan,
     RepairRequest,
     RepairStatus,
+    ScopeFacts,
     plan_repair,
     requests_from_report,  # noqa: F401 - the planner's adapter, used here and by callers of this module
 )
@@ -153,13 +156,48 @@ def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: f
     return mechanism.apply(RepairHost(root, config, timeout, journal, lock_wait), plan, steps)
 
 
+def scope_facts(host: RepairHost, request: RepairRequest) -> ScopeFacts | None:
+    """What the planner needs before it may ask systemd (cgroup v2, systemd driver): the scope's DevicePolicy and
+    DeviceAllow, and whether the container's own cgroup has a device program. None for other rows."""
+    if request.cgroup_driver != "systemd" or request.scope is None or request.v1_devices is not None \
+            or request.v2_cgroup is None:
+        return None
+    leaf = host.leaf_program(request.v2_cgroup)
+    try:
+        policy, allow = host.systemd.device_policy(request.scope)
+    except RepairError as exc:
+        return ScopeFacts(error=str(exc), leaf_program=leaf)
+    return ScopeFacts(policy, tuple(allow), leaf_program=leaf)
+
+
+def _kept(root: HostRoot, host: RepairHost, request: RepairRequest, plan: RepairPlan, before, saved: Saved,
+          result: RepairResult) -> tuple:
+    """A repair never narrows: every device of every class the container's access tells apart (repair/keep.py)
+    is judged before and after; when any it could open is no longer allowed, what the mechanism changed is put
+    back and the repair fails as `narrowed, restored` (or `narrowed, NOT restored`). Returns (what narrowed,
+    what is still narrowed after putting back)."""
+    after = read_access(root, request.v1_devices, request.v2_cgroup)
+    grants = [g.device for g in plan.grants]
+    narrowed = keep.narrowed(before, after, grants)
+    if not narrowed:
+        return [], []
+    problems = host.put_back(saved, result.steps)
+    left = keep.narrowed(before, read_access(root, request.v1_devices, request.v2_cgroup), grants)
+    what = keep.describe(narrowed)
+    if not left:
+        result.error = f"narrowed, restored: the container could open {what} before the repair and not after; " \
+                       f"what {plan.mechanism} changed was put back"
+    else:
+        why = "; ".join(problems) or "the previous state did not come back"
+        result.error = f"narrowed, NOT restored: {keep.describe(left)} still denied after putting back ({why})"
+    return narrowed, left
+
+
 def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     """The kernel-side view after a repair: each grant's verdict from the cgroup's effective access."""
-    from nvsymlinkd.access.cgroup import read_access
-
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
-    for g in grants:
+    for g in grants:  # a Grant, or a keep.Narrowed
         v = policy.check(g.device, g.access)
         out[g.device] = {"state": v.state, "reason": v.reason}
     return out
@@ -223,7 +261,8 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
     plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
-                       force=force, others_v2=others_v2)
+                       force=force, others_v2=others_v2,
+                       scope=scope_facts(RepairHost(root, config, timeout, journal, lock_wait), request))
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
@@ -235,9 +274,19 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         busy = False
         host = RepairHost(root, config, timeout, journal, lock_wait)
         mechanism = BY_NAME[plan.mechanism or ""]
+        before = read_access(root, request.v1_devices, request.v2_cgroup)
+        try:
+            saved = mechanism.saves(host, plan)
+        except RepairError as exc:  # nothing held, nothing changed: a repair that could not be undone is not made
+            result = _refused(plan, f"cannot read what the repair would change, to put it back if it narrowed: "
+                                    f"{exc}", False)
+            result.by_hand = by_hand
+            _journal(journal, result)
+            return result
         try:
             result.program = mechanism.apply(host, plan, result.steps)
         except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
+            host.release(saved)
             result = _refused(plan, str(exc), False)
             result.by_hand = by_hand
             _journal(journal, result)
@@ -248,12 +297,22 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             result.error = str(exc)
         except OSError as exc:
             result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
+        try:
+            narrowed, left = _kept(root, host, request, plan, before, saved, result)
+        finally:
+            host.release(saved)
         # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
         # attempt (no loops); a successful prevention does not, so a later loss still gets repaired, and a
         # failed one limits only further preventions (the loss it could not prevent still gets repaired).
-        # Waiting in vain on another repair's lock is no attempt: the next pass tries again.
-        record_attempt = history is not None and not busy
+        # Waiting in vain on another repair's lock is no attempt: the next pass tries again, and so it does
+        # after a narrowing that could not be put back: the limit never leaves a container narrowed.
+        record_attempt = history is not None and not busy and not left
         result.verification = check_access(root, request, plan.grants)
+        for n in narrowed:
+            now = result.verification.get(n.device) or check_access(root, request, [n]).get(n.device, {})
+            result.verification[n.device] = {"state": now.get("state", "unknown"),
+                                             "reason": f"narrowed by the repair ({n.state}: {n.reason}); "
+                                                       f"after putting back: {now.get('reason')}"}
         if result.error is None:
             mechanism.post_check(host, request, plan.grants, result.verification)
         if reverify is not None and result.error is None:

@@ -215,3 +215,93 @@ def _read_back(root: HostRoot, prepared: Prepared, grants, cg_fd: int, new_id: i
             problems.append(f"could not put the old programs back: {exc}")
     raise RepairError(f"read back from the kernel, the new program of {inside} does not prove: "
                       + "; ".join(problems[:3]))
+
+
+# --- what a repair puts back when the container can open less than before (repair.apply) --------------
+
+@dataclass
+class Held:
+    """The device programs a cgroup had before a repair, held open so they can be attached again."""
+
+    cgroup_dir: str  # inside
+    ids: list
+    flags: int
+    fds: list
+
+
+def hold(root: HostRoot, cgroup: str) -> Held:
+    """Hold the cgroup's own programs (cgroup as /proc/<pid>/cgroup prints it); RepairError when it cannot."""
+    inside, why = v2_cgroup_dir(root, cgroup)
+    if inside is None:
+        raise RepairRefused(f"refusing the cgroup v2 path {cgroup!r}: {why}")
+    try:
+        fd = bpfprog.open_cgroup_dir(root.path(inside))
+    except OSError as exc:
+        raise RepairError(f"cannot open {inside}: {exc.strerror}")
+    fds: list = []
+    try:
+        ids, flags = bpfprog.query_device_programs(fd, effective=False)
+        for prog_id in ids:
+            fds.append(bpfprog.program_fd(prog_id))
+    except BpfError as exc:
+        _close_all(fds)
+        raise RepairError(f"cannot hold the device programs of {inside}: {exc}")
+    finally:
+        os.close(fd)
+    return Held(inside, ids, flags, fds)
+
+
+def has_own_program(root: HostRoot, cgroup: str) -> bool | None:
+    """Whether the cgroup has a device program of its own; None when that cannot be read."""
+    inside, _ = v2_cgroup_dir(root, cgroup)
+    if inside is None:
+        return None
+    try:
+        fd = bpfprog.open_cgroup_dir(root.path(inside))
+    except OSError:
+        return None
+    try:
+        return bool(bpfprog.query_device_programs(fd, effective=False)[0])
+    except BpfError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def put_back(root: HostRoot, held: Held, steps: list) -> None:
+    """Make the cgroup's own programs those it held again: each held one not attached now is attached (with
+    BPF_F_ALLOW_MULTI, or in the one program's place with its old flags), then every other one detached. In
+    between the cgroup runs both, which allows only what both allow: never more than before."""
+    inside = held.cgroup_dir
+    try:
+        cg_fd = bpfprog.open_cgroup_dir(root.path(inside))
+    except OSError as exc:
+        raise RepairError(f"cannot open {inside}: {exc.strerror} (container gone?)")
+    try:
+        now, _ = bpfprog.query_device_programs(cg_fd, effective=False)
+        if now == held.ids:
+            return
+        multi = bool(held.flags & bpfprog.BPF_F_ALLOW_MULTI)
+        for prog_id, fd in zip(held.ids, held.fds):
+            if prog_id not in now:
+                bpfprog.attach_device_program(cg_fd, fd, bpfprog.BPF_F_ALLOW_MULTI if multi else held.flags)
+                steps.append(f"BPF_PROG_ATTACH {inside} prog {prog_id} (put back)")
+        if multi or not held.ids:
+            for prog_id in bpfprog.query_device_programs(cg_fd, effective=False)[0]:
+                if prog_id in held.ids:
+                    continue
+                fd = bpfprog.program_fd(prog_id)
+                try:
+                    bpfprog.detach_device_program(cg_fd, fd)
+                finally:
+                    os.close(fd)
+                steps.append(f"BPF_PROG_DETACH {inside} prog {prog_id} (not there before the repair)")
+    except BpfError as exc:
+        raise RepairError(f"could not put back the device programs of {inside}: {exc}")
+    finally:
+        os.close(cg_fd)
+
+
+def release(held: Held) -> None:
+    _close_all(held.fds)
+    held.fds = []

@@ -96,15 +96,36 @@ def wait_listed(root: HostRoot, devices_dir: str, grants, timeout: float):
 def restore_dropped(root: HostRoot, devices_dir: str, before, after, steps: list) -> None:
     """systemd's v1 apply starts from deny-all: put back anything it dropped that the container had.
 
-    Only rules the cgroup held a moment ago are written back (never broader); they
-    are not persistent, which the verifier reports as at-risk.
+    Only rules the cgroup listed a moment ago are written back, wildcards too (`c *:* m`, runc's `c 136:* rwm`:
+    in allow-list mode each listed line is exactly an exception the cgroup had); they are not persistent,
+    which the verifier reports as at-risk. Default-allow mode (`a *:* rwm`) cannot be put back exactly.
     """
     if any(r.is_allow_all for r in before):
         return
+    _write_back(root, devices_dir, before, after, steps, "restored: systemd's re-apply dropped it")
+
+
+def _write_back(root: HostRoot, devices_dir: str, before, after, steps: list, why: str) -> None:
+    listed = {str(r) for r in after}
     for rule in before:
+        if not rule.allow or rule.is_allow_all or str(rule) in listed:
+            continue
         device = rule.device
-        if device is None:
-            continue  # a wildcard line systemd dropped stays dropped: we never write wildcards
-        if not decide(after, device, rule.access).allowed:
-            write_cgroup_file(root, f"{devices_dir}/devices.allow", str(rule))
-            steps.append(f"devices.allow {rule} (restored: systemd's re-apply dropped it)")
+        if device is not None and decide(after, device, rule.access).allowed:
+            continue
+        inside = f"{devices_dir}/devices.allow"
+        try:
+            write_cgroup_file(root, inside, str(rule))
+        except OSError as exc:
+            raise RepairError(f"cannot write '{rule}' back to {inside}: {exc.strerror}")
+        steps.append(f"devices.allow {rule} ({why})")
+
+
+def restore_rules(root: HostRoot, devices_dir: str, before, steps: list) -> None:
+    """Write back every allow rule the cgroup listed before a repair and does not now (wildcards too: in
+    allow-list mode each listed line is exactly an exception the cgroup had). `a *:* rwm` cannot be put back
+    exactly: devices.list does not show that mode's deny exceptions (REFERENCE.md, cgroup v1)."""
+    if any(r.is_allow_all for r in before):
+        raise RepairError(f"{devices_dir} was in default-allow mode (`a *:* rwm`), whose deny exceptions "
+                          "devices.list does not show: it cannot be put back exactly")
+    _write_back(root, devices_dir, before, read_rules(root, devices_dir), steps, "put back")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import stat
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from nvsymlinkd.errors import RepairError
+from nvsymlinkd.errors import NvsymlinkdError, RepairError
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import cgroupfiles
 from nvsymlinkd.repair.cgroupfiles import (
@@ -52,6 +53,24 @@ class SystemdUnits:
         except SystemdCallError as exc:
             raise RepairError(str(exc))
 
+    def device_policy(self, scope: str) -> tuple:
+        """(DevicePolicy, DeviceAllow [(path, access)]) of the scope as systemd holds them."""
+        from nvsymlinkd.systemd.units import SystemdCallError, get_device_policy
+
+        try:
+            return get_device_policy(scope, timeout=self.timeout)
+        except SystemdCallError as exc:
+            raise RepairError(str(exc))
+
+    def put_back_policy(self, scope: str, policy: str, entries: Sequence) -> None:
+        """SetUnitProperties(scope, runtime=true, DevicePolicy=policy, DeviceAllow= reset, then the entries)."""
+        from nvsymlinkd.systemd.units import SystemdCallError, set_device_policy
+
+        try:
+            set_device_policy(scope, policy, list(entries), timeout=self.timeout)
+        except SystemdCallError as exc:
+            raise RepairError(str(exc))
+
     def device_allow(self, scope: str) -> dict:
         """The scope's DeviceAllow as systemd holds it: {path: access}."""
         from nvsymlinkd.systemd.units import SystemdCallError, get_device_allow
@@ -60,6 +79,16 @@ class SystemdUnits:
             return dict(get_device_allow(scope, timeout=self.timeout))
         except SystemdCallError as exc:
             raise RepairError(str(exc))
+
+
+@dataclass
+class Saved:
+    """What a mechanism changes, read before it acts (Mechanism.saves): put back when the container can open
+    less after the repair than before (RepairHost.put_back)."""
+
+    properties: tuple | None = None  # (scope, DevicePolicy, ((path, access), ...))
+    programs: list = field(default_factory=list)  # [bpfrepair.Held], one per cgroup v2 directory
+    devices: tuple | None = None  # (v1 devices directory, [Rule] of its devices.list)
 
 
 class RepairHost:
@@ -137,3 +166,65 @@ class RepairHost:
         from nvsymlinkd.repair import bpfrepair
 
         bpfrepair.replace(self.root, prepared, tuple(grants), steps)
+
+    # -- what a repair puts back when it narrowed (a repair never narrows)
+
+    def save(self, properties: str | None = None, programs: Sequence[str] = (), devices: str | None = None) -> Saved:
+        """Read what put_back needs: a scope's device properties, cgroup v2 directories' own programs (held
+        open), a v1 devices.list. RepairError when any cannot be read (nothing is held then)."""
+        from nvsymlinkd.repair import bpfrepair
+
+        saved = Saved()
+        try:
+            if properties is not None:
+                policy, allow = self.systemd.device_policy(properties)
+                saved.properties = (properties, policy, tuple(allow))
+            for cgroup in programs:
+                saved.programs.append(bpfrepair.hold(self.root, cgroup))
+            if devices is not None:
+                try:
+                    saved.devices = (devices, self.read_rules(devices))
+                except (OSError, NvsymlinkdError) as exc:
+                    raise RepairError(f"cannot read {devices}/devices.list: {exc}")
+        except BaseException:
+            self.release(saved)
+            raise
+        return saved
+
+    def put_back(self, saved: Saved, steps: list) -> list:
+        """Put everything saved back, each part tried; returns what could not be (empty: all put back).
+        systemd's properties first (its re-apply attaches a program of its own), then the programs, then v1."""
+        from nvsymlinkd.repair import bpfrepair
+
+        problems = []
+        if saved.properties is not None:
+            scope, policy, allow = saved.properties
+            try:
+                self.systemd.put_back_policy(scope, policy, allow)
+                steps.append(f"SetUnitProperties {scope} DevicePolicy {policy} DeviceAllow reset to "
+                             f"{len(allow)} entries (put back)")
+            except RepairError as exc:
+                problems.append(f"{scope}'s DevicePolicy/DeviceAllow: {exc}")
+        for held in saved.programs:
+            try:
+                bpfrepair.put_back(self.root, held, steps)
+            except RepairError as exc:
+                problems.append(str(exc))
+        if saved.devices is not None:
+            devices_dir, rules = saved.devices
+            try:
+                cgroupfiles.restore_rules(self.root, devices_dir, rules, steps)
+            except (OSError, NvsymlinkdError) as exc:
+                problems.append(str(exc))
+        return problems
+
+    def release(self, saved: Saved) -> None:
+        from nvsymlinkd.repair import bpfrepair
+
+        for held in saved.programs:
+            bpfrepair.release(held)
+
+    def leaf_program(self, cgroup: str) -> bool | None:
+        from nvsymlinkd.repair import bpfrepair
+
+        return bpfrepair.has_own_program(self.root, cgroup)

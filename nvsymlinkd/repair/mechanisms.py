@@ -16,11 +16,19 @@ from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
 
 from nvsymlinkd.access.rules import decide
 from nvsymlinkd.errors import RepairError
-from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairPlan, RepairRequest, needed
+from nvsymlinkd.repair.model import (
+    AT_RISK,
+    LOST,
+    Grant,
+    RepairPlan,
+    RepairRequest,
+    ScopeFacts,
+    needed,
+)
 
 if TYPE_CHECKING:
     from nvsymlinkd.host.devices import Device, Rule
-    from nvsymlinkd.repair.host import RepairHost
+    from nvsymlinkd.repair.host import RepairHost, Saved
 
 # The mechanisms' names: the `mechanism` value in the JSON output and the journal
 SYSTEMD = "systemd"  # SetUnitProperties(DeviceAllow) on the scope (cgroup v2)
@@ -43,9 +51,16 @@ class Mechanism:
     notes: ClassVar[tuple[str, ...]] = ()  # said with every plan that uses it
 
     def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None]) -> str | None:
-        """Why this mechanism cannot help this request (nothing is done then), or None."""
+                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
+        """Why this mechanism cannot help this request (nothing is done then), or None. `scope`: the systemd
+        scope's device properties and the container cgroup's own program (systemd driver on cgroup v2)."""
         return None
+
+    def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
+        """Read, before apply, everything this mechanism changes, so that repair.apply can put it back when
+        the container can open less afterwards than before (a repair never narrows). RepairError when it
+        cannot be read: nothing is done then."""
+        raise NotImplementedError
 
     def apply(self, host: RepairHost, plan: RepairPlan, steps: list[str]) -> list[str] | None:
         """Make the change; each step done is appended to `steps`. RepairError (RepairRefused: nothing was
@@ -100,6 +115,7 @@ def not_own_cgroup(request: RepairRequest, others_v2: Iterable[str | None] = ())
     if names[-1].endswith(".slice"):
         return f"its cgroup {path} is a slice, shared by everything in it: only a container's own cgroup"
     own = names[-2] if names[-1] == "container" and len(names) > 1 else names[-1]
+    own = own[:-len(".scope")] if own.endswith(".scope") else own  # the systemd driver's libpod-<id>.scope
     # the id itself, or after a runtime's prefix: <id> (Docker, containerd's CRI, runc), crio-<id>,
     # libpod-<id>; never merely somewhere inside a name (a short runc id "gpu" is in "gpu-other")
     cid = request.container_id
@@ -138,10 +154,62 @@ def _scope_holds(host: RepairHost, request: RepairRequest, grants: Sequence[Gran
                                            f"{path} {g.access} after SetUnitProperties"}
 
 
+def scope_cgroup(request: RepairRequest) -> str | None:
+    """The cgroup v2 path of the request's scope: its v2 path up to the scope's own component (crun's leaf is
+    `<scope>/container`); None when the scope is not on the path."""
+    if request.scope is None or request.v2_cgroup is None:
+        return None
+    names = request.v2_cgroup.split("/")
+    if request.scope not in names:
+        return None
+    return "/".join(names[:names.index(request.scope) + 1])
+
+
+def below_scope(request: RepairRequest) -> bool:
+    """The container's own cgroup (where its init is) is not the scope's but below it (crun's `container`)."""
+    found = scope_cgroup(request)
+    return found is not None and found != request.v2_cgroup
+
+
+def _systemd_refusal(request: RepairRequest, scope: ScopeFacts | None) -> str | None:
+    """Why a DeviceAllow= on the scope could narrow the container, or cannot grant: systemd src/core/cgroup.c
+    (v252) cgroup_context_has_device_policy: DevicePolicy=auto with no entries attaches no program at all;
+    with any entry the scope becomes an allow-list of the entries (cgroup_apply_devices, plus the pseudo
+    devices), whatever the container could open before."""
+    unit = request.scope
+    if scope is None or scope.policy is None:
+        why = scope.error if scope is not None and scope.error else "not read"
+        return (f"cannot read the DevicePolicy and DeviceAllow of {unit} ({why}): on a scope whose policy is auto "
+                "a DeviceAllow= would make it an allow-list of the grants alone; not calling systemd")
+    if scope.restricts_nothing:
+        return (f"{unit} has DevicePolicy=auto and no DeviceAllow=: it restricts nothing (no device program), so "
+                "what denies the container sits elsewhere; a DeviceAllow= would turn the scope into an allow-list "
+                "of the grants alone and take every other device away")
+    if request.kind == LOST and below_scope(request) and scope.leaf_program is not False:
+        has = "has" if scope.leaf_program else "may have (not read)"
+        return (f"the container's cgroup {request.v2_cgroup}, below {unit}, {has} a device program of its own "
+                "(crun's): a DeviceAllow= on the scope cannot grant past it")
+    return None
+
+
 class Systemd(Mechanism):
-    """cgroup v2, systemd driver: SetUnitProperties(DeviceAllow) on the scope; systemd attaches the program."""
+    """cgroup v2, systemd driver: SetUnitProperties(DeviceAllow) on the scope; systemd attaches the program.
+    Only on a scope that already is an allow-list (strict, closed, or auto with entries): there an entry more
+    only widens it. Where the container's own cgroup below the scope has a program of its own (crun) and a
+    device is lost, `choose` gives that cgroup a new program instead (bpf-program)."""
 
     name, cgroup, driver = SYSTEMD, "v2", "systemd"
+
+    def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
+                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
+        return _systemd_refusal(request, scope)
+
+    def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
+        # the properties, and the programs of the scope's cgroup and of the container's own below it: systemd
+        # attaches its new program before it detaches its old one, beside a runtime's (runc, crun)
+        r = plan.request
+        cgroups = [c for c in dict.fromkeys((scope_cgroup(r), r.v2_cgroup)) if c is not None]
+        return host.save(properties=needed(r.scope, "systemd unit"), programs=cgroups)
 
     def apply(self, host: RepairHost, plan: RepairPlan, steps: list[str]) -> list[str] | None:
         host.ensure_dev_char_links(plan.grants, steps)  # systemd < 240 stats the DeviceAllow path
@@ -161,7 +229,7 @@ class DevicesAllow(Mechanism):
              "the device",)
 
     def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None]) -> str | None:
+                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
         why = _v1_refusal(request, grants, parent_rules)
         if why is None and request.kind == AT_RISK:
             why = ("with the cgroupfs driver on cgroup v1 the only device policy is the cgroup's own, which runc "
@@ -174,6 +242,9 @@ class DevicesAllow(Mechanism):
         host.write_devices_allow(host.devices_dir(plan.request), plan.grants, steps)
         return None
 
+    def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
+        return host.save(devices=host.devices_dir(plan.request))
+
 
 class DevicesAllowSystemd(Mechanism):
     """cgroup v1, systemd driver: devices.allow for the immediate fix, then SetUnitProperties to persist it,
@@ -182,7 +253,7 @@ class DevicesAllowSystemd(Mechanism):
     name, cgroup, driver = DEVICES_ALLOW_SYSTEMD, "v1", "systemd"
 
     def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None]) -> str | None:
+                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
         return _v1_refusal(request, grants, parent_rules)
 
     def apply(self, host: RepairHost, plan: RepairPlan, steps: list[str]) -> list[str] | None:
@@ -205,6 +276,11 @@ class DevicesAllowSystemd(Mechanism):
             host.restore_dropped(devices_dir, before, after, steps)
         return None
 
+    def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
+        # systemd's v1 re-apply writes `a` to devices.deny, then its entries: what it drops comes back from the
+        # devices.list read here (restore_dropped does the same inside the freeze, for exact devices)
+        return host.save(devices=host.devices_dir(plan.request))
+
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
                    verification: dict[Device, dict[str, str]]) -> None:
         _scope_holds(host, request, grants, verification)
@@ -218,7 +294,7 @@ class BpfProgram(Mechanism):
              "daemon's next pass sees the loss and repairs it within the rate limit)",)
 
     def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None]) -> str | None:
+                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
         if request.kind == AT_RISK:
             return ("with the cgroupfs driver on cgroup v2 the only device policy is the cgroup's BPF program, which "
                     "the runtime replaces from the spec when it re-applies its rules; nothing can make a device "
@@ -236,6 +312,9 @@ class BpfProgram(Mechanism):
 
     def preview(self, host: RepairHost, plan: RepairPlan) -> list[str] | None:
         return host.bpf_prepare(plan.request, plan.grants).rule_lines
+
+    def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
+        return host.save(programs=[needed(plan.request.v2_cgroup, "cgroup v2 path")])
 
 
 # The table, in the order of the JSON schema's enum
@@ -255,14 +334,31 @@ def row(request: RepairRequest) -> tuple[str, str] | None:
     return cgroup, "systemd" if request.cgroup_driver == "systemd" else "cgroupfs"
 
 
+LEAF_NOTE = ("the scope's DeviceAllow= cannot grant past the device program of the container's own cgroup: that "
+             "program is replaced (bpf-program); it lasts until the runtime attaches a program of its own again")
+
+
 def choose(request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-           others_v2: Iterable[str | None] = ()) -> tuple[str | None, tuple[str, ...], str | None]:
-    """(mechanism name, its notes, None), or (None, (), why it cannot be repaired automatically)."""
+           others_v2: Iterable[str | None] = (), scope: ScopeFacts | None = None
+           ) -> tuple[str | None, tuple[str, ...], str | None]:
+    """(mechanism name, its notes, None), or (None, (), why it cannot be repaired automatically).
+
+    A lost device on cgroup v2 with the systemd driver whose denial sits in the container's own cgroup's
+    program (the scope restricts nothing, or crun's program below it) gets that cgroup's program replaced:
+    the mechanism that acts on the leaf, never a scope property that can only narrow."""
     found = row(request)
     mechanism = next((m for m in TABLE if (m.cgroup, m.driver) == found), None)
     if mechanism is None:
         return None, (), NO_CGROUP
-    why = mechanism.refusal(request, grants, parent_rules, others_v2)
-    if why is not None:
-        return None, (), why
-    return mechanism.name, mechanism.notes, None
+    others_v2 = list(others_v2)
+    why = mechanism.refusal(request, grants, parent_rules, others_v2, scope)
+    if why is None:
+        return mechanism.name, mechanism.notes, None
+    if (mechanism.name == SYSTEMD and request.kind == LOST and scope is not None and scope.leaf_program
+            and (scope.restricts_nothing or below_scope(request))):
+        leaf = BY_NAME[BPF_PROGRAM]
+        leaf_why = leaf.refusal(request, grants, parent_rules, others_v2, scope)
+        if leaf_why is None:
+            return leaf.name, (f"not via systemd: {why}", LEAF_NOTE), None
+        why += f"; nor by a new program for the container's own cgroup: {leaf_why}"
+    return None, (), why

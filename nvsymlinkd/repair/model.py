@@ -97,6 +97,27 @@ class RepairRequest:
 
 
 @dataclass(frozen=True)
+class ScopeFacts:
+    """What a systemd-driver container on cgroup v2 shows before a repair is planned (read by repair.apply):
+    its scope's device properties, and whether its own cgroup has a device program of its own.
+
+    DevicePolicy=auto with no DeviceAllow= restricts nothing; any DeviceAllow= turns it into an allow-list of
+    those entries (plus the pseudo devices): systemd src/core/cgroup.c, cgroup_context_has_device_policy and
+    cgroup_apply_devices (v252). crun keeps its own device program on `<scope>/container`, below the scope.
+    """
+
+    policy: str | None = None  # DevicePolicy: auto, closed or strict; None: not read (error says why)
+    allow: tuple[tuple[str, str], ...] = ()  # DeviceAllow: (path, access) as systemd holds them
+    error: str | None = None  # why the properties could not be read
+    leaf_program: bool | None = None  # request.v2_cgroup has a device program of its own; None: not read
+
+    @property
+    def restricts_nothing(self) -> bool:
+        """auto with no entries: the scope attaches no device program; a DeviceAllow= can only narrow."""
+        return self.policy == "auto" and not self.allow
+
+
+@dataclass(frozen=True)
 class RepairPlan:
     request: RepairRequest
     mechanism: str | None = None  # one of mechanisms.MECHANISMS, None when nothing is done

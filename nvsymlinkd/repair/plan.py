@@ -11,6 +11,9 @@ Safety rules, enforced here whatever the caller passes in:
   container's own /dev (a container with CAP_MKNOD can make any node);
 - one exact character device per grant: no wildcard, no block device, and the
   access letters of the original rule, nothing more (no `m` unless it had it);
+- a repair never narrows: systemd is asked only for a scope that already is an allow-list (a
+  DeviceAllow= on a DevicePolicy=auto scope without entries takes every other device away), and
+  never where the container's own cgroup below the scope decides (crun): its program is replaced;
 - a container that needs a repair again within `window` seconds of the last
   one is reported, not repaired in a loop (something keeps taking the device
   away; another grant would hide that).
@@ -42,6 +45,7 @@ from nvsymlinkd.repair.model import (  # noqa: F401 - the callers' names
     RepairPlan,
     RepairRequest,
     RepairStatus,
+    ScopeFacts,
 )
 from nvsymlinkd.verify.kinds import FindingKind
 
@@ -178,7 +182,8 @@ def _wrong_unit(request: RepairRequest) -> str | None:
 
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
                 window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
-                others_v2: Iterable[str | None] = (), force: bool = False) -> RepairPlan:
+                others_v2: Iterable[str | None] = (), force: bool = False,
+                scope: ScopeFacts | None = None) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
     repair (wrong unit, no mechanism, then the rate limit), else the mechanism.
 
@@ -187,6 +192,8 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
     None when unknown or not v1. `now` and `history` implement the rate limit. `others_v2`: the
     cgroup v2 paths of the host's other containers (a BPF_PROGRAM repair never touches theirs).
+    `scope`: the systemd scope's DevicePolicy/DeviceAllow and whether the container's own cgroup has a device
+    program (cgroup v2, systemd driver; None: not read, and then systemd is never asked: a repair never narrows).
     """
     grants, refused = _accepted(request.grants)
     if not grants:
@@ -195,7 +202,7 @@ def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | 
     mechanism: str | None = None
     notes: tuple[str, ...] = ()
     if cannot is None:
-        mechanism, notes, cannot = choose(request, grants, parent_rules, others_v2)
+        mechanism, notes, cannot = choose(request, grants, parent_rules, others_v2, scope)
     if cannot is not None:
         return RepairPlan(request, None, (), tuple(refused), cannot)
     limited = _rate_limited(request, now, history, window)

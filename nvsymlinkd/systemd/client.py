@@ -125,6 +125,20 @@ async def set_device_allow(bus, unit: str, entries, timeout: float = CALL_TIMEOU
                timeout=timeout)
 
 
+async def set_device_policy(bus, unit: str, policy: str, entries, timeout: float = CALL_TIMEOUT) -> None:
+    """SetUnitProperties(unit, runtime=true, [DevicePolicy=policy, DeviceAllow=[], DeviceAllow=entries]): the
+    empty array resets the unit's list (systemd src/core/dbus-cgroup.c, bus_cgroup_set_property, "DeviceAllow":
+    n == 0 frees every entry), the entries follow in the same call, so systemd re-applies the policy once, as
+    it was. A repair that narrowed puts the scope back with it."""
+    from dbus_next import Variant
+
+    props = [["DevicePolicy", Variant("s", str(policy))], device_allow_property([])]
+    entries = list(entries)
+    if entries:
+        props.append(device_allow_property(entries))
+    await call(bus, "SetUnitProperties", "sba(sv)", [unit, True, props], timeout=timeout)
+
+
 async def get_device_allow(bus, unit: str, timeout: float = CALL_TIMEOUT) -> list:
     """The scope's current DeviceAllow entries as [(path, access)]."""
     obj = await get_unit(bus, unit, timeout)
@@ -229,6 +243,10 @@ class Client:
         if not entries:
             raise ValueError("no DeviceAllow entries: an empty list would reset the unit's DeviceAllow")
         self.run(lambda bus: set_device_allow(bus, unit, entries, timeout), timeout)
+
+    def set_device_policy(self, unit: str, policy: str, entries, timeout: float = CALL_TIMEOUT) -> None:
+        entries = list(entries)
+        self.run(lambda bus: set_device_policy(bus, unit, policy, entries, timeout), timeout)
 
     def get_device_allow(self, unit: str, timeout: float = CALL_TIMEOUT) -> list:
         return self.run(lambda bus: get_device_allow(bus, unit, timeout), timeout)  # type: ignore[no-any-return]

@@ -38,3 +38,20 @@ def get_unit(unit: str, timeout: float = DEFAULT_TIMEOUT) -> str:
 def get_device_allow(unit: str, timeout: float = DEFAULT_TIMEOUT) -> list:
     """The scope's current DeviceAllow entries as [(path, access)]."""
     return shared().get_device_allow(unit, timeout)
+
+
+def get_device_policy(unit: str, timeout: float = DEFAULT_TIMEOUT) -> tuple:
+    """(DevicePolicy, DeviceAllow [(path, access)]) of a scope; SystemdCallError, also for an unknown unit."""
+    props = shared().scope_properties([unit], timeout).get(unit)
+    if props is None:
+        raise SystemdCallError(f"systemd does not know {unit}")
+    policy, allow = props.get("DevicePolicy"), props.get("DeviceAllow")
+    if policy is None or allow is None:
+        raise SystemdCallError(f"{unit} has no DevicePolicy/DeviceAllow property")
+    return str(policy.value), [(str(p), str(a)) for p, a in allow.value]
+
+
+def set_device_policy(unit: str, policy: str, entries, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """SetUnitProperties(unit, runtime=true, [DevicePolicy, DeviceAllow=[] (reset), DeviceAllow=entries]):
+    a scope's device properties put back as they were; raises SystemdCallError."""
+    shared().set_device_policy(unit, policy, entries, timeout)

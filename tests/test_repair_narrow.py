@@ -1,0 +1,237 @@
+"""A repair never narrows (issue 39, item 0), with the kernel as the judge.
+
+In a VM (cgroup v2, Podman 4.3 with crun and the NVIDIA hook) a container lacking the uvm nodes was repaired
+"via systemd": SetUnitProperties(DeviceAllow=uvm) on its scope, whose DevicePolicy was auto (crun keeps its own
+device program on `<scope>/container`). systemd turned the scope into an allow-list of just that entry and the
+container lost c 195:0 and c 195:255 as well.
+
+Here: real cgroup v2 directories with a process in the container's own cgroup (tests/bpfasm.kernel_probe:
+open() of a mknod'ed node gives ENXIO when allowed, EPERM when denied; /dev/null's 1:3 opens), runtime programs
+in runc's shape (crun emits the same), and a dbusmock systemd whose SetUnitProperties attaches the program
+systemd would (tests/sdprogram.py: auto with entries is an allow-list of them plus the pseudo devices). For each
+mechanism a partial loss repaired leaves every device the container could open before still open; where a
+mechanism narrows, what it changed is put back and the repair says `narrowed, restored`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nvsymlinkd.access import bpfeval as be
+from nvsymlinkd.access import bpfprog, bpfproof
+from nvsymlinkd.access.cgroup import find_cgroup_mounts
+from nvsymlinkd.config import Config
+from nvsymlinkd.host.devices import Device, Rule
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest
+from tests import bpfasm
+from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
+from tests.conftest import _skip_or_fail
+from tests.fakehost import FakeHost
+from tests.test_repair_dbus import SystemdMock
+from tests.test_verify_cache import Program
+
+REPO = str(Path(__file__).resolve().parent.parent)
+RUNC_DEFAULTS = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
+                 Rule(True, "c", 1, 5, "rwm"), Rule(True, "c", 136, None, "rwm")]
+
+
+@pytest.fixture
+def v2(need_root):
+    mounts = find_cgroup_mounts(HostRoot("/"))
+    if mounts.v2 is None:
+        _skip_or_fail("needs a cgroup2 mount")
+    try:
+        os.close(bpfprog.load_device_program(be.encode(bpfasm.runc_allow_all())))
+    except bpfprog.BpfError as e:
+        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
+    free = bpfasm.free_majors("Character")
+    if 195 not in free or len(free) < 2:
+        _skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
+    dirs = CgroupDirs(mounts.v2.mountpoint, "narrow")
+    yield dirs
+    dirs.close()
+
+
+@pytest.fixture
+def systemd(tmp_path, need_root, monkeypatch):
+    from tests.privatebus import need_dbusmock
+
+    need_dbusmock()
+    m = SystemdMock(tmp_path / "bus")
+    try:
+        m.start()
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", m.address)
+        yield m
+    finally:
+        m.close()
+
+
+class Container:
+    """A GPU container's cgroups (its scope's, and crun's `container` leaf when `leaf`), a fake --root whose
+    /sys/fs/cgroup is the real one, nodes to probe, and its runtime's program on its own cgroup."""
+
+    def __init__(self, v2, tmp_path, cid: str, leaf: bool, cgroupfs: bool = False):
+        # Podman's cgroup names: libpod-<id>.scope with the systemd driver, libpod-<id> with cgroupfs
+        self.cid, self.scope = cid, f"libpod-{cid}" + ("" if cgroupfs else ".scope")
+        self.scope_cgroup = v2.make(self.scope)
+        self.cgroup = v2.make(f"{self.scope}/container") if leaf else self.scope_cgroup
+        self.real = v2.real(self.cgroup)
+        self.scope_real = v2.real(self.scope_cgroup)
+        self.uvm = Device("c", [m for m in bpfasm.free_majors("Character") if m != 195][0], 0)
+        host = FakeHost(tmp_path / "root")
+        host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": self.uvm.major})
+        for path, dev in (("/dev/nvidia0", C0), ("/dev/nvidiactl", C255), ("/dev/nvidia-uvm", self.uvm)):
+            host.node(path, dev.major, dev.minor)
+        host.path("/sys/fs").mkdir(parents=True)
+        os.symlink("/sys/fs/cgroup", host.path("/sys/fs/cgroup"))  # the real cgroups, seen from --root
+        self.root = HostRoot(str(host.root))
+        (tmp_path / "nodes").mkdir()
+        self.scratch = str(tmp_path / "nodes")
+        self.probes = [("c", 195, 0, "rw"), ("c", 195, 255, "rw"), ("c", self.uvm.major, 0, "rw"), ("c", 1, 3, "rw"),
+                       ("c", 195, 7, "m")]
+        self.nodes = make_nodes(self.scratch, sorted({p[:3] for p in self.probes}))
+        self.programs: list = []
+
+    def runtime_program(self, devices) -> Program:
+        prog = Program(self.real, RUNC_DEFAULTS + [Rule(True, d.type, d.major, d.minor, "rw") for d in devices])
+        self.programs.append(prog)
+        return prog
+
+    def kernel(self) -> list:
+        """c 195:0, c 195:255, uvm, /dev/null (rw) and mknod, from a process in the container's own cgroup."""
+        return kernel_probe([self.real + "/cgroup.procs"], self.nodes, self.scratch, self.probes)
+
+    def request(self, devices, kind=LOST, driver="systemd", source="nvidia-hook") -> RepairRequest:
+        grants = tuple(Grant(d, "rw", source) for d in devices)
+        return RepairRequest(self.cid, "podman", self.scope if driver == "systemd" else None, None, self.cgroup,
+                             None, driver, grants, kind)
+
+    def close(self) -> None:
+        for real in dict.fromkeys((self.real, self.scope_real)):
+            fd = bpfprog.open_cgroup_dir(real)
+            try:
+                for prog_id in bpfprog.query_device_program_ids(fd, effective=False):
+                    pfd = bpfprog.program_fd(prog_id)
+                    try:
+                        bpfprog.detach_device_program(fd, pfd)
+                    finally:
+                        os.close(pfd)
+            finally:
+                os.close(fd)
+        for p in self.programs:
+            os.close(p.cg_fd)
+            if p.prog_fd is not None:
+                os.close(p.prog_fd)
+
+
+@pytest.fixture
+def container(v2, tmp_path):
+    made = []
+
+    def make(cid="n39c0ffee", leaf=True, cgroupfs=False):
+        c = Container(v2, tmp_path, cid, leaf, cgroupfs)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+ALL_OPEN = ["allow"] * 5
+C0, C255 = Device("c", 195, 0), Device("c", 195, 255)
+
+
+def test_the_vms_case_crun_below_an_auto_scope_gets_its_own_program_never_a_scope_allow_list(container, systemd):
+    """The VM's case: auto scope, crun's program on `<scope>/container` has c 195:0 and c 195:255 but not uvm (the
+    hook's grant lost). Asking systemd for DeviceAllow=uvm made the scope an allow-list of uvm alone (the
+    container lost c 195:0 and c 195:255: EPERM). Now the scope is never asked: crun's program, on the
+    container's own cgroup, is replaced by one that differs by the grant only."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container()
+    c.runtime_program([C0, C255])
+    systemd.add_scope(c.scope, [], policy="auto", v2=c.scope_real, repo=REPO)
+    assert c.kernel() == ["allow", "allow", "deny", "allow", "allow"]
+    res = repair_container(c.root, Config(), c.request([c.uvm]))
+    assert c.kernel() == ALL_OPEN, (res.to_json(), c.kernel())  # uvm back, nothing else taken
+    assert res.status == "repaired" and res.plan.mechanism == "bpf-program", res.to_json()
+    assert res.plan.notes[0].startswith("not via systemd:") and "DevicePolicy=auto" in res.plan.notes[0]
+    assert systemd.calls() == []  # the scope's policy is what it was: auto, no entries
+    assert systemd.device_allow(c.scope) == []
+
+
+def test_at_risk_below_an_auto_scope_is_refused_and_nothing_changes(container, systemd):
+    """A prevention there: a reload re-applies nothing on an auto scope without entries, and an entry would take
+    everything else. Refused, with the reason; the kernel sees the container as it was."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container()
+    c.runtime_program([C0, C255, c.uvm])
+    systemd.add_scope(c.scope, [], policy="auto", v2=c.scope_real, repo=REPO)
+    res = repair_container(c.root, Config(), c.request([c.uvm], kind=AT_RISK))
+    assert res.status == "cannot-repair" and "restricts nothing" in res.plan.cannot, res.to_json()
+    assert systemd.calls() == [] and c.kernel() == ALL_OPEN
+
+
+def test_a_systemd_call_that_narrows_is_put_back_and_says_so(container, systemd):
+    """runc's systemd driver on cgroup v2: the scope is strict with its entries, runc's own program on the scope
+    allows what the container has (the hook's uvm too, which no trusted source expects, so it is not granted).
+    Preventing the loss of c 195:0 re-applies systemd's allow-list, which lacks uvm, /dev/null and mknod: the
+    container loses them at once. The repair reads back every device, sees the narrowing, puts the scope's
+    DevicePolicy/DeviceAllow and the cgroup's programs back, and fails as `narrowed, restored`; the rate limit
+    then leaves the container as it was before, never narrowed."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False)
+    c.runtime_program([C0, C255, c.uvm])
+    entries = [("/dev/char/195:255", "rw")]
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO)
+    assert c.kernel() == ALL_OPEN
+    history = RepairHistory()
+    res = repair_container(c.root, Config(), c.request([C0], kind=AT_RISK), history=history, clock=lambda: 1000.0)
+    assert c.kernel() == ALL_OPEN, (res.to_json(), c.kernel())
+    assert res.status == "failed" and res.error.startswith("narrowed, restored:"), res.to_json()
+    assert f"{c.uvm} rw" in res.error and "c 1:3 rw" in res.error and "c *:* m" in res.error
+    assert systemd.device_allow(c.scope) == entries  # the properties as they were
+    assert any("(put back)" in s for s in res.steps), res.steps
+    assert res.verification[c.uvm]["state"] == "allow" and "narrowed by the repair" in res.verification[c.uvm]["reason"]
+    # the rate limit holds further preventions back, and what it holds back is the container as it was
+    again = repair_container(c.root, Config(), c.request([C0], kind=AT_RISK), history=history, clock=lambda: 1060.0)
+    assert again.status == "cannot-repair" and "rate limit" in again.plan.cannot
+    assert c.kernel() == ALL_OPEN
+
+
+def test_a_bpf_program_that_would_narrow_is_detached_and_the_old_one_put_back(container, monkeypatch):
+    """bpf-program (cgroupfs driver): the proof already rules a narrower program out; here it is made to pass one
+    (the derived policy loses c 195:255) to show the read-back of every device and the put-back at work."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False, cgroupfs=True)
+    c.runtime_program([C255, c.uvm])
+    assert c.kernel() == ["deny", "allow", "allow", "allow", "allow"]
+    real_rules = bpfproof.policy_rules
+    monkeypatch.setattr(bpfproof, "policy_rules", lambda programs, grants=(): [
+        Rule(False, "c", 195, 255, "rwm")] + real_rules(programs, grants))
+    monkeypatch.setattr(bpfproof, "prove", lambda *a: bpfproof.Proof(1, 4, (), ()))
+    res = repair_container(c.root, Config(), c.request([C0], driver="cgroupfs", source="spec"))
+    assert c.kernel() == ["deny", "allow", "allow", "allow", "allow"], res.to_json()  # as before: not narrowed
+    assert res.status == "failed" and res.error.startswith("narrowed, restored: the container could open c 195:255"), \
+        res.to_json()
+    assert [s for s in res.steps if "put back" in s or "not there before" in s], res.steps
+
+
+def test_a_bpf_repair_keeps_every_device(container):
+    """bpf-program, the partial loss repaired: c 195:0 back, and every device it could open before still open (a
+    guard: the proof kept this mechanism from narrowing before issue 39 too)."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False, cgroupfs=True)
+    c.runtime_program([C255, c.uvm])
+    res = repair_container(c.root, Config(), c.request([C0], driver="cgroupfs", source="spec"))
+    assert res.status == "repaired", res.to_json()
+    assert c.kernel() == ALL_OPEN
