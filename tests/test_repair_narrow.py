@@ -235,3 +235,104 @@ def test_a_bpf_repair_keeps_every_device(container):
     res = repair_container(c.root, Config(), c.request([C0], driver="cgroupfs", source="spec"))
     assert res.status == "repaired", res.to_json()
     assert c.kernel() == ALL_OPEN
+
+
+@pytest.fixture
+def v1(need_root, tmp_path):
+    """A real cgroup v1 devices cgroup with what runc gives a GPU container, less c 195:0 (lost)."""
+    base = Path("/sys/fs/cgroup/devices")
+    if not (base / "devices.list").exists():
+        _skip_or_fail("needs the cgroup v1 devices controller at /sys/fs/cgroup/devices")
+    free = bpfasm.free_majors("Character")
+    if 195 not in free or len(free) < 2:
+        _skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
+    name = f"n39-v1-{os.getpid()}"
+    d = base / name
+    d.mkdir()
+    uvm = [m for m in free if m != 195][0]
+    (d / "devices.deny").write_text("a")
+    for rule in ("c *:* m", "b *:* m", "c 1:3 rwm", "c 1:5 rwm", "c 136:* rwm", "c 195:255 rw", f"c {uvm}:0 rw"):
+        (d / "devices.allow").write_text(rule)
+    host = FakeHost(tmp_path / "root")
+    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": uvm})
+    host.path("/sys/fs").mkdir(parents=True)
+    os.symlink("/sys/fs/cgroup", host.path("/sys/fs/cgroup"))
+    (tmp_path / "nodes").mkdir()
+    probes = [("c", 195, 0, "rw"), ("c", 195, 255, "rw"), ("c", uvm, 0, "rw"), ("c", 1, 3, "rw"), ("c", 195, 7, "m"),
+              ("c", 136, 9, "rw")]
+    nodes = make_nodes(str(tmp_path / "nodes"), sorted({p[:3] for p in probes}))
+
+    def kernel():
+        return kernel_probe([str(d / "cgroup.procs")], nodes, str(tmp_path / "nodes"), probes)
+
+    request = RepairRequest("n39v1", "runc", None, f"/{name}", None, None, "cgroupfs",
+                            (Grant(C0, "rw", "spec"),), LOST)
+    yield HostRoot(str(host.root)), d, request, kernel
+    for _ in range(50):
+        try:
+            d.rmdir()
+            break
+        except OSError:
+            import time
+
+            time.sleep(0.02)
+
+
+def test_v1_devices_allow_keeps_every_device(v1):
+    """devices.allow (cgroup v1, cgroupfs): c 195:0 back; /dev/null, pts (c 136:*), mknod and the rest still open
+    (a guard: appending to devices.allow never narrowed)."""
+    from nvsymlinkd.repair.apply import repair_container
+
+    root, d, request, kernel = v1
+    before = kernel()
+    assert before[:5] == ["deny", "allow", "allow", "allow", "allow"] and before[5] != "deny", before
+    res = repair_container(root, Config(), request)
+    assert res.status == "repaired" and res.plan.mechanism == "devices.allow", res.to_json()
+    after = kernel()
+    assert after[:5] == ["allow"] * 5 and after[5] != "deny", after
+
+
+def test_v1_a_narrowing_is_put_back_from_the_saved_devices_list(v1, monkeypatch):
+    """A v1 repair that narrows (here: made to deny pts and mknod beside its grant, as a re-apply from deny-all
+    would) gets the saved devices.list's allow rules written back, wildcards included, and says so."""
+    from nvsymlinkd.repair import cgroupfiles
+    from nvsymlinkd.repair.apply import repair_container
+
+    root, d, request, kernel = v1
+    real_write = cgroupfiles.write_devices_allow
+
+    def narrowing(root_, devices_dir, grants, steps):
+        real_write(root_, devices_dir, grants, steps)
+        for rule in ("c 136:* rwm", "c *:* m"):
+            (d / "devices.deny").write_text(rule)
+
+    monkeypatch.setattr(cgroupfiles, "write_devices_allow", narrowing)
+    res = repair_container(root, Config(), request)
+    assert res.status == "failed" and res.error.startswith("narrowed, restored:"), res.to_json()
+    assert "c 136:* rw" in res.error and "c *:* m" in res.error
+    assert {"devices.allow c *:* m (put back)", "devices.allow c 136:* rwm (put back)"} <= set(res.steps), res.steps
+    after = kernel()
+    assert after[:5] == ["allow"] * 5 and after[5] != "deny", after
+
+
+def test_v1_a_narrowing_that_cannot_be_put_back_is_not_counted_by_the_rate_limit(v1, monkeypatch):
+    """`narrowed, NOT restored`: the attempt is not recorded, so the next pass repairs the loss instead of the
+    rate limit leaving the container narrowed."""
+    from nvsymlinkd.repair import cgroupfiles
+    from nvsymlinkd.repair.apply import repair_container
+    from nvsymlinkd.repair.host import RepairHost
+
+    root, d, request, kernel = v1
+    real_write = cgroupfiles.write_devices_allow
+
+    def narrowing(root_, devices_dir, grants, steps):
+        real_write(root_, devices_dir, grants, steps)
+        (d / "devices.deny").write_text("c 136:* rwm")
+
+    monkeypatch.setattr(cgroupfiles, "write_devices_allow", narrowing)
+    monkeypatch.setattr(RepairHost, "put_back", lambda self, saved, steps: ["made to fail"])
+    history = RepairHistory()
+    res = repair_container(root, Config(), request, history=history, clock=lambda: 1000.0)
+    assert res.status == "failed" and res.error.startswith("narrowed, NOT restored: c 136:* rw"), res.to_json()
+    assert "(made to fail)" in res.error
+    assert history.since_last(request.container_id, 1001.0) is None  # the next pass may repair at once

@@ -1,9 +1,12 @@
 """Doing a repair: the orchestration. The decisions are in nvsymlinkd.repair.plan (pure), the mechanisms
 in repair/mechanisms.py (pure: one object per row of the matrix, doing through a repair.host.RepairHost),
 the cgroup v1 files in repair/cgroupfiles.py, the freeze protocol and its crash records in
-repair/freeze.py. This module plans each container's repair, has its mechanism apply it, re-reads the
-cgroup's effective access (nvsymlinkd.access.cgroup) and, from repair_all, re-runs the verifier: a
-repair that did not take is a failure, never a success. Then the journal entry.
+repair/freeze.py. This module plans each container's repair (reading first what the planner needs of a
+systemd scope: scope_facts), has its mechanism save what it changes and apply it, re-reads the cgroup's
+effective access (nvsymlinkd.access.cgroup) for every device the container could open before (repair/keep.py:
+a repair never narrows; a narrowing is put back and fails the repair as `narrowed, restored`) and, from
+repair_all, re-runs the verifier: a repair that did not take is a failure, never a success. Then the
+journal entry.
 
 Entry points (blocking; the daemon runs them in an executor thread):
   repair_container(root, config, request, ...) -> RepairResult
@@ -144,18 +147,6 @@ def _by_text(verification: dict) -> list:
     return sorted(verification.items(), key=lambda item: str(item[0]))
 
 
-def apply_plan(root: HostRoot, config, plan: RepairPlan, steps: list, timeout: float = SETTLE_TIMEOUT,
-               journal=None, lock_wait: float = LOCK_WAIT) -> list | None:
-    """Carry out one plan by its mechanism; raises RepairError (RepairBusy: another repair held the lock,
-    nothing done; RepairRefused: what the host shows rules it out, nothing done).
-
-    `steps` records what was done, in order. Returns the new program's rules (bpf-program), else None."""
-    mechanism = BY_NAME.get(plan.mechanism or "")
-    if mechanism is None:
-        raise RepairError(f"unknown mechanism {plan.mechanism!r}")
-    return mechanism.apply(RepairHost(root, config, timeout, journal, lock_wait), plan, steps)
-
-
 def scope_facts(host: RepairHost, request: RepairRequest) -> ScopeFacts | None:
     """What the planner needs before it may ask systemd (cgroup v2, systemd driver): the scope's DevicePolicy and
     DeviceAllow, and whether the container's own cgroup has a device program. None for other rows."""
@@ -197,7 +188,7 @@ def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
     """The kernel-side view after a repair: each grant's verdict from the cgroup's effective access."""
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
-    for g in grants:  # a Grant, or a keep.Narrowed
+    for g in grants:
         v = policy.check(g.device, g.access)
         out[g.device] = {"state": v.state, "reason": v.reason}
     return out
@@ -308,11 +299,12 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
         # after a narrowing that could not be put back: the limit never leaves a container narrowed.
         record_attempt = history is not None and not busy and not left
         result.verification = check_access(root, request, plan.grants)
+        final = read_access(root, request.v1_devices, request.v2_cgroup) if narrowed else None
         for n in narrowed:
-            now = result.verification.get(n.device) or check_access(root, request, [n]).get(n.device, {})
-            result.verification[n.device] = {"state": now.get("state", "unknown"),
-                                             "reason": f"narrowed by the repair ({n.state}: {n.reason}); "
-                                                       f"after putting back: {now.get('reason')}"}
+            state, reason = keep.judged(final, n) if final is not None else ("unknown", "not read")
+            result.verification[n.device] = {"state": state,
+                                             "reason": f"narrowed by the repair: {n} ({n.state}: {n.reason}); "
+                                                       f"after putting back: {reason}"}
         if result.error is None:
             mechanism.post_check(host, request, plan.grants, result.verification)
         if reverify is not None and result.error is None:

@@ -31,6 +31,7 @@ class Narrowed:
     state: str  # after: "deny" or "unknown"
     reason: str  # after, in the reader's words
     label: str = ""  # its class: `c 195:0`, `c 136:*`, `c *:*` (every char device no source names)
+    requests: tuple[Access, ...] = ()  # each request the kernel makes that narrowed (r, w, rw, m): `access` joins them
 
     def __str__(self) -> str:
         return f"{self.label or self.device} {self.access}"
@@ -52,7 +53,7 @@ def devices_to_compare(before: AccessPolicy, after: AccessPolicy,
 
 
 def narrowed(before: AccessPolicy, after: AccessPolicy, extra: Iterable[Device] = ()) -> list[Narrowed]:
-    """Every (device, access) allowed before and not after, one per device (its widest such access)."""
+    """Every (device, access) allowed before and not after, one per device (the letters of every such access)."""
     out: dict[Device, Narrowed] = {}
     for device, label in devices_to_compare(before, after, extra).items():
         for access in bpfproof.ACCESSES:
@@ -62,9 +63,20 @@ def narrowed(before: AccessPolicy, after: AccessPolicy, extra: Iterable[Device] 
             if now.state == "allow":
                 continue
             prev = out.get(device)
-            if prev is None or len(access) > len(prev.access):
-                out[device] = Narrowed(device, access, now.state, now.reason, label)
+            letters = Access("".join(c for c in "rwm" if c in access or (prev is not None and c in prev.access)))
+            first = now if prev is None else prev
+            out[device] = Narrowed(device, letters, first.state, first.reason, label,
+                                   (prev.requests if prev is not None else ()) + (access,))
     return sorted(out.values(), key=lambda n: ("*" in n.label, n.device))  # exact devices first
+
+
+def judged(policy: AccessPolicy, n: Narrowed) -> tuple[str, str]:
+    """(state, reason) of a narrowed device's requests in another reading: allow only when each is allowed."""
+    for access in n.requests or (n.access,):
+        v = policy.check(n.device, access)
+        if v.state != "allow":
+            return v.state, v.reason
+    return "allow", f"{policy.check(n.device, (n.requests or (n.access,))[0]).reason}"
 
 
 def describe(lost: list[Narrowed], limit: int = 8) -> str:
