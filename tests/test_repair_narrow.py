@@ -82,7 +82,7 @@ class Container:
         self.real = v2.real(self.cgroup)
         self.scope_real = v2.real(self.scope_cgroup)
         self.uvm = Device("c", [m for m in bpfasm.free_majors("Character") if m != 195][0], 0)
-        host = FakeHost(tmp_path / "root")
+        self.host = host = FakeHost(tmp_path / "root")
         host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": self.uvm.major})
         for path, dev in (("/dev/nvidia0", C0), ("/dev/nvidiactl", C255), ("/dev/nvidia-uvm", self.uvm)):
             host.node(path, dev.major, dev.minor)
@@ -163,6 +163,31 @@ def test_the_vms_case_crun_below_an_auto_scope_gets_its_own_program_never_a_scop
     assert res.plan.notes[0].startswith("not via systemd:") and "DevicePolicy=auto" in res.plan.notes[0]
     assert systemd.calls() == []  # the scope's policy is what it was: auto, no entries
     assert systemd.device_allow(c.scope) == []
+
+
+def test_the_vms_case_through_the_cli(container, systemd, nvsymlinkd_cli):
+    """The same through `nvsymlinkd repair --json` against a --root tree: Podman with crun (its status in
+    /run/crun, the init in `<scope>/container`), the scope known to systemd as auto without entries; crun's
+    program lost c 195:0 (the spec's). The verifier finds the loss, the repair replaces crun's program, the
+    scope stays as it was, and the kernel sees c 195:0 back and c 195:255 kept."""
+    import json
+
+    from tests.fixtures.runtimes.layouts import Layouts
+    from tests.test_verify_cache import GPU_SPEC
+
+    c = container()
+    Layouts(c.host).storage(c.cid, GPU_SPEC, "libpod", runtime_root="/run/crun", crun=True, cgroup=c.scope_cgroup)
+    c.runtime_program([C255])
+    systemd.add_scope(c.scope, [], policy="auto", v2=c.scope_real, repo=REPO)
+    assert c.kernel()[:2] == ["deny", "allow"]
+    proc = nvsymlinkd_cli("--root", c.root.root, "repair", "--json", c.cid)
+    doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else None
+    assert doc is not None, proc.stdout + proc.stderr
+    (res,) = doc["containers"]
+    assert c.kernel()[:2] == ["allow", "allow"], res  # main: the scope's allow-list took c 195:255 too
+    assert res["status"] == "repaired" and res["mechanism"] == "bpf-program", res
+    assert any(n.startswith("not via systemd:") for n in res["notes"]), res["notes"]
+    assert systemd.calls() == [] and proc.returncode == 0
 
 
 def test_at_risk_below_an_auto_scope_is_refused_and_nothing_changes(container, systemd):
