@@ -175,12 +175,15 @@ def _kept(root: HostRoot, host: RepairHost, request: RepairRequest, plan: Repair
     problems = host.put_back(saved, result.steps)
     left = keep.narrowed(before, read_access(root, request.v1_devices, request.v2_cgroup), grants)
     what = keep.describe(narrowed)
+    first = result.error
     if not left:
         result.error = f"narrowed, restored: the container could open {what} before the repair and not after; " \
                        f"what {plan.mechanism} changed was put back"
     else:
         why = "; ".join(problems) or "the previous state did not come back"
         result.error = f"narrowed, NOT restored: {keep.describe(left)} still denied after putting back ({why})"
+    if first is not None:
+        result.error += f"; the repair itself failed: {first}"
     return narrowed, left
 
 
@@ -275,21 +278,20 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             _journal(journal, result)
             return result
         try:
-            result.program = mechanism.apply(host, plan, result.steps)
-        except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
-            host.release(saved)
-            result = _refused(plan, str(exc), False)
-            result.by_hand = by_hand
-            _journal(journal, result)
-            return result
-        except RepairBusy as exc:
-            result.error, busy = str(exc), True
-        except RepairError as exc:
-            result.error = str(exc)
-        except OSError as exc:
-            result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
-        try:
-            narrowed, left = _kept(root, host, request, plan, before, saved, result)
+            try:
+                result.program = mechanism.apply(host, plan, result.steps)
+            except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
+                result = _refused(plan, str(exc), False)
+                result.by_hand = by_hand
+                _journal(journal, result)
+                return result
+            except RepairBusy as exc:
+                result.error, busy = str(exc), True
+            except RepairError as exc:
+                result.error = str(exc)
+            except OSError as exc:
+                result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
+            narrowed, left = _kept(root, host, request, plan, before, saved, result)  # after an error too
         finally:
             host.release(saved)
         # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
