@@ -15,6 +15,7 @@ mechanism narrows, what it changed is put back and the repair says `narrowed, re
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -170,8 +171,6 @@ def test_the_vms_case_through_the_cli(container, systemd, nvsymlinkd_cli):
     /run/crun, the init in `<scope>/container`), the scope known to systemd as auto without entries; crun's
     program lost c 195:0 (the spec's). The verifier finds the loss, the repair replaces crun's program, the
     scope stays as it was, and the kernel sees c 195:0 back and c 195:255 kept."""
-    import json
-
     from tests.fixtures.runtimes.layouts import Layouts
     from tests.test_verify_cache import GPU_SPEC
 
@@ -229,6 +228,28 @@ def test_a_systemd_call_that_narrows_is_put_back_and_says_so(container, systemd)
     again = repair_container(c.root, Config(), c.request([C0], kind=AT_RISK), history=history, clock=lambda: 1060.0)
     assert again.status == "cannot-repair" and "rate limit" in again.plan.cannot
     assert c.kernel() == ALL_OPEN
+
+
+def test_a_systemd_repair_on_a_strict_scope_keeps_every_device(container, systemd):
+    """systemd (cgroup v2): a strict scope whose program is systemd's own (the runtime's entries, c 195:0 among
+    them no longer: a partial loss). DeviceAllow=c 195:0 widens the allow-list: c 195:0 back, every other
+    device still open, judged by the kernel (a guard: an entry more on an allow-list never narrowed)."""
+    import subprocess
+    import sys
+
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False)
+    entries = [("/dev/char/195:255", "rw"), (f"/dev/char/{c.uvm.major}:0", "rw"), ("/dev/null", "rwm"),
+               ("char-*", "m"), ("char-1", "rwm"), ("char-136", "rwm")]
+    subprocess.run([sys.executable, "-m", "tests.sdprogram", c.scope_real, "strict", json.dumps(entries)], cwd=REPO,
+                   check=True)
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO)
+    assert c.kernel() == ["deny", "allow", "allow", "allow", "allow"]
+    res = repair_container(c.root, Config(), c.request([C0]))
+    assert res.status == "repaired" and res.plan.mechanism == "systemd", res.to_json()
+    assert c.kernel() == ALL_OPEN
+    assert systemd.device_allow(c.scope) == entries + [("/dev/char/195:0", "rw")]
 
 
 def test_a_bpf_program_that_would_narrow_is_detached_and_the_old_one_put_back(container, monkeypatch):
