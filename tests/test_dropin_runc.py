@@ -164,9 +164,11 @@ def test_plain_runc_gets_its_drop_in_before_created_and_a_reused_name_starts_wit
     scope(systemd_mock, third, host_runc.root)
     c, proc = create(host_runc, gpu=False, hook_seconds=1)
     signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    time.sleep(0.5)
+    assert keep_dropin(host_runc, UNIT).exists(), "systemd answers no call while it reloads: judged after it"
+    signal(systemd_mock, "Reloading", False)
     d.wait_for_line(rf"container scope {UNIT} announced with a drop-in of ours written for an earlier scope", mark)
     assert not keep_dropin(host_runc, UNIT).exists()
-    signal(systemd_mock, "Reloading", False)
     assert proc.wait(timeout=60) == 0
     mark = d.mark()
     signal(systemd_mock, "Reloading", True)

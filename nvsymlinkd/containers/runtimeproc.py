@@ -117,6 +117,7 @@ def creating_bundles(root: HostRoot, binaries: tuple) -> dict:
     """{(state root, container id): bundle}, real host paths as the runc processes now running
     `create`/`run` name them, for the trusted ones only (see the module's docstring)."""
     out: dict = {}
+    torn: set = set()
     try:
         names = os.listdir(root.path("/proc"))
     except OSError:
@@ -146,5 +147,7 @@ def creating_bundles(root: HostRoot, binaries: tuple) -> dict:
         state_root = normalize(posixpath.join(cwd, state_root)) if state_root else RUNC_DEFAULT_ROOT
         bundle = normalize(posixpath.join(cwd, bundle)) if bundle else normalize(cwd)
         key = (state_root, cid)
-        out[key] = None if key in out and out[key] != bundle else bundle  # two disagree: neither
-    return {k: v for k, v in out.items() if v is not None}
+        if key in out and out[key] != bundle:
+            torn.add(key)  # two processes name two bundles for one container: neither is trusted
+        out[key] = bundle
+    return {k: v for k, v in out.items() if k not in torn}

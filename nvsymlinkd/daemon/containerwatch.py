@@ -136,7 +136,7 @@ class ContainerWatch(ContainerHook):
         from nvsymlinkd.systemd import dropin
 
         if dropin.owner(self.root, unit) is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.clear_inherited, unit)
+            await asyncio.get_running_loop().run_in_executor(None, self.clear_inherited, unit, False)
 
     def scope_gone(self, unit: str) -> None:
         """systemd dropped the scope (UnitRemoved outside a reload: systemd.bus): its drop-in of ours goes
@@ -149,16 +149,23 @@ class ContainerWatch(ContainerHook):
         except (OSError, ValueError) as exc:
             self.journal.log(journalmod.WARNING, f"cannot remove the drop-in of {unit}: {exc}")
 
-    def clear_inherited(self, unit: str) -> bool:
+    def clear_inherited(self, unit: str, new: bool = True) -> bool:
         """Remove the scope's drop-in of ours unless its owner line names the scope's InvocationID as
-        systemd says it now (unknown: removed; the container being created gets its own written again).
-        Blocking (a worker thread). True when one was removed."""
+        systemd says it now. For a new scope an InvocationID that cannot be read counts as another (the
+        container being created gets its own written again); for a scope announced again (a reload's
+        re-announcement, most of the time) it keeps the drop-in, and systemd is asked only once it has
+        finished reloading (it answers no call meanwhile). Blocking (a worker thread). True when one
+        was removed."""
         from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
 
         if dropin.owner(self.root, unit) is None:
             return False
+        if not new:
+            self._not_reloading.wait(RELOAD_WAIT)
         now = scope_invocation(self.root, unit, self.use_bus)
+        if now is None and not new:
+            return False
         try:
             removed = dropin.remove(self.root, unit, unless_invocation=now or "")
         except (OSError, ValueError) as exc:
