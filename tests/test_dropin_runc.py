@@ -178,3 +178,23 @@ def test_plain_runc_gets_its_drop_in_before_created_and_a_reused_name_starts_wit
     d.wait_for_line(r"\(.*systemd reload finished.*\)", mark)
     assert not keep_dropin(host_runc, UNIT).exists()
     assert systemd_mock.calls() == [], "a reload gave the reused name something"
+
+
+def test_a_scope_reused_while_no_daemon_ran_loses_the_earlier_drop_in_at_the_first_pass(
+        runc_host, systemd_mock, start_daemon):  # noqa: F811
+    """Issue 34 item 5, the daemon away: a drop-in of ours whose scope's InvocationID is another now (the
+    name reused meanwhile) goes at the first full pass; the live scope's own stays."""
+    reused, same = UNIT, "runc-nvsymlinkd-dropin-same.scope"
+    for unit, written in ((reused, "11" * 16), (same, "22" * 16)):
+        path = keep_dropin(runc_host, unit)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# nvsymlinkd-owner: container=x invocation={written}\n[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
+    scope(systemd_mock, bytes.fromhex("33" * 16), runc_host.root)  # the reused name's new scope
+    systemd_mock.add_scope(same, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    systemd_mock.conn.get_object(SYSTEMD, unit_path(same)).AddProperties(
+        UNIT_IFACE, {"InvocationID": dbus.ByteArray(bytes.fromhex("22" * 16))}, dbus_interface=MOCK_IFACE)
+    (runc_host.root / "run/systemd/transient" / same).write_text("[Scope]\n")
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d.wait_for_line(rf"removed the drop-in of {reused}: written for an earlier scope of that name")
+    assert not keep_dropin(runc_host, reused).exists()
+    assert keep_dropin(runc_host, same).exists()

@@ -85,3 +85,32 @@ def test_check_and_the_daemons_verifier_judge_a_bundle_under_tmp_alike(host_outs
                          capture_output=True, text=True, timeout=120, cwd=str(Path(__file__).parent.parent))
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout) == check, ran.stdout
+
+
+def test_the_host_view_is_the_same_directory_seen_from_pid_1(tmp_path, need_root):
+    """host_view: the root itself in PID 1's mount namespace; else the root's own path through PID 1's
+    root, or PID 1's root itself (the pod's --root /host), only when it is the very same directory."""
+    from nvsymlinkd.host.hostview import host_view
+    from nvsymlinkd.host.root import HostRoot
+
+    tree = tmp_path / "root"
+    (tree / "proc").mkdir(parents=True)
+    root = HostRoot(str(tree))
+    assert host_view(root) is root  # no /proc/1 in the tree: cannot tell
+    os.symlink(f"/proc/{os.getpid()}", tree / "proc/1")
+    assert host_view(root) is root  # PID 1 is in this namespace
+    probe = ("import os, sys; from nvsymlinkd.host.root import HostRoot; from nvsymlinkd.host.hostview import "
+             "host_view; print(host_view(HostRoot(sys.argv[1])).root)")
+    ran = subprocess.run(["unshare", "-m", sys.executable, "-c", probe, str(tree)], capture_output=True, text=True,
+                         timeout=60, cwd=str(Path(__file__).parent.parent))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == f"{tree}/proc/1/root{tree}"
+    # a root that is not where PID 1's view puts it (another directory of that path there): the root itself
+    other = tmp_path / "elsewhere"
+    (other / "proc").mkdir(parents=True)
+    os.symlink(f"/proc/{os.getpid()}", other / "proc/1")
+    script = f"mount --bind {other} {tree} && exec {sys.executable} -c \"$0\" {tree}"
+    ran = subprocess.run(["unshare", "-m", "sh", "-c", script, probe], capture_output=True, text=True, timeout=60,
+                         cwd=str(Path(__file__).parent.parent))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(tree)

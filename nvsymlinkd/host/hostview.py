@@ -44,16 +44,25 @@ def same_mount_ns(root: HostRoot, pid: int) -> bool:
 
 def host_view(root: HostRoot) -> HostRoot:
     """`root` as PID 1 sees it: the root itself when this process shares PID 1's mount namespace (or
-    cannot tell), else the same root reached through /proc/1/root."""
+    cannot tell), else the same directory reached through /proc/1/root: the root's own path there (a
+    tree under --root), or PID 1's root itself (--root /host of the DaemonSet's pod, whose /host is the
+    host's /), whichever is the very directory the root is (same device and inode); none: the root."""
     host = host_mount_ns(root)
     if host is None or host == _ns("/proc/self/ns/mnt"):
         return root
-    base = root.path("/proc/1/root") + ("" if root.is_real_root else root.root)
     try:
-        os.stat(base)
+        here = os.stat(root.root)
     except OSError:
         return root
-    view = HostRoot.__new__(HostRoot)
-    # not realpath'ed (HostRoot() would): the magic link reads "/", which is not where it leads
-    view.root = base
-    return view
+    pid1 = root.path("/proc/1/root")
+    for base in dict.fromkeys((pid1 + ("" if root.is_real_root else root.root), pid1)):
+        try:
+            there = os.stat(base)
+        except OSError:
+            continue
+        if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
+            view = HostRoot.__new__(HostRoot)
+            # not realpath'ed (HostRoot() would): the magic link reads "/", which is not where it leads
+            view.root = base
+            return view
+    return root
