@@ -103,8 +103,9 @@ class RuncHost:
         return proc
 
     def bundle(self, cid: str, rules=(), nodes=(), env=(), hooks=None, cgroup_leaf=None, args=None,
-               annotations=None) -> tuple:
-        bundle = self.root / "var" / "lib" / "bundles" / cid  # inside the tree: the bundle label maps back
+               annotations=None, bundle_dir: Path | None = None) -> tuple:
+        # inside the tree: the bundle label maps back (bundle_dir: another place in it, e.g. ROOT/tmp/ID)
+        bundle = bundle_dir or self.root / "var" / "lib" / "bundles" / cid
         rootfs = bundle / "rootfs"
         for d in ("bin", "dev", "proc", "sys", "tmp"):
             (rootfs / d).mkdir(parents=True, exist_ok=True)

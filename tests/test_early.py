@@ -38,3 +38,29 @@ def test_runtime_policy_set_is_what_runcs_set_sends():
     assert runtime_policy_set(ScopeDevices("s.scope", "dbus", "strict", (), ()))
     assert runtime_policy_set(ScopeDevices("s.scope", "dbus", "closed", (), ()))
     assert runtime_policy_set(ScopeDevices("s.scope", "files", "auto", (("/dev/char/1:3", "rwm"),), ()))
+
+
+def test_would_narrow_unless_the_scope_is_an_allow_list_already():
+    """Issue 39 item 6: a drop-in's DeviceAllow= on an `auto` scope (or one whose policy is unknown)
+    would make it an allow-list at the next reload."""
+    from nvsymlinkd.containers.early import would_narrow
+
+    assert "cannot be read" in would_narrow(None)
+    assert "auto" in would_narrow(ScopeDevices("s.scope", "dbus", "auto", (), ()))
+    assert "auto" in would_narrow(ScopeDevices("s.scope", "files", "auto", (("/dev/char/1:3", "rwm"),), ()))
+    assert would_narrow(ScopeDevices("s.scope", "dbus", "strict", (), ())) is None
+    assert would_narrow(ScopeDevices("s.scope", "dbus", "closed", (), ())) is None
+
+
+def test_runc_argv_as_go_flag_parses_it():
+    """Issue 34 item 7: the bundle a `runc create`/`runc run` names (containers.runtimeproc)."""
+    from nvsymlinkd.containers.runtimeproc import parse_runc_argv
+
+    assert parse_runc_argv(["runc", "create", "--bundle", "/b", "id"]) == (None, "/b", "id")
+    assert parse_runc_argv(["runc", "--root", "/r", "--debug", "run", "-d", "-b=/b", "--pid-file", "p", "id"]) == \
+        ("/r", "/b", "id")
+    assert parse_runc_argv(["runc", "-root=/r", "create", "id"]) == ("/r", None, "id")
+    assert parse_runc_argv(["runc", "--systemd-cgroup", "create", "--", "id"]) == (None, None, "id")
+    for other in (["runc", "start", "id"], ["runc", "init"], ["runc", "create"], ["runc", "--nope", "create", "x"],
+                  ["runc", "create", "--bundle"], ["runc", "create", "--unknown", "x", "id"], []):
+        assert parse_runc_argv(other) is None, other

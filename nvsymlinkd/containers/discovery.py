@@ -38,12 +38,14 @@ from nvsymlinkd.containers.ocispec import (
 from nvsymlinkd.containers.runtimes import (
     BUNDLE_ROOTS,
     BY_NAME,
+    RUNC_BINARIES,
     STATE_ROOTS,
     managed_by,
     namespace_owner,
 )
 from nvsymlinkd.errors import UsageError
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.hostview import host_view
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 
@@ -172,11 +174,27 @@ def discover(root: HostRoot, files=None) -> list:
                 c.runtime = managed_by(owner, _manager(c))
                 claimed.add((ns, cid))
 
-    # 3. plain runc: the bundle from state.json's label
+    # 3. plain runc: the bundle from state.json's label, read as the host sees it (host.hostview: a
+    # bundle under /tmp or /home is what the runtime read, whatever this process's mount namespace hides)
+    view = host_view(root)
     for c in found.values():
         if c.spec is None and c.state is not None and c.state.bundle:
             bundle = _label_to_inside(root, c.state.bundle)
-            _attach_bundle(root, c, bundle, None, load)
+            _attach_bundle(view, c, bundle, None, load)
+
+    # 4. plain runc still creating (exec.fifo, no state.json yet: its hooks are running): the bundle the
+    # runc process running `create`/`run` names (containers.runtimeproc), trusted processes only
+    creating = [c for c in found.values() if c.spec is None and c.state is None and c.state_path
+                and c.state_path.endswith("/state.json") and not c.unreadable and _exists(root, exec_fifo_path(c) or "")]
+    if creating:
+        from nvsymlinkd.containers.runtimeproc import creating_bundles
+
+        named = {(_label_to_inside(root, r), cid): b for (r, cid), b in creating_bundles(root, RUNC_BINARIES).items()}
+        for c in creating:
+            state_root = str(c.state_path).rsplit("/", 2)[0]
+            named_bundle = named.get((state_root, c.id))
+            if named_bundle is not None:
+                _attach_bundle(view, c, _label_to_inside(root, named_bundle), None, load)
 
     for key, c in found.items():
         # Podman keeps its bundle in the graphroot (/var/lib/containers/...), not in a bundle root:

@@ -24,7 +24,14 @@ and runc's Set resets them a moment later. So the daemon waits until the runtime
 
     scope_of_cgroups_path("system.slice:cri-containerd:ID")  # "cri-containerd-ID.scope"
     runtime_policy_set(scope_devices)                        # the runtime's Set has landed
+    would_narrow(scope_devices)                              # why no drop-in may be written, or None
     missing_entries(expected, scope_devices)                 # [(Device, Access)] to add
+
+A drop-in never narrows (issue 39): systemd turns a scope whose DevicePolicy is `auto` into an
+allow-list as soon as it has any DeviceAllow= (REFERENCE.md), so on such a scope (a privileged
+container, whose runc Set sends no device policy, or crun, which programs the cgroup below the scope)
+one entry of ours would, at the next reload, deny everything else the container opens. A scope whose
+policy cannot be read is the same unknown: nothing is written for either (would_narrow).
 """
 
 from __future__ import annotations
@@ -66,6 +73,18 @@ def runtime_policy_set(scope_devices: Any) -> bool:
     runc's allow-all is exactly that; crun, which programs the cgroup itself) is not restricted by
     systemd at all, and a reload takes nothing from it."""
     return scope_devices is not None and (scope_devices.policy != "auto" or bool(scope_devices.entries))
+
+
+def would_narrow(scope_devices: Any) -> str | None:
+    """Why a drop-in of DeviceAllow= entries for this scope could take devices away at the next reload
+    (None: it cannot; the scope's policy is strict or closed, already an allow-list that entries only
+    add to). scope_devices: scopes.ScopeDevices, or None when neither systemd nor its files answered."""
+    if scope_devices is None:
+        return "its device policy cannot be read (an entry would make an unrestricted scope an allow-list)"
+    if scope_devices.policy not in ("strict", "closed"):
+        return (f"its DevicePolicy is {scope_devices.policy} (not restricted by systemd: a DeviceAllow= "
+                "would make it an allow-list at the next reload)")
+    return None
 
 
 def missing_entries(expected: Expected, scope_devices: Any) -> list[tuple[Device, Access]]:

@@ -82,13 +82,16 @@ class Runtime:
     names: str | None = None  # where display names are read (containers.discovery.NAME_SOURCES key)
     driver: DriverConfig | None = None
     packages: tuple[str, ...] = ()  # the dpkg packages whose versions `check` reports
+    binaries: tuple[str, ...] = ()  # where its binary is installed: a process running one of these files
+    # may name a bundle before the state file does (containers.runtimeproc)
 
 
 # In this order discovery reads the state roots (a later root's state file wins for the same container),
 # and hostcheck reports the cgroup drivers.
 RUNTIMES: tuple[Runtime, ...] = (
     Runtime("runc", state_roots=(StateRoot("/run/runc"),), yields_to_manager=True,
-            scope_prefixes=("runc",), packages=("runc",)),
+            scope_prefixes=("runc",), packages=("runc",),
+            binaries=("/usr/bin/runc", "/usr/sbin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc")),
     Runtime("docker", state_roots=(StateRoot("/run/docker/runtime-runc/moby", namespace="moby"),),
             namespaces=("moby",), scope_prefixes=("docker",), names="docker",
             driver=DriverConfig("docker-json", "/etc/docker/daemon.json", ("/run/docker/", "/usr/bin/dockerd")),
@@ -116,6 +119,7 @@ STATE_ROOTS = tuple((r, s) for r in RUNTIMES for s in r.state_roots)
 BUNDLE_ROOTS = tuple((r, b) for r in RUNTIMES for b in r.bundle_roots)
 STATE_FILES = frozenset(s.format.file for _, s in STATE_ROOTS)
 PACKAGES = tuple(p for r in RUNTIMES for p in r.packages)
+RUNC_BINARIES = BY_NAME["runc"].binaries
 
 # systemd's unit names of container scopes: a runtime's prefix, a dash, a name (bounded, no slash)
 CONTAINER_SCOPE = re.compile("(" + "|".join(re.escape(p) for r in RUNTIMES for p in r.scope_prefixes)

@@ -295,6 +295,23 @@ def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: 
         time.sleep(interval)
 
 
+def scope_invocation(root: HostRoot, scope: str, use_bus: bool | None = None) -> str | None:
+    """The scope's InvocationID (32 hex digits) as systemd says it now, or None: systemd does not know
+    the scope, or cannot be asked (no bus, a failed call, a caller on an event loop's thread)."""
+    if not SCOPE_NAME.fullmatch(scope):
+        return None
+    if use_bus is None:
+        use_bus = bus_allowed(root)
+    if not use_bus or _in_running_loop():
+        return None
+    from nvsymlinkd.systemd import client
+
+    try:
+        return client.shared().invocation_id(scope)
+    except client.SystemdCallError:
+        return None
+
+
 def _by_number(sd: ScopeDevices) -> bool:
     """Every entry maps without looking at the host (/dev/char/M:m, char-*, char-NAME by /proc/devices)."""
     return all(DEV_NUMBER_PATH.fullmatch(spec) or spec.startswith(("char-", "block-")) for spec, _ in sd.entries)

@@ -118,14 +118,64 @@ class ContainerWatch(ContainerHook):
             self._not_reloading.set()
 
     async def scope_appeared(self, unit: str) -> None:
-        self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
         loop = asyncio.get_running_loop()
+        # before anything else: a drop-in of ours that is not this scope's (an earlier scope of the same
+        # name: runc names scopes after containers, and `runc delete` frees the name) must not reach it
+        await loop.run_in_executor(None, self.clear_inherited, unit)
+        self.journal.debug(f"container scope {unit} appeared: verifying once its hooks have run")
         for delay in SCOPE_RECHECK_DELAYS:
             loop.call_later(delay, self._request, f"new scope {unit}")
         if self.get_config().repair == "auto":
             # a reload between the NVIDIA hook's grant and the pass state.json triggers must keep the
             # grant: written to a drop-in of ours, never to the scope's live policy (systemd.dropin)
             await loop.run_in_executor(None, self.keep_while_creating, unit)
+
+    async def scope_announced_again(self, unit: str) -> None:
+        # the same scope (a reload keeps its InvocationID) or another of the same name: only a drop-in of
+        # ours that names another InvocationID goes (a stat here; the bus asked only when there is one)
+        from nvsymlinkd.systemd import dropin
+
+        if dropin.owner(self.root, unit) is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.clear_inherited, unit, False)
+
+    def scope_gone(self, unit: str) -> None:
+        """systemd dropped the scope (UnitRemoved outside a reload: systemd.bus): its drop-in of ours goes
+        now, on the loop (a few syscalls on /run), before a new scope of the same name can be announced."""
+        from nvsymlinkd.systemd import dropin
+
+        try:
+            if dropin.remove(self.root, unit):
+                self.journal.debug(f"removed the drop-in of {unit}: systemd dropped the scope")
+        except (OSError, ValueError) as exc:
+            self.journal.log(journalmod.WARNING, f"cannot remove the drop-in of {unit}: {exc}")
+
+    def clear_inherited(self, unit: str, new: bool = True) -> bool:
+        """Remove the scope's drop-in of ours unless its owner line names the scope's InvocationID as
+        systemd says it now. For a new scope an InvocationID that cannot be read counts as another (the
+        container being created gets its own written again); for a scope announced again (a reload's
+        re-announcement, most of the time) it keeps the drop-in, and systemd is asked only once it has
+        finished reloading (it answers no call meanwhile). Blocking (a worker thread). True when one
+        was removed."""
+        from nvsymlinkd.containers.scopes import scope_invocation
+        from nvsymlinkd.systemd import dropin
+
+        if dropin.owner(self.root, unit) is None:
+            return False
+        if not new:
+            self._not_reloading.wait(RELOAD_WAIT)
+        now = scope_invocation(self.root, unit, self.use_bus)
+        if now is None and not new:
+            return False
+        try:
+            removed = dropin.remove(self.root, unit, unless_invocation=now or "")
+        except (OSError, ValueError) as exc:
+            self.journal.log(journalmod.WARNING, f"cannot remove the drop-in of {unit}: {exc}")
+            return False
+        if removed:
+            self.journal.log(journalmod.NOTICE, f"container scope {unit} announced with a drop-in of ours written "
+                             f"for an earlier scope of that name (not its InvocationID {now or 'unknown'}): removed "
+                             f"{dropin.dropin_path(unit)}", unit=unit)
+        return removed
 
     async def runtime_state_written(self, containers: list) -> None:
         names = [c.rpartition("/")[2] for c in containers]
@@ -161,6 +211,7 @@ class ContainerWatch(ContainerHook):
         SetUnitProperties now makes systemd swap its device program under runc's and the hook's
         BPF_F_REPLACE, and the container fails to start (docs/daemon.md). Blocking (a worker thread).
         Returns the (Device, Access) entries written; None when nothing was written."""
+        from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
         from nvsymlinkd.verify import verifier
 
@@ -173,17 +224,21 @@ class ContainerWatch(ContainerHook):
         if found is None:
             self.journal.debug(f"container scope {unit}: no container being created names it in its spec")
             return None
-        c, hook, missing, seen = found
+        c, hook, missing, seen, refused = found
         if hook is not None and not hook.trusted:
             self.journal.debug(f"container {c.id} ({unit}) being created: the NVIDIA hook's grant is not "
                                f"reconstructed ({hook.detail}): only the spec's devices are kept")
+        if refused:
+            self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: no drop-in written, "
+                             f"{refused}; its state is judged once written ({seen})", container_id=c.id, unit=unit)
+            return None
         if not missing:
             self.journal.debug(f"container {c.id} ({unit}) being created: its DeviceAllow lacks nothing ({seen})")
             return None
         self.journal.debug(f"container {c.id} ({unit}) being created: {seen}")
         shown = ", ".join(f"{d} {a}" for d, a in missing)
         try:
-            path = dropin.write(self.root, unit, c.id, missing)
+            path = dropin.write(self.root, unit, c.id, scope_invocation(self.root, unit, self.use_bus), missing)
         except (OSError, ValueError) as exc:
             self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot write {shown} "
                              f"to a drop-in of its scope: {exc}; the pass after its state is written prevents",
@@ -195,13 +250,22 @@ class ContainerWatch(ContainerHook):
         return list(missing)
 
     def _remove_stale_dropins(self) -> None:
-        """The drop-ins of ours whose scope systemd no longer has (systemd.dropin)."""
+        """The drop-ins of ours whose scope systemd no longer has (systemd.dropin), or whose scope is
+        another one now (its InvocationID differs: the name was reused while no daemon listened)."""
+        from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
 
-        for scope in dropin.stale_dropins(self.root):
+        stale = set(dropin.stale_dropins(self.root))
+        for scope in dropin.ours_dropins(self.root):
             try:
-                if dropin.remove(self.root, scope):
-                    self.journal.debug(f"removed the drop-in of {scope}: the scope is gone")
+                if scope in stale:
+                    if dropin.remove(self.root, scope):
+                        self.journal.debug(f"removed the drop-in of {scope}: the scope is gone")
+                    continue
+                found = dropin.owner(self.root, scope)
+                now = scope_invocation(self.root, scope, self.use_bus) if found and found[1] != "-" else None
+                if now is not None and dropin.remove(self.root, scope, unless_invocation=now):
+                    self.journal.debug(f"removed the drop-in of {scope}: written for an earlier scope of that name")
             except (OSError, ValueError) as exc:
                 self.journal.log(journalmod.WARNING, f"cannot remove {dropin.dropin_path(scope)}: {exc}")
 

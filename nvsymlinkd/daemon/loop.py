@@ -93,6 +93,13 @@ class ContainerHook:
         """A container scope (docker-*.scope, cri-containerd-*.scope, ...) appeared."""
         self.journal.debug(f"container scope {unit} appeared (no container verifier installed)")
 
+    async def scope_announced_again(self, unit: str) -> None:
+        """A container scope known already was announced again (a reload, a re-exec, or a new scope of
+        the same name that the signals alone cannot tell apart)."""
+
+    def scope_gone(self, unit: str) -> None:
+        """systemd dropped a container scope (not a reload's re-creation): said at once, on the loop."""
+
     async def runtime_state_written(self, containers: list) -> None:
         """A runtime wrote the state file of these containers (inside paths of their state
         directories): runc does once a container's hooks have run, so verify now."""

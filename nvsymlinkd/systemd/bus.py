@@ -69,16 +69,22 @@ class SystemdWatch:
     on_reload(why): a reload or re-exec finished ("reload", "reexec").
     on_reload_start(): systemd announced a daemon-reload (Reloading(true)).
     on_scope(unit): a container scope appeared (once per unit until it is removed).
+    on_scope_again(unit): a container scope known already was announced again (a reload or re-exec
+        re-announces every unit; a scope of the same name that replaced it looks the same here).
+    on_scope_gone(unit): systemd dropped a container scope (UnitRemoved outside a reload: a reload's
+        UnitRemoved/UnitNew pair between Reloading(true) and Reloading(false) is the same scope).
     on_bus(state): "connected", "lost" (for the status line).
     """
 
     def __init__(self, journal, on_reload, on_scope, on_bus=None,
                  backoff_start: float = 0.5, backoff_max: float = 60.0, connect_timeout: float = 10.0,
-                 on_reload_start=None):
+                 on_reload_start=None, on_scope_gone=None, on_scope_again=None):
         self.journal = journal
         self.on_reload = on_reload
         self.on_reload_start = on_reload_start or (lambda: None)
         self.on_scope = on_scope
+        self.on_scope_gone = on_scope_gone or (lambda unit: None)
+        self.on_scope_again = on_scope_again or (lambda unit: None)
         self.on_bus = on_bus or (lambda state: None)
         self.backoff_start = backoff_start
         self.backoff_max = backoff_max
@@ -214,6 +220,8 @@ class SystemdWatch:
             unit = msg.body[0]
             if unit in self.scopes and self.reloading:
                 self._held[unit] = time.monotonic()  # the reload re-creates it: see _scope
+            elif not self.reloading and is_container_scope(unit):
+                self.on_scope_gone(unit)  # gone for good: not during a reload, which frees and re-creates all
             self.scopes.discard(unit)
         return None
 
@@ -254,7 +262,10 @@ class SystemdWatch:
                             "new container scopes only at the next resync")
 
     def _scope(self, unit: str) -> None:
-        if not is_container_scope(unit) or unit in self.scopes:
+        if not is_container_scope(unit):
+            return
+        if unit in self.scopes:
+            self.on_scope_again(unit)
             return
         held = self._held.pop(unit, None)
         now = time.monotonic()
@@ -262,6 +273,7 @@ class SystemdWatch:
             self._held = {u: t for u, t in self._held.items() if now - t < REANNOUNCE_SECONDS}
         if held is not None and now - held < REANNOUNCE_SECONDS:
             self.scopes.add(unit)  # re-announced by a reload or re-exec: known, not new
+            self.on_scope_again(unit)
             return
         if len(self.scopes) > 100000:  # never grow without bound if UnitRemoved is missed
             self.scopes.clear()

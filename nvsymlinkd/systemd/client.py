@@ -33,6 +33,7 @@ SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
 SCOPE = "org.freedesktop.systemd1.Scope"
+UNIT = "org.freedesktop.systemd1.Unit"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"
@@ -147,6 +148,20 @@ async def get_device_allow(bus, unit: str, timeout: float = CALL_TIMEOUT) -> lis
     return [(str(p), str(a)) for p, a in value]
 
 
+async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:
+    """The unit's InvocationID (16 bytes, new each time systemd starts the unit) as 32 hex digits; None
+    when systemd does not know the unit or names no InvocationID."""
+    try:
+        obj = await get_unit(bus, unit, timeout)
+    except SystemdCallError as exc:
+        if exc.error_name == NO_SUCH_UNIT:
+            return None
+        raise
+    body = await call(bus, "Get", "ss", [UNIT, "InvocationID"], path=obj, interface=PROPERTIES, timeout=timeout)
+    value = bytes(body[0].value) if body else b""
+    return value.hex() if len(value) == 16 and any(value) else None
+
+
 async def scope_properties(bus, scopes, timeout: float = CALL_TIMEOUT) -> dict:
     """scope -> its org.freedesktop.systemd1.Scope properties ({name: Variant}), or None for a scope
     systemd does not know (NoSuchUnit). Every scope asked at once, the calls pipelined on the one
@@ -250,6 +265,9 @@ class Client:
 
     def get_device_allow(self, unit: str, timeout: float = CALL_TIMEOUT) -> list:
         return self.run(lambda bus: get_device_allow(bus, unit, timeout), timeout)  # type: ignore[no-any-return]
+
+    def invocation_id(self, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:
+        return self.run(lambda bus: invocation_id(bus, unit, timeout), timeout)  # type: ignore[no-any-return]
 
     def scope_properties(self, scopes, timeout: float = CALL_TIMEOUT) -> dict:
         scopes = list(scopes)

@@ -10,6 +10,7 @@ hook granted. So the daemon writes what the hook grants (containers.hookgrant, t
 here while the container is created, and a reload at any moment after that keeps it:
 
     /run/systemd/system/<scope>.d/90-nvsymlinkd-keep.conf
+        # nvsymlinkd-owner: container=<id> invocation=<the scope's InvocationID>
         [Scope]
         DeviceAllow=/dev/char/195:0 rw
 
@@ -18,15 +19,27 @@ directory hiding the same name in a later one: src/shared/dropin.c, unit_file_fi
 "90-" sorts after the "50-DeviceAllow.conf" runc's Set makes systemd write (which starts with an
 empty `DeviceAllow=` that resets the list), so these entries add to the runtime's, never replace
 them. /run/systemd/system is the runtime unit directory for an administrator's or a tool's
-drop-ins; systemd's own directories (transient, system.control) stay systemd's. /run is gone at
-reboot; a drop-in whose scope is gone (its transient unit file removed by systemd) is removed by
-the daemon's next full pass (stale_dropins, remove).
+drop-ins; systemd's own directories (transient, system.control) stay systemd's.
+
+A drop-in belongs to one scope, the one whose InvocationID its owner line names (systemd gives a
+unit a new one each time it starts: src/core/unit.c, unit_acquire_invocation_id), never to the next
+scope of the same name (runc names a scope after the container, and `runc delete` frees the name):
+it goes when systemd drops the scope (UnitRemoved outside a reload), at the next full pass when the
+scope went while no daemon listened (stale_dropins), and a new scope of the name starts without it
+(owner: anything that does not name its InvocationID is removed at its UnitNew). /run is gone at
+reboot.
+
+Every directory on the way is opened without following a link and must be a real directory owned by
+root and not writable by others (safe_dir): a `<scope>.d` planted as a link to another unit's
+drop-in directory (or anywhere) is never written through, read through or removed through.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
 from collections.abc import Iterable
 
 from nvsymlinkd.containers.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
@@ -36,6 +49,16 @@ from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
 
 NAME = "90-nvsymlinkd-keep.conf"
+OWNER_PREFIX = "# nvsymlinkd-owner: "
+# the owner line: a container id as discovery accepts one (containers.discovery.ID_RE), and the
+# scope's InvocationID as 32 hex digits (sd_id128), or "-" when it could not be read
+OWNER_LINE = re.compile(r"# nvsymlinkd-owner: container=([A-Za-z0-9][A-Za-z0-9_.+-]{0,255}) invocation=([0-9a-f]{32}|-)")
+INVOCATION = re.compile(r"[0-9a-f]{32}")
+MAX_BYTES = 64 * 1024  # ours are a few hundred bytes; more is not ours
+
+
+class UnsafeDirectory(OSError):
+    """A directory on the way to the drop-in that is a link, not a directory, or not root's alone."""
 
 
 def dropin_path(scope: str) -> str:
@@ -45,34 +68,108 @@ def dropin_path(scope: str) -> str:
     return f"{RUNTIME_DIR}/{scope}.d/{NAME}"
 
 
-def dropin_text(container_id: str, entries: Iterable[tuple[Device, Access]]) -> str:
-    """The drop-in's content: a comment saying whose and why, then one DeviceAllow= per entry (the
-    /dev/char/M:m form, which systemd >= 240 parses without a stat: REFERENCE.md)."""
+def dropin_text(container_id: str, invocation_id: str | None, entries: Iterable[tuple[Device, Access]]) -> str:
+    """The drop-in's content: whose it is (a comment line systemd ignores), then one DeviceAllow= per
+    entry (the /dev/char/M:m form, which systemd >= 240 parses without a stat: REFERENCE.md)."""
+    invocation = invocation_id if invocation_id and INVOCATION.fullmatch(invocation_id) else "-"
     lines = [
-        f"# nvsymlinkd: what the NVIDIA hook grants container {container_id}, kept by a daemon-reload",
-        "# (written while the container was created; removed once the scope is gone; docs/daemon.md)",
+        f"{OWNER_PREFIX}container={container_id} invocation={invocation}",
+        f"# what the NVIDIA hook grants container {container_id}, kept by a daemon-reload",
+        "# (written while the container was created; removed with its scope; docs/daemon.md)",
         "[Scope]",
     ]
+    if not OWNER_LINE.fullmatch(lines[0]):
+        raise ValueError(f"not a container id: {container_id!r}")
     lines += [f"DeviceAllow={device.dev_path} {access}" for device, access in sorted(entries)]
     return "\n".join(lines) + "\n"
 
 
-def write(root: HostRoot, scope: str, container_id: str, entries: Iterable[tuple[Device, Access]]) -> str:
-    """Write the scope's drop-in atomically (its directory made if needed); returns its inside path.
-    Raises OSError, ValueError (a name that is no scope's)."""
-    path = dropin_path(scope)
-    directory = path.rpartition("/")[0]
-    fd = root.make_dirs(directory, 0o755)
+def parse_owner(text: str) -> tuple[str, str] | None:
+    """(container id, invocation id or "-") from a drop-in's first line; None when it names no owner."""
+    first = text.split("\n", 1)[0]
+    m = OWNER_LINE.fullmatch(first)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def safe_dir(fd: int, shown: str) -> None:
+    """Raise UnsafeDirectory unless the open fd is a directory owned by root that no other user may
+    write (a planted directory would let its owner swap our file for one of theirs)."""
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o002:
+        raise UnsafeDirectory(errno.EPERM, f"{shown} is not a directory owned by root and writable by root alone")
+
+
+def _open_dirs(root: HostRoot, scope: str, create: bool) -> int:
+    """An fd of <root>/run/systemd/system/<scope>.d, every component opened with O_NOFOLLOW from the
+    root's own directory and checked by safe_dir (made 0755 where missing, when create)."""
+    dropin_path(scope)  # ValueError for a name that is no scope's
+    names = RUNTIME_DIR.strip("/").split("/") + [f"{scope}.d"]
+    fd = os.open(root.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    shown = ""
     try:
-        write_atomic_at(fd, NAME, dropin_text(container_id, entries), 0o644)
+        for name in names:
+            shown += "/" + name
+            if create:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeDirectory(exc.errno, f"{shown} is a symlink or not a directory: never followed") \
+                        from None
+                raise
+            os.close(fd)
+            fd = nfd
+            safe_dir(fd, shown)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write(root: HostRoot, scope: str, container_id: str, invocation_id: str | None,
+          entries: Iterable[tuple[Device, Access]]) -> str:
+    """Write the scope's drop-in atomically (its directory made if needed); returns its inside path.
+    Raises OSError (UnsafeDirectory: a link or a directory not root's on the way), ValueError (a name
+    that is no scope's, an id that is no container's)."""
+    path = dropin_path(scope)
+    text = dropin_text(container_id, invocation_id, entries)
+    fd = _open_dirs(root, scope, create=True)
+    try:
+        write_atomic_at(fd, NAME, text, 0o644)
     finally:
         os.close(fd)
     return path
 
 
-def stale_dropins(root: HostRoot) -> list[str]:
-    """The scopes whose drop-in of ours is still there while systemd no longer has the scope (its
-    transient unit file is gone: systemd removes it with the unit)."""
+def owner(root: HostRoot, scope: str) -> tuple[str, str] | None:
+    """(container id, invocation id or "-") of the scope's drop-in of ours; ("", "-") for one that names
+    no owner (written before owners were named); None when there is none (or it is not safely there)."""
+    try:
+        fd = _open_dirs(root, scope, create=False)
+    except OSError:
+        return None
+    try:
+        try:
+            ffd = os.open(NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(ffd).st_mode):
+                return None
+            data = os.read(ffd, MAX_BYTES)
+        finally:
+            os.close(ffd)
+    finally:
+        os.close(fd)
+    return parse_owner(data.decode("utf-8", "replace")) or ("", "-")
+
+
+def ours_dropins(root: HostRoot) -> list[str]:
+    """The scopes that have a drop-in of ours (by name, under the runtime unit directory)."""
     try:
         names = os.listdir(root.path(RUNTIME_DIR))
     except OSError:
@@ -82,39 +179,58 @@ def stale_dropins(root: HostRoot) -> list[str]:
         if not name.endswith(".scope.d"):
             continue
         scope = name[:-2]
-        if not SCOPE_NAME.fullmatch(scope):
-            continue
-        if not os.path.lexists(root.path(f"{RUNTIME_DIR}/{name}/{NAME}")):
-            continue
-        if not os.path.lexists(root.path(f"{TRANSIENT_DIR}/{scope}")):
+        if SCOPE_NAME.fullmatch(scope) and os.path.lexists(root.path(f"{RUNTIME_DIR}/{name}/{NAME}")):
             out.append(scope)
     return out
 
 
-def remove(root: HostRoot, scope: str) -> bool:
+def stale_dropins(root: HostRoot) -> list[str]:
+    """The scopes whose drop-in of ours is still there while systemd no longer has the scope (its
+    transient unit file is gone: systemd removes it with the unit)."""
+    return [scope for scope in ours_dropins(root) if not os.path.lexists(root.path(f"{TRANSIENT_DIR}/{scope}"))]
+
+
+def remove(root: HostRoot, scope: str, unless_invocation: str | None = None) -> bool:
     """Remove the scope's drop-in of ours, and its directory when nothing else is in it; True when a
-    file was removed. Never anything another writer put there."""
-    dropin_path(scope)  # ValueError for a name that is no scope's
+    file was removed. With unless_invocation, a drop-in whose owner line names that InvocationID stays
+    (it is the current scope's). Never anything another writer put there, never through a link."""
+    if unless_invocation is not None:
+        found = owner(root, scope)
+        if found is None or found[1] == unless_invocation:
+            return False
     try:
-        parent = root.open_dir(RUNTIME_DIR)
+        fd = _open_dirs(root, scope, create=False)
     except OSError:
         return False
     try:
         try:
-            fd = os.open(f"{scope}.d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-        except OSError:
-            return False
-        try:
             os.unlink(NAME, dir_fd=fd)
         except FileNotFoundError:
             return False
-        finally:
-            os.close(fd)
-        try:
-            os.rmdir(f"{scope}.d", dir_fd=parent)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
-                raise
+    finally:
+        os.close(fd)
+    try:
+        parent = _open_parent(root)
+    except OSError:
         return True
+    try:
+        os.rmdir(f"{scope}.d", dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.ENOTDIR):
+            raise
     finally:
         os.close(parent)
+    return True
+
+
+def _open_parent(root: HostRoot) -> int:
+    fd = os.open(root.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in RUNTIME_DIR.strip("/").split("/"):
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

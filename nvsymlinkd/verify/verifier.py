@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, NamedTuple
 
 from nvsymlinkd.access.cgroup import CgroupMounts, find_cgroup_mounts, read_access
 from nvsymlinkd.config import Config
@@ -261,17 +262,27 @@ def verify_container(root: HostRoot, config: Config, container_id_or_scope: str,
     return _verify_one(root, config, ctx, c, prepared, scope_devices, update_baseline, cache)
 
 
-def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | None = None):
+class Creating(NamedTuple):
+    """creating_grants' answer for the container being created whose scope appeared."""
+
+    container: Container
+    hook: Any  # the NVIDIA hook's reconstructed grant (containers.hookgrant), or None
+    missing: list  # [(Device, Access)] the scope's DeviceAllow lacks (spec, trusted reconstruction)
+    seen: str  # what was expected and what the scope read, for the debug journal
+    refused: str | None = None  # why nothing may be written: it could narrow (containers.early.would_narrow)
+
+
+def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | None = None) -> Creating | None:
     """The daemon's prevention while a container is being created (containers.early): for the container
-    that has no runtime state yet and whose bundle's spec makes the scope `unit` (its cgroupsPath), the
-    tuple (container, the NVIDIA hook's reconstructed grant or None, [(Device, Access)] the scope's
-    DeviceAllow lacks: from the spec's rules and the trusted reconstruction only, and a line saying what
-    was expected and what the scope read, for the debug journal); None when no such
-    container is known (the scope is no container's being created, or the runtime wrote no bundle)."""
+    that has no runtime state yet and whose bundle's spec makes the scope `unit` (its cgroupsPath), what
+    the scope's DeviceAllow lacks of what the spec's rules and the trusted reconstruction grant, or why
+    nothing may be added (Creating); None when no such container is known (the scope is no container's
+    being created, or the runtime's bundle is not found)."""
     from nvsymlinkd.containers.early import (
         missing_entries,
         runtime_policy_set,
         scope_of_cgroups_path,
+        would_narrow,
     )
 
     # being created: runc's exec.fifo and no state.json yet (runc makes the fifo before the scope)
@@ -285,7 +296,7 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     candidates = candidate_devices(ctx.host.devices, c.spec, None, None, ctx.nvidia_majors, hook)
     expected = expected_access(candidates, c.spec, None, None, hook)
     if not expected.devices:
-        return c, hook, [], "nothing trusted grants it an NVIDIA device"
+        return Creating(c, hook, [], "nothing trusted grants it an NVIDIA device")
     # runc makes the scope with no device properties and sends its policy (Set) only right before the
     # hooks: until then the scope reads "no restriction", which it will not be (containers.early)
     waited = time.monotonic()
@@ -299,5 +310,6 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
         seen = (f"DevicePolicy={scope.policy}, {len(scope.entries)} DeviceAllow entries ({scope.source}), "
                 f"after {waited * 1000:.0f} ms and {reads} reads"
                 + ("" if runtime_policy_set(scope) else " (no device policy from the runtime: not restricted)"))
-    return c, hook, missing_entries(expected, scope), \
-        f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen}"
+    seen = f"{len(expected.devices)} devices expected (spec, nvidia-hook); the scope reads {seen}"
+    refused = would_narrow(scope)
+    return Creating(c, hook, [] if refused else missing_entries(expected, scope), seen, refused)

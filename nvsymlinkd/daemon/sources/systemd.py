@@ -27,7 +27,8 @@ class SystemdSource(Source):
         from nvsymlinkd.systemd.bus import SystemdWatch
 
         self.watch = SystemdWatch(self.journal, self.on_reload, self.on_scope, self.daemon.set_bus_state,
-                                  on_reload_start=self.on_reload_start)
+                                  on_reload_start=self.on_reload_start, on_scope_gone=self.on_scope_gone,
+                                  on_scope_again=self.on_scope_again)
         self.daemon.spawn(self.watch.run())
 
     def stop(self) -> None:
@@ -51,6 +52,12 @@ class SystemdSource(Source):
 
     def on_scope(self, unit: str) -> None:
         self.daemon.spawn(self.daemon.call_hook("scope_appeared", unit))
+
+    def on_scope_again(self, unit: str) -> None:
+        self.daemon.spawn(self.daemon.call_hook("scope_announced_again", unit))
+
+    def on_scope_gone(self, unit: str) -> None:
+        self.daemon.hook.scope_gone(unit)  # on the loop, before the next signal (a new scope of the name)
 
 
 def _preload_bus() -> None:

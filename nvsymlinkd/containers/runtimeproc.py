@@ -1,0 +1,153 @@
+"""The bundle of a container runc is still creating, read from the runc process that creates it.
+
+Plain runc and Podman with runc name the bundle only in state.json, and runc writes state.json
+after the prestart hooks have run (libcontainer/container_linux.go at v1.1.5: newInitProcess ...
+`c.saveState` once `runc init` has been through the hooks; during them only exec.fifo is in the state
+directory). The daemon's creation-time drop-in needs the spec then. The process running `runc
+create` / `runc run` names it: `--bundle`/`-b` on its command line, else its working directory
+(runc's utils.go at v1.1.5, `setupSpec`: "bundle" flag, chdir to it, default "."). Its argv and cwd
+are trusted only when it is the host's own runc binary (one of the runtime table's paths, the very
+file /proc/<pid>/exe opens), run by root (every uid 0), in the host's mount namespace: a container's
+processes fail at least one of these, and nothing a container writes is read to decide.
+
+    parse_runc_argv(argv)   # (state root or None, bundle or None, container id) for create/run
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
+from nvsymlinkd.host.hostview import same_mount_ns
+from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.host.root import HostRoot
+
+RUNC_DEFAULT_ROOT = "/run/runc"  # runc's --root for uid 0 (main.go at v1.1.5: XDG_RUNTIME_DIR only rootless)
+MAX_PROCS = 100_000
+MAX_CMDLINE = 64 * 1024
+# runc v1.1.5's flags (main.go, create.go, run.go: urfave/cli v1, which parses with Go's `flag`: one
+# or two dashes, "-f value" or "-f=value", the first non-flag argument ends the flags)
+GLOBAL_VALUE = frozenset({"root", "log", "log-format", "criu", "rootless"})
+GLOBAL_BOOL = frozenset({"debug", "systemd-cgroup"})
+CREATE_VALUE = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
+CREATE_BOOL = frozenset({"no-pivot", "no-new-keyring", "detach", "d", "keep"})
+COMMANDS = frozenset({"create", "run"})
+
+
+def _flags(argv: list, i: int, with_value: frozenset, boolean: frozenset, out: dict) -> int | None:
+    """Go `flag` parsing from argv[i]: the index of the first non-flag argument; None for a flag it
+    does not know (then nothing is trusted)."""
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return i + 1
+        if not arg.startswith("-") or arg == "-":
+            return i
+        name, eq, value = arg.lstrip("-").partition("=")
+        if arg.startswith("---") or not name:
+            return None
+        if name in boolean:
+            i += 1
+            continue
+        if name not in with_value:
+            return None
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            i += 1
+        out[name] = value
+        i += 1
+    return i
+
+
+def parse_runc_argv(argv: list) -> tuple[str | None, str | None, str] | None:
+    """(--root or None, --bundle or None, container id) of a `runc [global flags] create|run [flags] ID`
+    command line; None for anything else (another command, a flag runc v1.1.5 does not have)."""
+    if not argv:
+        return None
+    found: dict = {}
+    i = _flags(argv, 1, GLOBAL_VALUE, GLOBAL_BOOL, found)
+    if i is None or i >= len(argv) or argv[i] not in COMMANDS:
+        return None
+    sub: dict = {}
+    j = _flags(argv, i + 1, CREATE_VALUE, CREATE_BOOL, sub)
+    if j is None or j >= len(argv) or not argv[j]:
+        return None
+    bundle = sub.get("bundle", sub.get("b"))
+    return found.get("root"), bundle, argv[j]
+
+
+def _uid0(root: HostRoot, pid: int) -> bool:
+    try:
+        text = read_bounded(root.path(f"/proc/{pid}/status"), MAX_SMALL_BYTES).decode("ascii", "replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return line.split()[1:] == ["0", "0", "0", "0"]
+    return False
+
+
+def _is_binary(root: HostRoot, pid: int, binaries: tuple) -> bool:
+    """/proc/<pid>/exe is one of `binaries` under the root, by name and by the file itself."""
+    exe = root.path(f"/proc/{pid}/exe")
+    try:
+        target = os.readlink(exe)
+        st = os.stat(exe)
+    except OSError:
+        return False
+    if root.is_real_root:
+        inside = target
+    elif target.startswith(root.root + "/"):
+        inside = root.inside(target)
+    else:
+        return False
+    if inside not in binaries:
+        return False
+    try:
+        mine = os.stat(root.real_resolved(inside, follow_last=True))
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def creating_bundles(root: HostRoot, binaries: tuple) -> dict:
+    """{(state root, container id): bundle}, real host paths as the runc processes now running
+    `create`/`run` name them, for the trusted ones only (see the module's docstring)."""
+    out: dict = {}
+    torn: set = set()
+    try:
+        names = os.listdir(root.path("/proc"))
+    except OSError:
+        return out
+    for n, name in enumerate(names):
+        if n >= MAX_PROCS:
+            break
+        if not name.isdigit() or name == "1":
+            continue
+        pid = int(name)
+        if not _is_binary(root, pid, binaries):
+            continue
+        try:
+            raw = read_bounded(root.path(f"/proc/{pid}/cmdline"), MAX_CMDLINE)
+        except OSError:
+            continue
+        parsed = parse_runc_argv(raw.decode("utf-8", "surrogateescape").split("\0")[:-1])
+        if parsed is None or not _uid0(root, pid) or not same_mount_ns(root, pid):
+            continue
+        state_root, bundle, cid = parsed
+        try:
+            cwd = os.readlink(root.path(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if not cwd.startswith("/"):
+            continue
+        state_root = normalize(posixpath.join(cwd, state_root)) if state_root else RUNC_DEFAULT_ROOT
+        bundle = normalize(posixpath.join(cwd, bundle)) if bundle else normalize(cwd)
+        key = (state_root, cid)
+        if key in out and out[key] != bundle:
+            torn.add(key)  # two processes name two bundles for one container: neither is trusted
+        out[key] = bundle
+    return {k: v for k, v in out.items() if k not in torn}
