@@ -12,6 +12,7 @@ import pytest
 from nvsymlinkd.containers.hookgrant import (
     DriverMap,
     GpuEntry,
+    HookInputs,
     HookRequest,
     ToolkitConfig,
     legacy_hook,
@@ -20,11 +21,11 @@ from nvsymlinkd.containers.hookgrant import (
 )
 from nvsymlinkd.host.devices import Device
 
-HOOK = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"))
+HOOK = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"), None)
 UVM = (Device.char(509, 0), Device.char(509, 1))
 GPUS = (GpuEntry("0000:3b:00.0", 0, "GPU-aaaa-1111"), GpuEntry("0000:5e:00.0", 1, "GPU-bbbb-2222"),
         GpuEntry("0000:86:00.0", 2, "GPU-cccc-3333"))
-DRIVER = DriverMap(GPUS, True, "", UVM, False)
+DRIVER = DriverMap(GPUS, True, "", UVM, False, modeset=True)
 CTL = "c 195:255"
 BASE = {CTL, "c 509:0", "c 509:1"}  # default capabilities utility,compute: nvidiactl + the uvm nodes
 
@@ -36,8 +37,8 @@ def req(env=None, hooks=(HOOK,), mounts=(), privileged=False) -> HookRequest:
 DEFAULTS = ToolkitConfig()  # no config.toml: the toolkit's defaults
 
 
-def grant(request, config=DEFAULTS, driver=DRIVER):
-    return reconstruct(request, config, driver)
+def grant(request, config=DEFAULTS, driver=DRIVER, version=(1, 17, 8)):
+    return reconstruct(request, HookInputs(config, driver, version, "test"))
 
 
 def devices(g) -> set:
@@ -80,7 +81,8 @@ TRUSTED = {
     "unprivileged env refused by the config": ({"NVIDIA_VISIBLE_DEVICES": "0"},
                                                ToolkitConfig(accept_envvar_unprivileged=False), set()),
     "no-cgroups: nothing in the cgroup": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(no_cgroups=True), set()),
-    "load-kmods off: uvm left out": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(load_kmods=False), {CTL} | gpus(0)),
+    "load-kmods off: the uvm nodes that exist still granted": ({"NVIDIA_VISIBLE_DEVICES": "0"},
+                                                                ToolkitConfig(load_kmods=False), BASE | gpus(0)),
     "supported capabilities narrow the defaults": ({"NVIDIA_VISIBLE_DEVICES": "0"},
                                                    ToolkitConfig(supported_capabilities=frozenset({"utility"})),
                                                    {CTL} | gpus(0)),
@@ -101,7 +103,7 @@ def test_privileged_env_request_accepted_even_when_the_config_refuses_unprivileg
 
 
 def test_volume_mounts_win_over_the_env_when_accepted():
-    mounts = ("/var/run/nvidia-container-devices/0", "/var/run/nvidia-container-devices/imex/1")
+    mounts = ("/var/run/nvidia-container-devices/0",)
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}, mounts=mounts), ToolkitConfig(accept_volume_mounts=True))
     assert devices(g) == BASE | gpus(0)
 
@@ -111,10 +113,11 @@ def test_volume_mounts_ignored_unless_accepted():
     assert devices(g) == BASE | gpus(2)
 
 
-def test_only_imex_mounts_fall_back_to_the_env():
+def test_only_imex_mounts_fall_back_to_the_env_and_request_a_channel():
+    """1.17+: an imex/N mount is no device (the env decides the GPUs) but an IMEX channel request."""
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "1"}, mounts=("/var/run/nvidia-container-devices/imex/0",)),
               ToolkitConfig(accept_volume_mounts=True))
-    assert devices(g) == BASE | gpus(1)
+    assert g is not None and not g.trusted and "IMEX" in g.detail, g
 
 
 UNTRUSTED = {
@@ -135,8 +138,6 @@ UNTRUSTED = {
     "unreadable config": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(readable=False, why="EACCES"), DRIVER,
                           "cannot be read"),
     "cdi mode": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(mode="cdi"), DRIVER, "mode"),
-    "swarm resource": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(swarm_resource="DOCKER_RESOURCE_GPU"), DRIVER,
-                       "swarm"),
     "unsupported capability": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,teleport"},
                                ToolkitConfig(), DRIVER, "capabilities"),
     "driver list unreadable": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(),
@@ -169,17 +170,16 @@ def test_uuid_matches_when_minors_are_out_of_pci_order():
 HOOKS = {
     "runtime wrapper's hook": (HOOK, True),
     "docker's nvidia-container-toolkit alias": (
-        ("prestart", "/usr/bin/nvidia-container-toolkit", ("nvidia-container-toolkit", "prestart")), True),
+        ("prestart", "/usr/bin/nvidia-container-toolkit", ("nvidia-container-toolkit", "prestart"), None), True),
     "hook with a debug flag": (
-        ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "-debug", "prestart")),
-        True),
-    "createRuntime hook": (("createRuntime", HOOK[1], HOOK[2]), True),
-    "poststop hook does nothing": (("poststop", HOOK[1], ("nvidia-container-runtime-hook", "poststop")), False),
-    "prestart kind, poststart command": (("prestart", HOOK[1], ("nvidia-container-runtime-hook", "poststart")), False),
+        ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "-debug", "prestart"),
+         None), True),
+    "createRuntime hook": (("createRuntime", HOOK[1], HOOK[2], None), True),
+    "poststop hook does nothing": (("poststop", HOOK[1], ("nvidia-container-runtime-hook", "poststop"), None), False),
     "nvidia-ctk cdi hook grants nothing": (
-        ("createContainer", "/usr/bin/nvidia-ctk", ("nvidia-ctk", "hook", "update-ldcache")), False),
-    "args unreadable": (("prestart", HOOK[1], None), False),
-    "another program": (("prestart", "/usr/bin/grant", ("grant", "prestart")), False),
+        ("createContainer", "/usr/bin/nvidia-ctk", ("nvidia-ctk", "hook", "update-ldcache"), None), False),
+    "args unreadable": (("prestart", HOOK[1], None, None), False),
+    "another program": (("prestart", "/usr/bin/grant", ("grant", "prestart"), None), False),
 }
 
 
@@ -191,10 +191,10 @@ def test_which_hook_is_the_legacy_hook(name):
     assert (g is not None) == legacy
 
 
-def test_hook_with_its_own_config_file_is_not_trusted():
-    entry = ("prestart", HOOK[1], ("nvidia-container-runtime-hook", "-config=/opt/x.toml", "prestart"))
+def test_prestart_kind_running_another_command_grants_nothing():
+    entry = ("prestart", HOOK[1], ("nvidia-container-runtime-hook", "poststart"), None)
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=[entry]))
-    assert g is not None and not g.trusted and "config" in g.detail
+    assert g is not None and g.trusted and not g.devices and "poststart" in g.detail
 
 
 CONFIGS = {
