@@ -304,3 +304,187 @@ def test_read_driver_map_not_readable(tmp_path, files, why):
     assert not driver.readable and why in driver.why
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}), DEFAULTS, driver)
     assert g is not None and not g.trusted
+
+
+# ---------------------------------------------------------------- issue 34: the hook's own parsing, exactly
+
+# Go's own table for Clean (go/src/path/filepath/path_test.go cleantests, the Unix cases): each result is
+# also clean already
+GO_CLEAN = [
+    ("abc", "abc"), ("abc/def", "abc/def"), ("a/b/c", "a/b/c"), (".", "."), ("..", ".."), ("../..", "../.."),
+    ("../../abc", "../../abc"), ("/abc", "/abc"), ("/", "/"), ("", "."),
+    ("abc/", "abc"), ("abc/def/", "abc/def"), ("a/b/c/", "a/b/c"), ("./", "."), ("../", ".."), ("../../", "../.."),
+    ("/abc/", "/abc"),
+    ("abc//def//ghi", "abc/def/ghi"), ("//abc", "/abc"), ("///abc", "/abc"), ("//abc//", "/abc"), ("abc//", "abc"),
+    ("abc/./def", "abc/def"), ("/./abc/def", "/abc/def"), ("abc/.", "abc"),
+    ("abc/def/ghi/../jkl", "abc/def/jkl"), ("abc/def/../ghi/../jkl", "abc/jkl"), ("abc/def/..", "abc"),
+    ("abc/def/../..", "."), ("/abc/def/../..", "/"), ("abc/def/../../..", ".."), ("/abc/def/../../..", "/"),
+    ("abc/def/../../../ghi/jkl/../../../mno", "../../mno"), ("/../abc", "/abc"),
+    ("abc/./../def", "def"), ("abc//./../def", "def"), ("abc/../../././../def", "../../def"),
+]
+
+
+@pytest.mark.parametrize("path,want", GO_CLEAN)
+def test_go_clean_is_filepath_clean(path, want):
+    from nvsymlinkd.containers.hookgrant import go_clean
+
+    assert go_clean(path) == want
+    assert go_clean(want) == want
+
+
+def test_go_clean_differs_from_normpath_where_the_hook_would_see_a_device():
+    import os.path
+
+    from nvsymlinkd.containers.hookgrant import go_clean
+
+    assert os.path.normpath("//var/run/nvidia-container-devices/1") == "//var/run/nvidia-container-devices/1"
+    assert go_clean("//var/run/nvidia-container-devices/1") == "/var/run/nvidia-container-devices/1"
+
+
+ARGS = {  # argv as runc passes it (argv[0] first) -> (the -config value, the command or None)
+    "plain": (["hook", "prestart"], ("", "prestart")),
+    "config with =": (["hook", "-config=/a.toml", "prestart"], ("/a.toml", "prestart")),
+    "config as the next argument": (["hook", "-config", "/a.toml", "prestart"], ("/a.toml", "prestart")),
+    "double dash flag": (["hook", "--config=/a.toml", "prestart"], ("/a.toml", "prestart")),
+    "last config wins": (["hook", "-config=/a", "-config=/b", "prestart"], ("/b", "prestart")),
+    "empty config is none": (["hook", "-config=", "prestart"], ("", "prestart")),
+    "debug then command": (["hook", "-debug", "prestart"], ("", "prestart")),
+    "debug=false": (["hook", "-debug=false", "prestart"], ("", "prestart")),
+    "flags after the command are arguments": (["hook", "prestart", "-foo"], ("", "prestart")),
+    "second positional ignored": (["hook", "poststart", "prestart"], ("", None)),
+    "unknown flag exits": (["hook", "-foo", "prestart"], ("", None)),
+    "help exits": (["hook", "-h", "prestart"], ("", None)),
+    "version exits": (["hook", "-version", "prestart"], ("", None)),
+    "version=false runs": (["hook", "-version=false", "prestart"], ("", "prestart")),
+    "config missing its value": (["hook", "-config"], ("", None)),
+    "triple dash is bad syntax": (["hook", "---config=x", "prestart"], ("", None)),
+    "lone dash is a positional": (["hook", "-", "prestart"], ("", None)),
+    "double dash ends flags": (["hook", "--", "-config=x"], ("", None)),
+    "no command": (["hook", "-debug"], ("", None)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_go_flag_parse(name):
+    from nvsymlinkd.containers.hookgrant import go_flag_parse
+
+    argv, (config, command) = ARGS[name]
+    got_config, got_command, why = go_flag_parse(argv)
+    assert (got_config if got_command else "", got_command) == (config if command else "", command), why
+    assert bool(why) == (command is None)
+
+
+def test_wrapper_shapes_of_both_installers_parse():
+    from nvsymlinkd.containers.hookgrant import Wrapper, parse_wrapper
+
+    old = ('#! /bin/sh\nPATH=/usr/local/nvidia/toolkit:$PATH \\\n/usr/local/nvidia/toolkit/nvidia-container-runtime-'
+           'hook.real \\\n\t-config "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml" \\\n'
+           '\t"$@"\n')
+    assert parse_wrapper(old) == Wrapper((("PATH", "/usr/local/nvidia/toolkit:$PATH"),),
+                                         "/usr/local/nvidia/toolkit/nvidia-container-runtime-hook.real",
+                                         ("-config", "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/"
+                                                     "config.toml"))
+    new = ('#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH=/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/'
+           'config.toml \\\nPATH=/usr/local/nvidia/toolkit:$PATH \\\n\t/usr/local/nvidia/toolkit/nvidia-container-'
+           'runtime-hook.real \\\n\t\t"$@"\n')
+    got = parse_wrapper(new)
+    assert isinstance(got, Wrapper) and got.args == ()
+    assert dict(got.env)["NVIDIA_CTK_CONFIG_FILE_PATH"].endswith("/.config/nvidia-container-runtime/config.toml")
+
+
+@pytest.mark.parametrize("text", [
+    "#!/bin/sh\nexec /usr/bin/nvidia-container-runtime-hook.real \"$@\"\n",  # another shebang, another shape
+    "#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH=$HOME/c.toml \\\n\t/x/hook.real \\\n\t\t\"$@\"\n",  # an expansion
+    "#! /bin/sh\nPATH=/x:$PATH \\\n\t/x/hook.real \\\n\t\t\"$@\"\nexport X=1\n",  # a line after
+    "#! /bin/sh\nPATH=/x:$PATH \\\n\t/x/hook.real \\\n\t-config \"$(cat /c)\" \\\n\t\"$@\"\n",  # a command in -config
+])
+def test_other_scripts_are_not_the_wrapper(text):
+    from nvsymlinkd.containers.hookgrant import parse_wrapper
+
+    assert isinstance(parse_wrapper(text), str)
+
+
+@pytest.mark.parametrize("status,want", [
+    ("Version: 1.17.8-1\n", (1, 17, 8)),
+    ("Version: 1:1.18.0-1ubuntu1\n", (1, 18, 0)),
+    ("Version: 1.17.0~rc.1-1\n", None),  # a pre-release is not the release
+    ("Version: 1.17\n", None),
+])
+def test_toolkit_version_from_dpkg(tmp_path, status, want):
+    from nvsymlinkd.containers.hookhost import read_toolkit_version
+
+    root = _tree(tmp_path, {"/var/lib/dpkg/status": "Package: nvidia-container-toolkit\nStatus: install ok installed\n"
+                                                    + status + "\nPackage: other\nVersion: 9.9.9\n",
+                            "/var/lib/dpkg/info/nvidia-container-toolkit.list": "/usr/bin\n" + HOOK[1] + "\n",
+                            HOOK[1]: "\x7fELF"})
+    version, why = read_toolkit_version(root, HOOK[1])
+    assert version == want, why
+
+
+def test_toolkit_version_from_build_info_needs_one_release(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_toolkit_version
+    from nvsymlinkd.host.root import HostRoot
+
+    flag = b"-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version="
+    for content, want in ((b"\x7fELF" + flag + b"1.16.2 ", (1, 16, 2)), (b"\x7fELF" + flag + b"1.17.0~rc.2 ", None),
+                          (b"\x7fELF" + flag + b"1.16.2 " + flag + b"1.17.0 ", None), (b"\x7fELF", None)):
+        (tmp_path / "hook").write_bytes(content)
+        assert read_toolkit_version(HostRoot(str(tmp_path)), "/hook")[0] == want, content
+
+
+def test_excluded_gpu_read_from_the_driver(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_driver_map
+
+    info = "Device Minor:\t 0\nGPU UUID:\t GPU-0\nGPU Excluded:\t Yes\n"
+    driver = read_driver_map(_tree(tmp_path, {"/proc/driver/nvidia/gpus/0000:3b:00.0/information": info}), ())
+    assert driver.readable and driver.gpus[0].excluded
+
+
+def test_nvidia_visible_devices_is_never_cut():
+    """Issue 34: the spec reader cut NVIDIA_VISIBLE_DEVICES at 1,024 characters, losing a `void` after it."""
+    from nvsymlinkd.containers.ocispec import parse_spec
+
+    value = ",".join(["0"] * 700) + ",void"
+    spec = parse_spec({"process": {"env": [f"NVIDIA_VISIBLE_DEVICES={value}", "DOCKER_RESOURCE_GPU=1"]}})
+    assert spec.env["NVIDIA_VISIBLE_DEVICES"] == value and spec.visible_devices == value
+    assert spec.env["DOCKER_RESOURCE_GPU"] == "1"  # any variable: swarm-resource can name it
+
+
+def test_hook_entry_keeps_its_env():
+    from nvsymlinkd.containers.ocispec import parse_spec
+
+    spec = parse_spec({"hooks": {"prestart": [{"path": HOOK[1], "args": list(HOOK[2]),
+                                               "env": ["NVIDIA_CTK_CONFIG_FILE_PATH=/c.toml"]}]}})
+    assert spec.hook_entries == (("prestart", HOOK[1], HOOK[2], ("NVIDIA_CTK_CONFIG_FILE_PATH=/c.toml",)),)
+
+
+def test_hook_env_setting_the_config_path_twice_is_not_trusted():
+    entry = ("prestart", HOOK[1], HOOK[2], ("NVIDIA_CTK_CONFIG_FILE_PATH=/a", "NVIDIA_CTK_CONFIG_FILE_PATH=/b"))
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=[entry]))
+    assert g is not None and not g.trusted and "twice" in g.detail
+
+
+@pytest.mark.parametrize("value,want", [
+    ("0000:5e:00.1", {1}), ("0:5e:0", {1}), ("0000:5e:00.0junk", {1}), ("0x0:5e:00.0", None),
+    ("+1", {1}), ("-0", {0}), ("01", {1}), ("-1", None), ("1 ", {1}),  # the hook trims the item
+    ("all,0", {0, 1, 2}), ("ALL", {0, 1, 2}), ("aLl,bogus", {0, 1, 2}), ("bogus,all", {0, 1, 2}),  # the hook: the first `all` decides
+])
+def test_cli_selection_edge_cases(value, want):
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": value}))
+    if want is None:
+        assert g is not None and not g.trusted, g
+    else:
+        assert devices(g) == BASE | gpus(*want)
+
+
+def test_config_key_spelling_ambiguity_with_an_unknown_version():
+    """go-toml reads only the exact and upper-case spellings, BurntSushi any case: where they differ and the
+    version is unknown, not trusted."""
+    doc = {"Accept-Nvidia-Visible-Devices-Envvar-When-Unprivileged": False}
+    assert parse_toolkit_config(doc, "go-toml").accept_envvar_unprivileged is True
+    assert parse_toolkit_config(doc, "burntsushi").accept_envvar_unprivileged is False
+    assert not parse_toolkit_config(doc, None).readable
+    kelvin = {"\u212aeys": 1}  # strings.EqualFold folds the Kelvin sign to k
+    from nvsymlinkd.containers.hookgrant import _go_equal_fold
+
+    assert _go_equal_fold(next(iter(kelvin)), "keys") and not _go_equal_fold("KEYS!", "keys")
