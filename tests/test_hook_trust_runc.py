@@ -48,7 +48,8 @@ def fake_driver(runc_host, gpus=4) -> None:
                              f"Model:\t\t Fake GPU\nGPU UUID:\t GPU-fake-{m}\nDevice Minor:\t {m}\n")
 
 
-def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None):
+def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None,
+                 extra_env=()):
     """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
     devices granted by the hook (here: `allow`), none of them in the spec's rules."""
     hook = runc_host.base / "bin" / "nvidia-container-runtime-hook"
@@ -63,7 +64,7 @@ def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/
                                    "TEST_ALLOW=" + ";".join(allow)]}]}
     spec_nodes = [device_node(p, 195, m) for p, m in nodes]
     spec_nodes += [device_node("/dev/nvidiactl", 195, 255)] if nodes else []
-    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}"], hooks=hooks,
+    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}", *extra_env], hooks=hooks,
                          cgroup_leaf=cgroup_leaf)
 
 
@@ -280,3 +281,37 @@ def test_hook_file_gone_from_the_host_is_not_trusted(runc_host, nvsymlinkd_cli):
     assert got["nvidia_hook"]["trusted"] is False and "does not exist" in got["nvidia_hook"]["detail"]
     nvsymlinkd_cli("--root", root, "repair", check=None)
     assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"
+
+
+REFUSE_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+
+
+@pytest.mark.parametrize("case", ["void past 1,024 characters", "driver container's config (toolkit 1.17)",
+                                  "display without a modeset node", "excluded GPU shifts the index"])
+def test_what_the_hook_refused_stays_denied_through_repair(runc_host, nvsymlinkd_cli, case):
+    """Issue 34, each kind of input where the reconstruction used to grant more than the hook: the hook gave
+    the container nothing (or not this node), so after `repair` the kernel still says EPERM."""
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    env, node = ["NVIDIA_VISIBLE_DEVICES=1"], ("/dev/nvidia1", 195, 1)
+    allow: tuple = ("c 1:3 rw",)  # what the real hook grants: nothing NVIDIA
+    if case.startswith("void"):
+        env = ["NVIDIA_VISIBLE_DEVICES=" + "1," * 600 + "void"]
+    elif case.startswith("driver container"):
+        runc_host.fake.write("/run/nvidia/driver/etc/nvidia-container-runtime/config.toml", REFUSE_UNPRIVILEGED)
+    elif case.startswith("display"):
+        env += ["NVIDIA_DRIVER_CAPABILITIES=compute,display"]
+        allow = ("c 195:255 rw", "c 195:1 rw")  # the GPU, and no modeset: the host has no /dev/nvidia-modeset
+        node = ("/dev/nvidia-modeset", 195, 254)
+    else:  # GPU 0 is excluded: NVML's index 1 is the GPU at minor 2, so minor 1 was never granted
+        runc_host.fake.write("/proc/driver/nvidia/gpus/0000:01:00.0/information",
+                             "GPU UUID:\t GPU-fake-0\nDevice Minor:\t 0\nGPU Excluded:\t Yes\n")
+        allow = ("c 195:255 rw", "c 195:2 rw")
+    c = hook_granted(runc_host, "hg-refused", env[0].split("=", 1)[1], allow, nodes=((node[0], node[2]),),
+                     extra_env=env[1:])
+    assert c.open_error(node[0], rw=True) == "EPERM"
+    got = one(check_json(nvsymlinkd_cli, root, code=None))
+    assert got["nvidia_hook"]["trusted"] is True, got["nvidia_hook"]
+    assert f"c {node[1]}:{node[2]}" not in got["nvidia_hook"]["devices"], got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert c.open_error(node[0], rw=True) == "EPERM"  # never granted by us
