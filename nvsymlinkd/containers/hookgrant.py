@@ -586,7 +586,7 @@ def _imex_requested(request: HookRequest, config: ToolkitConfig, version: Versio
                             ["NVIDIA_IMEX_CHANNELS"])
     if channels is None or channels == ["none"]:
         return None
-    if channels == ["all"] and (version is None or version >= (1, 17, 0)):
+    if channels == ["all"] and version is not None and version >= (1, 17, 0):
         return None  # ImexChannelsFromEnvVar: a lone `all` is no request
     if version is not None and version >= (1, 17, 0) and not (request.privileged or config.accept_envvar_unprivileged):
         return None

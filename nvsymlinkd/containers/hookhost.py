@@ -160,8 +160,31 @@ def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str
     return got, "", got.target
 
 
+# read_toolkit_version's answers, by the files it read as they stood (root, path, dev, ino, size, mtime): the
+# daemon asks every pass, and the binary is megabytes
+_VERSIONS: dict = {}
+
+
+def _stamp(root: HostRoot, inside: str) -> tuple | None:
+    st = root.stat_resolved(inside)
+    return None if st is None else (inside, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, str]:
-    """(version, where it came from) or (None, why unknown), never by running the binary."""
+    """(version, where it came from) or (None, why unknown), never by running the binary; kept while the
+    binary, dpkg's status and the packages' file lists are unchanged."""
+    key = (root.root, _stamp(root, binary), _stamp(root, DPKG_STATUS),
+           *(_stamp(root, f"{DPKG_INFO}/{p}.list") for p in TOOLKIT_PACKAGES))
+    if key[1] is None:
+        return _read_toolkit_version(root, binary)
+    if key not in _VERSIONS:
+        if len(_VERSIONS) >= 16:
+            _VERSIONS.clear()
+        _VERSIONS[key] = _read_toolkit_version(root, binary)
+    return _VERSIONS[key]
+
+
+def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, str]:
     for package in TOOLKIT_PACKAGES:
         try:
             listed = root.read_confined(f"{DPKG_INFO}/{package}.list").split("\n")
