@@ -100,7 +100,7 @@ WRAPPER_118 = (f"#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={OPERATOR_CFG} \\\nPATH
                f"\t{OPERATOR}/nvidia-container-runtime-hook.real \\\n\t\t\"$@\"\n")
 OPERATOR_HOOK = entry("prestart", path=f"{OPERATOR}/nvidia-container-runtime-hook")
 TK = "nvidia-container-toolkit"
-LNC = "libnvidia-container"
+LNC = "libnvidia-container"  # by commit: the stored copies name no tag
 
 # id -> (source, what the hook does, case(tmp_path) -> (got, want))
 ROWS = {
@@ -240,29 +240,30 @@ ROWS = {
                                ETC_CFG: REFUSE + "A" + REFUSE[1:].replace("false", "true")}), UNTRUSTED)),
     # ---- capabilities and the nodes nvidia-container-cli grants
     "caps-video-implies-compute": (
-        f"{LNC} src/options.h (container_opts: video = OPT_VIDEO_LIBS|OPT_COMPUTE_LIBS), src/nvc_mount.c nvc_driver_mount",
+        f"{LNC} @65822523 src/options.h:90 (video = OPT_VIDEO_LIBS|OPT_COMPUTE_LIBS), @077f498c src/nvc_mount.c "
+        "nvc_driver_mount",
         "video pulls the compute libraries, and with them the uvm nodes",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video"}), BASE | gpus(0))),
     "caps-uvm-whatever-load-kmods": (
-        f"{LNC} src/nvc_info.c lookup_devices -> find_device_node",
+        f"{LNC} @00b4b47e src/nvc_info.c lookup_devices -> find_device_node",
         "uvm nodes that exist are listed and granted; load-kmods only loads modules",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(load_kmods=False)), BASE | gpus(0))),
     "caps-modeset-only-if-node-exists": (
-        f"{LNC} src/nvc_info.c lookup_devices (find_device_node NV_MODESET_DEVICE_PATH)",
+        f"{LNC} @00b4b47e src/nvc_info.c lookup_devices (find_device_node NV_MODESET_DEVICE_PATH)",
         "display without /dev/nvidia-modeset: no modeset grant",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,display"}),
                    BASE | gpus(0))),
     "caps-modeset-with-display": (
-        f"{LNC} src/nvc_mount.c nvc_driver_mount (OPT_DISPLAY)",
+        f"{LNC} @077f498c src/nvc_mount.c nvc_driver_mount (OPT_DISPLAY)",
         "display and the node exists: c 195:254",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,display"},
                         driver=DriverMap(GPUS, True, "", UVM, False, modeset=True)), BASE | gpus(0) | {MODESET})),
     "gpus-excluded-not-in-all": (
-        f"{LNC} src/nvc_info.c nvc_device_info_new (NVML's device count), src/cli/common.c select_all_gpu_devices",
+        f"{LNC} @00b4b47e src/nvc_info.c nvc_device_info_new (NVML's device count), src/cli/common.c select_all_gpu_devices",
         "a `GPU Excluded: Yes` GPU is not enumerated: `all` leaves it out",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all"}, driver=_excluded(1)), BASE | gpus(0, 2))),
     "gpus-excluded-shifts-indexes": (
-        f"{LNC} src/cli/common.c select_gpu_device (available->gpus[n])",
+        f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (available->gpus[n])",
         "indexes count only enumerated GPUs: index 1 is the third GPU",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1"}, driver=_excluded(1)), BASE | gpus(2))),
     # ---- IMEX channels
@@ -296,24 +297,24 @@ ROWS = {
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "all"}), BASE | gpus(0))),
     # ---- what nvidia-container-cli selects (the untrusted-but-knowable cases)
     "select-pci-function-1": (
-        f"{LNC} src/cli/common.c matches_pci_format (sscanf \"%x:%02x:%02x.0\" == 3)",
+        f"{LNC} @2e347c19 src/cli/common.c matches_pci_format (sscanf \"%x:%02x:%02x.0\" == 3)",
         "only three conversions are counted: 0000:5e:00.1 selects 0000:5e:00.0",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0000:5e:00.1"}), BASE | gpus(1))),
     "select-ALL-case-insensitive": (
-        f"{LNC} src/cli/common.c select_devices (str_case_equal(dev, \"all\")); {TK} v1.17.8 "
+        f"{LNC} @2e347c19 src/cli/common.c select_devices (str_case_equal(dev, \"all\")); {TK} v1.17.8 "
         "internal/config/image/devices.go:36-50",
         "the hook's own `all` test is exact, so ALL reaches the cli raw, which selects every GPU",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "ALL"}), BASE | gpus(0, 1, 2))),
     "select-all-stops": (
-        f"{LNC} src/cli/common.c select_devices (break after `all`)",
+        f"{LNC} @2e347c19 src/cli/common.c select_devices (break after `all`)",
         "items after a case-insensitive all are never looked at",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0,All,bogus"}), BASE | gpus(0, 1, 2))),
     "select-index-sign": (
-        f"{LNC} src/cli/common.c select_gpu_device (strtoumax)",
+        f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (strtoumax)",
         "strtoumax takes a sign: +1 is index 1",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "+1"}), BASE | gpus(1))),
     "select-index-minus-one": (
-        f"{LNC} src/cli/common.c select_gpu_device (n < UINTMAX_MAX)",
+        f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (n < UINTMAX_MAX)",
         "-1 wraps to UINTMAX_MAX: no GPU, unknown device, the hook fails",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "-1"}), UNTRUSTED)),
     "mode-cdi-no-device-1.14": (
