@@ -177,7 +177,7 @@ ROWS = {
     # ---- the hook's own arguments (Go flag)
     "args-first-positional-is-the-command": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:176-193",
-        "only flag.Args()[0] is the command: `poststart prestart` runs poststart",
+        "only flag.Args()[0] is the command: `poststart prestart` runs poststart (exit 0, nothing granted)",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("poststart", "prestart")), set())),
     "args-flags-before-the-command": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:22-26,169",
@@ -185,16 +185,16 @@ ROWS = {
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-debug", "prestart")), BASE | gpus(0))),
     "args-unknown-flag-exits": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:169 (flag.ExitOnError)",
-        "an undefined flag: the hook exits 2, grants nothing",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-foo", "prestart")), set())),
+        "an undefined flag: the hook exits 2, and runc fails the creation: not this spec",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-foo", "prestart")), UNTRUSTED)),
     "args-version-exits": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:171-174",
-        "-version prints and returns before the command",
+        "-version prints and returns (exit 0) before the command: nothing granted",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-version", "prestart")), set())),
     "args-bad-bool-exits": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:23,169",
-        "-debug=maybe is not a Go bool: exit 2",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-debug=maybe", "prestart")), set())),
+        "-debug=maybe is not a Go bool: exit 2, the creation fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-debug=maybe", "prestart")), UNTRUSTED)),
     "args-double-dash": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:169",
         "`--` ends the flags; prestart follows",

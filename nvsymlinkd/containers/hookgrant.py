@@ -319,7 +319,8 @@ def go_flag_parse(argv: Sequence[str]) -> tuple[str, str | None, str]:
     """The hook's main(): flag.Parse() over argv[1:] (ExitOnError), then flag.Args()[0] is the command.
     -> (config flag value, the command or None when the hook exits before running one, why it exits).
     Go's flag package (flag.go parseOne): flags end at the first non-flag argument or after `--`; `-x`
-    and `--x` are the same; `-config=v` or `-config v`; a bool flag takes only `-b` or `-b=value`."""
+    and `--x` are the same; `-config=v` or `-config v`; a bool flag takes only `-b` or `-b=value`.
+    `why` ends with the hook's exit status: 0 (help, version, poststart/poststop) or 2 (a usage error)."""
     config = ""
     version = False
     args = list(argv[1:])
@@ -337,7 +338,7 @@ def go_flag_parse(argv: Sequence[str]) -> tuple[str, str | None, str]:
         args = args[1:]
         name, has_value, value = name.partition("=")
         if name in ("help", "h"):
-            return config, None, f"{s}: the hook prints its usage and exits"
+            return config, None, f"{s}: the hook prints its usage and exits 0"
         if name in _BOOL_FLAGS:
             if has_value and value not in _GO_BOOLS:
                 return config, None, f"invalid boolean value {value!r} for -{name}: the hook exits 2"
@@ -353,11 +354,13 @@ def go_flag_parse(argv: Sequence[str]) -> tuple[str, str | None, str]:
             value, args = args[0], args[1:]
         config = value
     if version:
-        return config, None, "-version: the hook prints its version and exits"
+        return config, None, "-version: the hook prints its version and exits 0"
     if not args:
         return config, None, "no command: the hook prints its usage and exits 2"
+    if args[0] in ("poststart", "poststop"):
+        return config, None, f"command {args[0]!r}: the hook exits 0, only `prestart` grants anything"
     if args[0] != "prestart":
-        return config, None, f"command {args[0][:40]!r}: only `prestart` grants anything"
+        return config, None, f"unknown command {args[0][:40]!r}: the hook exits 2"
     return config, "prestart", ""
 
 
@@ -451,6 +454,10 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     inv = invocation(entry, inputs.wrapper)
     if not inv.knowable:
         return _untrusted(inv.why)
+    if inv.command is None and inv.why.endswith("exits 2"):
+        # runc fails the container's creation when a prestart hook fails (libcontainer/process_linux.go):
+        # a running container was not made from this spec as it reads now
+        return _untrusted(f"the hook could not have run from this spec: {inv.why}")
     if inv.command is None:
         return _nothing(f"the hook grants nothing: {inv.why}")
     config, driver, version = inputs.config, inputs.driver, inputs.version
