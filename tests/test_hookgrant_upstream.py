@@ -291,6 +291,15 @@ ROWS = {
         "1.17+: an unprivileged env request for channels follows accept-...-envvar-when-unprivileged",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
                         ToolkitConfig(accept_envvar_unprivileged=False), privileged=False), set())),
+    "imex-raw-value-1.16": (
+        f"{TK} v1.16.2 cmd/nvidia-container-runtime-hook/container_config.go:279-285",
+        "1.15-1.16 pass any set NVIDIA_IMEX_CHANNELS raw (even `none`) to the cli",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "none"}, version=(1, 16, 2)),
+                   UNTRUSTED)),
+    "imex-none-no-request-1.17": (
+        f"{TK} v1.17.8 internal/config/image/devices.go:36-50,67-69",
+        "1.17+: `none` lists one empty channel, joined to nothing: no --imex-channel",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,none"}), BASE | gpus(0))),
     "imex-all-alone-no-request-1.17": (
         f"{TK} v1.17.8 internal/config/image/cuda_image.go:294-300",
         "NVIDIA_IMEX_CHANNELS=all alone is no request",

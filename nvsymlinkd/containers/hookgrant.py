@@ -579,23 +579,31 @@ def _requested(request: HookRequest, config: ToolkitConfig, version: Version | N
 
 
 def _imex_requested(request: HookRequest, config: ToolkitConfig, version: Version | None) -> str | None:
-    """Why IMEX channels make the grant unknowable, or None when the hook asks for none
-    (container_config.go getImexChannels; 1.15-1.16 read only NVIDIA_IMEX_CHANNELS, 1.17 also imex/ mounts
-    and the privilege rule, 1.17.5+ `features.ignore-imex-channel-requests`)."""
+    """Why IMEX channels make the grant unknowable, or None when the hook asks for none. 1.13-1.14 read no
+    IMEX request; 1.15-1.16 pass NVIDIA_IMEX_CHANNELS raw when it is set and non-empty (container_config.go
+    getImexChannels, main.go --imex-channel); 1.17+ DevicesFromEnvvars with the privilege rule and imex/N
+    volume mounts, and from 1.17.5 `features.ignore-imex-channel-requests` (getImexChannels)."""
     if version is not None and version < (1, 15, 0):
         return None  # the hook does not read IMEX requests
+    raw = request.env.get("NVIDIA_IMEX_CHANNELS", "")
+    if raw and (version is None or version < (1, 17, 0)):
+        return f"NVIDIA_IMEX_CHANNELS={raw[:40]} (toolkit {_shown(version, '')}): IMEX channel grants are not reconstructed"
+    if version is not None and version < (1, 17, 0):
+        return None
     if config.ignore_imex_requests and version is not None and version >= (1, 17, 5):
         return None
     mounts = [d for d in _mount_devices(request) if d.startswith(IMEX_MOUNT_PREFIX)] if config.accept_volume_mounts else []
-    if mounts and (version is None or version >= (1, 17, 0)):
+    if mounts:
         return "imex/ volume mounts request IMEX channels: not reconstructed"
-    channels = _env_devices({k: v for k, v in request.env.items() if k == "NVIDIA_IMEX_CHANNELS"},
+    channels = _env_devices({k: v for k, v in request.env.items() if k in ("NVIDIA_IMEX_CHANNELS", "CUDA_VERSION",
+                                                                          "NVIDIA_REQUIRE_CUDA")},
                             ["NVIDIA_IMEX_CHANNELS"])
-    if channels is None or channels == ["none"]:
+    first = next((c for c in channels or () if c in ("all", "none")), None)
+    if channels is None or first is not None:
+        # ImexChannelsFromEnvVar: NewVisibleDevices' first all/none decides; none lists nothing, and a lone
+        # `all` (a legacy image's too) is dropped; void or nothing set: no request
         return None
-    if channels == ["all"] and version is not None and version >= (1, 17, 0):
-        return None  # ImexChannelsFromEnvVar: a lone `all` is no request
-    if version is not None and version >= (1, 17, 0) and not (request.privileged or config.accept_envvar_unprivileged):
+    if not (request.privileged or config.accept_envvar_unprivileged):
         return None
     return "NVIDIA_IMEX_CHANNELS is set: IMEX channel grants are not reconstructed"
 
