@@ -5,10 +5,13 @@ the `nvidia-container-runtime` wrapper in legacy mode) grants devices in the con
 cgroup that are not in its spec. Nothing records that grant; this module recomputes it from what
 the hook itself reads, the way the hook computes it (docs/hookgrant.md has the source lines):
 
-- the spec: the hook entry, process.env, /dev/null mounts under /var/run/nvidia-container-devices,
-  CAP_SYS_ADMIN in the bounding set (privileged);
-- the toolkit's config.toml (absent: the toolkit's defaults; unreadable or malformed: not trusted);
-- the driver's map from GPU index / UUID / PCI bus id to device minor, and the uvm nodes.
+- the spec: the hook entry (its args, parsed as Go's flag package does, and its env), process.env,
+  /dev/null mounts under /var/run/nvidia-container-devices (Go's filepath.Clean), CAP_SYS_ADMIN in the
+  bounding set (privileged);
+- HookInputs, what containers.hookhost read from the host: the toolkit's version, the installer's
+  wrapper script when the hook path is one, the config.toml the hook of that version finds (config_search;
+  absent: the defaults; unreadable, malformed or ambiguous: not trusted), the driver's map from GPU index
+  / UUID / PCI bus id to device minor (excluded GPUs apart) and the uvm and modeset nodes.
 
 `reconstruct()` answers None when the spec has no such hook (nothing to reconstruct), else a
 HookGrant: `trusted` with the exact devices (possibly none), or not trusted with the reason. Any
@@ -507,7 +510,9 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
         granted[Device.char(FRONTEND_MAJOR, g.minor)] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
     where = f"; config {config.path or 'none (the defaults)'}"
-    return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {','.join(devices) or 'none'} with "
+    asked = ",".join(devices) or "none"
+    asked = asked if len(asked) <= 200 else asked[:197] + "..."
+    return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
                                     f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}")
 
 
