@@ -103,7 +103,7 @@ class RuncHost:
         return proc
 
     def bundle(self, cid: str, rules=(), nodes=(), env=(), hooks=None, cgroup_leaf=None, args=None,
-               annotations=None, bundle_dir: Path | None = None) -> tuple:
+               annotations=None, bundle_dir: Path | None = None, caps=()) -> tuple:
         # inside the tree: the bundle label maps back (bundle_dir: another place in it, e.g. ROOT/tmp/ID)
         bundle = bundle_dir or self.root / "var" / "lib" / "bundles" / cid
         rootfs = bundle / "rootfs"
@@ -118,9 +118,9 @@ class RuncHost:
         spec["process"]["args"] = list(args or ["sleep", "100000"])
         spec["process"]["env"] += list(env)
         spec["root"]["readonly"] = False
-        caps = spec["process"]["capabilities"]
+        caps_add, caps = caps, spec["process"]["capabilities"]  # caps: more capabilities (CAP_SYS_ADMIN: privileged)
         for key in caps:
-            caps[key] = sorted(set(caps[key]) | {"CAP_MKNOD"})
+            caps[key] = sorted(set(caps[key]) | {"CAP_MKNOD", *caps_add})
         spec["linux"]["resources"]["devices"] += list(rules)
         spec["linux"]["devices"] = list(nodes)
         cgroups_path = f"{self.parent}/{cgroup_leaf or cid}"

@@ -632,6 +632,9 @@ def being_created(runc_host, cid: str, visible: str, cgroups_path: str) -> Path:
                                                 device_rule(1, 3, "rwm"), device_rule(195, 0, "rw")]},
                       "devices": [device_node("/dev/nvidia0", 195, 0)]}}
     (bundle / "config.json").write_text(json.dumps(spec))
+    from tests.test_hook_trust_runc import hook_binary, host_file
+
+    host_file(runc_host, "/usr/bin/nvidia-container-runtime-hook", hook_binary())  # the hook the spec names
     state = runc_host.root / "run/containerd/runc/k8s.io" / cid
     state.mkdir(parents=True)
     os.mkfifo(state / "exec.fifo")

@@ -26,13 +26,30 @@ for rule in os.environ["TEST_ALLOW"].split(";"):
 """
 
 
+def hook_binary(version: str = "1.17.8") -> bytes:
+    """What nvsymlinkd reads at the hook's path in the host tree: an ELF file whose Go build info carries the
+    toolkit's version (-X .../internal/info.version), as a real build does (runc runs the Python fake)."""
+    return (b"\x7fELF\x02\x01\x01" + b"\x00" * 64 + b"build\t-ldflags=\"-X github.com/NVIDIA/"
+            b"nvidia-container-toolkit/internal/info.version=" + version.encode() + b"\"\n")
+
+
+def host_file(runc_host, real_path, content: bytes | str, mode: int = 0o755):
+    """The same absolute path inside the host tree (--root) that runc uses on the real host."""
+    p = runc_host.root / str(real_path).lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    p.chmod(mode)
+    return p
+
+
 def fake_driver(runc_host, gpus=4) -> None:
     for m in range(gpus):
         runc_host.fake.write(f"/proc/driver/nvidia/gpus/0000:0{m + 1}:00.0/information",
                              f"Model:\t\t Fake GPU\nGPU UUID:\t GPU-fake-{m}\nDevice Minor:\t {m}\n")
 
 
-def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None):
+def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None,
+                 extra_env=()):
     """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
     devices granted by the hook (here: `allow`), none of them in the spec's rules."""
     hook = runc_host.base / "bin" / "nvidia-container-runtime-hook"
@@ -40,13 +57,14 @@ def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/
         hook.parent.mkdir(parents=True, exist_ok=True)
         hook.write_text(FAKE_HOOK.format(python=sys.executable))
         hook.chmod(0o755)
+        host_file(runc_host, hook, hook_binary())
     cgroups_path = f"{runc_host.parent}/{cgroup_leaf or cid}"
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",
                                    "TEST_ALLOW=" + ";".join(allow)]}]}
     spec_nodes = [device_node(p, 195, m) for p, m in nodes]
     spec_nodes += [device_node("/dev/nvidiactl", 195, 255)] if nodes else []
-    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}"], hooks=hooks,
+    return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}", *extra_env], hooks=hooks,
                          cgroup_leaf=cgroup_leaf)
 
 
@@ -192,3 +210,108 @@ def test_state_json_without_config_stays_unknown(runc_host, nvsymlinkd_cli, vari
     finally:
         path.write_text(original)  # runc needs it to kill and delete the container
     assert os.path.exists(path)
+
+
+def operator_host(runc_host, name: str) -> str:
+    """A GPU Operator-shaped host: the hook path is the toolkit installer's 1.18+ wrapper (in the host tree)
+    that points NVIDIA_CTK_CONFIG_FILE_PATH at its own config.toml, which refuses NVIDIA_VISIBLE_DEVICES from
+    unprivileged containers; /etc has no config (the toolkit's defaults would accept it). runc runs the
+    Python fake at the same real path, granting what the real hook grants (TEST_ALLOW)."""
+    toolkit = runc_host.base / name
+    hook = toolkit / "nvidia-container-runtime-hook"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(FAKE_HOOK.format(python=sys.executable))
+    hook.chmod(0o755)
+    config = f"{toolkit}/.config/nvidia-container-runtime/config.toml"
+    host_file(runc_host, hook, f"#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={config} \\\nPATH={toolkit}:$PATH \\\n"
+                               f"\t{toolkit}/nvidia-container-runtime-hook.real \\\n\t\t\"$@\"\n")
+    host_file(runc_host, f"{hook}.real", hook_binary("1.18.0"))
+    host_file(runc_host, config, "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n", 0o644)
+    return str(hook)
+
+
+def operator_container(runc_host, hook: str, cid: str, allow: tuple, privileged: bool):
+    cgroups_path = f"{runc_host.parent}/{cid}"
+    hooks = {"prestart": [{"path": hook, "args": ["nvidia-container-runtime-hook", "prestart"],
+                           "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",
+                                   "TEST_ALLOW=" + ";".join(allow)]}]}
+    nodes = [device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidiactl", 195, 255)]
+    return runc_host.run(cid, nodes=nodes, env=["NVIDIA_VISIBLE_DEVICES=all"], hooks=hooks,
+                         caps=("CAP_SYS_ADMIN",) if privileged else ())
+
+
+def test_gpu_operator_config_refusing_unprivileged_requests_is_what_repair_follows(runc_host, nvsymlinkd_cli):
+    """Issue 34: the hook wrapper's own config refuses unprivileged NVIDIA_VISIBLE_DEVICES, so the hook gave
+    the unprivileged container nothing: `repair` leaves c 195:0 denied there (EPERM), and gives the privileged
+    one back the GPU it lost (ENXIO). Before, /etc was read (absent: the defaults accept the request) and the
+    unprivileged container got every GPU "back"."""
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    hook = operator_host(runc_host, "operator-toolkit")
+    everything = ("c 195:255 rw",) + tuple(f"c 195:{m} rw" for m in range(4))
+    pod = operator_container(runc_host, hook, "hg-unpriv", ("c 1:3 rw",), privileged=False)
+    priv = operator_container(runc_host, hook, "hg-priv", everything, privileged=True)
+    assert pod.open_error("/dev/nvidia0", rw=True) == "EPERM"
+    assert priv.open_error("/dev/nvidia0", rw=True) == "ENXIO"
+    priv.deny("c 195:0 rw")  # the privileged container's loss, with nothing watching
+    assert priv.open_error("/dev/nvidia0", rw=True) == "EPERM"
+
+    doc = check_json(nvsymlinkd_cli, root)
+    by_id = {c["id"]: c for c in doc["containers"]}
+    assert by_id["hg-unpriv"]["nvidia_hook"]["trusted"] is True, by_id["hg-unpriv"]["nvidia_hook"]
+    assert by_id["hg-unpriv"]["nvidia_hook"]["devices"] == {}
+    assert by_id["hg-priv"]["nvidia_hook"]["trusted"] is True
+    assert "c 195:0" in by_id["hg-priv"]["nvidia_hook"]["devices"]
+    assert by_id["hg-priv"]["verdict"] == "lost", by_id["hg-priv"]["findings"]
+
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert pod.open_error("/dev/nvidia0", rw=True) == "EPERM"  # the hook refused it: never granted by us
+    assert priv.open_error("/dev/nvidia0", rw=True) == "ENXIO"  # the hook granted it: given back
+
+
+def test_hook_file_gone_from_the_host_is_not_trusted(runc_host, nvsymlinkd_cli):
+    """The hook's path no longer exists in the host tree: whether it was a wrapper with its own config is
+    unknown, so a lost device is denied, never given back."""
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    c = hook_granted(runc_host, "hg-gone", "1", ("c 195:255 rw", "c 195:1 rw"))
+    (runc_host.root / str(runc_host.base / "bin" / "nvidia-container-runtime-hook").lstrip("/")).unlink()
+    c.deny("c 195:1 rw")
+    got = one(check_json(nvsymlinkd_cli, root))
+    assert got["nvidia_hook"]["trusted"] is False and "does not exist" in got["nvidia_hook"]["detail"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"
+
+
+REFUSE_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+
+
+@pytest.mark.parametrize("case", ["void past 1,024 characters", "driver container's config (toolkit 1.17)",
+                                  "display without a modeset node", "excluded GPU shifts the index"])
+def test_what_the_hook_refused_stays_denied_through_repair(runc_host, nvsymlinkd_cli, case):
+    """Issue 34, each kind of input where the reconstruction used to grant more than the hook: the hook gave
+    the container nothing (or not this node), so after `repair` the kernel still says EPERM."""
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    env, node = ["NVIDIA_VISIBLE_DEVICES=1"], ("/dev/nvidia1", 195, 1)
+    allow: tuple = ("c 1:3 rw",)  # what the real hook grants: nothing NVIDIA
+    if case.startswith("void"):
+        env = ["NVIDIA_VISIBLE_DEVICES=" + "1," * 600 + "void"]
+    elif case.startswith("driver container"):
+        runc_host.fake.write("/run/nvidia/driver/etc/nvidia-container-runtime/config.toml", REFUSE_UNPRIVILEGED)
+    elif case.startswith("display"):
+        env += ["NVIDIA_DRIVER_CAPABILITIES=compute,display"]
+        allow = ("c 195:255 rw", "c 195:1 rw")  # the GPU, and no modeset: the host has no /dev/nvidia-modeset
+        node = ("/dev/nvidia-modeset", 195, 254)
+    else:  # GPU 0 is excluded: NVML's index 1 is the GPU at minor 2, so minor 1 was never granted
+        runc_host.fake.write("/proc/driver/nvidia/gpus/0000:01:00.0/information",
+                             "GPU UUID:\t GPU-fake-0\nDevice Minor:\t 0\nGPU Excluded:\t Yes\n")
+        allow = ("c 195:255 rw", "c 195:2 rw")
+    c = hook_granted(runc_host, "hg-refused", env[0].split("=", 1)[1], allow, nodes=((node[0], node[2]),),
+                     extra_env=env[1:])
+    assert c.open_error(node[0], rw=True) == "EPERM"
+    got = one(check_json(nvsymlinkd_cli, root, code=None))
+    assert got["nvidia_hook"]["trusted"] is True, got["nvidia_hook"]
+    assert f"c {node[1]}:{node[2]}" not in got["nvidia_hook"]["devices"], got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert c.open_error(node[0], rw=True) == "EPERM"  # never granted by us

@@ -12,6 +12,7 @@ import pytest
 from nvsymlinkd.containers.hookgrant import (
     DriverMap,
     GpuEntry,
+    HookInputs,
     HookRequest,
     ToolkitConfig,
     legacy_hook,
@@ -20,11 +21,11 @@ from nvsymlinkd.containers.hookgrant import (
 )
 from nvsymlinkd.host.devices import Device
 
-HOOK = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"))
+HOOK = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"), None)
 UVM = (Device.char(509, 0), Device.char(509, 1))
 GPUS = (GpuEntry("0000:3b:00.0", 0, "GPU-aaaa-1111"), GpuEntry("0000:5e:00.0", 1, "GPU-bbbb-2222"),
         GpuEntry("0000:86:00.0", 2, "GPU-cccc-3333"))
-DRIVER = DriverMap(GPUS, True, "", UVM, False)
+DRIVER = DriverMap(GPUS, True, "", UVM, False, modeset=True)
 CTL = "c 195:255"
 BASE = {CTL, "c 509:0", "c 509:1"}  # default capabilities utility,compute: nvidiactl + the uvm nodes
 
@@ -36,8 +37,8 @@ def req(env=None, hooks=(HOOK,), mounts=(), privileged=False) -> HookRequest:
 DEFAULTS = ToolkitConfig()  # no config.toml: the toolkit's defaults
 
 
-def grant(request, config=DEFAULTS, driver=DRIVER):
-    return reconstruct(request, config, driver)
+def grant(request, config=DEFAULTS, driver=DRIVER, version=(1, 17, 8)):
+    return reconstruct(request, HookInputs(config, driver, version, "test"))
 
 
 def devices(g) -> set:
@@ -80,7 +81,8 @@ TRUSTED = {
     "unprivileged env refused by the config": ({"NVIDIA_VISIBLE_DEVICES": "0"},
                                                ToolkitConfig(accept_envvar_unprivileged=False), set()),
     "no-cgroups: nothing in the cgroup": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(no_cgroups=True), set()),
-    "load-kmods off: uvm left out": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(load_kmods=False), {CTL} | gpus(0)),
+    "load-kmods off: the uvm nodes that exist still granted": ({"NVIDIA_VISIBLE_DEVICES": "0"},
+                                                                ToolkitConfig(load_kmods=False), BASE | gpus(0)),
     "supported capabilities narrow the defaults": ({"NVIDIA_VISIBLE_DEVICES": "0"},
                                                    ToolkitConfig(supported_capabilities=frozenset({"utility"})),
                                                    {CTL} | gpus(0)),
@@ -101,7 +103,7 @@ def test_privileged_env_request_accepted_even_when_the_config_refuses_unprivileg
 
 
 def test_volume_mounts_win_over_the_env_when_accepted():
-    mounts = ("/var/run/nvidia-container-devices/0", "/var/run/nvidia-container-devices/imex/1")
+    mounts = ("/var/run/nvidia-container-devices/0",)
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}, mounts=mounts), ToolkitConfig(accept_volume_mounts=True))
     assert devices(g) == BASE | gpus(0)
 
@@ -111,10 +113,11 @@ def test_volume_mounts_ignored_unless_accepted():
     assert devices(g) == BASE | gpus(2)
 
 
-def test_only_imex_mounts_fall_back_to_the_env():
+def test_only_imex_mounts_fall_back_to_the_env_and_request_a_channel():
+    """1.17+: an imex/N mount is no device (the env decides the GPUs) but an IMEX channel request."""
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "1"}, mounts=("/var/run/nvidia-container-devices/imex/0",)),
               ToolkitConfig(accept_volume_mounts=True))
-    assert devices(g) == BASE | gpus(1)
+    assert g is not None and not g.trusted and "IMEX" in g.detail, g
 
 
 UNTRUSTED = {
@@ -135,8 +138,6 @@ UNTRUSTED = {
     "unreadable config": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(readable=False, why="EACCES"), DRIVER,
                           "cannot be read"),
     "cdi mode": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(mode="cdi"), DRIVER, "mode"),
-    "swarm resource": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(swarm_resource="DOCKER_RESOURCE_GPU"), DRIVER,
-                       "swarm"),
     "unsupported capability": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,teleport"},
                                ToolkitConfig(), DRIVER, "capabilities"),
     "driver list unreadable": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(),
@@ -169,17 +170,16 @@ def test_uuid_matches_when_minors_are_out_of_pci_order():
 HOOKS = {
     "runtime wrapper's hook": (HOOK, True),
     "docker's nvidia-container-toolkit alias": (
-        ("prestart", "/usr/bin/nvidia-container-toolkit", ("nvidia-container-toolkit", "prestart")), True),
+        ("prestart", "/usr/bin/nvidia-container-toolkit", ("nvidia-container-toolkit", "prestart"), None), True),
     "hook with a debug flag": (
-        ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "-debug", "prestart")),
-        True),
-    "createRuntime hook": (("createRuntime", HOOK[1], HOOK[2]), True),
-    "poststop hook does nothing": (("poststop", HOOK[1], ("nvidia-container-runtime-hook", "poststop")), False),
-    "prestart kind, poststart command": (("prestart", HOOK[1], ("nvidia-container-runtime-hook", "poststart")), False),
+        ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "-debug", "prestart"),
+         None), True),
+    "createRuntime hook": (("createRuntime", HOOK[1], HOOK[2], None), True),
+    "poststop hook does nothing": (("poststop", HOOK[1], ("nvidia-container-runtime-hook", "poststop"), None), False),
     "nvidia-ctk cdi hook grants nothing": (
-        ("createContainer", "/usr/bin/nvidia-ctk", ("nvidia-ctk", "hook", "update-ldcache")), False),
-    "args unreadable": (("prestart", HOOK[1], None), False),
-    "another program": (("prestart", "/usr/bin/grant", ("grant", "prestart")), False),
+        ("createContainer", "/usr/bin/nvidia-ctk", ("nvidia-ctk", "hook", "update-ldcache"), None), False),
+    "args unreadable": (("prestart", HOOK[1], None, None), False),
+    "another program": (("prestart", "/usr/bin/grant", ("grant", "prestart"), None), False),
 }
 
 
@@ -191,10 +191,10 @@ def test_which_hook_is_the_legacy_hook(name):
     assert (g is not None) == legacy
 
 
-def test_hook_with_its_own_config_file_is_not_trusted():
-    entry = ("prestart", HOOK[1], ("nvidia-container-runtime-hook", "-config=/opt/x.toml", "prestart"))
+def test_prestart_kind_running_another_command_grants_nothing():
+    entry = ("prestart", HOOK[1], ("nvidia-container-runtime-hook", "poststart"), None)
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=[entry]))
-    assert g is not None and not g.trusted and "config" in g.detail
+    assert g is not None and g.trusted and not g.devices and "poststart" in g.detail
 
 
 CONFIGS = {
@@ -304,3 +304,187 @@ def test_read_driver_map_not_readable(tmp_path, files, why):
     assert not driver.readable and why in driver.why
     g = grant(req({"NVIDIA_VISIBLE_DEVICES": "all"}), DEFAULTS, driver)
     assert g is not None and not g.trusted
+
+
+# ---------------------------------------------------------------- issue 34: the hook's own parsing, exactly
+
+# Go's own table for Clean (go/src/path/filepath/path_test.go cleantests, the Unix cases): each result is
+# also clean already
+GO_CLEAN = [
+    ("abc", "abc"), ("abc/def", "abc/def"), ("a/b/c", "a/b/c"), (".", "."), ("..", ".."), ("../..", "../.."),
+    ("../../abc", "../../abc"), ("/abc", "/abc"), ("/", "/"), ("", "."),
+    ("abc/", "abc"), ("abc/def/", "abc/def"), ("a/b/c/", "a/b/c"), ("./", "."), ("../", ".."), ("../../", "../.."),
+    ("/abc/", "/abc"),
+    ("abc//def//ghi", "abc/def/ghi"), ("//abc", "/abc"), ("///abc", "/abc"), ("//abc//", "/abc"), ("abc//", "abc"),
+    ("abc/./def", "abc/def"), ("/./abc/def", "/abc/def"), ("abc/.", "abc"),
+    ("abc/def/ghi/../jkl", "abc/def/jkl"), ("abc/def/../ghi/../jkl", "abc/jkl"), ("abc/def/..", "abc"),
+    ("abc/def/../..", "."), ("/abc/def/../..", "/"), ("abc/def/../../..", ".."), ("/abc/def/../../..", "/"),
+    ("abc/def/../../../ghi/jkl/../../../mno", "../../mno"), ("/../abc", "/abc"),
+    ("abc/./../def", "def"), ("abc//./../def", "def"), ("abc/../../././../def", "../../def"),
+]
+
+
+@pytest.mark.parametrize("path,want", GO_CLEAN)
+def test_go_clean_is_filepath_clean(path, want):
+    from nvsymlinkd.containers.hookgrant import go_clean
+
+    assert go_clean(path) == want
+    assert go_clean(want) == want
+
+
+def test_go_clean_differs_from_normpath_where_the_hook_would_see_a_device():
+    import os.path
+
+    from nvsymlinkd.containers.hookgrant import go_clean
+
+    assert os.path.normpath("//var/run/nvidia-container-devices/1") == "//var/run/nvidia-container-devices/1"
+    assert go_clean("//var/run/nvidia-container-devices/1") == "/var/run/nvidia-container-devices/1"
+
+
+ARGS = {  # argv as runc passes it (argv[0] first) -> (the -config value, the command or None)
+    "plain": (["hook", "prestart"], ("", "prestart")),
+    "config with =": (["hook", "-config=/a.toml", "prestart"], ("/a.toml", "prestart")),
+    "config as the next argument": (["hook", "-config", "/a.toml", "prestart"], ("/a.toml", "prestart")),
+    "double dash flag": (["hook", "--config=/a.toml", "prestart"], ("/a.toml", "prestart")),
+    "last config wins": (["hook", "-config=/a", "-config=/b", "prestart"], ("/b", "prestart")),
+    "empty config is none": (["hook", "-config=", "prestart"], ("", "prestart")),
+    "debug then command": (["hook", "-debug", "prestart"], ("", "prestart")),
+    "debug=false": (["hook", "-debug=false", "prestart"], ("", "prestart")),
+    "flags after the command are arguments": (["hook", "prestart", "-foo"], ("", "prestart")),
+    "second positional ignored": (["hook", "poststart", "prestart"], ("", None)),
+    "unknown flag exits": (["hook", "-foo", "prestart"], ("", None)),
+    "help exits": (["hook", "-h", "prestart"], ("", None)),
+    "version exits": (["hook", "-version", "prestart"], ("", None)),
+    "version=false runs": (["hook", "-version=false", "prestart"], ("", "prestart")),
+    "config missing its value": (["hook", "-config"], ("", None)),
+    "triple dash is bad syntax": (["hook", "---config=x", "prestart"], ("", None)),
+    "lone dash is a positional": (["hook", "-", "prestart"], ("", None)),
+    "double dash ends flags": (["hook", "--", "-config=x"], ("", None)),
+    "no command": (["hook", "-debug"], ("", None)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_go_flag_parse(name):
+    from nvsymlinkd.containers.hookgrant import go_flag_parse
+
+    argv, (config, command) = ARGS[name]
+    got_config, got_command, why = go_flag_parse(argv)
+    assert (got_config if got_command else "", got_command) == (config if command else "", command), why
+    assert bool(why) == (command is None)
+
+
+def test_wrapper_shapes_of_both_installers_parse():
+    from nvsymlinkd.containers.hookgrant import Wrapper, parse_wrapper
+
+    old = ('#! /bin/sh\nPATH=/usr/local/nvidia/toolkit:$PATH \\\n/usr/local/nvidia/toolkit/nvidia-container-runtime-'
+           'hook.real \\\n\t-config "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml" \\\n'
+           '\t"$@"\n')
+    assert parse_wrapper(old) == Wrapper((("PATH", "/usr/local/nvidia/toolkit:$PATH"),),
+                                         "/usr/local/nvidia/toolkit/nvidia-container-runtime-hook.real",
+                                         ("-config", "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/"
+                                                     "config.toml"))
+    new = ('#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH=/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/'
+           'config.toml \\\nPATH=/usr/local/nvidia/toolkit:$PATH \\\n\t/usr/local/nvidia/toolkit/nvidia-container-'
+           'runtime-hook.real \\\n\t\t"$@"\n')
+    got = parse_wrapper(new)
+    assert isinstance(got, Wrapper) and got.args == ()
+    assert dict(got.env)["NVIDIA_CTK_CONFIG_FILE_PATH"].endswith("/.config/nvidia-container-runtime/config.toml")
+
+
+@pytest.mark.parametrize("text", [
+    "#!/bin/sh\nexec /usr/bin/nvidia-container-runtime-hook.real \"$@\"\n",  # another shebang, another shape
+    "#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH=$HOME/c.toml \\\n\t/x/hook.real \\\n\t\t\"$@\"\n",  # an expansion
+    "#! /bin/sh\nPATH=/x:$PATH \\\n\t/x/hook.real \\\n\t\t\"$@\"\nexport X=1\n",  # a line after
+    "#! /bin/sh\nPATH=/x:$PATH \\\n\t/x/hook.real \\\n\t-config \"$(cat /c)\" \\\n\t\"$@\"\n",  # a command in -config
+])
+def test_other_scripts_are_not_the_wrapper(text):
+    from nvsymlinkd.containers.hookgrant import parse_wrapper
+
+    assert isinstance(parse_wrapper(text), str)
+
+
+@pytest.mark.parametrize("status,want", [
+    ("Version: 1.17.8-1\n", (1, 17, 8)),
+    ("Version: 1:1.18.0-1ubuntu1\n", (1, 18, 0)),
+    ("Version: 1.17.0~rc.1-1\n", None),  # a pre-release is not the release
+    ("Version: 1.17\n", None),
+])
+def test_toolkit_version_from_dpkg(tmp_path, status, want):
+    from nvsymlinkd.containers.hookhost import read_toolkit_version
+
+    root = _tree(tmp_path, {"/var/lib/dpkg/status": "Package: nvidia-container-toolkit\nStatus: install ok installed\n"
+                                                    + status + "\nPackage: other\nVersion: 9.9.9\n",
+                            "/var/lib/dpkg/info/nvidia-container-toolkit.list": "/usr/bin\n" + HOOK[1] + "\n",
+                            HOOK[1]: "\x7fELF"})
+    version, why = read_toolkit_version(root, HOOK[1])
+    assert version == want, why
+
+
+def test_toolkit_version_from_build_info_needs_one_release(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_toolkit_version
+    from nvsymlinkd.host.root import HostRoot
+
+    flag = b"-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version="
+    for content, want in ((b"\x7fELF" + flag + b"1.16.2 ", (1, 16, 2)), (b"\x7fELF" + flag + b"1.17.0~rc.2 ", None),
+                          (b"\x7fELF" + flag + b"1.16.2 " + flag + b"1.17.0 ", None), (b"\x7fELF", None)):
+        (tmp_path / "hook").write_bytes(content)
+        assert read_toolkit_version(HostRoot(str(tmp_path)), "/hook")[0] == want, content
+
+
+def test_excluded_gpu_read_from_the_driver(tmp_path):
+    from nvsymlinkd.containers.hookhost import read_driver_map
+
+    info = "Device Minor:\t 0\nGPU UUID:\t GPU-0\nGPU Excluded:\t Yes\n"
+    driver = read_driver_map(_tree(tmp_path, {"/proc/driver/nvidia/gpus/0000:3b:00.0/information": info}), ())
+    assert driver.readable and driver.gpus[0].excluded
+
+
+def test_nvidia_visible_devices_is_never_cut():
+    """Issue 34: the spec reader cut NVIDIA_VISIBLE_DEVICES at 1,024 characters, losing a `void` after it."""
+    from nvsymlinkd.containers.ocispec import parse_spec
+
+    value = ",".join(["0"] * 700) + ",void"
+    spec = parse_spec({"process": {"env": [f"NVIDIA_VISIBLE_DEVICES={value}", "DOCKER_RESOURCE_GPU=1"]}})
+    assert spec.env["NVIDIA_VISIBLE_DEVICES"] == value and spec.visible_devices == value
+    assert spec.env["DOCKER_RESOURCE_GPU"] == "1"  # any variable: swarm-resource can name it
+
+
+def test_hook_entry_keeps_its_env():
+    from nvsymlinkd.containers.ocispec import parse_spec
+
+    spec = parse_spec({"hooks": {"prestart": [{"path": HOOK[1], "args": list(HOOK[2]),
+                                               "env": ["NVIDIA_CTK_CONFIG_FILE_PATH=/c.toml"]}]}})
+    assert spec.hook_entries == (("prestart", HOOK[1], HOOK[2], ("NVIDIA_CTK_CONFIG_FILE_PATH=/c.toml",)),)
+
+
+def test_hook_env_setting_the_config_path_twice_is_not_trusted():
+    entry = ("prestart", HOOK[1], HOOK[2], ("NVIDIA_CTK_CONFIG_FILE_PATH=/a", "NVIDIA_CTK_CONFIG_FILE_PATH=/b"))
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=[entry]))
+    assert g is not None and not g.trusted and "twice" in g.detail
+
+
+@pytest.mark.parametrize("value,want", [
+    ("0000:5e:00.1", {1}), ("0:5e:0", {1}), ("0000:5e:00.0junk", {1}), ("0x0:5e:00.0", None),
+    ("+1", {1}), ("-0", {0}), ("01", {1}), ("-1", None), ("1 ", {1}),  # the hook trims the item
+    ("all,0", {0, 1, 2}), ("ALL", {0, 1, 2}), ("aLl,bogus", {0, 1, 2}), ("bogus,all", {0, 1, 2}),  # the hook: the first `all` decides
+])
+def test_cli_selection_edge_cases(value, want):
+    g = grant(req({"NVIDIA_VISIBLE_DEVICES": value}))
+    if want is None:
+        assert g is not None and not g.trusted, g
+    else:
+        assert devices(g) == BASE | gpus(*want)
+
+
+def test_config_key_spelling_ambiguity_with_an_unknown_version():
+    """go-toml reads only the exact and upper-case spellings, BurntSushi any case: where they differ and the
+    version is unknown, not trusted."""
+    doc = {"Accept-Nvidia-Visible-Devices-Envvar-When-Unprivileged": False}
+    assert parse_toolkit_config(doc, "go-toml").accept_envvar_unprivileged is True
+    assert parse_toolkit_config(doc, "burntsushi").accept_envvar_unprivileged is False
+    assert not parse_toolkit_config(doc, None).readable
+    kelvin = {"\u212aeys": 1}  # strings.EqualFold folds the Kelvin sign to k
+    from nvsymlinkd.containers.hookgrant import _go_equal_fold
+
+    assert _go_equal_fold(next(iter(kelvin)), "keys") and not _go_equal_fold("KEYS!", "keys")

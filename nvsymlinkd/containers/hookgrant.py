@@ -5,10 +5,13 @@ the `nvidia-container-runtime` wrapper in legacy mode) grants devices in the con
 cgroup that are not in its spec. Nothing records that grant; this module recomputes it from what
 the hook itself reads, the way the hook computes it (docs/hookgrant.md has the source lines):
 
-- the spec: the hook entry, process.env, /dev/null mounts under /var/run/nvidia-container-devices,
-  CAP_SYS_ADMIN in the bounding set (privileged);
-- the toolkit's config.toml (absent: the toolkit's defaults; unreadable or malformed: not trusted);
-- the driver's map from GPU index / UUID / PCI bus id to device minor, and the uvm nodes.
+- the spec: the hook entry (its args, parsed as Go's flag package does, and its env), process.env,
+  /dev/null mounts under /var/run/nvidia-container-devices (Go's filepath.Clean), CAP_SYS_ADMIN in the
+  bounding set (privileged);
+- HookInputs, what containers.hookhost read from the host: the toolkit's version, the installer's
+  wrapper script when the hook path is one, the config.toml the hook of that version finds (config_search;
+  absent: the defaults; unreadable, malformed or ambiguous: not trusted), the driver's map from GPU index
+  / UUID / PCI bus id to device minor (excluded GPUs apart) and the uvm and modeset nodes.
 
 `reconstruct()` answers None when the spec has no such hook (nothing to reconstruct), else a
 HookGrant: `trusted` with the exact devices (possibly none), or not trusted with the reason. Any
@@ -36,10 +39,24 @@ HOOK_KINDS = frozenset({"prestart", "createRuntime"})
 DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
 DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})
 SUPPORTED_CAPABILITIES = frozenset({"compute", "compat32", "graphics", "utility", "video", "display", "ngx"})
-_PCI = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.0")
-_MIG_INDEX = re.compile(r"\d+:\d+")
+# matches_pci_format (libnvidia-container src/cli/common.c): sscanf("%x:%02x:%02x.0") == 3 counts only the
+# three conversions, so whatever follows the device number (".0", ".1", nothing) is never compared
+_PCI = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})")
+# two colons that _PCI does not read: sscanf's %x also takes a sign, 0x, blanks, a longer domain (not modelled)
+_PCI_ODD = re.compile(r"[^:]*:[^:]*:", re.S)
+# select_gpu_device's index: strtoumax(dev, &ptr, 10) with *ptr == '\0' (a sign is taken; "-N" wraps)
+_INDEX = re.compile(r"([+-]?)([0-9]+)")
+_MIG_INDEX = re.compile(r"\s*[+-]?\d+:\s*[+-]?\d+.*", re.S)  # sscanf("%lu:%lu") == 2
+UINTMAX = (1 << 64) - 1
 
-HookEntry = Tuple[str, str, Optional[Tuple[str, ...]]]  # (kind, path, args or None)
+HookEntry = Tuple[str, str, Optional[Tuple[str, ...]], Optional[Tuple[str, ...]]]  # (kind, path, args, env)
+Version = Tuple[int, int, int]
+DRIVER_CONFIG = "/run/nvidia/driver/etc/nvidia-container-runtime/config.toml"  # hook_config.go driverPath+configPath
+ETC_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+RELATIVE_CONFIG = "nvidia-container-runtime/config.toml"  # config.RelativeFilePath (1.18+)
+CONFIG_ENV = "NVIDIA_CTK_CONFIG_FILE_PATH"  # config.FilePathOverrideEnvVar (1.18+)
+XDG_ENV = "XDG_CONFIG_HOME"
+IMEX_MOUNT_PREFIX = "imex/"
 
 
 @dataclass(frozen=True)
@@ -59,57 +76,114 @@ class ToolkitConfig:
     mode: str = "auto"
     skip_mode_detection: bool = False
     ignore_imex_requests: bool = False
+    path: str = ""  # the file it was read from ("" : none found, the defaults)
 
 
 def unreadable_config(why: str) -> ToolkitConfig:
     return ToolkitConfig(readable=False, why=why, present=True)
 
 
-def parse_toolkit_config(doc: Mapping[str, Any]) -> ToolkitConfig:
+# How the hook's TOML decoder matches a key to a struct field's tag:
+# - go-toml v1 (toolkit 1.14+, vendor/github.com/pelletier/go-toml/marshal.go valueFromTree, keysToTry):
+#   the tag, strings.ToLower(tag), strings.ToTitle(tag), the tag with its first letter lowered; the first
+#   present wins. The tags are lower case, so: the tag itself, else its upper-case spelling.
+# - BurntSushi/toml v1.0.0 (toolkit 1.13, vendor/github.com/BurntSushi/toml/decode.go unifyStruct): every key
+#   of the table equal to the tag or strings.EqualFold with it is decoded into the field, in Go's random map
+#   order: with two such keys of different values the outcome is not knowable.
+GO_TOML = "go-toml"
+BURNTSUSHI = "burntsushi"
+
+
+def _go_equal_fold(key: str, tag: str) -> bool:
+    """strings.EqualFold(key, tag) for an ASCII lower-case tag: Unicode simple folding adds only the Kelvin
+    sign (U+212A ~ k) and the long s (U+017F ~ s) to the ASCII letters' orbits."""
+    if len(key) != len(tag):
+        return False
+    folded = key.replace("\u212a", "k").replace("\u017f", "s")
+    return folded.isascii() and folded.lower() == tag
+
+
+def _lookup(table: Mapping[str, Any], tag: str, dialect: str) -> tuple[bool, Any]:
+    """(present, value) of the field whose tag is `tag`, as the dialect's decoder finds it."""
+    if dialect == GO_TOML:
+        for key in (tag, tag.upper()):
+            if key in table:
+                return True, table[key]
+        return False, None
+    matches = [k for k in table if k == tag or _go_equal_fold(k, tag)]
+    if not matches:
+        return False, None
+    values = [table[k] for k in matches]
+    if any(v != values[0] for v in values[1:]):
+        raise ValueError(f"{tag} is set {len(matches)} times in different letter cases ({', '.join(sorted(matches))}) "
+                         "with different values: which one the hook read depends on Go's map order")
+    return True, values[0]
+
+
+def parse_toolkit_config(doc: Mapping[str, Any], dialect: str | None = GO_TOML) -> ToolkitConfig:
     """The fields the hook's device selection depends on, from the parsed TOML; a wrong type is not
-    readable (the hook's own unmarshal would fail: the running container was made under another file)."""
+    readable (the hook's own unmarshal would fail: the running container was made under another file).
+    dialect None: the toolkit's version is unknown; trusted only where both decoders agree."""
     try:
-        return _parse_toolkit_config(doc)
+        if dialect is None:
+            a, b = _parse_toolkit_config(doc, GO_TOML), _parse_toolkit_config(doc, BURNTSUSHI)
+            if a != b:
+                return unreadable_config("a key is spelled in another letter case, and go-toml (toolkit 1.14+) and "
+                                         "BurntSushi/toml (1.13) read it differently: the toolkit's version is unknown")
+            return a
+        return _parse_toolkit_config(doc, dialect)
     except ValueError as exc:
         return unreadable_config(str(exc))
 
 
-def _get(table: Mapping[str, Any], key: str, kind: type, default: Any, where: str = "") -> Any:
-    value = table.get(key, default)
+def _get(table: Mapping[str, Any], key: str, kind: type, default: Any, dialect: str, where: str = "") -> Any:
+    present, value = _lookup(table, key, dialect)
+    if not present:
+        return default
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ValueError(f"{where}{key} is not a {kind.__name__}")
     return value
 
 
-def _table(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = doc.get(key, {})
+def _table(doc: Mapping[str, Any], key: str, dialect: str) -> Mapping[str, Any]:
+    value = _get(doc, key, dict, {}, dialect)
     if not isinstance(value, dict):
         raise ValueError(f"[{key}] is not a table")
     return value
 
 
-def _parse_toolkit_config(doc: Mapping[str, Any]) -> ToolkitConfig:
-    cli = _table(doc, "nvidia-container-cli")
-    runtime = _table(doc, "nvidia-container-runtime")
-    hook = _table(doc, "nvidia-container-runtime-hook")
-    features = _table(doc, "features")
-    supported = _get(doc, "supported-driver-capabilities", str, "all")
+def _parse_toolkit_config(doc: Mapping[str, Any], dialect: str) -> ToolkitConfig:
+    def get(table: Mapping[str, Any], key: str, kind: type, default: Any, where: str = "") -> Any:
+        return _get(table, key, kind, default, dialect, where)
+
+    cli = _table(doc, "nvidia-container-cli", dialect)
+    runtime = _table(doc, "nvidia-container-runtime", dialect)
+    hook = _table(doc, "nvidia-container-runtime-hook", dialect)
+    features = _table(doc, "features", dialect)
+    supported = get(doc, "supported-driver-capabilities", str, "all")
     caps = SUPPORTED_CAPABILITIES if supported == "all" else frozenset(_split(supported))
     if not caps <= SUPPORTED_CAPABILITIES:
         raise ValueError(f"supported-driver-capabilities {supported!r} names an unknown capability")
     return ToolkitConfig(
         present=True,
-        accept_envvar_unprivileged=_get(doc, "accept-nvidia-visible-devices-envvar-when-unprivileged", bool, True),
-        accept_volume_mounts=_get(doc, "accept-nvidia-visible-devices-as-volume-mounts", bool, False),
-        no_cgroups=_get(cli, "no-cgroups", bool, False, "nvidia-container-cli."),
-        load_kmods=_get(cli, "load-kmods", bool, True, "nvidia-container-cli."),  # unset: the default
-        driver_root=_get(cli, "root", str, "", "nvidia-container-cli."),
+        accept_envvar_unprivileged=get(doc, "accept-nvidia-visible-devices-envvar-when-unprivileged", bool, True),
+        accept_volume_mounts=get(doc, "accept-nvidia-visible-devices-as-volume-mounts", bool, False),
+        no_cgroups=get(cli, "no-cgroups", bool, False, "nvidia-container-cli."),
+        load_kmods=get(cli, "load-kmods", bool, True, "nvidia-container-cli."),  # unset: the default
+        driver_root=get(cli, "root", str, "", "nvidia-container-cli."),
         supported_capabilities=caps,
-        swarm_resource=_get(doc, "swarm-resource", str, ""),
-        mode=_get(runtime, "mode", str, "auto", "nvidia-container-runtime."),
-        skip_mode_detection=_get(hook, "skip-mode-detection", bool, False, "nvidia-container-runtime-hook."),
-        ignore_imex_requests=_get(features, "ignore-imex-channel-requests", bool, False, "features."),
+        swarm_resource=get(doc, "swarm-resource", str, ""),
+        mode=get(runtime, "mode", str, "auto", "nvidia-container-runtime."),
+        skip_mode_detection=get(hook, "skip-mode-detection", bool, False, "nvidia-container-runtime-hook."),
+        ignore_imex_requests=get(features, "ignore-imex-channel-requests", bool, False, "features."),
     )
+
+
+def toml_dialect(version: Version | None) -> str | None:
+    """The decoder the hook of this toolkit version unmarshals its config with (None: unknown)."""
+    if version is None:
+        return None
+    return BURNTSUSHI if version < (1, 14, 0) else GO_TOML
 
 
 @dataclass(frozen=True)
@@ -119,6 +193,7 @@ class GpuEntry:
     pci: str  # the directory name, e.g. 0000:3b:00.0
     minor: int  # Device Minor
     uuid: str | None  # GPU UUID, None when the file has none
+    excluded: bool = False  # `GPU Excluded: Yes`: NVML does not enumerate it
 
 
 @dataclass(frozen=True)
@@ -128,6 +203,32 @@ class DriverMap:
     why: str = ""
     uvm: tuple[Device, ...] = ()  # nvidia-uvm and nvidia-uvm-tools nodes that exist on the host
     mig_instances: bool = False  # a MIG GPU or compute instance exists (capabilities/gpu*/mig/gi*)
+    modeset: bool = False  # /dev/nvidia-modeset exists on the host
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """The toolkit installer's shell wrapper around the hook (the GPU Operator's
+    /usr/local/nvidia/toolkit/nvidia-container-runtime-hook), parsed: the variables it sets for the hook,
+    the executable it runs, and the arguments it puts before the hook's own ("$@")."""
+
+    env: tuple[tuple[str, str], ...]
+    target: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HookInputs:
+    """Every host input the reconstruction reads, in one value (what a later change records at a container's
+    first sight): the config with the path it came from, the driver's map, the toolkit's version, and the
+    wrapper script when the hook path is one."""
+
+    config: ToolkitConfig
+    driver: DriverMap
+    version: Version | None = None
+    version_why: str = "not read"  # where the version came from, or why it is unknown
+    wrapper: Wrapper | None = None
+    wrapper_why: str = ""  # the hook path is a script of another shape, or cannot be read: not trusted
 
 
 @dataclass(frozen=True)
@@ -155,51 +256,240 @@ def _untrusted(why: str) -> HookGrant:
     return HookGrant(False, {}, why)
 
 
-def _split(value: str) -> list[str]:
-    return [p.strip() for p in value.split(",") if p.strip()]
+def _nothing(why: str) -> HookGrant:
+    return HookGrant(True, {}, why)
 
+
+def _split(value: str) -> list[str]:
+    """strings.Split(value, ",") with strings.TrimSpace and empty items dropped (cuda_image.go DevicesFromEnvvars)."""
+    return [p for p in (_go_trim_space(q) for q in value.split(",")) if p]
+
+
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def _go_trim_space(text: str) -> str:
+    """strings.TrimSpace: unicode.IsSpace (Python's str.strip also strips \\x1c-\\x1f, which Go keeps)."""
+    return text.strip(_GO_SPACE)
+
+
+# ---------------------------------------------------------------- Go's path/filepath.Clean
+
+def go_clean(path: str) -> str:
+    """path/filepath.Clean on Unix (go/src/path/path.go Clean): one slash for many, no `.` elements,
+    `..` eats the element before it, none above the root, "" -> ".". Unlike os.path.normpath, a leading
+    "//" becomes "/"."""
+    if path == "":
+        return "."
+    rooted = path.startswith("/")
+    out: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if out and out[-1] != "..":
+                out.pop()
+            elif not rooted:
+                out.append("..")
+            continue
+        out.append(part)
+    text = "/".join(out)
+    if rooted:
+        return "/" + text
+    return text or "."
+
+
+# ---------------------------------------------------------------- which hook, and how it was invoked
 
 def legacy_hook(hooks: Sequence[HookEntry]) -> HookEntry | None:
     """The legacy NVIDIA hook entry: `nvidia-container-runtime-hook` (or its alias
-    `nvidia-container-toolkit`) run with the `prestart` command (the runtime wrapper injects
-    [basename, "prestart"], internal/modifier/stable.go). `nvidia-ctk hook ...` entries are CDI hooks:
-    they grant no device (CDI puts the devices in the spec)."""
+    `nvidia-container-toolkit`) as a prestart/createRuntime hook (the runtime wrapper injects
+    [basename, "prestart"], internal/modifier/stable.go). Whether it ran `prestart` is the hook's own
+    argument parsing (invocation()). `nvidia-ctk hook ...` entries are CDI hooks: they grant no device."""
     for entry in hooks:
-        kind, path, args = entry
-        if kind in HOOK_KINDS and os.path.basename(path) in HOOK_NAMES and args is not None and "prestart" in args[1:]:
+        kind, path, args = entry[0], entry[1], entry[2]
+        if kind in HOOK_KINDS and os.path.basename(path) in HOOK_NAMES and args is not None:
             return entry
     return None
 
 
-def reconstruct(request: HookRequest, config: ToolkitConfig, driver: DriverMap) -> HookGrant | None:
+_BOOL_FLAGS = ("debug", "version")  # cmd/nvidia-container-runtime-hook/main.go: -debug, -version, -config
+_GO_BOOLS = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
+             "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}  # strconv.ParseBool
+
+
+def go_flag_parse(argv: Sequence[str]) -> tuple[str, str | None, str]:
+    """The hook's main(): flag.Parse() over argv[1:] (ExitOnError), then flag.Args()[0] is the command.
+    -> (config flag value, the command or None when the hook exits before running one, why it exits).
+    Go's flag package (flag.go parseOne): flags end at the first non-flag argument or after `--`; `-x`
+    and `--x` are the same; `-config=v` or `-config v`; a bool flag takes only `-b` or `-b=value`.
+    `why` ends with the hook's exit status: 0 (help, version, poststart/poststop) or 2 (a usage error)."""
+    config = ""
+    version = False
+    args = list(argv[1:])
+    while args:
+        s = args[0]
+        if len(s) < 2 or s[0] != "-":
+            break
+        minuses = 2 if s[1] == "-" else 1
+        if minuses == 2 and len(s) == 2:  # "--" ends the flags
+            args = args[1:]
+            break
+        name = s[minuses:]
+        if not name or name[0] in "-=":
+            return config, None, f"bad flag syntax {s!r}: the hook exits 2"
+        args = args[1:]
+        name, has_value, value = name.partition("=")
+        if name in ("help", "h"):
+            return config, None, f"{s}: the hook prints its usage and exits 0"
+        if name in _BOOL_FLAGS:
+            if has_value and value not in _GO_BOOLS:
+                return config, None, f"invalid boolean value {value!r} for -{name}: the hook exits 2"
+            on = _GO_BOOLS[value] if has_value else True
+            if name == "version":
+                version = on
+            continue
+        if name != "config":
+            return config, None, f"flag provided but not defined: -{name}: the hook exits 2"
+        if not has_value:
+            if not args:
+                return config, None, "flag needs an argument: -config: the hook exits 2"
+            value, args = args[0], args[1:]
+        config = value
+    if version:
+        return config, None, "-version: the hook prints its version and exits 0"
+    if not args:
+        return config, None, "no command: the hook prints its usage and exits 2"
+    if args[0] in ("poststart", "poststop"):
+        return config, None, f"command {args[0]!r}: the hook exits 0, only `prestart` grants anything"
+    if args[0] != "prestart":
+        return config, None, f"unknown command {args[0][:40]!r}: the hook exits 2"
+    return config, "prestart", ""
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How the hook process ran: its config flag and the environment it read."""
+
+    command: str | None
+    config_flag: str
+    env: Mapping[str, str]
+    why: str  # when it ran no command, or when its invocation is not knowable
+    knowable: bool = True
+
+
+def invocation(entry: HookEntry, wrapper: Wrapper | None) -> Invocation:
+    """runc runs a hook with exactly the entry's args and env (libcontainer/configs Command.Run: cmd.Env =
+    h.Env); a wrapper puts its assignments over that environment and its arguments before "$@"."""
+    _, _, args, env_list = entry
+    env: dict[str, str] = {}
+    for item in env_list or ():
+        name, sep, value = item.partition("=")
+        if not sep:
+            continue
+        if name in env and env[name] != value and name in (CONFIG_ENV, XDG_ENV):
+            # Go's os.Getenv takes the first, a shell the last: which the hook saw depends on the wrapper
+            return Invocation(None, "", {}, f"the hook entry sets {name} twice", knowable=False)
+        env.setdefault(name, value)  # syscall.copyenv: the first mention of a key wins
+    argv = list(args or ())
+    if wrapper is not None:
+        env.update(wrapper.env)
+        argv = [wrapper.target, *wrapper.args, *argv[1:]]
+    config, command, why = go_flag_parse(argv)
+    return Invocation(command, config, env, why)
+
+
+# ---------------------------------------------------------------- the config file the hook reads
+
+@dataclass(frozen=True)
+class ConfigSearch:
+    """Where the hook looks for its config: each path in order, the first that exists is read; `required`:
+    a missing file makes the hook fail (so no container ran under it); none found -> the defaults."""
+
+    paths: tuple[str, ...]
+    required: bool
+    why: str = ""  # not knowable (a relative path: the hook's working directory)
+
+
+def config_search(inv: Invocation, version: Version) -> ConfigSearch:
+    """The config file search of the hook of this toolkit version (cmd/nvidia-container-runtime-hook/
+    hook_config.go loadConfig / getConfigFilePath)."""
+    if version >= (1, 18, 0):
+        # -config, then NVIDIA_CTK_CONFIG_FILE_PATH (both required), then $XDG_CONFIG_HOME or /etc
+        if inv.config_flag:
+            return _search((inv.config_flag,), True)
+        if inv.env.get(CONFIG_ENV):
+            return _search((inv.env[CONFIG_ENV],), True)
+        root = inv.env.get(XDG_ENV) or "/etc"
+        return _search((go_clean(root + "/" + RELATIVE_CONFIG),), False)
+    if version == (1, 14, 0):
+        # loadConfig without WithRequired: config.New turns a missing file into the defaults, so the driver
+        # path alone is read (and a missing -config file is the defaults too)
+        return _search((inv.config_flag or DRIVER_CONFIG,), False)
+    if inv.config_flag:
+        return _search((inv.config_flag,), True)
+    return _search((DRIVER_CONFIG, ETC_CONFIG), False)
+
+
+def _search(paths: tuple[str, ...], required: bool) -> ConfigSearch:
+    for p in paths:
+        if not p.startswith("/"):
+            return ConfigSearch(paths, required, f"config path {p!r} is relative to the hook's working directory")
+    return ConfigSearch(paths, required)
+
+
+# representative versions of each search rule (config_search) and TOML decoder (toml_dialect)
+VERSION_LINES: tuple[Version, ...] = ((1, 13, 0), (1, 14, 0), (1, 14, 1), (1, 18, 0))
+
+
+# ---------------------------------------------------------------- the grant
+
+def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     """The devices the hook granted this container; None when its spec has no legacy NVIDIA hook."""
     entry = legacy_hook(request.hooks)
     if entry is None:
         return None
-    args = entry[2] or ()
-    if any(a.startswith(("-config", "--config")) for a in args):
-        return _untrusted("the hook was given its own config file (-config): not the one read here")
+    hook_kinds = [e for e in request.hooks if e[0] in HOOK_KINDS and os.path.basename(e[1]) in HOOK_NAMES]
+    if any(e != entry for e in hook_kinds):
+        return _untrusted("the spec runs the NVIDIA hook more than once, differently: not reconstructed")
+    if inputs.wrapper_why:
+        return _untrusted(f"the hook {entry[1]}: {inputs.wrapper_why}")
+    inv = invocation(entry, inputs.wrapper)
+    if not inv.knowable:
+        return _untrusted(inv.why)
+    if inv.command is None and inv.why.endswith("exits 2"):
+        # runc fails the container's creation when a prestart hook fails (libcontainer/process_linux.go):
+        # a running container was not made from this spec as it reads now
+        return _untrusted(f"the hook could not have run from this spec: {inv.why}")
+    if inv.command is None:
+        return _nothing(f"the hook grants nothing: {inv.why}")
+    config, driver, version = inputs.config, inputs.driver, inputs.version
     if not config.readable:
         return _untrusted(f"the NVIDIA toolkit config cannot be read: {config.why}")
-    if config.mode not in ("auto", "legacy") and not config.skip_mode_detection:
-        return _untrusted(f"the toolkit's mode is {config.mode!r}: its hook refuses to run, so this container was "
-                          "configured under another config")
-    if config.swarm_resource:
-        return _untrusted("swarm-resource is set: the hook reads other variables first (not reconstructed)")
-    devices = _requested(request, config)
+    refused = config.mode not in ("auto", "legacy") and not config.skip_mode_detection
+    if refused and (version is None or version < (1, 14, 0)):
+        # 1.13 checks the mode before it looks at the container (main.go doPrestart): every container fails
+        return _untrusted(f"the toolkit's mode is {config.mode!r}: the hook refuses to run (before it looks at the "
+                          f"container in toolkit 1.13; toolkit version {_shown(version, inputs.version_why)})")
+    devices = _requested(request, config, version)
     if isinstance(devices, HookGrant):
         return devices
     if devices is None:
-        return HookGrant(True, {}, "the hook grants nothing: no device is requested (NVIDIA_VISIBLE_DEVICES unset, "
-                                   "empty or void, or an unprivileged request the config refuses)")
+        return _nothing("the hook grants nothing: no device is requested (NVIDIA_VISIBLE_DEVICES unset, empty or "
+                        "void, or an unprivileged request the config refuses)")
+    # 1.14+: the mode is checked only for a GPU container (main.go doPrestart: `nvidia == nil` returns first)
+    if refused:
+        return _untrusted(f"the toolkit's mode is {config.mode!r}: its hook refuses to run, so this container was "
+                          "configured under another config")
     env = request.env
     for name in ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES"):
         if env.get(name):
             return _untrusted(f"{name} is set: MIG config/monitor grants are not reconstructed")
-    if env.get("NVIDIA_IMEX_CHANNELS", "").strip() not in ("", "none", "void") and not config.ignore_imex_requests:
-        return _untrusted("NVIDIA_IMEX_CHANNELS is set: IMEX channel grants are not reconstructed")
+    imex = _imex_requested(request, config, version)
+    if imex is not None:
+        return _untrusted(imex)
     if config.no_cgroups:
-        return HookGrant(True, {}, "nvidia-container-cli no-cgroups = true: the hook grants no device access")
+        return _nothing("nvidia-container-cli no-cgroups = true: the hook grants no device access")
     caps = _capabilities(env, config)
     if isinstance(caps, HookGrant):
         return caps
@@ -207,53 +497,120 @@ def reconstruct(request: HookRequest, config: ToolkitConfig, driver: DriverMap) 
     if isinstance(gpus, HookGrant):
         return gpus
     granted: dict[Device, Access] = {Device.char(FRONTEND_MAJOR, CTL_MINOR): RW}
-    notes = []
-    if "compute" in caps:
-        if config.load_kmods:
-            # the hook runs nvidia-modprobe -u (load-kmods): the uvm nodes exist from then on
-            for d in driver.uvm:
-                granted[d] = RW
-        elif driver.uvm:
-            notes.append("nvidia-uvm left out: load-kmods is off, so it may not have existed when the hook ran")
-    if "display" in caps:
+    # libnvidia-container src/options.h container_opts: "compute" and "video" both set OPT_COMPUTE_LIBS, and
+    # src/nvc_mount.c nvc_driver_mount grants the devices outside major 195 (uvm) only with it; the uvm nodes
+    # are in the list iff they exist (src/nvc_info.c lookup_devices -> find_device_node), whatever load-kmods
+    if caps & {"compute", "video"}:
+        for d in driver.uvm:
+            granted[d] = RW
+    # modeset: listed iff /dev/nvidia-modeset exists (lookup_devices), mounted only with OPT_DISPLAY
+    if "display" in caps and driver.modeset:
         granted[Device.char(FRONTEND_MAJOR, MODESET_MINOR)] = RW
     for g in gpus:
         granted[Device.char(FRONTEND_MAJOR, g.minor)] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
-    detail = (f"the NVIDIA hook's grant for devices {','.join(devices) or 'none'} with capabilities "
-              f"{','.join(sorted(caps)) or '-'}: {shown}")
-    return HookGrant(True, granted, detail + ("; " + "; ".join(notes) if notes else ""))
+    where = f"; config {config.path or 'none (the defaults)'}"
+    asked = ",".join(devices) or "none"
+    asked = asked if len(asked) <= 200 else asked[:197] + "..."
+    return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
+                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}")
 
 
-def _requested(request: HookRequest, config: ToolkitConfig) -> list[str] | None | HookGrant:
-    """The device list the hook passes to nvidia-container-cli (CUDA.VisibleDevices), None for none (the
-    hook returns without doing anything)."""
+def _shown(version: Version | None, why: str) -> str:
+    return ".".join(map(str, version)) if version is not None else f"unknown ({why})" if why else "unknown"
+
+
+def _mount_devices(request: HookRequest) -> list[str]:
+    """cuda_image.go DevicesFromMounts: /dev/null sources, destinations cleaned, under the root, trimmed of "/"."""
+    out = []
+    for dest in request.device_list_mounts:
+        dest = go_clean(dest)
+        if not dest.startswith(DEVICE_LIST_ROOT):  # strings.HasPrefix: a sibling name matches too
+            continue
+        device = dest[len(DEVICE_LIST_ROOT):].strip("/")
+        if device and device not in out:
+            out.append(device)
+    return out
+
+
+def _env_devices(env: Mapping[str, str], names: Sequence[str]) -> list[str] | None:
+    """DevicesFromEnvvars(names...): the items of every set variable; unset everywhere with a legacy
+    image -> ["all"]; none, or `void` among them -> None (not a GPU container)."""
+    items: list[str] = []
+    is_set = False
+    for name in names:
+        if name in env:
+            is_set = True
+            items += _split(env[name])
+    legacy_image = bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
+    if not is_set and not items and legacy_image:
+        return ["all"]
+    if not items or "void" in items:
+        return None
+    return items
+
+
+def _requested(request: HookRequest, config: ToolkitConfig, version: Version | None) -> list[str] | None | HookGrant:
+    """The device list the hook passes to nvidia-container-cli (container_config.go getDevices), None for
+    none (the hook returns without doing anything)."""
     if config.accept_volume_mounts:
         from_mounts = []
-        for dest in request.device_list_mounts:
-            device = dest[len(DEVICE_LIST_ROOT):].strip("/") if dest.startswith(DEVICE_LIST_ROOT) else ""
-            if not device or device.startswith("imex/"):
-                continue
+        for device in _mount_devices(request):
+            if device.startswith(IMEX_MOUNT_PREFIX):
+                if version is not None and version >= (1, 17, 0):
+                    continue  # 1.17+: IMEX channels, not devices (VisibleDevicesFromMounts)
+                return _untrusted(f"volume mount {device}: a device before toolkit 1.17, a channel since; toolkit "
+                                  f"version {_shown(version, '')}")
             if device.startswith("cdi/"):
                 return _untrusted("a CDI device requested as a volume mount: not reconstructed")
             from_mounts.append(device)
         if from_mounts:
             return from_mounts
     env = request.env
-    requested = _split(env["NVIDIA_VISIBLE_DEVICES"]) if "NVIDIA_VISIBLE_DEVICES" in env else []
-    legacy_image = bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
-    if "NVIDIA_VISIBLE_DEVICES" not in env and legacy_image:
-        requested = ["all"]
-    if not requested or "void" in requested:
+    swarm = _split(config.swarm_resource)
+    # getDevicesFromEnvvar: the swarm-resource variables when any of them is set, else NVIDIA_VISIBLE_DEVICES
+    names = swarm if any(n in env for n in swarm) else ["NVIDIA_VISIBLE_DEVICES"]
+    requested = _env_devices(env, names)
+    if requested is None:
         return None
     if not (request.privileged or config.accept_envvar_unprivileged):
         return None  # "Ignoring devices requested by environment variable(s) in unprivileged container"
-    for d in requested:  # NewVisibleDevices: the first all/none/void decides
+    for d in requested:  # NewVisibleDevices (devices.go): the first all/none/void decides, case-sensitively
         if d == "all":
             return ["all"]
         if d == "none":
             return []  # the hook runs with no --device: the driver's control devices only
     return requested
+
+
+def _imex_requested(request: HookRequest, config: ToolkitConfig, version: Version | None) -> str | None:
+    """Why IMEX channels make the grant unknowable, or None when the hook asks for none. 1.13-1.14 read no
+    IMEX request; 1.15-1.16 pass NVIDIA_IMEX_CHANNELS raw when it is set and non-empty (container_config.go
+    getImexChannels, main.go --imex-channel); 1.17+ DevicesFromEnvvars with the privilege rule and imex/N
+    volume mounts, and from 1.17.5 `features.ignore-imex-channel-requests` (getImexChannels)."""
+    if version is not None and version < (1, 15, 0):
+        return None  # the hook does not read IMEX requests
+    raw = request.env.get("NVIDIA_IMEX_CHANNELS", "")
+    if raw and (version is None or version < (1, 17, 0)):
+        return f"NVIDIA_IMEX_CHANNELS={raw[:40]} (toolkit {_shown(version, '')}): IMEX channel grants are not reconstructed"
+    if version is not None and version < (1, 17, 0):
+        return None
+    if config.ignore_imex_requests and version is not None and version >= (1, 17, 5):
+        return None
+    mounts = [d for d in _mount_devices(request) if d.startswith(IMEX_MOUNT_PREFIX)] if config.accept_volume_mounts else []
+    if mounts:
+        return "imex/ volume mounts request IMEX channels: not reconstructed"
+    channels = _env_devices({k: v for k, v in request.env.items() if k in ("NVIDIA_IMEX_CHANNELS", "CUDA_VERSION",
+                                                                          "NVIDIA_REQUIRE_CUDA")},
+                            ["NVIDIA_IMEX_CHANNELS"])
+    first = next((c for c in channels or () if c in ("all", "none")), None)
+    if channels is None or first is not None:
+        # ImexChannelsFromEnvVar: NewVisibleDevices' first all/none decides; none lists nothing, and a lone
+        # `all` (a legacy image's too) is dropped; void or nothing set: no request
+        return None
+    if not (request.privileged or config.accept_envvar_unprivileged):
+        return None
+    return "NVIDIA_IMEX_CHANNELS is set: IMEX channel grants are not reconstructed"
 
 
 def _capabilities(env: Mapping[str, str], config: ToolkitConfig) -> frozenset[str] | HookGrant:
@@ -275,45 +632,107 @@ def _capabilities(env: Mapping[str, str], config: ToolkitConfig) -> frozenset[st
 
 
 def _pci_key(text: str) -> str | None:
-    m = _PCI.fullmatch(text)
+    m = _PCI.match(text)
     if m is None:
         return None
     return f"{int(m.group(1), 16):08x}:{int(m.group(2), 16):02x}:{int(m.group(3), 16):02x}.0"
 
 
+def _index(text: str) -> int | None:
+    """strtoumax(text, &end, 10) with *end == '\\0' and n < UINTMAX_MAX (select_gpu_device); None otherwise."""
+    m = _INDEX.fullmatch(text)
+    if m is None:
+        return None
+    n = int(m.group(2)) if len(m.group(2)) <= 40 else UINTMAX  # ERANGE saturates at UINTMAX_MAX
+    n = min(n, UINTMAX)
+    if m.group(1) == "-" and n != UINTMAX:
+        n = (-n) & UINTMAX  # strtoumax negates in the unsigned type
+    return n if n < UINTMAX else None
+
+
 def _select_gpus(devices: list[str], driver: DriverMap) -> list[GpuEntry] | HookGrant:
-    """The GPUs nvidia-container-cli selects (src/cli/common.c, select_devices): `all`, a full GPU UUID,
-    a PCI bus id, or an index in NVML's order."""
+    """The GPUs nvidia-container-cli selects (src/cli/common.c select_devices): per item, case-insensitive
+    `all` (every GPU and MIG device, then stop), a full GPU UUID, a PCI bus id, an index in NVML's order,
+    else a MIG device; anything else fails the hook."""
     if not devices:
         return []
     if not driver.readable:
         return _untrusted(f"the driver's GPU list cannot be read: {driver.why}")
-    if devices == ["all"]:
-        if driver.mig_instances:
-            return _untrusted("`all` on a host with MIG instances also grants their capabilities: not reconstructed")
-        return sorted(driver.gpus, key=lambda g: g.minor)
-    by_pci = sorted(driver.gpus, key=lambda g: _pci_key(g.pci) or g.pci)
+    # NVML does not enumerate excluded GPUs: they are not `all`, and the indexes skip them
+    listed = [g for g in driver.gpus if not g.excluded]
+    by_pci = sorted(listed, key=lambda g: _pci_key(g.pci) or g.pci)
     chosen: list[GpuEntry] = []
     for d in devices:
+        if d.lower() == "all":  # str_case_equal: `ALL` reaches the cli raw (the hook's own test is exact)
+            if driver.mig_instances:
+                return _untrusted("`all` on a host with MIG instances also grants their capabilities: not "
+                                  "reconstructed")
+            for g in sorted(listed, key=lambda g: g.minor):
+                if g not in chosen:
+                    chosen.append(g)
+            break  # select_devices stops at `all`: later items are never looked at
         gpu: GpuEntry | None = None
-        if d.lower().startswith("gpu-") and len(d) > 4:
-            if any(g.uuid is None for g in driver.gpus):
+        if d[:4].lower() == "gpu-" and len(d) > 4:
+            if any(g.uuid is None for g in listed):
                 return _untrusted(f"{d}: the driver does not list every GPU's UUID")
-            gpu = next((g for g in driver.gpus if g.uuid is not None and g.uuid.lower() == d.lower()), None)
+            gpu = next((g for g in listed if g.uuid is not None and g.uuid.lower() == d.lower()), None)
         if gpu is None and _pci_key(d) is not None:
-            gpu = next((g for g in driver.gpus if _pci_key(g.pci) == _pci_key(d)), None)
-        if gpu is None and d.isdigit() and d.isascii() and len(d) <= 6:
-            n = int(d)
-            if n < len(by_pci):
+            gpu = next((g for g in listed if _pci_key(g.pci) == _pci_key(d)), None)
+        elif gpu is None and _PCI_ODD.match(d):
+            return _untrusted(f"{d}: a PCI bus id in a form sscanf reads in ways not modelled here")
+        if gpu is None:
+            n = _index(d)
+            if n is not None and n < len(by_pci):
                 # NVML enumerates by PCI bus id; trusted only where that order is also the minors' order
                 if [g.minor for g in by_pci] != sorted(g.minor for g in by_pci):
                     return _untrusted(f"index {d}: the GPUs' PCI order and minor order differ, so the index is "
                                       "ambiguous")
                 gpu = by_pci[n]
         if gpu is None:
-            if d.lower().startswith("mig-") or _MIG_INDEX.fullmatch(d):
+            if d[:4].lower() == "mig-" or _MIG_INDEX.fullmatch(d):
                 return _untrusted(f"{d}: MIG device requests are not reconstructed")
             return _untrusted(f"{d}: no GPU the driver lists matches it")
         if gpu not in chosen:
             chosen.append(gpu)
     return chosen
+
+
+def parse_wrapper(text: str) -> Wrapper | str:
+    """The installer's wrapper script, or why the hook path is a script of another shape (not trusted).
+    Two shapes: toolkit <= 1.17 (tools/container/toolkit/executable.go writeWrapperTo: `KEY=VALUE \\`
+    lines, the .real path, `\\t-config "PATH" \\` argument lines, `\\t"$@"`) and 1.18+
+    (cmd/nvidia-ctk-installer/toolkit/installer/executables.go render: the same with tabs)."""
+    lines = text.split("\n")
+    while lines and lines[-1] == "":
+        lines.pop()
+    if not lines or lines[0] != "#! /bin/sh" or len(lines) > 40:
+        return "a script that is not the toolkit installer's wrapper"
+    env: list[tuple[str, str]] = []
+    i = 1
+    while i < len(lines):
+        m = _ASSIGN.fullmatch(lines[i])
+        if m is None:
+            break
+        name, value = m.group(1), m.group(2)
+        if "$" in value and name != "PATH":
+            return f"the wrapper sets {name} from a shell expansion"
+        env.append((name, value))
+        i += 1
+    m = _EXEC.fullmatch(lines[i]) if i < len(lines) else None
+    if m is None:
+        return "a script that is not the toolkit installer's wrapper (no executable line)"
+    target = m.group(1)
+    i += 1
+    args: list[str] = []
+    while i < len(lines) and (a := _ARG.fullmatch(lines[i])) is not None:
+        args += ["-config", a.group(1)]
+        i += 1
+    if i != len(lines) - 1 or _TAIL.fullmatch(lines[i]) is None:
+        return "a script that is not the toolkit installer's wrapper (other lines)"
+    return Wrapper(tuple(env), target, tuple(args))
+
+
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_./:@%+,$-]*) \\")
+_EXEC = re.compile(r"\t{0,2}(/[A-Za-z0-9_./@%+,-]+) \\")
+_ARG = re.compile(r"\t-config \"([A-Za-z0-9_./@%+,:-]+)\" \\")
+_TAIL = re.compile(r"\t{1,2}\"\$@\"")

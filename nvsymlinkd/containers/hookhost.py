@@ -1,35 +1,74 @@
 """The host facts the NVIDIA hook's grant is reconstructed from (containers.hookgrant decides; this reads).
 
-- /etc/nvidia-container-runtime/config.toml (the toolkit's default path; absent: its defaults);
-- /proc/driver/nvidia/gpus/<pci>/information (`Device Minor`, `GPU UUID`);
+- the hook executable the spec names: a toolkit installer's wrapper script (its variables and -config)
+  or the hook binary itself;
+- the toolkit's version, without running anything: dpkg's status for the package that lists the binary,
+  else the version the Go linker wrote into the binary (`-X .../internal/info.version=X.Y.Z` in its
+  build info);
+- the config.toml the hook of that version reads (hookgrant.config_search: -config, the hook's env and
+  the wrapper's, /run/nvidia/driver/etc/..., $XDG_CONFIG_HOME, /etc/...; absent: its defaults);
+- /proc/driver/nvidia/gpus/<pci>/information (`Device Minor`, `GPU UUID`, `GPU Excluded`);
 - /proc/driver/nvidia/capabilities/gpu*/mig/gi* (whether MIG instances exist);
-- the host's nvidia-uvm / nvidia-uvm-tools nodes (from the pass's node scan).
+- the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes (from the pass's node scan).
 
-All read under --root, confined (HostRoot.read_confined).
+All read under --root, confined (HostRoot).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import stat
+from dataclasses import replace
+
 from nvsymlinkd.containers.hookgrant import (
+    ETC_CONFIG,
+    VERSION_LINES,
     DriverMap,
     GpuEntry,
+    HookEntry,
+    HookInputs,
     ToolkitConfig,
+    Version,
+    Wrapper,
+    config_search,
+    invocation,
     parse_toolkit_config,
+    parse_wrapper,
+    toml_dialect,
     unreadable_config,
 )
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values
-from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.host.root import HostRoot, read_at_most
 
-TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+TOOLKIT_CONFIG = ETC_CONFIG
 MAX_CONFIG_BYTES = 1 << 20
+MAX_SCRIPT_BYTES = 64 << 10
+MAX_BINARY_BYTES = 256 << 20  # the hook binary is a few MiB; its build info sits near the start
+DPKG_STATUS = "/var/lib/dpkg/status"
+DPKG_INFO = "/var/lib/dpkg/info"
+# the packages that ship the hook (nvidia-container-toolkit) and nvidia-ctk (-base), in every release line
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
+# the Makefile's ldflags: -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=$(VERSION);
+# Go >= 1.18 keeps them in the binary's build info (`build -ldflags=...`)
+_LDFLAGS_VERSION = re.compile(rb"nvidia-container-toolkit/internal/info\.version=v?(\d{1,3})\.(\d{1,3})\.(\d{1,3})"
+                              rb"([~+.-][0-9A-Za-z.~+-]*)?")
+_MOD_VERSION = re.compile(rb"\tgithub\.com/NVIDIA/nvidia-container-toolkit\tv(\d{1,3})\.(\d{1,3})\.(\d{1,3})([-+]\S*)?\t")
+_DEB_VERSION = re.compile(r"(?:\d+:)?(\d{1,3})\.(\d{1,3})\.(\d{1,3})(-[0-9A-Za-z.+~]+)?")
 
 
-def read_toolkit_config(root: HostRoot, path: str = TOOLKIT_CONFIG) -> ToolkitConfig:
+def read_toolkit_config(root: HostRoot, path: str = TOOLKIT_CONFIG, dialect: str | None = "go-toml") -> ToolkitConfig:
+    """One config file: absent -> the defaults (path ""), else its fields (hookgrant.parse_toolkit_config)."""
+    got = _read_config_file(root, path, dialect)
+    return ToolkitConfig() if got is None else got
+
+
+def _read_config_file(root: HostRoot, path: str, dialect: str | None) -> ToolkitConfig | None:
     try:
         text = root.read_confined(path)
     except FileNotFoundError:
-        return ToolkitConfig()  # the hook's own fallback: config.GetDefault()
+        return None
     except OSError as exc:
         return unreadable_config(f"{path}: {exc.strerror or exc}")
     if len(text) > MAX_CONFIG_BYTES:
@@ -41,15 +80,157 @@ def read_toolkit_config(root: HostRoot, path: str = TOOLKIT_CONFIG) -> ToolkitCo
         doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
         return unreadable_config(f"{path}: invalid TOML: {str(exc)[:120]}")
-    config = parse_toolkit_config(doc)
+    config = parse_toolkit_config(doc, dialect)
     if not config.readable:
         return unreadable_config(f"{path}: {config.why}")
-    return config
+    return replace(config, path=path)
+
+
+def _searched_config(root: HostRoot, search, dialect: str | None, memo: dict) -> ToolkitConfig:
+    if search.why:
+        return unreadable_config(search.why)
+    for path in search.paths:
+        key = (path, dialect)
+        if key not in memo:
+            memo[key] = _read_config_file(root, path, dialect)
+        got = memo[key]
+        if got is not None:
+            return got
+        if search.required:
+            return unreadable_config(f"{path} does not exist: the hook fails without the config it is pointed at, "
+                                     "so this container was not made under it")
+    return ToolkitConfig()  # config.GetDefault()
+
+
+def read_hook_inputs(root: HostRoot, entry: HookEntry, host_nodes, driver: DriverMap | None = None,
+                     memo: dict | None = None) -> HookInputs:
+    """What the hook of this spec entry read: its wrapper, the toolkit's version, the config it found
+    (for an unknown version: the same config under every release line's search, else not readable)."""
+    memo = {} if memo is None else memo
+    driver = driver if driver is not None else read_driver_map(root, host_nodes)
+    path = entry[1]
+    wrapper, wrapper_why, binary = read_hook_executable(root, path)
+    version, version_why = read_toolkit_version(root, binary) if binary else (None, wrapper_why or "no binary")
+    inv = invocation(entry, wrapper)
+    if not inv.knowable or inv.command is None or wrapper_why:
+        return HookInputs(ToolkitConfig(), driver, version, version_why, wrapper, wrapper_why)
+    if version is not None:
+        config = _searched_config(root, config_search(inv, version), toml_dialect(version), memo)
+    else:
+        configs = {line: _searched_config(root, config_search(inv, line), toml_dialect(line), memo)
+                   for line in VERSION_LINES}
+        first = configs[VERSION_LINES[0]]
+        if all(_same_fields(c, first) for c in configs.values()):
+            config = first
+        else:
+            shown = ", ".join(f"{'.'.join(map(str, v))}: {c.path or 'defaults'}" for v, c in configs.items())
+            config = unreadable_config(f"the toolkit's version is unknown ({version_why}) and the config its hook "
+                                       f"reads depends on it ({shown})")
+    return HookInputs(config, driver, version, version_why, wrapper, "")
+
+
+def _same_fields(a: ToolkitConfig, b: ToolkitConfig) -> bool:
+    """The same decision inputs, whichever file (or none) they came from."""
+    return replace(a, path="", present=False) == replace(b, path="", present=False)
+
+
+def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str]:
+    """(wrapper or None, why not trusted, the binary the version is read from) for the hook's path."""
+    try:
+        fd = root.open_file(path)
+    except FileNotFoundError:
+        return None, "does not exist on this host: what it was when it ran is not known", ""
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}", ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "is not a regular file", ""
+        head = os.read(fd, MAX_SCRIPT_BYTES + 1)
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}", ""
+    finally:
+        os.close(fd)
+    if head.startswith(b"\x7fELF"):
+        return None, "", path
+    if not head.startswith(b"#!") or len(head) > MAX_SCRIPT_BYTES:
+        return None, "is neither an ELF binary nor the toolkit installer's wrapper", ""
+    got = parse_wrapper(head.decode("utf-8", errors="replace"))
+    if isinstance(got, str):
+        return None, got, ""
+    return got, "", got.target
+
+
+# read_toolkit_version's answers, by the files it read as they stood (root, path, dev, ino, size, mtime): the
+# daemon asks every pass, and the binary is megabytes
+_VERSIONS: dict = {}
+
+
+def _stamp(root: HostRoot, inside: str) -> tuple | None:
+    st = root.stat_resolved(inside)
+    return None if st is None else (inside, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, str]:
+    """(version, where it came from) or (None, why unknown), never by running the binary; kept while the
+    binary, dpkg's status and the packages' file lists are unchanged."""
+    key = (root.root, _stamp(root, binary), _stamp(root, DPKG_STATUS),
+           *(_stamp(root, f"{DPKG_INFO}/{p}.list") for p in TOOLKIT_PACKAGES))
+    if key[1] is None:
+        return _read_toolkit_version(root, binary)
+    if key not in _VERSIONS:
+        if len(_VERSIONS) >= 16:
+            _VERSIONS.clear()
+        _VERSIONS[key] = _read_toolkit_version(root, binary)
+    return _VERSIONS[key]
+
+
+def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, str]:
+    for package in TOOLKIT_PACKAGES:
+        try:
+            listed = root.read_confined(f"{DPKG_INFO}/{package}.list").split("\n")
+        except OSError:
+            continue
+        if binary in listed:
+            return _dpkg_version(root, package)
+    try:
+        fd = root.open_file(binary)
+    except OSError as exc:
+        return None, f"{binary}: {exc.strerror or exc}"
+    try:
+        data = read_at_most(fd, binary, MAX_BINARY_BYTES)
+    except OSError as exc:
+        return None, f"{binary}: {exc}"
+    finally:
+        os.close(fd)
+    found = {m.group(1, 2, 3) for m in _LDFLAGS_VERSION.finditer(data) if not m.group(4) or m.group(4)[:1] in b"-+"}
+    found |= {m.group(1, 2, 3) for m in _MOD_VERSION.finditer(data) if not m.group(4)}
+    odd = any(m.group(4) and m.group(4)[:1] in b"~." for m in _LDFLAGS_VERSION.finditer(data))
+    if len(found) == 1 and not odd:
+        major, minor, patch = (int(x) for x in found.pop())
+        return (major, minor, patch), f"{binary}: its build info"
+    if len(found) > 1:
+        return None, f"{binary}: its build info names several versions"
+    return None, f"{binary}: no dpkg package lists it and its build info names no release version"
+
+
+def _dpkg_version(root: HostRoot, package: str) -> tuple[Version | None, str]:
+    try:
+        text = root.read_confined(DPKG_STATUS)
+    except OSError as exc:
+        return None, f"{DPKG_STATUS}: {exc.strerror or exc}"
+    for stanza in text.split("\n\n"):
+        fields = parse_key_values(stanza)
+        if fields.get("Package") != package or fields.get("Status") != "install ok installed":
+            continue
+        raw = fields.get("Version", "")
+        m = _DEB_VERSION.fullmatch(raw)
+        if m is None or "~" in raw:  # a pre-release (1.17.0~rc.1) is not the release it precedes
+            return None, f"{DPKG_STATUS}: {package} version {raw[:40]!r} is not a release version"
+        return (int(m.group(1)), int(m.group(2)), int(m.group(3))), f"{DPKG_STATUS}: {package} {raw}"
+    return None, f"{DPKG_STATUS}: {package} is not installed"
 
 
 def _list(root: HostRoot, inside: str) -> list | None:
-    import os
-
     try:
         fd = root.open_dir(inside)
     except FileNotFoundError:
@@ -65,27 +246,32 @@ def _list(root: HostRoot, inside: str) -> list | None:
 
 
 def read_driver_map(root: HostRoot, host_nodes) -> DriverMap:
-    """host_nodes: the pass's NvidiaNode list (for the uvm nodes)."""
+    """host_nodes: the pass's NvidiaNode list (for the uvm and modeset nodes)."""
     uvm = tuple(sorted(Device.char(n.major, n.minor) for n in host_nodes if n.kind in ("uvm", "uvm-tools")))
+    modeset = any(n.kind == "modeset" for n in host_nodes)
     names = _list(root, GPUS_DIR)
     if not names:  # absent: no driver loaded, so no GPU the hook could have selected is known
         return DriverMap(readable=False, why=f"{GPUS_DIR} lists no GPU" if names is not None else
-                         f"cannot list {GPUS_DIR}", uvm=uvm)
+                         f"cannot list {GPUS_DIR}", uvm=uvm, modeset=modeset)
     gpus = []
     for pci in names:
         path = f"{GPUS_DIR}/{pci}/information"
         try:
             values = parse_key_values(root.read_confined(path))
         except OSError as exc:
-            return DriverMap(readable=False, why=f"{path}: {exc.strerror or exc}", uvm=uvm)
+            return DriverMap(readable=False, why=f"{path}: {exc.strerror or exc}", uvm=uvm, modeset=modeset)
         minor = values.get("Device Minor", "")
         if not (minor.isascii() and minor.isdigit() and len(minor) <= 3 and int(minor) <= 253):
-            return DriverMap(readable=False, why=f"{path}: no valid 'Device Minor'", uvm=uvm)
+            return DriverMap(readable=False, why=f"{path}: no valid 'Device Minor'", uvm=uvm, modeset=modeset)
+        excluded = values.get("GPU Excluded", "No")
+        if excluded not in ("Yes", "No"):
+            return DriverMap(readable=False, why=f"{path}: 'GPU Excluded' is {excluded[:20]!r}", uvm=uvm,
+                             modeset=modeset)
         uuid = values.get("GPU UUID") or None
-        gpus.append(GpuEntry(pci, int(minor), uuid[:128] if uuid else None))
+        gpus.append(GpuEntry(pci, int(minor), uuid[:128] if uuid else None, excluded == "Yes"))
     mig = False
     for name in _list(root, CAPABILITIES_DIR) or ():
         if name.startswith("gpu") and any(e.startswith("gi") for e in _list(root, f"{CAPABILITIES_DIR}/{name}/mig") or ()):
             mig = True
             break
-    return DriverMap(tuple(gpus), True, "", uvm, mig)
+    return DriverMap(tuple(gpus), True, "", uvm, mig, modeset)

@@ -32,11 +32,6 @@ KEPT_ANNOTATIONS = frozenset({
     "io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name",
 })
 RUNE_TYPES = {97: "a", 98: "b", 99: "c", 112: "p", 117: "u"}  # runc writes rule types as Go runes
-# process.env entries the NVIDIA hook reads (containers.hookgrant): kept with SpecFacts.env
-HOOK_ENV = frozenset({
-    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES",
-    "NVIDIA_IMEX_CHANNELS", "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA",
-})
 # the toolkit's device-list-as-volume-mounts root (internal/config/image/cuda_image.go)
 DEVICE_LIST_MOUNTS = "/var/run/nvidia-container-devices"
 
@@ -155,9 +150,10 @@ class SpecFacts:
     cgroups_path: str | None = None
     root_path: str | None = None
     problems: tuple = ()
-    # what the NVIDIA hook reads (containers.hookgrant): every hook as (kind, path, args), the HOOK_ENV
-    # entries of process.env (the last of each wins, as in the hook's map), the destinations of /dev/null
-    # mounts under DEVICE_LIST_MOUNTS, and whether the bounding set holds CAP_SYS_ADMIN (privileged)
+    # what the NVIDIA hook reads (containers.hookgrant): every hook as (kind, path, args, env), process.env
+    # whole and uncut (the last of each name wins, as in the hook's map; the config's swarm-resource can
+    # name any variable), the destinations of /dev/null mounts under DEVICE_LIST_MOUNTS as Go's
+    # filepath.Clean makes them, and whether the bounding set holds CAP_SYS_ADMIN (privileged)
     hook_entries: tuple = ()
     env: dict = field(default_factory=dict)
     device_list_mounts: tuple = ()
@@ -281,28 +277,35 @@ def _hook_paths(hooks, where: str) -> tuple:
 
 
 def _hook_entries(hooks) -> tuple:
-    """(kind, path, args) of every hook, for the NVIDIA hook's reconstruction; _hook_paths checked the shape.
-    args that are not an array of strings are kept as None (the hook cannot be told apart then)."""
+    """(kind, path, args, env) of every hook, for the NVIDIA hook's reconstruction; _hook_paths checked the
+    shape. args or env that are not an array of strings are kept as None (the hook cannot be told apart then;
+    runc would have refused such a spec)."""
     out: list = []
     for kind, items in (hooks or {}).items():
         for h in items or ():
             if len(out) >= 256:
                 return tuple(out)
-            args = h.get("args")
+            args, env = h.get("args"), h.get("env", [])
             ok = isinstance(args, list) and len(args) <= 64 and all(isinstance(a, str) for a in args)
-            out.append((str(kind)[:40], h["path"][:4096], tuple(a[:4096] for a in args) if ok else None))
+            env_ok = isinstance(env, list) and len(env) <= 256 and all(isinstance(e, str) for e in env)
+            out.append((str(kind)[:40], h["path"][:4096], tuple(a[:4096] for a in args) if ok else None,
+                        tuple(e[:4096] for e in env) if env_ok else None))
     return tuple(out)
 
 
 def _device_list_mounts(mounts) -> tuple:
-    """Destinations of /dev/null bind mounts under DEVICE_LIST_MOUNTS (the toolkit's requestsFromMounts)."""
+    """Destinations of /dev/null bind mounts under DEVICE_LIST_MOUNTS (the toolkit's DevicesFromMounts,
+    internal/config/image/cuda_image.go: source and destination through Go's filepath.Clean, which makes
+    "//dev/null" "/dev/null" where os.path.normpath keeps the two slashes)."""
+    from nvsymlinkd.containers.hookgrant import go_clean
+
     out: list = []
     for m in mounts if isinstance(mounts, list) else ():
         if not isinstance(m, dict) or not isinstance(m.get("source"), str) or not isinstance(m.get("destination"), str):
             continue
-        if os.path.normpath(m["source"]) != "/dev/null":
+        if go_clean(m["source"]) != "/dev/null":
             continue
-        dest = os.path.normpath(m["destination"])
+        dest = go_clean(m["destination"])
         if dest.startswith(DEVICE_LIST_MOUNTS) and dest not in out and len(out) < 256:
             out.append(dest[:4096])
     return tuple(out)
@@ -343,10 +346,10 @@ def parse_spec(doc: dict) -> SpecFacts:
         if not isinstance(entry, str):
             raise ValueError(f"process.env has an entry that is {_article(_json_type(entry))}, not a string")
         name, sep, value = entry.partition("=")
-        if sep and name in HOOK_ENV:
-            env[name] = value[:1024]  # the last one wins, as in execve's environment and the hook's map
+        if sep:
+            env[name] = value  # the last one wins, as in the hook's map; never cut (a `void` may come last)
         if entry.startswith("NVIDIA_VISIBLE_DEVICES="):
-            visible = entry.split("=", 1)[1][:1024]
+            visible = entry.split("=", 1)[1]
     annotations = {}
     for key, value in (_field(doc, "annotations", dict, "") or {}).items():
         if not isinstance(value, str):
@@ -447,7 +450,8 @@ def gpu_signs(spec: SpecFacts | None, state: RuntimeState | None, nvidia_majors:
     majors = nvidia_majors | {FRONTEND_MAJOR}
     if spec is not None:
         if not is_void(spec.visible_devices):
-            signs.append(f"NVIDIA_VISIBLE_DEVICES={spec.visible_devices}")
+            shown = spec.visible_devices or ""
+            signs.append(f"NVIDIA_VISIBLE_DEVICES={shown if len(shown) <= 200 else shown[:197] + '...'}")
         for key in sorted(spec.annotations):
             if key.startswith(CDI_ANNOTATION):
                 signs.append(f"annotation {key}")

@@ -94,15 +94,21 @@ class _HostContext:
         self.host = cache.same("host", HostDevices(nodes, nvidia_majors_of(majors), majors.major("nvidia-uvm")))
         self.mounts = find_cgroup_mounts(root)  # cgroup mounts, read once for all containers
         self.root = root
-        self._hook_facts: tuple | None = None
+        self._hook_driver = None  # hookgrant.DriverMap, read once a pass when a container has the hook
+        self._hook_inputs: dict = {}  # hook entry -> hookgrant.HookInputs
+        self._hook_memo: dict = {}  # (config path, dialect) -> the file's ToolkitConfig, once a pass
 
-    def hook_facts(self) -> tuple:
-        """(toolkit config, driver map): read once a pass, and only when a container has an NVIDIA hook."""
-        if self._hook_facts is None:
-            from nvsymlinkd.containers.hookhost import read_driver_map, read_toolkit_config
+    def hook_inputs(self, entry):
+        """The NVIDIA hook's host inputs for this spec hook entry (its wrapper, the toolkit's version, the
+        config its search finds, the driver map): read once a pass per distinct entry."""
+        from nvsymlinkd.containers.hookhost import read_driver_map, read_hook_inputs
 
-            self._hook_facts = (read_toolkit_config(self.root), read_driver_map(self.root, self.host.nodes))
-        return self._hook_facts
+        if self._hook_driver is None:
+            self._hook_driver = read_driver_map(self.root, self.host.nodes)
+        if entry not in self._hook_inputs:
+            self._hook_inputs[entry] = read_hook_inputs(self.root, entry, self.host.nodes, self._hook_driver,
+                                                        self._hook_memo)
+        return self._hook_inputs[entry]
 
 
 def hook_request(spec) -> HookRequest:
@@ -114,9 +120,10 @@ def _hook_grant(c: Container, ctx: _HostContext):
     if c.spec is None or not c.spec.hook_entries:
         return None
     request = hook_request(c.spec)
-    if legacy_hook(request.hooks) is None:
+    entry = legacy_hook(request.hooks)
+    if entry is None:
         return None
-    return reconstruct(request, *ctx.hook_facts())
+    return reconstruct(request, ctx.hook_inputs(entry))
 
 
 def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache):

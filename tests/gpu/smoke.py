@@ -628,9 +628,16 @@ class Suite:
         path = self.work / "bin" / HOOK_NAME
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            # the checkout comes on PYTHONPATH with the hook's env (hook_env)
-            path.write_text(f"#!{sys.executable}\nimport sys\n"
+            # the checkout comes on PYTHONPATH with the hook's env (hook_env). nvsymlinkd trusts at the hook's
+            # path only a binary or the toolkit installer's wrapper (containers/hookgrant.py parse_wrapper), and
+            # reads the toolkit's version from the binary's build info: the fake is the wrapper's .real and
+            # carries the linker flag a 1.17.8 build has
+            real = path.with_name(HOOK_NAME + ".real")
+            real.write_text(f"#!{sys.executable}\nimport sys\n"
+                            "# -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=1.17.8\n"
                             "from tests.gpu import smoke\nsys.exit(smoke.hook_main(sys.argv))\n")
+            real.chmod(0o755)
+            path.write_text(f"#! /bin/sh\nPATH=/usr/sbin:/usr/bin:/sbin:/bin \\\n\t{real} \\\n\t\t\"$@\"\n")
             path.chmod(0o755)
         return str(path)
 
@@ -1341,7 +1348,9 @@ def self_check(args) -> int:
                 if sc.get("hook"):
                     hook = spec["hooks"]["prestart"][0]
                     assert os.access(hook["path"], os.X_OK)
-                    compile(Path(hook["path"]).read_text(), hook["path"], "exec")
+                    real = hook["path"] + ".real"  # the path is the installer-shaped wrapper around it
+                    assert os.access(real, os.X_OK)
+                    compile(Path(real).read_text(), real, "exec")
                 names.append(sc["name"])
             return f"{len(names)} bundles: " + ", ".join(names)
         finally:

@@ -97,7 +97,13 @@ def install_nvidia_toolkit(gpus: int = 1) -> None:
     """nvidia-container-runtime-hook, nvidia-container-runtime, Podman's OCI hook and a CDI spec,
     at the paths the NVIDIA container toolkit installs them (before any daemon starts: Docker looks
     the hook up once, at start, to offer --gpus)."""
-    _write(HOOK, f"#!/bin/sh\nexec /usr/bin/python3 {GUEST_DIR}/nvidia_hook.py \"$@\"\n", 0o755)
+    # the hook as the toolkit installer's wrapper (cmd/nvidia-ctk-installer/toolkit/installer/executables.go,
+    # 1.18+) around the fake: nvsymlinkd trusts no other script at the hook's path (containers/hookgrant.py
+    # parse_wrapper), and reads the toolkit's version from the .real's build info: the fake carries a 1.17.8
+    # build's linker flag
+    _write(HOOK + ".real", "#!/bin/sh\n# -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=1.17.8\n"
+           f"exec /usr/bin/python3 {GUEST_DIR}/nvidia_hook.py \"$@\"\n", 0o755)
+    _write(HOOK, f"#! /bin/sh\nPATH=/usr/sbin:/usr/bin:/sbin:/bin \\\n\t{HOOK}.real \\\n\t\t\"$@\"\n", 0o755)
     if not os.path.lexists(TOOLKIT):
         os.symlink(os.path.basename(HOOK), TOOLKIT)
     _write(RUNTIME, f"#!/bin/sh\nexec /usr/bin/python3 {GUEST_DIR}/nvidia_runtime.py \"$@\"\n", 0o755)

@@ -1,0 +1,365 @@
+"""The legacy NVIDIA hook's behaviour as its upstream source has it, one case per row of the table in
+docs/hookgrant.md ("Upstream behaviour, row by row"), run against the reconstruction (issue 34 items 1-3).
+
+Each row names the source it was read from (nvidia-container-toolkit at a tag, libnvidia-container at a
+commit) and what the hook does; the case builds that input and asserts the devices the reconstruction
+says the hook granted (a set of "c M:m"), or UNTRUSTED. Host-file rows (config search, wrapper, version)
+go through containers.hookhost on a tree under tmp_path; the rest are pure. No root.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nvsymlinkd.containers.hookgrant import (
+    DriverMap,
+    GpuEntry,
+    HookInputs,
+    HookRequest,
+    ToolkitConfig,
+    reconstruct,
+)
+from nvsymlinkd.containers.hookhost import read_hook_inputs
+from nvsymlinkd.containers.ocispec import parse_spec
+from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.root import HostRoot
+
+UNTRUSTED = "untrusted"
+HOOK_PATH = "/usr/bin/nvidia-container-runtime-hook"
+GPUS = (GpuEntry("0000:3b:00.0", 0, "GPU-aaaa-1111"), GpuEntry("0000:5e:00.0", 1, "GPU-bbbb-2222"),
+        GpuEntry("0000:86:00.0", 2, "GPU-cccc-3333"))
+UVM = (Device.char(509, 0), Device.char(509, 1))
+DRIVER = DriverMap(GPUS, True, "", UVM, False, modeset=False)
+CTL, U0, U1, MODESET = "c 195:255", "c 509:0", "c 509:1", "c 195:254"
+BASE = {CTL, U0, U1}
+REFUSE = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+
+
+def gpus(*minors) -> set:
+    return {f"c 195:{m}" for m in minors}
+
+
+def entry(*args, env=None, path=HOOK_PATH):
+    return ("prestart", path, ("nvidia-container-runtime-hook", *args), tuple(env) if env is not None else None)
+
+
+def outcome(g):
+    assert g is not None, "no legacy hook found"
+    if not g.trusted:
+        return UNTRUSTED
+    assert all(a == "rw" for a in g.devices.values())
+    return {str(d) for d in g.devices}
+
+
+DEFAULTS = ToolkitConfig()
+
+
+def pure(env=None, config=DEFAULTS, driver=DRIVER, version=(1, 17, 8), hook=None, mounts=(),
+         privileged=False):
+    request = HookRequest((hook or entry("prestart"),), dict(env or {}), tuple(mounts), privileged)
+    return outcome(reconstruct(request, HookInputs(config, driver, version, "row")))
+
+
+def elf(version: str | None = None) -> bytes:
+    """A stand-in hook binary: ELF magic and, like a real build, the linker flags in its Go build info."""
+    info = b"" if version is None else (
+        b"\x00build\t-ldflags=\"-s -w -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version="
+        + version.encode() + b"\"\n")
+    return b"\x7fELF\x02\x01\x01" + b"\x00" * 64 + info
+
+
+def on_host(tmp: Path, files: dict, hook=None, env=None, privileged=False, driver=DRIVER):
+    """The reconstruction for a spec with `hook`, on a host tree holding `files` (inside path -> text/bytes)."""
+    for inside, content in files.items():
+        p = tmp / inside.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    hook = hook or entry("prestart")
+    inputs = read_hook_inputs(HostRoot(str(tmp)), hook, (), driver)
+    request = HookRequest((hook,), dict(env or {"NVIDIA_VISIBLE_DEVICES": "0"}), (), privileged)
+    return outcome(reconstruct(request, inputs))
+
+
+def deb(version: str) -> dict:
+    return {"/var/lib/dpkg/status": f"Package: nvidia-container-toolkit\nStatus: install ok installed\n"
+                                    f"Architecture: amd64\nVersion: {version}\n\n",
+            "/var/lib/dpkg/info/nvidia-container-toolkit.list": f"/.\n/usr\n/usr/bin\n{HOOK_PATH}\n",
+            HOOK_PATH: elf()}
+
+
+DRIVER_CFG = "/run/nvidia/driver/etc/nvidia-container-runtime/config.toml"
+ETC_CFG = "/etc/nvidia-container-runtime/config.toml"
+OPERATOR = "/usr/local/nvidia/toolkit"
+OPERATOR_CFG = f"{OPERATOR}/.config/nvidia-container-runtime/config.toml"
+WRAPPER_117 = (f"#! /bin/sh\nPATH={OPERATOR}:$PATH \\\n{OPERATOR}/nvidia-container-runtime-hook.real \\\n"
+               f"\t-config \"{OPERATOR_CFG}\" \\\n\t\"$@\"\n")
+WRAPPER_118 = (f"#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={OPERATOR_CFG} \\\nPATH={OPERATOR}:$PATH \\\n"
+               f"\t{OPERATOR}/nvidia-container-runtime-hook.real \\\n\t\t\"$@\"\n")
+OPERATOR_HOOK = entry("prestart", path=f"{OPERATOR}/nvidia-container-runtime-hook")
+TK = "nvidia-container-toolkit"
+LNC = "libnvidia-container"  # by commit: the stored copies name no tag
+
+# id -> (source, what the hook does, case(tmp_path) -> (got, want))
+ROWS = {
+    # ---- the config file search
+    "config-driver-root-first-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/hook_config.go:34",
+        "1.13-1.17 read /run/nvidia/driver/etc/nvidia-container-runtime/config.toml before /etc",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), DRIVER_CFG: REFUSE, ETC_CFG: ""}), set())),
+    "config-etc-when-no-driver-root-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/hook_config.go:34-50",
+        "1.13-1.17: no driver-root file -> /etc",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), ETC_CFG: REFUSE}), set())),
+    "config-1.14.0-driver-root-only": (
+        f"{TK} v1.14.0 cmd/nvidia-container-runtime-hook/hook_config.go:45-57, internal/config/toml.go:62",
+        "1.14.0 reads the driver-root file only (no WithRequired: missing = defaults): /etc is never read",
+        lambda t: (on_host(t, {**deb("1.14.0-1"), ETC_CFG: REFUSE}), BASE | gpus(0))),
+    "config-flag-required-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/hook_config.go:30-32,47",
+        "-config names the only file read; missing -> the hook fails",
+        lambda t: (on_host(t, deb("1.17.8-1"), hook=entry("-config", "/opt/x.toml", "prestart")), UNTRUSTED)),
+    "config-flag-read-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/hook_config.go:30-32",
+        "-config=FILE wins over the driver-root and /etc files",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), "/opt/x.toml": REFUSE},
+                           hook=entry("-config=/opt/x.toml", "prestart")), set())),
+    "config-1.18-driver-root-not-read": (
+        f"{TK} v1.18.0 cmd/nvidia-container-runtime-hook/hook_config.go:39-47",
+        "1.18+ no longer read the driver-root file",
+        lambda t: (on_host(t, {**deb("1.18.0-1"), DRIVER_CFG: REFUSE}), BASE | gpus(0))),
+    "config-1.18-env-path": (
+        f"{TK} v1.18.0 cmd/nvidia-container-runtime-hook/hook_config.go:43-45",
+        "1.18+: NVIDIA_CTK_CONFIG_FILE_PATH in the hook's env names the file (required)",
+        lambda t: (on_host(t, {**deb("1.18.0-1"), "/opt/c.toml": REFUSE},
+                           hook=entry("prestart", env=["NVIDIA_CTK_CONFIG_FILE_PATH=/opt/c.toml"])), set())),
+    "config-1.17-env-path-ignored": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/hook_config.go:27-51",
+        "1.13-1.17 do not read NVIDIA_CTK_CONFIG_FILE_PATH",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), "/opt/c.toml": REFUSE},
+                           hook=entry("prestart", env=["NVIDIA_CTK_CONFIG_FILE_PATH=/opt/c.toml"])), BASE | gpus(0))),
+    "config-1.18-xdg": (
+        f"{TK} v1.18.0 internal/config/config.go:78-88",
+        "1.18+: $XDG_CONFIG_HOME/nvidia-container-runtime/config.toml instead of /etc",
+        lambda t: (on_host(t, {**deb("1.18.0-1"), "/xdg/nvidia-container-runtime/config.toml": REFUSE},
+                           hook=entry("prestart", env=["XDG_CONFIG_HOME=/xdg"])), set())),
+    "wrapper-1.17-config-flag": (
+        f"{TK} v1.17.8 tools/container/toolkit/toolkit.go:584-598, executable.go:93-139",
+        "the GPU Operator's <=1.17 wrapper passes -config with its own config.toml",
+        lambda t: (on_host(t, {f"{OPERATOR}/nvidia-container-runtime-hook": WRAPPER_117,
+                               f"{OPERATOR}/nvidia-container-runtime-hook.real": elf("1.17.8"), OPERATOR_CFG: REFUSE},
+                           hook=OPERATOR_HOOK), set())),
+    "wrapper-1.18-exports-config-path": (
+        f"{TK} v1.18.0 cmd/nvidia-ctk-installer/toolkit/installer/executables.go:70-77,161-174",
+        "the 1.18+ wrapper sets NVIDIA_CTK_CONFIG_FILE_PATH to its own config.toml",
+        lambda t: (on_host(t, {f"{OPERATOR}/nvidia-container-runtime-hook": WRAPPER_118,
+                               f"{OPERATOR}/nvidia-container-runtime-hook.real": elf("1.18.0"), OPERATOR_CFG: REFUSE},
+                           hook=OPERATOR_HOOK), set())),
+    "wrapper-other-shape": (
+        f"{TK} v1.18.0 cmd/nvidia-ctk-installer/toolkit/installer/executables.go:161-174",
+        "a script of any other shape: what it sets is not known",
+        lambda t: (on_host(t, {HOOK_PATH: "#!/bin/sh\nexport NVIDIA_CTK_CONFIG_FILE_PATH=$(cat /x)\nexec /y \"$@\"\n"}),
+                   UNTRUSTED)),
+    "version-unknown-search-differs": (
+        f"{TK} v1.17.8 hook_config.go:34 vs v1.18.0 hook_config.go:39-47",
+        "no version and a driver-root file: 1.17 and 1.18 read different files",
+        lambda t: (on_host(t, {HOOK_PATH: elf(), DRIVER_CFG: REFUSE}), UNTRUSTED)),
+    "version-unknown-search-agrees": (
+        f"{TK} v1.17.8 hook_config.go:34, v1.18.0 hook_config.go:39-47",
+        "no version, only /etc: every release line reads /etc (1.14.0 its defaults, equal here)",
+        lambda t: (on_host(t, {HOOK_PATH: elf(), ETC_CFG: "# site config\n"}), BASE | gpus(0))),
+    "version-from-build-info": (
+        f"{TK} v1.17.8 Makefile (-X .../internal/info.version), Go buildinfo",
+        "the binary's linker flags give the version when no package lists it",
+        lambda t: (on_host(t, {HOOK_PATH: elf("1.17.8"), DRIVER_CFG: REFUSE}), set())),
+    # ---- the hook's own arguments (Go flag)
+    "args-first-positional-is-the-command": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:176-193",
+        "only flag.Args()[0] is the command: `poststart prestart` runs poststart (exit 0, nothing granted)",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("poststart", "prestart")), set())),
+    "args-flags-before-the-command": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:22-26,169",
+        "-debug before prestart is a flag",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-debug", "prestart")), BASE | gpus(0))),
+    "args-unknown-flag-exits": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:169 (flag.ExitOnError)",
+        "an undefined flag: the hook exits 2, and runc fails the creation: not this spec",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-foo", "prestart")), UNTRUSTED)),
+    "args-version-exits": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:171-174",
+        "-version prints and returns (exit 0) before the command: nothing granted",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-version", "prestart")), set())),
+    "args-bad-bool-exits": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:23,169",
+        "-debug=maybe is not a Go bool: exit 2, the creation fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("-debug=maybe", "prestart")), UNTRUSTED)),
+    "args-double-dash": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:169",
+        "`--` ends the flags; prestart follows",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, hook=entry("--", "prestart")), BASE | gpus(0))),
+    # ---- the request
+    "env-void-past-1024": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:124-154",
+        "NVIDIA_VISIBLE_DEVICES has no length limit: `void` anywhere = not a GPU container",
+        lambda t: (_from_spec(["NVIDIA_VISIBLE_DEVICES=" + "0," * 600 + "void"]), set())),
+    "env-swarm-unset-falls-back": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:148-158",
+        "swarm-resource variables unset: NVIDIA_VISIBLE_DEVICES decides",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1"}, ToolkitConfig(swarm_resource="DOCKER_RESOURCE_GPU")),
+                   BASE | gpus(1))),
+    "env-swarm-set-wins": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:151-154",
+        "a set swarm-resource variable replaces NVIDIA_VISIBLE_DEVICES",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1", "DOCKER_RESOURCE_GPU": "2"},
+                        ToolkitConfig(swarm_resource="DOCKER_RESOURCE_GPU")), BASE | gpus(2))),
+    "mount-paths-go-clean": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:247,253",
+        "source and destination through filepath.Clean: //dev/null and //var/run/... count",
+        lambda t: (_from_spec(["NVIDIA_VISIBLE_DEVICES=all"], accept_mounts=True,
+                              mounts=[{"source": "//dev/null", "destination": "//var/run/nvidia-container-devices/2"}]),
+                   BASE | gpus(2))),
+    # ---- go-toml / BurntSushi key matching
+    "toml-go-toml-upper-case": (
+        f"{TK} v1.17.8 vendor/github.com/pelletier/go-toml/marshal.go:789-794",
+        "go-toml v1 also tries strings.ToTitle(tag): an upper-case key counts",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), ETC_CFG: REFUSE.upper().replace("FALSE", "false")}), set())),
+    "toml-go-toml-title-case-ignored": (
+        f"{TK} v1.17.8 vendor/github.com/pelletier/go-toml/marshal.go:789-794",
+        "go-toml v1 does not fold other spellings: `Accept-...` is an unknown key",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), ETC_CFG: "A" + REFUSE[1:]}), BASE | gpus(0))),
+    "toml-burntsushi-any-case": (
+        f"{TK} v1.13.0 vendor/github.com/BurntSushi/toml/decode.go:267-279",
+        "1.13's BurntSushi decoder matches strings.EqualFold",
+        lambda t: (on_host(t, {**deb("1.13.5-1"), ETC_CFG: "A" + REFUSE[1:]}), set())),
+    "toml-burntsushi-ambiguous": (
+        f"{TK} v1.13.0 vendor/github.com/BurntSushi/toml/decode.go:267-279",
+        "two spellings with different values: Go's map order decides",
+        lambda t: (on_host(t, {**deb("1.13.5-1"),
+                               ETC_CFG: REFUSE + "A" + REFUSE[1:].replace("false", "true")}), UNTRUSTED)),
+    # ---- capabilities and the nodes nvidia-container-cli grants
+    "caps-video-implies-compute": (
+        f"{LNC} @65822523 src/options.h:90 (video = OPT_VIDEO_LIBS|OPT_COMPUTE_LIBS), @077f498c src/nvc_mount.c "
+        "nvc_driver_mount",
+        "video pulls the compute libraries, and with them the uvm nodes",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video"}), BASE | gpus(0))),
+    "caps-uvm-whatever-load-kmods": (
+        f"{LNC} @00b4b47e src/nvc_info.c lookup_devices -> find_device_node",
+        "uvm nodes that exist are listed and granted; load-kmods only loads modules",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(load_kmods=False)), BASE | gpus(0))),
+    "caps-modeset-only-if-node-exists": (
+        f"{LNC} @00b4b47e src/nvc_info.c lookup_devices (find_device_node NV_MODESET_DEVICE_PATH)",
+        "display without /dev/nvidia-modeset: no modeset grant",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,display"}),
+                   BASE | gpus(0))),
+    "caps-modeset-with-display": (
+        f"{LNC} @077f498c src/nvc_mount.c nvc_driver_mount (OPT_DISPLAY)",
+        "display and the node exists: c 195:254",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,display"},
+                        driver=DriverMap(GPUS, True, "", UVM, False, modeset=True)), BASE | gpus(0) | {MODESET})),
+    "gpus-excluded-not-in-all": (
+        f"{LNC} @00b4b47e src/nvc_info.c nvc_device_info_new (NVML's device count), src/cli/common.c select_all_gpu_devices",
+        "a `GPU Excluded: Yes` GPU is not enumerated: `all` leaves it out",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all"}, driver=_excluded(1)), BASE | gpus(0, 2))),
+    "gpus-excluded-shifts-indexes": (
+        f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (available->gpus[n])",
+        "indexes count only enumerated GPUs: index 1 is the third GPU",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1"}, driver=_excluded(1)), BASE | gpus(2))),
+    # ---- IMEX channels
+    "imex-ignored-before-1.15": (
+        f"{TK} v1.14.6 cmd/nvidia-container-runtime-hook/main.go (no --imex-channel), v1.15.0 main.go:130",
+        "1.13-1.14 pass no IMEX channel",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}, version=(1, 14, 6)),
+                   BASE | gpus(0))),
+    "imex-requested-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:200-222",
+        "an IMEX channel request (its grant is not reconstructed)",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}), UNTRUSTED)),
+    "imex-ignore-feature-1.17.5": (
+        f"{TK} v1.17.5 internal/config/features.go:47, v1.17.8 container_config.go:201-203",
+        "ignore-imex-channel-requests drops the request (1.17.5+)",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
+                        ToolkitConfig(ignore_imex_requests=True)), BASE | gpus(0))),
+    "imex-ignore-feature-absent-1.17.4": (
+        f"{TK} v1.17.4 internal/config/features.go (no ignore-imex-channel-requests)",
+        "the key does nothing before 1.17.5",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
+                        ToolkitConfig(ignore_imex_requests=True), version=(1, 17, 4)), UNTRUSTED)),
+    "imex-unprivileged-refused-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:212-221",
+        "1.17+: an unprivileged env request for channels follows accept-...-envvar-when-unprivileged",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
+                        ToolkitConfig(accept_envvar_unprivileged=False), privileged=False), set())),
+    "imex-raw-value-1.16": (
+        f"{TK} v1.16.2 cmd/nvidia-container-runtime-hook/container_config.go:279-285",
+        "1.15-1.16 pass any set NVIDIA_IMEX_CHANNELS raw (even `none`) to the cli",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "none"}, version=(1, 16, 2)),
+                   UNTRUSTED)),
+    "imex-none-no-request-1.17": (
+        f"{TK} v1.17.8 internal/config/image/devices.go:36-50,67-69",
+        "1.17+: `none` lists one empty channel, joined to nothing: no --imex-channel",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,none"}), BASE | gpus(0))),
+    "imex-all-alone-no-request-1.17": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:294-300",
+        "NVIDIA_IMEX_CHANNELS=all alone is no request",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "all"}), BASE | gpus(0))),
+    # ---- what nvidia-container-cli selects (the untrusted-but-knowable cases)
+    "select-pci-function-1": (
+        f"{LNC} @2e347c19 src/cli/common.c matches_pci_format (sscanf \"%x:%02x:%02x.0\" == 3)",
+        "only three conversions are counted: 0000:5e:00.1 selects 0000:5e:00.0",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0000:5e:00.1"}), BASE | gpus(1))),
+    "select-ALL-case-insensitive": (
+        f"{LNC} @2e347c19 src/cli/common.c select_devices (str_case_equal(dev, \"all\")); {TK} v1.17.8 "
+        "internal/config/image/devices.go:36-50",
+        "the hook's own `all` test is exact, so ALL reaches the cli raw, which selects every GPU",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "ALL"}), BASE | gpus(0, 1, 2))),
+    "select-all-stops": (
+        f"{LNC} @2e347c19 src/cli/common.c select_devices (break after `all`)",
+        "items after a case-insensitive all are never looked at",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0,All,bogus"}), BASE | gpus(0, 1, 2))),
+    "select-index-sign": (
+        f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (strtoumax)",
+        "strtoumax takes a sign: +1 is index 1",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "+1"}), BASE | gpus(1))),
+    "select-index-minus-one": (
+        f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (n < UINTMAX_MAX)",
+        "-1 wraps to UINTMAX_MAX: no GPU, unknown device, the hook fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "-1"}), UNTRUSTED)),
+    "mode-cdi-no-device-1.14": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/main.go:78-87",
+        "1.14+: a container with no device returns before the mode check",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "void"}, ToolkitConfig(mode="cdi")), set())),
+    "mode-cdi-1.13-fails-first": (
+        f"{TK} v1.13.0 cmd/nvidia-container-runtime-hook/main.go:74-86",
+        "1.13 checks the mode first: every container fails under mode cdi",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "void"}, ToolkitConfig(mode="cdi"), version=(1, 13, 5)), UNTRUSTED)),
+}
+
+
+def _excluded(index: int) -> DriverMap:
+    gs = tuple(GpuEntry(g.pci, g.minor, g.uuid, i == index) for i, g in enumerate(GPUS))
+    return DriverMap(gs, True, "", UVM, False)
+
+
+def _from_spec(env: list, accept_mounts: bool = False, mounts=()):
+    """Through containers.ocispec.parse_spec, as the verifier reads a config.json."""
+    doc = {"process": {"env": env}, "mounts": list(mounts),
+           "hooks": {"prestart": [{"path": HOOK_PATH, "args": ["nvidia-container-runtime-hook", "prestart"]}]}}
+    spec = parse_spec(doc)
+    request = HookRequest(spec.hook_entries, spec.env, spec.device_list_mounts, spec.privileged)
+    config = ToolkitConfig(accept_volume_mounts=accept_mounts)
+    return outcome(reconstruct(request, HookInputs(config, DRIVER, (1, 17, 8), "row")))
+
+
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_upstream_row(row, tmp_path):
+    _, _, case = ROWS[row]
+    got, want = case(tmp_path)
+    assert got == want, f"{row}: {ROWS[row][1]}: {ROWS[row][0]}"
+
+
+def test_every_row_is_in_the_docs_table():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "hookgrant.md").read_text()
+    ids = set(re.findall(r"^\| `([A-Za-z0-9.-]+)` \|", doc, re.M))
+    assert ids == set(ROWS), (sorted(set(ROWS) - ids), sorted(ids - set(ROWS)))
