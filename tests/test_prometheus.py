@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import prometheus_client.parser as parser  # test-only: python3-prometheus-client (.ci/apt.d/cluster.txt)
@@ -63,8 +64,8 @@ def healthy() -> ContainerReport:
 class Story:
     """nvsymlinkd's metrics writer on a fixture host, one textfile a minute (what node-exporter serves)."""
 
-    def __init__(self, tmp_path: Path):
-        self.host = standard_host(tmp_path / "root")
+    def __init__(self, tmp_path: Path, host=None):
+        self.host = host or standard_host(tmp_path / "root")
         self.host.path(os.path.dirname(TEXTFILE)).mkdir(parents=True)
         self.root = HostRoot(str(self.host.root))
         self.now = 0.0
@@ -77,10 +78,10 @@ class Story:
 
         self.metrics.on_reconcile(reconcile(self.root, Config()))
 
-    def minute(self, containers=(), repairs_failed=0, reload=False) -> None:
+    def minute(self, containers=(), repairs_failed=0, reload=False, report=None) -> None:
         if self.running:
             self.sync()  # the resync every resync_interval
-            self.metrics.on_containers(Report([healthy(), *containers], []))
+            self.metrics.on_containers(report or Report([healthy(), *containers], []))
             for _ in range(repairs_failed):
                 self.metrics.on_repair(ok=False)
             if reload:
@@ -245,6 +246,34 @@ def test_the_lost_alert_names_the_pod_also_behind_a_scrape_that_renames_its_labe
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_the_lost_alert_fires_on_the_textfile_of_a_real_runc_container_that_lost_its_gpu(runc_host, tmp_path):
+    """The verifier judges a real runc container (cgroup v1, the kernel's devices.list) and the metrics
+    writer writes what the daemon would: the lost alert names its pod from the runtime's annotations."""
+    from nvsymlinkd.verify.verifier import verify_all
+    from tests.runcfixture import device_node, device_rule
+
+    annotations = {"io.kubernetes.cri.sandbox-namespace": GPU_POD["namespace"],
+                   "io.kubernetes.cri.sandbox-name": GPU_POD["pod"],
+                   "io.kubernetes.cri.container-name": GPU_POD["container"]}
+    cid = "prom" + uuid.uuid4().hex[:8]
+    c = runc_host.run(cid, rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"], annotations=annotations)
+    story = Story(tmp_path, host=runc_host.fake)
+    for t in range(MINUTES + 1):
+        if t == 5:
+            c.deny("c 195:0 rw")
+            assert c.open_error("/dev/nvidia0") == "EPERM"  # the kernel says so
+        story.minute(report=verify_all(story.root, Config(), use_bus=False))
+    name = "NvsymlinkdGPUContainerLostDevices"
+    labels = {**GPU_POD, "container_id": cid, "status": "lost", **TARGET, "severity": "critical"}
+    out = run_promtool_test(tmp_path, rules_without_annotations(tmp_path), [
+        {"interval": "1m", "input_series": story.series(), "alert_rule_test": [
+            {"eval_time": "4m", "alertname": name, "exp_alerts": []},
+            {"eval_time": "6m", "alertname": name, "exp_alerts": []},  # pending: repaired within 2 minutes is no alert
+            {"eval_time": f"{EVAL}m", "alertname": name, "exp_alerts": [{"exp_labels": labels}]}]}])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 # -- the exposition -----------------------------------------------------------------------------
 
 
@@ -318,6 +347,12 @@ def test_the_prometheusrule_is_the_plain_rules_file():
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["spec"] == rules()  # one source of truth: the groups, rule for rule
+    # and the file is what the generator writes from it
+    import runpy
+
+    generator = runpy.run_path(str(REPO / "scripts/prometheusrule"), run_name="prometheusrule")
+    assert (OPERATOR / "prometheusrule.yaml").read_text() == generator["render"](RULES.read_text()), \
+        "deploy/prometheus/operator/prometheusrule.yaml is stale: run scripts/prometheusrule"
 
 
 def test_the_operator_component_scrapes_the_daemonsets_pods_on_a_port_they_declare(tmp_path):
