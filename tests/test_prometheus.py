@@ -274,6 +274,39 @@ def test_the_lost_alert_fires_on_the_textfile_of_a_real_runc_container_that_lost
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_repairs_failing_fires_on_the_textfile_of_real_repairs_the_rate_limit_refuses(runc_host, tmp_path):
+    """Real repairs of a real runc container (cgroup v1): the first loss repaired, the next ones within the
+    rate limit's window refused (counted as failed), as the daemon feeds its writer."""
+    from nvsymlinkd.repair.apply import SUCCESS, repair_all
+    from nvsymlinkd.repair.plan import RepairHistory
+    from nvsymlinkd.verify.verifier import verify_all
+    from tests.runcfixture import device_node, device_rule
+
+    cid = "prom" + uuid.uuid4().hex[:8]
+    c = runc_host.run(cid, rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"])
+    story = Story(tmp_path, host=runc_host.fake)
+    history = RepairHistory()
+    results = []
+    for t in range(MINUTES + 1):
+        if t in (12, 20):  # lost, repaired; lost again: refused within the rate limit's window
+            c.deny("c 195:0 rw")
+        for r in repair_all(story.root, Config(), history=history, clock=lambda: story.now) if t >= 12 else ():
+            story.metrics.on_repair(r, ok=r.status in SUCCESS)
+            results.append((t, r.status in SUCCESS))
+        story.minute(report=verify_all(story.root, Config(), use_bus=False))
+    # refused while within 600 s of the last repair (minutes 20 and 21), repaired after
+    assert results == [(12, True), (20, False), (21, False), (22, True)], results
+    assert c.open_error("/dev/nvidia0") == "ENXIO"  # repaired: the kernel says so
+    name = "NvsymlinkdRepairsFailing"
+    out = run_promtool_test(tmp_path, rules_without_annotations(tmp_path), [
+        {"interval": "1m", "input_series": story.series(), "alert_rule_test": [
+            {"eval_time": "15m", "alertname": name, "exp_alerts": []},  # the repair that worked is no alert
+            {"eval_time": f"{EVAL}m", "alertname": name,
+             "exp_alerts": [{"exp_labels": {"result": "failed", **TARGET, "severity": "warning"}}]}]}])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 # -- the exposition -----------------------------------------------------------------------------
 
 
