@@ -358,3 +358,59 @@ def test_every_pure_module_is_strict_typed_and_held_by_the_contract():
     modules = {m for m in PURE if (REPO / (m.replace(".", "/") + ".py")).is_file()}
     assert modules - strict == set(), f"pure modules without --strict mypy in scripts/test: {sorted(modules - strict)}"
     assert modules - params == set(), f"pure modules outside test_pure_modules_import_no_io: {sorted(modules - params)}"
+
+
+# -- the textfile's path, named once (components/textfile-path) ---------------------------------
+
+# Debian's prometheus-node-exporter reads this directory (its /etc/default/prometheus-node-exporter)
+DEBIAN_TEXTFILE = "/var/lib/prometheus/node-exporter/nvsymlinkd.prom"
+
+
+def textfile_references(docs: list) -> dict:
+    """Every place the rendered DaemonSet and its config name the metrics textfile or its directory."""
+    (c,) = daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    pod = daemonset(docs)["spec"]["template"]["spec"]
+    mount = next(mt["mountPath"] for mt in c["volumeMounts"] if mt["name"] == "host-textfile")
+    volume = next(v["hostPath"]["path"] for v in pod["volumes"] if v["name"] == "host-textfile")
+    refs = {probe: c[probe]["exec"]["command"][4] for probe in ("startupProbe", "livenessProbe", "readinessProbe")}
+    return {**refs, "mount": mount, "volume": volume, "config": config_of(docs).metrics_textfile}
+
+
+def follows(refs: dict, textfile: str) -> bool:
+    directory = os.path.dirname(textfile)
+    return refs == {"startupProbe": HOST + textfile, "livenessProbe": HOST + textfile, "readinessProbe": HOST + textfile,
+                    "mount": HOST + directory, "volume": directory, "config": textfile}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAYS) + ["site"])
+def test_the_textfile_path_is_named_once_and_every_reference_follows(name, tmp_path):
+    src = KUBE / "overlays/site" if name == "site" else OVERLAYS[name]
+    docs = render(src)
+    default = config_of(docs).metrics_textfile
+    assert follows(textfile_references(docs), default), textfile_references(docs)
+    # an overlay on it changes metrics_textfile in its nvsymlinkd.toml, and nothing else
+    toml_dir = BASE if name == "site" else OVERLAYS[name]
+    toml = (toml_dir / "nvsymlinkd.toml").read_text()
+    assert toml.count(default) == 1 and toml.count("'''") == 2
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "nvsymlinkd.toml").write_text(toml.replace(default, DEBIAN_TEXTFILE))
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(src, overlay)}]\n"
+        f"components: [{os.path.relpath(KUBE / 'components/textfile-path', overlay)}]\n"
+        "configMapGenerator:\n  - name: nvsymlinkd-config\n    behavior: replace\n    files: [nvsymlinkd.toml]\n")
+    changed = render(overlay)
+    assert follows(textfile_references(changed), DEBIAN_TEXTFILE), textfile_references(changed)
+    old_dir = os.path.dirname(default)
+    assert old_dir not in yaml.safe_dump(daemonset(changed))  # no reference left behind
+    for d in changed:
+        validate(d)
+    # the rest of the DaemonSet is as before
+    before, after = daemonset(docs), daemonset(changed)
+    for ds in (before, after):
+        ds["spec"]["template"]["spec"]["volumes"] = [v for v in ds["spec"]["template"]["spec"]["volumes"]
+                                                     if v["name"] not in ("host-textfile", "config")]
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        for key in ("startupProbe", "livenessProbe", "readinessProbe", "volumeMounts"):
+            c.pop(key)
+    assert before == after
