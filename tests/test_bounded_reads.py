@@ -61,6 +61,8 @@ def test_toolkit_config_that_is_no_file_is_named_not_waited_on(runc_host, kind):
     assert hook["trusted"] is False and f"{TOOLKIT_CONFIG}: not a regular file ({want})" in hook["detail"], hook
     assert "\n" not in hook["detail"] and hook["detail"].count(TOOLKIT_CONFIG) == 1, hook["detail"]
     assert got["verdict"] != "ok"
+    human = capped_cli("--root", runc_host.root, "check", "--no-bus", "--no-host", "--wide")
+    assert human.returncode == 1 and f"{TOOLKIT_CONFIG}: not a regular file ({want})" in human.stdout, human.stdout
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
