@@ -13,7 +13,8 @@ function __nvsymlinkd_containers --description 'GPU containers: short ids and na
             set root --root $tokens[(math $i + 1)]
         end
     end
-    nvsymlinkd $root complete-containers 2>/dev/null
+    # names are data: only id/name characters are offered (fish inserts them escaped)
+    nvsymlinkd $root complete-containers 2>/dev/null | string match -r '^[A-Za-z0-9][A-Za-z0-9_.+/-]*$'
 end
 
 complete -c nvsymlinkd -f

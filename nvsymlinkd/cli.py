@@ -63,6 +63,9 @@ _building = False
 
 # Commands for the shell completions only (completions/): never in --help, the man pages or the docs.
 HIDDEN_COMMANDS = ("complete-containers",)
+# what a CONTAINER word may hold: the characters of runtime ids, Kubernetes and Docker names and `/` (never
+# a shell's: `$`, backquotes, `;`, globs, blanks); the shells filter the same way (completions/)
+COMPLETION_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]{0,512}")
 
 
 def _complete_containers(args, root, config) -> int:
@@ -81,7 +84,7 @@ def _complete_containers(args, root, config) -> int:
         if not gpu_signs(c.spec, c.state, majors):
             continue
         for word in (c.short_id, *sorted(_names_of(c))):
-            if word not in words and word.isprintable() and not any(ch.isspace() for ch in word):
+            if word not in words and COMPLETION_WORD.fullmatch(word):
                 words.append(word)
     sys.stdout.write("".join(w + "\n" for w in words))
     return 0

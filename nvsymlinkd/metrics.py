@@ -24,6 +24,7 @@ import asyncio
 import math
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -77,6 +78,9 @@ class Metrics:
         self.last_success: float | None = None
         self.containers = {s: 0 for s in CONTAINER_STATUSES}
         self.container_findings: list = []  # label dicts, one per GPU container with findings
+        # when the verification the two above come from began (None: none yet): the heartbeat rewrites
+        # them as they were, and a reader tells their age from this, not from the file's
+        self.last_verification: float | None = None
         self.repairs = {r: 0 for r in REPAIR_RESULTS}
         self.reloads = 0
         self.latency_buckets = [0] * len(LATENCY_BUCKETS)
@@ -156,9 +160,11 @@ class Metrics:
                 continue
             counts[verdict if verdict in counts else Verdict.UNKNOWN.value] += 1
         labelled = _finding_labels(report.containers)
+        began = self.clock() - max(0.0, float(report.seconds or 0.0))
         with self._lock:
             self.containers = counts
             self.container_findings = labelled
+            self.last_verification = began
         self._changed()
 
     def on_repair(self, outcome=None, ok: bool = True) -> None:
@@ -199,8 +205,18 @@ class Metrics:
         if self.last_success is not None:
             fam.gauge("nvsymlinkd_last_successful_sync_timestamp_seconds",
                       "Unix time of the last reconcile pass that read the host.", [({}, self.last_success)])
-        fam.gauge("nvsymlinkd_gpu_containers", "Running GPU containers by device-access status.",
+        fam.gauge("nvsymlinkd_gpu_containers", "Running GPU containers by device-access status, as of "
+                  "nvsymlinkd_last_verification_timestamp_seconds.",
                   [({"status": s}, n) for s, n in self.containers.items()])
+        if self.last_verification is not None:
+            fam.gauge("nvsymlinkd_last_verification_timestamp_seconds",
+                      "Unix time the container verification that the container gauges come from "
+                      "began; the file's heartbeat does not move it.", [({}, self.last_verification)])
+        interval = getattr(self.config, "resync_interval", None) if self.config is not None else None
+        if isinstance(interval, (int, float)):
+            fam.gauge("nvsymlinkd_resync_interval_seconds",
+                      "Seconds between the daemon's full resyncs, each of which verifies every container "
+                      "(0: off, events only).", [({}, interval)])
         fam.gauge("nvsymlinkd_gpu_container_findings",
                   "1 per GPU container with findings (lost, at-risk, unknown), named for alerts; "
                   f"at most {MAX_LABELLED_CONTAINERS}.",
@@ -458,13 +474,30 @@ def read_gauge(text: str, name: str) -> float | None:
     return None
 
 
+MAX_TEXTFILE_BYTES = 16 << 20  # 100 labelled containers and the families: tens of KiB
+
+
+def _read_textfile(path: str) -> tuple:
+    """(fstat, text) of the metrics file: a regular file only, bounded (host.root's rule for every host file,
+    written out here: the probe imports nothing of the package but this module)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        data = os.read(fd, MAX_TEXTFILE_BYTES + 1)
+        if len(data) > MAX_TEXTFILE_BYTES:
+            raise OSError(0, f"larger than {MAX_TEXTFILE_BYTES} bytes")
+    finally:
+        os.close(fd)
+    return st, data.decode("utf-8", "replace")
+
+
 def check(path: str, max_age: float, max_sync_age: float | None, now: float | None = None) -> tuple:
     """(ok, one-line message) for the metrics file at `path`."""
     now = time.time() if now is None else now
     try:
-        st = os.stat(path)
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        st, text = _read_textfile(path)
     except OSError as exc:
         return False, f"{path}: {exc.strerror}; is the daemon running with metrics_textfile set?"
     age = now - st.st_mtime

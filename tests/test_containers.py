@@ -203,9 +203,16 @@ def test_parse_spec_skips_malformed_rules():
 def test_proc_cgroup_and_scope_parsing():
     text = "12:devices:/kubepods/pod1/abc\n7:freezer:/kubepods/pod1/abc\n1:name=systemd:/kubepods/pod1/abc\n0::/\n"
     assert parse_proc_cgroup(text) == ("/kubepods/pod1/abc", "/", "/kubepods/pod1/abc", "/kubepods/pod1/abc")
-    assert scope_of("/system.slice/docker-x.scope") == "docker-x.scope"
-    assert scope_of("/machine.slice/libpod-x.scope/container") == "libpod-x.scope"
-    assert scope_of(None, "/docker/x") is None
+    assert scope_of("x", ["/system.slice/docker-x.scope"]) == "docker-x.scope"
+    assert scope_of("x", ["/machine.slice/libpod-x.scope/container"]) == "libpod-x.scope"
+    assert scope_of("x", [None, "/docker/x"]) is None
+    # below its scope the container names what it likes: the outermost scope of its own id is the one
+    assert scope_of("x", ["/system.slice/docker-x.scope/init.scope"]) == "docker-x.scope"
+    assert scope_of("x", ["/system.slice/docker-x.scope/docker-y.scope/$(id).scope"]) == "docker-x.scope"
+    assert scope_of("x", ["/docker/x/docker-x.scope"]) == "docker-x.scope"  # cgroupfs: made inside, still its id
+    assert scope_of("x", ["/docker/x/docker-y.scope", "/docker/x/init.scope"]) is None
+    # what the runtime recorded (runc's state.json) wins when the path shows it
+    assert scope_of("x", ["/user.slice/runc-name.scope/init.scope"], "runc-name.scope") == "runc-name.scope"
 
 
 def test_start_time_of_a_real_process(fakehost):

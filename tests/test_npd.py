@@ -461,3 +461,91 @@ def test_prevented_and_forced_stories_through_systemd(tmp_path, need_root, monke
     assert ": cannot repair: the last repair attempt was 10 s ago" in entries[2]["MESSAGE"]
     assert entries[3]["NVSYMLINKD_FORCED"] == "1" and "FORCED" not in "".join(entries[1])
     assert npd.conditions == {}
+
+
+# -- a condition says what is true now, or Unknown (issue 39, item 3) ---------------------------------------
+
+
+def plugin_run(status: str, textfile: Path, *extra: str) -> tuple:
+    proc = subprocess.run(["sh", str(PLUGIN), status, str(textfile), *extra], capture_output=True, text=True,
+                          timeout=10)
+    return proc.returncode, proc.stdout.strip()
+
+
+def test_an_unknown_container_makes_the_conditions_unknown(runc_host, monkeypatch, tmp_path):
+    """A GPU container nvsymlinkd cannot judge (here: its scope's DeviceAllow, with no bus and no unit file
+    to read it from) is not a healthy one: with none lost or at risk, both conditions are Unknown (exit 2),
+    not False."""
+    from nvsymlinkd.metrics import Metrics
+    from nvsymlinkd.verify.verifier import verify_all
+
+    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
+    runc_host.run("gpu-edges-unknown", cgroup_leaf="runc-gpu-edges-unknown.scope", **gpu0())
+    root = HostRoot(str(runc_host.root))
+    m = Metrics()
+    report = verify_all(root, Config(), with_host=False, use_bus=False)
+    assert [str(c.verdict) for c in report.containers] == ["unknown"], [c.findings for c in report.containers]
+    m.on_containers(report)
+    textfile = tmp_path / "nvsymlinkd.prom"
+    textfile.write_text(m.render())
+    for rule in load(PLUGIN_CONFIG)["rules"]:
+        code, message = plugin_run(rule["args"][0], textfile)
+        assert code == 2 and "1 GPU containers unknown" in message and len(message) <= 120, (rule, message)
+
+
+def test_a_stuck_verifier_makes_the_conditions_unknown(tmp_path, need_root, monkeypatch):
+    """The real daemon: its verifier hangs after a first pass (a read that never returns), its metrics
+    heartbeat goes on rewriting the textfile with the container gauges of that pass. The conditions are
+    False while verifications come, then Unknown once the last one is older than the plugin's bound."""
+    import threading
+    import time
+
+    from nvsymlinkd import metrics
+    from nvsymlinkd.daemon.containerwatch import ContainerWatch
+    from nvsymlinkd.daemon.loop import Daemon
+    from nvsymlinkd.verify import verifier
+
+    host = standard_host(tmp_path / "root")
+    inside = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"
+    host.path(os.path.dirname(inside)).mkdir(parents=True)
+    textfile = host.path(inside)
+    monkeypatch.setattr(metrics, "HEARTBEAT_SECONDS", 0.2)
+    real, stuck, release = verifier.verify_all, threading.Event(), threading.Event()
+    passes = []
+
+    def verify_all(*args, **kwargs):
+        if stuck.is_set():
+            release.wait(DEADLINE)  # hung: a read that never comes back
+        passes.append(time.time())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verifier, "verify_all", verify_all)
+    seen = {}
+
+    async def scenario():
+        journal = recording_journal([])
+        daemon = Daemon(HostRoot(str(host.root)), Config(resync_interval=1, metrics_textfile=inside),
+                        journal=journal, use_udev=False, use_bus=False)
+        # as `nvsymlinkd run` wires it (commands/run.py)
+        daemon.hook = ContainerWatch(journal, daemon.root, lambda: daemon.config, use_bus=False,
+                                     metrics=daemon.metrics)
+        task = asyncio.ensure_future(daemon.run())
+        try:
+            await _wait(lambda: len(passes) >= 2 and textfile.exists(), "two verifications", passes)
+            seen["healthy"] = [plugin_run(s, textfile, "3") for s in ("lost,denied", "at-risk")]
+            stuck.set()
+            written = textfile.stat().st_mtime
+            await asyncio.sleep(4.5)  # the heartbeat rewrites the file; no verification comes
+            assert textfile.stat().st_mtime > written + 3, "the heartbeat stopped too"
+            seen["stuck"] = [plugin_run(s, textfile, "3") for s in ("lost,denied", "at-risk")]
+            seen["default"] = plugin_run("lost,denied", textfile)  # twice the resync interval and a minute
+        finally:
+            release.set()
+            os.kill(os.getpid(), signal.SIGTERM)  # the daemon's own handler stops it
+            await asyncio.wait_for(task, DEADLINE)
+
+    asyncio.run(scenario())
+    assert seen["healthy"] == [(0, "no GPU container is lost or denied"), (0, "no GPU container is at-risk")]
+    for code, message in seen["stuck"]:
+        assert code == 2 and "verifier stuck" in message and len(message) <= 120, message
+    assert seen["default"] == (0, "no GPU container is lost or denied")  # 62 s not passed yet

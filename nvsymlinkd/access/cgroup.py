@@ -25,13 +25,15 @@ from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.devices import TYPES, Access, Device, named_minors, rule_class
 from nvsymlinkd.host.paths import normalize, unescape_mount_field
-from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.host.root import MAX_MOUNTINFO_BYTES, HostRoot, read_host_file
 
 # The host's mount namespace (pid 1): its mount points are paths inside the root. This
 # process's own (a pod's) mounts are neither the host's paths nor, often, the host's trees.
 HOST_MOUNTINFO = "/proc/1/mountinfo"
 MOUNTINFO = "/proc/self/mountinfo"  # under the root: a host run without /proc/1 (a fallback)
 OWN_CGROUP = "/proc/self/cgroup"    # this process's own cgroups: read on the real /, never under --root
+MAX_CGROUP_FILE_BYTES = 1 << 20  # devices.list: one line per rule, a few dozen for a GPU container
+MAX_PROCS_BYTES = 32 << 20  # cgroup.procs: up to PID_MAX_LIMIT (4M) pids of 8 bytes
 V1_DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
 V2_FALLBACKS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")   # hybrid first, then pure v2
 MAX_NS_SEARCH = 100_000  # cgroup directories looked at to find this process's namespace root
@@ -147,8 +149,7 @@ def cgroup_dir_on(mount: Mount, cgroup: str) -> tuple:
 def _own_cgroups() -> dict:
     """This process's cgroups as the kernel prints them for it: {"devices": p, "freezer": p, "": v2 p}."""
     try:
-        with open(OWN_CGROUP, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        text = read_host_file(OWN_CGROUP, OWN_CGROUP)
     except OSError:
         return {}
     out: dict = {}
@@ -162,9 +163,9 @@ def _own_cgroups() -> dict:
 
 
 def _holds_us(top: str, rel: str, own: str, pid: str) -> bool:
+    procs = normalize(f"{top}/{rel}/{own}") + "/cgroup.procs"
     try:
-        with open(normalize(f"{top}/{rel}/{own}") + "/cgroup.procs", encoding="ascii", errors="replace") as f:
-            return pid in f.read().split()
+        return pid in read_host_file(procs, procs, MAX_PROCS_BYTES).split()
     except OSError:
         return False
 
@@ -228,7 +229,8 @@ def _pick(root: HostRoot, mounts: list, own: Optional[str]) -> Optional[Mount]:
 def _read_mounts(root: HostRoot) -> list:
     for source in (HOST_MOUNTINFO, MOUNTINFO):
         try:
-            mounts = [m for m in parse_mountinfo(root.read_text(source)) if m.fstype in ("cgroup", "cgroup2")]
+            mounts = [m for m in parse_mountinfo(root.read_text(source, MAX_MOUNTINFO_BYTES))
+                      if m.fstype in ("cgroup", "cgroup2")]
         except OSError:
             continue
         if mounts:
@@ -416,21 +418,10 @@ class AccessPolicy:
 
 # --- reading -----------------------------------------------------------------------------
 
-def _read_text(real_path: str) -> str:
-    """HostRoot.read_text's answer (UTF-8, universal newlines) without a text stream: read for every
-    container at every pass."""
-    fd = os.open(real_path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    text = b"".join(chunks).decode("utf-8", "replace")
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+def _read_text(real_path: str, shown: str) -> str:
+    """A cgroup file's text, read for every container at every pass: bounded like every host file
+    (HostRoot's readers), without a text stream."""
+    return read_host_file(real_path, shown, MAX_CGROUP_FILE_BYTES)
 
 
 def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> _V1Source:
@@ -440,10 +431,11 @@ def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> _V
         return _V1Source("devices.list", error=f"v1 devices: {why}")
     list_path = cgdir + "/devices.list"
     try:
-        text = _read_text(root.path(list_path))
+        text = _read_text(root.path(list_path), list_path)
     except OSError as e:
         gone = " (cgroup gone?)" if e.errno == errno.ENOENT else ""
-        return _V1Source(list_path, error=f"cannot read {list_path}: {os.strerror(e.errno or 0)}{gone}")
+        why = os.strerror(e.errno) if e.errno else e.strerror
+        return _V1Source(list_path, error=f"cannot read {list_path}: {why}{gone}")
     try:
         if memo is None:
             return _V1Source(list_path, rules=parse_devices_list(text, list_path), text=text)

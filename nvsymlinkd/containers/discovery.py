@@ -39,6 +39,7 @@ from nvsymlinkd.containers.runtimes import (
     BUNDLE_ROOTS,
     BY_NAME,
     RUNC_BINARIES,
+    RUNTIMES,
     STATE_ROOTS,
     managed_by,
     namespace_owner,
@@ -66,6 +67,8 @@ PODMAN_STORAGE_FILES = ("/var/lib/containers/storage/overlay-containers/containe
 # Docker's and Kubernetes' own name rules (DNS labels, [a-zA-Z0-9][a-zA-Z0-9_.-]*), bounded: a name that
 # does not fit is not shown, so no escape sequence, newline or label-breaking byte reaches an output.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+# the runtimes' scope name prefixes (docker-ID.scope, ...): a container's scope is one of them and its id
+SCOPE_PREFIXES = tuple(p for r in RUNTIMES for p in r.scope_prefixes)
 
 
 @dataclass
@@ -337,14 +340,23 @@ def parse_proc_cgroup(text: str) -> tuple:
     return devices, v2, systemd, freezer
 
 
-def scope_of(*paths) -> str | None:
-    """The innermost `*.scope` component of the given cgroup paths (crun nests `container` below it)."""
-    for path in paths:
-        if not path:
-            continue
-        for comp in reversed(path.split("/")):
-            if comp.endswith(".scope"):
-                return comp
+def scope_of(cid: str, paths, recorded: str | None = None) -> str | None:
+    """The container's systemd scope among the components of its cgroup paths (v2, name=systemd, v1
+    devices): the one its runtime recorded (runc's state.json: scope_prefix-name.scope), else the
+    outermost that is a runtime's scope for this id (containers.runtimes: docker-ID.scope,
+    cri-containerd-ID.scope, crio-ID.scope, libpod-ID.scope, runc-ID.scope).
+
+    Never the innermost `*.scope`: below its scope a container with a writable cgroup tree names what it
+    likes. systemd running in a container moves its init to `<scope>/init.scope` (src/core/cgroup.c,
+    manager_setup_cgroup: "the root cgroup ... move ourselves to init.scope"), the name of the host's own
+    PID 1 scope; a process may name a cgroup `$(cmd).scope` as well (issue 39, items 1 and 2)."""
+    comps = [comp for path in paths if path for comp in path.split("/") if comp]
+    if recorded is not None and recorded in comps:
+        return recorded
+    own = {f"{prefix}-{cid}.scope" for prefix in SCOPE_PREFIXES}
+    for comp in comps:  # outermost first, in each path
+        if comp in own:
+            return comp
     return None
 
 
@@ -365,7 +377,8 @@ def _finish(root: HostRoot, c: Container) -> None:
             c.problems.append(f"cannot read /proc/{c.init_pid}/cgroup: {exc.strerror}")
         else:
             c.cgroup_v1_devices, c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_freezer = parse_proc_cgroup(text)
-    c.scope = scope_of(c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_devices)
+    recorded = c.state.scope if c.state is not None else None
+    c.scope = scope_of(c.id, (c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_devices), recorded)
     if c.scope is None and c.state is not None and c.state.scope and c.status in LIVE:
         c.scope = c.state.scope
 

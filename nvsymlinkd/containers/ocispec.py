@@ -17,9 +17,9 @@ import stat
 from dataclasses import dataclass, field
 
 from nvsymlinkd.containers.model import CDI_ANNOTATION
-from nvsymlinkd.errors import UnsafeFile
+from nvsymlinkd.errors import UnsafeFile  # noqa: F401  (discovery takes it from here)
 from nvsymlinkd.host.devices import RWM, Access, Device, Rule
-from nvsymlinkd.host.root import read_at_most
+from nvsymlinkd.host.root import file_kind, read_at_most, unsafe
 
 MAX_JSON_BYTES = 16 << 20  # runc's state.json embeds the seccomp profile: tens of KiB, rarely MiBs
 MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
@@ -54,7 +54,7 @@ def read_fd(fd: int, real_path: str, limit: int = MAX_JSON_BYTES, st: os.stat_re
     """The content of an open regular file, at most `limit` bytes (st: its fstat, when already taken)."""
     st = st or os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFile(f"{real_path}: not a regular file")
+        raise unsafe(real_path, f"not a regular file (a {file_kind(st.st_mode)})")
     return read_at_most(fd, real_path, limit)
 
 

@@ -23,6 +23,12 @@ from nvsymlinkd.host import libc
 from nvsymlinkd.host.paths import normalize
 
 MAX_SYMLINK_HOPS = 40
+# Every host file is read as a regular file of bounded size (issue 39, item 5): opened O_NONBLOCK (a fifo
+# put where a config was never blocks the open), fstat'ed S_ISREG (a link to /dev/zero is refused, not read
+# for ever), read up to its reader's cap and one byte more. Each reader names its cap; these are the defaults.
+READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+MAX_HOST_FILE_BYTES = 1 << 20  # /proc/devices, /proc/driver files, a tool's config: KiBs
+MAX_MOUNTINFO_BYTES = 16 << 20  # a mount table of a node with thousands of mounts
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # RESOLVE_IN_ROOT: `/` and `..` mean the root fd; no /proc/PID/fd-style jumps either
 CONFINED = libc.RESOLVE_IN_ROOT | libc.RESOLVE_NO_MAGICLINKS
@@ -159,11 +165,15 @@ class HostRoot:
         finally:
             os.close(pfd)
 
-    def read_confined(self, inside: str) -> str:
-        """Read a host file with the path resolved confined to the root."""
-        fd = self._open(inside, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-        with open(fd, encoding="utf-8", errors="replace") as f:
-            return f.read()
+    def read_confined(self, inside: str, limit: int = MAX_HOST_FILE_BYTES) -> str:
+        """A host file's text (UTF-8, universal newlines), the path resolved confined to the root: a regular
+        file of at most `limit` bytes, else UnsafeFile (a fifo, a device such as /dev/zero, a larger file).
+        /proc and /sys files say size 0: they are read up to the limit all the same."""
+        fd = self._open(inside, READ_FLAGS)
+        try:
+            return decode_text(read_regular(fd, normalize(inside), limit, allow_null=False))
+        finally:
+            os.close(fd)
 
     def open_file(self, inside: str) -> int:
         """fd of the file `inside` names for reading, resolved confined to the root; never blocks on a
@@ -244,10 +254,26 @@ class HostRoot:
         finally:
             os.close(rootfd)
 
-    def read_text(self, inside: str) -> str:
-        """Read a host file (no root-confined resolution; /proc and /sys files)."""
-        with open(self.path(inside), encoding="utf-8", errors="replace") as f:
-            return f.read()
+    def read_text(self, inside: str, limit: int = MAX_HOST_FILE_BYTES) -> str:
+        """A host file's text like read_confined, its path not resolved confined (/proc's magic links:
+        /proc/self, /proc/1/mountinfo), bounded the same way."""
+        return read_host_file(self.path(inside), normalize(inside), limit)
+
+
+def read_host_file(real_path: str, shown: str, limit: int = MAX_HOST_FILE_BYTES) -> str:
+    """The text of the regular file at `real_path` (a kernel path nvsymlinkd names itself: /proc, a cgroup
+    file), at most `limit` bytes; UnsafeFile for anything else, never a wait on a fifo."""
+    fd = os.open(real_path, READ_FLAGS)
+    try:
+        return decode_text(read_regular(fd, shown, limit, allow_null=False))
+    finally:
+        os.close(fd)
+
+
+def decode_text(data: bytes) -> str:
+    """What open(encoding="utf-8", errors="replace").read() gives for these bytes (universal newlines)."""
+    text = data.decode("utf-8", "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def open_confined(rootfd: int, inside: str, flags: int) -> int:
@@ -322,20 +348,26 @@ def read_regular(fd: int, shown: str, limit: int, allow_null: bool = True) -> by
 
     Raises UnsafeFile (an OSError) for anything else: a fifo would block, /dev/zero never ends.
     """
-    from nvsymlinkd.errors import UnsafeFile
-
     st = os.fstat(fd)
     if allow_null and stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
         return b""  # /dev/null: "no config", as packaging passes it
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFile(f"{shown}: not a regular file (a {file_kind(st.st_mode)})")
+        raise unsafe(shown, f"not a regular file (a {file_kind(st.st_mode)})")
     return read_at_most(fd, shown, limit)
+
+
+def unsafe(shown: str, why: str) -> OSError:
+    """UnsafeFile("PATH: why"), its strerror the reason alone: readers that say `{path}: {exc.strerror}`
+    (as for ENOENT, EACCES) name the file once."""
+    from nvsymlinkd.errors import UnsafeFile
+
+    exc = UnsafeFile(f"{shown}: {why}")
+    exc.strerror = why
+    return exc
 
 
 def read_at_most(fd: int, shown: str, limit: int) -> bytes:
     """All of an open file's content, refused (UnsafeFile) past `limit` bytes: one read more tells."""
-    from nvsymlinkd.errors import UnsafeFile
-
     chunks = []
     left = limit + 1
     while left > 0:
@@ -346,7 +378,7 @@ def read_at_most(fd: int, shown: str, limit: int) -> bytes:
         left -= len(chunk)
     data = b"".join(chunks)
     if len(data) > limit:
-        raise UnsafeFile(f"{shown}: larger than {limit} bytes")
+        raise unsafe(shown, f"larger than {limit} bytes")
     return data
 
 

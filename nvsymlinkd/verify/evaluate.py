@@ -281,8 +281,10 @@ def _not_in_spec_fix(c: Container, expected: Expected, devices: list[Device], wh
     if any(k not in expected.devices for k in devices):
         then = (f"adds them to {c.scope}'s DeviceAllow before a reload can take them" if c.scope else
                 "gives them back after a loss")
+        untrusted = ("nothing trusted records this grant yet" if expected.hook is None or expected.hook.trusted
+                     else f"the NVIDIA hook's grant is not known: {expected.hook.detail}")
         return (f"{recreate}; until then keep the nvsymlinkd daemon running: it records them as this container's "
-                f"baseline, then {then} (nothing trusted records this grant yet, so nvsymlinkd repair cannot)")
+                f"baseline, then {then} ({untrusted}, so nvsymlinkd repair cannot)")
     if c.scope:
         return (f"nvsymlinkd repair {who} adds them to {c.scope}'s DeviceAllow now, so reloads keep them (the "
                 f"daemon does it by itself); for good, {recreate}")
