@@ -143,7 +143,15 @@ def main(argv=None) -> int:
         from nvsymlinkd.host.root import HostRoot
 
         root = HostRoot(args.root)
-        config = load_config(root, args.config)
+        try:
+            config = load_config(root, args.config)
+        except NvsymlinkdError as exc:
+            # a command that must go on without its config (repair --before-reload, in a package
+            # script) says so and returns the defaults; any other re-raises (exit 2)
+            fallback = getattr(args, "on_config_error", None)
+            if fallback is None:
+                raise
+            config = fallback(args, exc)
         return args.func(args, root, config)
     except NvsymlinkdError as exc:
         message = printable(with_root(str(exc), root) if root is not None else str(exc))

@@ -39,14 +39,55 @@ def register(sub) -> None:
     p.add_argument("--before-reload", action="store_true",
                    help="for package scripts about to run `systemctl daemon-reload`: repair every GPU container "
                         "with findings (at-risk ones are prevented); print nothing when there is nothing to do or "
-                        "systemd does not run here; failures on stderr")
+                        "systemd does not run here; every container left at risk named on stderr. Always exit 0 "
+                        "and bounded: one wait for the system bus at most (then systemd's unit files), a bad "
+                        "config file is named and the defaults used")
     p.add_argument("--force", action="store_true",
                    help="repair even within the rate limit's window (one repair per container per 600 s, "
                         "against loops); journaled as forced")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, on_config_error=_config_error)
+
+
+# `--before-reload` runs inside apt's and dnf's transactions, just before their daemon-reload: it never
+# fails or stalls them. Its status is always 0; what it could not protect is named on stderr and in the
+# journal. Its bound: one wait for the bus (systemd.client.CALL_TIMEOUT, 5 s) for the whole run, then
+# per container the repair's own bounded steps (the repair lock, a freeze: repair.freeze, cgroupfiles).
+
+
+def _config_error(args, error):
+    """The config file did not load: `--before-reload` goes on with the defaults (a repair's decisions do
+    not depend on the file: the command sets `repair` itself, grants come from the runtimes' files) and
+    says so; any other use of `repair` stops with the error (exit 2)."""
+    if not args.before_reload:
+        raise error
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.config import Config
+
+    sys.stderr.write(f"nvsymlinkd: before a daemon-reload: {printable(str(error))}; going on with the default "
+                     "settings\n")
+    return Config()
 
 
 def run(args, root, config) -> int:
+    if not args.before_reload:
+        return _run(args, root, config)
+    # Nothing that goes wrong here may fail the package operation: said on stderr, status 0
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.errors import NvsymlinkdError, UsageError
+
+    if args.containers or args.dry_run or args.json:
+        raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
+                         "CONTAINER, --dry-run or --json")
+    try:
+        _run(args, root, config)
+    except (NvsymlinkdError, OSError) as exc:
+        line = (f"before a daemon-reload: the GPU containers could not be checked ({exc}); any of them may lose "
+                "its devices at the reload: run nvsymlinkd check after it")
+        sys.stderr.write(f"nvsymlinkd: {printable(line)}\n")
+    return EXIT_OK
+
+
+def _run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import find
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
@@ -57,17 +98,21 @@ def run(args, root, config) -> int:
         save_history,
         thawed_line,
     )
+    from nvsymlinkd.repair.plan import RepairStatus
     from nvsymlinkd.verify import verifier
     from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
     if args.before_reload:
-        from nvsymlinkd.errors import UsageError
-
-        if args.containers or args.dry_run or args.json:
-            raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
-                             "CONTAINER, --dry-run or --json")
         if not os.path.isdir(root.path("/run/systemd/system")):
             return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
+        from nvsymlinkd.systemd.client import shared
+
+        shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
+    blind = _cannot_see(root)
+    if blind:
+        from nvsymlinkd.cli import printable
+
+        sys.stderr.write(f"nvsymlinkd: {printable(blind)}\n")
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
     history = load_history(root, config)
@@ -108,7 +153,10 @@ def run(args, root, config) -> int:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
                              f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown and not denied and not unfixable
+    # a container a repair could grant nothing to still has its finding (`check` exits 1 for it); so
+    # does a host this user cannot see
+    left = [r for r in results if RepairStatus(r.status) == RepairStatus.NOTHING]
+    ok = all(r.ok for r in results) and not left and not unknown and not denied and not unfixable and not blind
     if args.before_reload:
         ok = ok and not _unprotected(results)
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
@@ -126,7 +174,7 @@ def run(args, root, config) -> int:
                "summary": summary, "thawed": thawed}
         write_output(json.dumps(doc, indent=2) + "\n")
     elif args.before_reload:
-        _before_reload_report(thawed, results, unknown, denied, unfixable, summary)
+        _before_reload_report(thawed, results, unknown, denied, unfixable, summary, journal)
     else:
         lines = [thawed_line(e) for e in thawed]
         for r in results:
@@ -139,6 +187,20 @@ def run(args, root, config) -> int:
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _short(container_id: str) -> str:
+    return container_id[:12] if len(container_id) == 64 else container_id
+
+
+def _cannot_see(root) -> str | None:
+    """Why this run cannot see the containers (not root: the runtimes' state and the cgroups are root's),
+    or None. `check` says the same as its `privilege` host finding."""
+    if os.geteuid() == 0:
+        return None
+    return ("repair: not running as root: the runtimes' state (/run/runc, /run/containerd) and the cgroups "
+            "are unreadable, so containers with findings may be missing from this report and none can be "
+            "repaired; run it as root")
 
 
 def _unrepaired_lines(unknown, denied, unfixable) -> list:
@@ -160,7 +222,7 @@ def _denied_json(report) -> dict:
     return {"container": report.id, "devices": [str(d) for d in f.devices], "detail": f.detail, "fix": f.fix}
 
 
-def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) -> None:
+def _before_reload_report(thawed, results, unknown, denied, unfixable, summary, journal=None) -> None:
     """What a package script shows: nothing when nothing was to be done; what was granted on stdout; what
     could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
     apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
@@ -184,6 +246,16 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
         bad += r.human_lines()[1:]
     bad += _unrepaired_lines(unknown, denied, unfixable)
     (bad if bad else good).append(f"{repair_line(results, summary, False)} (before a daemon-reload)")
+    if bad:  # the package script goes on (status 0): this line is what its operator must not miss
+        at_risk = sorted({_short(r.request.container_id) for r in results if not r.ok or r in unprotected}
+                         | {c.short_id for c in (*unknown, *denied, *unfixable)})
+        last = (f"not every GPU container could be kept safe from this daemon-reload ({', '.join(at_risk)}); "
+                "nvsymlinkd.service repairs what it can after it: nvsymlinkd check, journalctl -t nvsymlinkd")
+        bad.append(last)
+        if journal is not None:
+            from nvsymlinkd.journal import WARNING
+
+            journal.log(WARNING, last)
     sys.stdout.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in good))
     sys.stdout.flush()
     sys.stderr.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in bad))
