@@ -380,6 +380,27 @@ def test_build_packages_with_a_foreign_python3_first_in_path(tmp_path):
         f"nvsymlinkd-{VERSION}-1.el9.noarch.rpm", f"nvsymlinkd-{VERSION}-1.fc42.noarch.rpm"])
 
 
+@pytest.mark.parametrize("flags, named", [
+    ((), ("no .deb: dpkg-buildpackage, dh not found", "no rpm: rpmbuild not found")),
+    (("--no-deb",), ("no rpm: rpmbuild not found",)),
+    (("--no-rpm",), ("no .deb: dpkg-buildpackage, dh not found",)),
+])
+def test_build_packages_without_the_package_tools_fails_naming_them(tmp_path, flags, named):
+    """No dpkg-buildpackage, dh or rpmbuild in PATH: it exited 0 with a .deb and the rpms quietly missing
+    (issue 39 item 11). Now exit 1 before anything is built, each missing tool named with the flag that
+    asks for a release without that package."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = tmp_path / "out"
+    proc = subprocess.run([REPO / "scripts" / "build-packages", out, "--no-image", *flags], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PATH=str(empty)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert [line.split(" (", 1)[0] for line in lines] == [f"build-packages: {n}" for n in named], lines
+    assert all(f"--no-{'deb' if '.deb' in n else 'rpm'})" in line for n, line in zip(named, lines)), lines
+    assert not out.exists() or not list(out.iterdir())  # nothing built
+
+
 def test_build_packages_usage():
     proc = subprocess.run([REPO / "scripts" / "build-packages"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: scripts/build-packages OUTDIR" in proc.stderr
