@@ -162,3 +162,47 @@ def test_repair_as_a_user_who_cannot_see_says_so(tmp_path, need_root):
                           env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
     assert "nvsymlinkd: repair: not running as root:" in proc.stderr, proc.stderr
+
+
+def test_a_held_repair_lock_cannot_stretch_it_past_its_bound(runc_host, tmp_path):
+    """Another repair holds the host's repair lock and never lets go (a stuck CLI): each repair waited 30 s
+    for it, one container after the other (6 containers: 3 minutes of apt). Now repairs start within
+    30 s, each waits 10 s at most, and the containers whose turn came later are named, not tried."""
+    import fcntl
+
+    from tests.privatebus import need_dbusmock
+    from tests.test_repair_dbus import SystemdMock
+
+    need_dbusmock()
+    mock = SystemdMock(tmp_path / "sdbus-brl")
+    try:
+        mock.start()
+        ids = []
+        for i in range(6):
+            cid, scope = f"gpu-brl-lock-{i}", f"runc-gpu-brl-lock-{i}.scope"
+            runc_host.fake.write(f"/run/systemd/transient/{scope}",
+                                 "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n" + SCOPE_KEEP)
+            c = runc_host.run(cid, cgroup_leaf=scope, rules=[device_rule(195, 0)],
+                              nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+            freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+            mock.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root), devices=str(c.devices_dir()),
+                           freezer=freezer)
+            ids.append(cid)
+        (runc_host.root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
+        state = runc_host.root / "run/nvsymlinkd"
+        state.mkdir(parents=True, exist_ok=True)
+        held = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(held, fcntl.LOCK_EX)  # the state directory: the lock every repair takes first
+        try:
+            proc, seconds = before_reload(runc_host.root, env={"DBUS_SYSTEM_BUS_ADDRESS": mock.address})
+        finally:
+            os.close(held)
+    finally:
+        mock.close()
+    assert proc.returncode == 0 and seconds < 30 + 10 + 15 + 10, (seconds, proc.stderr[-3000:])
+    missing = [cid for cid in ids if not re.search(rf"\b{re.escape(cid)}\b", proc.stderr)]
+    assert not missing, (missing, proc.stderr[-3000:])
+    assert "another repair is running" in proc.stderr, proc.stderr[-3000:]
+    late = [line for line in proc.stderr.splitlines() if "its turn came after the 30 s" in line]
+    assert late, proc.stderr[-3000:]
+    print(f"held lock: {seconds:.1f} s, {len(late)} of {len(ids)} not tried")
