@@ -41,14 +41,15 @@ examples:
 reference: man nvsymlinkd, man nvsymlinkd-COMMAND, man nvsymlinkd.toml (the config file)"""
 
 
-class _CommandLineError(UsageError):
-    """argparse's complaint, printed after the usage line as `nvsymlinkd: error: ...`."""
+class CommandLineError(UsageError):
+    """argparse's complaint, printed after the usage line as `nvsymlinkd: error: ...` (a command's own
+    check of its options raises it too)."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # usage errors exit 2 with one line, like every other error
         self.print_usage(sys.stderr)
-        raise _CommandLineError(message)
+        raise CommandLineError(message)
 
     def _get_formatter(self):
         # While the parser is built, argparse makes a formatter per add_argument only to check a
@@ -146,11 +147,19 @@ def main(argv=None) -> int:
         from nvsymlinkd.host.root import HostRoot
 
         root = HostRoot(args.root)
-        config = load_config(root, args.config)
+        try:
+            config = load_config(root, args.config)
+        except NvsymlinkdError as exc:
+            # a command that must go on without its config (repair --before-reload, in a package
+            # script) says so and returns the defaults; any other re-raises (exit 2)
+            fallback = getattr(args, "on_config_error", None)
+            if fallback is None:
+                raise
+            config = fallback(args, exc)
         return args.func(args, root, config)
     except NvsymlinkdError as exc:
         message = printable(with_root(str(exc), root) if root is not None else str(exc))
-        prefix = "error: " if isinstance(exc, _CommandLineError) else ""
+        prefix = "error: " if isinstance(exc, CommandLineError) else ""
         sys.stderr.write(f"nvsymlinkd: {prefix}{message}\n")
         wants_json = getattr(args, "json", False) if args is not None else "--json" in argv
         if wants_json:  # `... --json | jq` gets a document, not empty input

@@ -69,6 +69,19 @@ def test_refused_flags_say_what_to_use(tmp_path, need_root, flag, says):
     assert not host.path("/dev/char").exists()  # refused before anything was done
 
 
+def test_load_kernel_modules_without_create_all_warns_and_goes_on(tmp_path, need_root):
+    """nvidia-ctk ignores --load-kernel-modules without --create-all, with a warning, and makes the links
+    (validateFlags, create-dev-char-symlinks.go:134-137 at v1.17.8); exit 2 with usage broke a unit or
+    udev rule that carried the flag (issue 39 item 14)."""
+    host, plain = standard_host(tmp_path / "a"), standard_host(tmp_path / "b")
+    proc = sync(host.root, "--load-kernel-modules")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ("nvsymlinkd: warning: --load-kernel-modules is only applicable with --create-all (as for "
+                           "nvidia-ctk); ignoring\n"), proc.stderr
+    assert proc.stdout == sync(plain.root).stdout
+    assert host.links() == plain.links() and host.links()
+
+
 def test_every_ctk_flag_is_accepted_or_refused_and_documented():
     from nvsymlinkd.cli import build_parser
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -158,6 +159,29 @@ def test_sighup_bad_config_keeps_old(host, daemon_factory, tmp_path):
     d.signal(signal.SIGHUP)  # the same file again
     message, _ = d.wait_entry("config-reloaded", after=mark)
     assert message.endswith(": nothing changed"), message
+    assert d.stop() == 0
+
+
+def test_sighup_says_which_file_keys_a_flag_overrides(host, daemon_factory, tmp_path):
+    """A key the operator edits in the file while the unit's command line sets it: the reload keeps the
+    flag's value, and says so (the key, the file's value, the flag's, that the flag wins); it was silent
+    (issue 39 item 13). At start too."""
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text('resync_interval = 0\ndev_char_path = "/dev/char-file"\n')
+    d = daemon_factory(host.root, "--dev-char-path", "/dev/char", config=cfg, journal=True)
+    d.wait_until(lambda: links(host) == STANDARD_LINKS, "the first full sync")
+    said = f'config {cfg}: dev_char_path = "/dev/char-file" (--dev-char-path "/dev/char"): the command-line flag wins'
+    d.wait_for_line(re.escape(said))
+    cfg.write_text('resync_interval = 0\ndev_char_path = "/dev/char2"\n')
+    mark = d.mark()
+    d.signal(signal.SIGHUP)
+    message, _ = d.wait_entry("config-reloaded", after=mark)
+    assert message.endswith(": nothing changed"), message
+    line = d.lines[d.wait_for_line(r"the command-line flag wins", after=mark)]
+    assert f'config {cfg}: dev_char_path = "/dev/char2" (--dev-char-path "/dev/char"): the command-line flag wins ' \
+           "over the file, at start and at every reload" in line, line
+    assert "resync_interval" not in line  # no flag for it: the file's value is used, nothing to say
+    assert not os.path.exists(host.path("/dev/char2"))  # the flag's directory is kept
     assert d.stop() == 0
 
 

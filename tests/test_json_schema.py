@@ -9,6 +9,7 @@ and the error document validate against them.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,20 @@ def load(name: str) -> dict:
     return json.loads((SCHEMAS / name).read_text())
 
 
+def offline(uri: str) -> dict:
+    """The one way a schema is fetched here: a name in docs/schema/, nothing else (no network, no other
+    directory): what a validator given the schema files has. An absolute `$id` (an https URL) made the
+    repair schema's `check.schema.json` reference resolve to that URL (issue 39 item 10)."""
+    from urllib.parse import urlsplit
+
+    if urlsplit(uri).scheme or "/" in uri or not (SCHEMAS / uri).is_file():
+        raise LookupError(f"{uri}: not a schema file beside the others (refused: offline)")
+    return load(uri)
+
+
 @pytest.fixture(scope="module")
 def validators():
-    """{"check": validate(doc), "repair": validate(doc)}, with repair's references to check's schema resolved."""
+    """{"check": validate(doc), "repair": validate(doc)}, every reference resolved offline from docs/schema/."""
     try:
         import jsonschema
     except ImportError:
@@ -38,18 +50,24 @@ def validators():
     check, repair = load("check.schema.json"), load("repair.schema.json")
     for s in (check, repair):
         jsonschema.Draft202012Validator.check_schema(s)
-    try:  # jsonschema >= 4.18
+    try:  # jsonschema >= 4.18: an empty registry that fetches through offline() alone
         from referencing import Registry, Resource
+        from referencing.exceptions import NoSuchResource
 
-        registry = Registry().with_resources([(s["$id"], Resource.from_contents(s)) for s in (check, repair)])
+        def retrieve(uri):
+            try:
+                return Resource.from_contents(offline(uri))
+            except LookupError:
+                raise NoSuchResource(ref=uri)
+
+        registry = Registry(retrieve=retrieve)
 
         def make(s):
             return jsonschema.Draft202012Validator(s, registry=registry)
-    except ImportError:  # Debian 12's 4.10: a RefResolver with the store
-        store = {s["$id"]: s for s in (check, repair)}
-
+    except ImportError:  # Debian 12's 4.10: a RefResolver whose every scheme goes through offline()
         def make(s):
-            return jsonschema.Draft202012Validator(s, resolver=jsonschema.RefResolver.from_schema(s, store=store))
+            handlers = {scheme: offline for scheme in ("", "http", "https", "file")}
+            return jsonschema.Draft202012Validator(s, resolver=jsonschema.RefResolver.from_schema(s, handlers=handlers))
 
     made = {"check": make(check), "repair": make(repair)}
 
@@ -155,3 +173,70 @@ def test_error_document_validates(tmp_path, nvsymlinkd_cli, validators):
         doc = json.loads(proc.stdout)
         validators(schema, doc)
         assert doc["ok"] is False and doc["exit_code"] == proc.returncode
+
+
+SCOPE_KEEP = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/10:200", "rwm")]
+
+
+def _transient(runc_host, scope: str) -> None:
+    """systemd's unit file for a scope that lacks the GPU (what the verifier reads when the bus does not know it)."""
+    runc_host.fake.write(f"/run/systemd/transient/{scope}", "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n"
+                         + "".join(f"DeviceAllow={p} {a}\n" for p, a in SCOPE_KEEP))
+
+
+def test_every_repair_status_validates(runc_host, nvsymlinkd_cli, validators, tmp_path, monkeypatch):
+    """Real `repair --json` documents holding every status (repaired, prevented, nothing-to-do, would-repair,
+    cannot-repair, failed) and a refused grant of source `unexpected`, which the schema refused though its
+    own docs example showed it (issue 39 item 10); python-dbusmock is systemd on a private bus."""
+    from tests.privatebus import need_dbusmock
+    from tests.test_repair_dbus import SystemdMock
+
+    need_dbusmock()
+    gpu = dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
+               env=["NVIDIA_VISIBLE_DEVICES=0"])
+    mock = SystemdMock(tmp_path / "sdbus-schema")
+    try:
+        mock.start()
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", mock.address)
+        root = str(runc_host.root)
+        runc_host.run("gpu-s-lost", **gpu).deny("c 195:0 rw")  # cgroupfs: repaired
+        for cid, known in (("gpu-s-prev", True), ("gpu-s-fail", False)):
+            scope = f"runc-{cid}.scope"  # at risk: its scope lacks the GPU
+            _transient(runc_host, scope)
+            c = runc_host.run(cid, cgroup_leaf=scope, **gpu)
+            if known:  # prevented through SetUnitProperties; the other one systemd does not know: failed
+                freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
+                mock.add_scope(scope, SCOPE_KEEP, root=root, devices=str(c.devices_dir()), freezer=freezer)
+        # a scope not named for its container (a privileged container can move its init there): cannot-repair
+        _transient(runc_host, "runc-gpu-s-other.scope")
+        runc_host.run("gpu-s-cant", cgroup_leaf="runc-gpu-s-other.scope", **gpu)
+        # granted by something outside the spec, no baseline: nothing trusted expects it: nothing-to-do
+        _transient(runc_host, "runc-gpu-s-hook.scope")
+        runc_host.run("gpu-s-hook", cgroup_leaf="runc-gpu-s-hook.scope", nodes=[device_node("/dev/nvidia0", 195, 0)],
+                      env=["NVIDIA_VISIBLE_DEVICES=0"]).allow("c 195:0 rw")
+
+        dry = _cli_json(nvsymlinkd_cli, "--root", root, "repair", "--json", "--dry-run", code=1)
+        validators("repair", dry)
+        done = _cli_json(nvsymlinkd_cli, "--root", root, "repair", "--json", code=1)
+        validators("repair", done)
+    finally:
+        mock.close()
+    statuses = {r["container"]: r["status"] for r in done["containers"]}
+    assert statuses == {"gpu-s-lost": "repaired", "gpu-s-prev": "prevented", "gpu-s-fail": "failed",
+                        "gpu-s-cant": "cannot-repair", "gpu-s-hook": "nothing-to-do"}, statuses
+    assert {r["status"] for r in dry["containers"]} >= {"would-repair"}
+    hook = next(r for r in done["containers"] if r["container"] == "gpu-s-hook")
+    assert [x["grant"]["source"] for x in hook["refused"]] == ["unexpected"], hook
+
+
+def test_the_docs_examples_validate(validators):
+    """The JSON examples docs/repair.md and docs/check.md show are documents the schemas accept (repair.md's
+    showed a source the schema refused)."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for name, which in (("repair.md", "repair"), ("check.md", "check")):
+        text = (docs / name).read_text()
+        blocks = re.findall(r"^```json\n(.*?)^```", text, re.M | re.S)
+        docs_ = [json.loads(b) for b in blocks if b.lstrip().startswith("{") and '"schema_version"' in b]
+        assert docs_, name
+        for doc in docs_:
+            validators(which, doc)

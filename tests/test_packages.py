@@ -12,6 +12,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -336,6 +337,26 @@ def test_rpm_scriptlets_prevent_before_systemd_s_reload(rpm_build):
         assert "logger -t nvsymlinkd -p daemon.warning" in text and "exit" not in text
 
 
+def test_rpm_post_enables_both_units_as_the_deb_does(rpm_build, tmp_path):
+    """%post's `systemd-update-helper install-system-units` is `systemctl --no-reload preset` on both units
+    (systemd's src/rpm/systemd-update-helper.in); Fedora and RHEL preset `disable *` last
+    (99-default-disable.preset), which left both disabled (the .deb enables both: issue 39 item 12).
+    Real systemctl on a root holding the rpm's files and that distribution preset decides."""
+    need_tool("systemctl")
+    post = rpm_scriptlets(rpm_build["rpm"])["postinstall"]
+    assert any("install-system-units nvsymlinkd.service nvsymlinkd-sync.service" in ln for ln in post), post
+    root = tmp_path / "root"
+    shutil.copytree(rpm_build["tree"] / "usr/lib/systemd", root / "usr/lib/systemd", symlinks=True)
+    presets = root / "usr/lib/systemd/system-preset"
+    presets.mkdir(parents=True, exist_ok=True)
+    (presets / "99-default-disable.preset").write_text("disable *\n")
+    (root / "etc/systemd/system").mkdir(parents=True)
+    run(["systemctl", f"--root={root}", "--no-reload", "preset", "nvsymlinkd.service", "nvsymlinkd-sync.service"])
+    for unit in ("nvsymlinkd.service", "nvsymlinkd-sync.service"):
+        state = subprocess.run(["systemctl", f"--root={root}", "is-enabled", unit], capture_output=True, text=True)
+        assert state.stdout.strip() == "enabled", (unit, state.stdout, state.stderr)
+
+
 def test_rpm_build_without_a_target_refuses(sdist, tmp_path):
     """Debian has no python-rpm-macros: without the target's Python the build stops, naming the fix,
     instead of making a package that installs into a path no Fedora or RHEL Python reads."""
@@ -378,6 +399,27 @@ def test_build_packages_with_a_foreign_python3_first_in_path(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([
         f"nvsymlinkd_{VERSION}_all.deb", f"nvsymlinkd-{VERSION}.tar.gz", f"nvsymlinkd-{VERSION}-py3-none-any.whl",
         f"nvsymlinkd-{VERSION}-1.el9.noarch.rpm", f"nvsymlinkd-{VERSION}-1.fc42.noarch.rpm"])
+
+
+@pytest.mark.parametrize("flags, named", [
+    ((), ("no .deb: dpkg-buildpackage, dh not found", "no rpm: rpmbuild not found")),
+    (("--no-deb",), ("no rpm: rpmbuild not found",)),
+    (("--no-rpm",), ("no .deb: dpkg-buildpackage, dh not found",)),
+])
+def test_build_packages_without_the_package_tools_fails_naming_them(tmp_path, flags, named):
+    """No dpkg-buildpackage, dh or rpmbuild in PATH: it exited 0 with a .deb and the rpms quietly missing
+    (issue 39 item 11). Now exit 1 before anything is built, each missing tool named with the flag that
+    asks for a release without that package."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = tmp_path / "out"
+    proc = subprocess.run([REPO / "scripts" / "build-packages", out, "--no-image", *flags], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PATH=str(empty)))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert [line.split(" (", 1)[0] for line in lines] == [f"build-packages: {n}" for n in named], lines
+    assert all(f"--no-{'deb' if '.deb' in n else 'rpm'})" in line for n, line in zip(named, lines)), lines
+    assert not out.exists() or not list(out.iterdir())  # nothing built
 
 
 def test_build_packages_usage():
@@ -485,8 +527,9 @@ def test_deb_prevents_before_every_reload_it_causes(deb_build, need_root, tmp_pa
         # stop the daemon (no repair in flight), then prevent, while the package's files are all there
         assert order == ["@ deb-systemd-invoke stop nvsymlinkd.service", "@ py3clean -p nvsymlinkd",
                          "@ nvsymlinkd repair --before-reload"], prerm
-        # postrm remove: one daemon-reload per unit (dh_installsystemd's two sections)
-        assert calls.count("@ systemctl --system daemon-reload") == 2
+        # postrm remove: one daemon-reload (dh_installsystemd adds one section per call, one per unit: two
+        # reloads of the same units; debian/one-section-each keeps one)
+        assert calls.count("@ systemctl --system daemon-reload") == 1, calls
         assert all(i > calls.index("== postrm remove") for i in reloads)
     if action == "purge":
         # postrm purge: no `systemctl daemon-reload` of debhelper's, but deb-systemd-helper's own when it removes
@@ -506,8 +549,8 @@ def test_deb_prevention_that_fails_is_reported_and_never_fails_the_script(deb_bu
     notes = [c for c in calls if c.startswith("nvsymlinkd: not every GPU container could be kept safe")]
     assert len(notes) == 2, calls  # on stderr, once from prerm, once from postinst ...
     assert len([c for c in calls if c.startswith("@ logger -t nvsymlinkd -p daemon.warning")]) == 2  # ... and journaled
-    # the scripts went on: postrm's two reloads, postinst's reload and start
-    assert calls.count("@ systemctl --system daemon-reload") == 3, calls
+    # the scripts went on: postrm's reload, postinst's reload and start
+    assert calls.count("@ systemctl --system daemon-reload") == 2, calls
     assert calls[-1] == "@ deb-systemd-invoke start nvsymlinkd.service", calls
 
 
@@ -662,8 +705,11 @@ def test_deb_scripts_name_a_hook_granted_container_they_cannot_protect(deb_build
     assert said[0] == ("nvsymlinkd: gpu-hook (runc-gpu-hook.scope): left at risk of the reload: nothing trusted "
                        "expects the devices its scope lacks"), calls
     assert any("not granted c 195:0 rw (unexpected)" in line for line in said), said
-    assert said[-2].startswith("nvsymlinkd: not every GPU container could be kept safe"), said
-    assert said[-1].startswith("@ logger -t nvsymlinkd -p daemon.warning"), said
+    # named last by the step itself (and journaled by it), which exits 0: the script's own note and `logger`
+    # are for a step that could not run at all
+    assert said[-1].startswith("nvsymlinkd: not every GPU container could be kept safe from this daemon-reload "
+                               "(gpu-hook)"), said
+    assert not [x for x in said if x.startswith("@ logger")], said
     assert calls[-1] == "@ deb-systemd-invoke start nvsymlinkd.service"
     assert systemd_mock.observed() == []  # nothing was granted ...
     assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"  # ... and the reload took the hook's grant

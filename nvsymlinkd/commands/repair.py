@@ -39,14 +39,61 @@ def register(sub) -> None:
     p.add_argument("--before-reload", action="store_true",
                    help="for package scripts about to run `systemctl daemon-reload`: repair every GPU container "
                         "with findings (at-risk ones are prevented); print nothing when there is nothing to do or "
-                        "systemd does not run here; failures on stderr")
+                        "systemd does not run here; every container left at risk named on stderr. Always exit 0 "
+                        "and bounded: one wait for the system bus at most (then systemd's unit files), a bad "
+                        "config file is named and the defaults used")
     p.add_argument("--force", action="store_true",
                    help="repair even within the rate limit's window (one repair per container per 600 s, "
                         "against loops); journaled as forced")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, on_config_error=_config_error)
+
+
+# `--before-reload` runs inside apt's and dnf's transactions, just before their daemon-reload: it never
+# fails or stalls them. Its status is always 0; what it could not protect is named on stderr and in the
+# journal. Its bound: one wait for the bus (systemd.client.CALL_TIMEOUT, 5 s) for the whole run; repairs
+# start within BEFORE_RELOAD_START seconds (a container whose turn comes later is named, not repaired),
+# each waiting at most BEFORE_RELOAD_LOCK_WAIT for the repair lock (the daemon's own repair, a stuck
+# CLI), then its own bounded steps (freeze and settle 5 s each: repair.cgroupfiles.SETTLE_TIMEOUT; a
+# systemd call 5 s). Worst case about 30 + 10 + 15 s after the verification; measured: 5.4 s for 50
+# containers at risk with a hung bus (tests/test_before_reload.py).
+BEFORE_RELOAD_START = 30.0
+BEFORE_RELOAD_LOCK_WAIT = 10.0
+
+
+def _config_error(args, error):
+    """The config file did not load: `--before-reload` goes on with the defaults (a repair's decisions do
+    not depend on the file: the command sets `repair` itself, grants come from the runtimes' files) and
+    says so; any other use of `repair` stops with the error (exit 2)."""
+    if not args.before_reload:
+        raise error
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.config import Config
+
+    sys.stderr.write(f"nvsymlinkd: before a daemon-reload: {printable(str(error))}; going on with the default "
+                     "settings\n")
+    return Config()
 
 
 def run(args, root, config) -> int:
+    if not args.before_reload:
+        return _run(args, root, config)
+    # Nothing that goes wrong here may fail the package operation: said on stderr, status 0
+    from nvsymlinkd.cli import printable
+    from nvsymlinkd.errors import NvsymlinkdError, UsageError
+
+    if args.containers or args.dry_run or args.json:
+        raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
+                         "CONTAINER, --dry-run or --json")
+    try:
+        _run(args, root, config)
+    except (NvsymlinkdError, OSError) as exc:
+        line = (f"before a daemon-reload: the GPU containers could not be checked ({exc}); any of them may lose "
+                "its devices at the reload: run nvsymlinkd check after it")
+        sys.stderr.write(f"nvsymlinkd: {printable(line)}\n")
+    return EXIT_OK
+
+
+def _run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import find
     from nvsymlinkd.journal import Journal
     from nvsymlinkd.repair.apply import (
@@ -57,17 +104,21 @@ def run(args, root, config) -> int:
         save_history,
         thawed_line,
     )
+    from nvsymlinkd.repair.plan import RepairStatus
     from nvsymlinkd.verify import verifier
     from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
     if args.before_reload:
-        from nvsymlinkd.errors import UsageError
-
-        if args.containers or args.dry_run or args.json:
-            raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
-                             "CONTAINER, --dry-run or --json")
         if not os.path.isdir(root.path("/run/systemd/system")):
             return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
+        from nvsymlinkd.systemd.client import shared
+
+        shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
+    blind = _cannot_see(root)
+    if blind:
+        from nvsymlinkd.cli import printable
+
+        sys.stderr.write(f"nvsymlinkd: {printable(blind)}\n")
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
     config = config.with_overrides(repair="report" if args.dry_run else "auto")
     history = load_history(root, config)
@@ -82,9 +133,14 @@ def run(args, root, config) -> int:
     report = verifier.verify_all(root, config, with_host=False)
     if report.bus_error:
         _bus_error_report(report.bus_error, journal, args.before_reload)
+    late: list = []  # --before-reload: containers whose turn came after its time to start repairs
     try:
-        results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                             journal=journal, report=report, force=args.force, by_hand=True)
+        if args.before_reload:
+            results, late = _repairs_in_time(root, config, report, history=history, journal=journal,
+                                             force=args.force, by_hand=True)
+        else:
+            results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
+                                 journal=journal, report=report, force=args.force, by_hand=True)
     except KeyError as exc:
         from nvsymlinkd.containers.discovery import no_such_container
 
@@ -99,7 +155,7 @@ def run(args, root, config) -> int:
     denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
     # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
     # `check` counts them, with their fix, never dropped
-    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown
+    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown and c not in late
                  and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
@@ -108,7 +164,10 @@ def run(args, root, config) -> int:
             sys.stderr.write(f"nvsymlinkd: note: cannot record the repair time in {history_path(config)}: "
                              f"{exc.strerror}; "
                              "the rate limit will not see this repair\n")
-    ok = all(r.ok for r in results) and not unknown and not denied and not unfixable
+    # a container a repair could grant nothing to still has its finding (`check` exits 1 for it); so
+    # does a host this user cannot see
+    left = [r for r in results if RepairStatus(r.status) == RepairStatus.NOTHING]
+    ok = all(r.ok for r in results) and not left and not unknown and not denied and not unfixable and not blind
     if args.before_reload:
         ok = ok and not _unprotected(results)
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
@@ -126,7 +185,7 @@ def run(args, root, config) -> int:
                "summary": summary, "thawed": thawed}
         write_output(json.dumps(doc, indent=2) + "\n")
     elif args.before_reload:
-        _before_reload_report(thawed, results, unknown, denied, unfixable, summary)
+        _before_reload_report(thawed, results, unknown, denied, unfixable, summary, journal, late)
     else:
         lines = [thawed_line(e) for e in thawed]
         for r in results:
@@ -139,6 +198,41 @@ def run(args, root, config) -> int:
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
     return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _repairs_in_time(root, config, report, **kw) -> tuple:
+    """(results, late): repair_all for one container after the other while BEFORE_RELOAD_START has not
+    passed; the containers with something to repair whose turn came later, not tried."""
+    import time
+
+    from nvsymlinkd.repair.apply import repair_all
+    from nvsymlinkd.repair.plan import requests_from_report
+
+    deadline = time.monotonic() + BEFORE_RELOAD_START
+    results: list = []
+    late: list = []
+    for c in report.containers:
+        if requests_from_report(c) is None:
+            continue
+        if time.monotonic() >= deadline:
+            late.append(c)
+            continue
+        results += repair_all(root, config, [c.id], report=report, lock_wait=BEFORE_RELOAD_LOCK_WAIT, **kw)
+    return results, late
+
+
+def _short(container_id: str) -> str:
+    return container_id[:12] if len(container_id) == 64 else container_id
+
+
+def _cannot_see(root) -> str | None:
+    """Why this run cannot see the containers (not root: the runtimes' state and the cgroups are root's),
+    or None. `check` says the same as its `privilege` host finding."""
+    if os.geteuid() == 0:
+        return None
+    return ("repair: not running as root: the runtimes' state (/run/runc, /run/containerd) and the cgroups "
+            "are unreadable, so containers with findings may be missing from this report and none can be "
+            "repaired; run it as root")
 
 
 def _unrepaired_lines(unknown, denied, unfixable) -> list:
@@ -160,7 +254,7 @@ def _denied_json(report) -> dict:
     return {"container": report.id, "devices": [str(d) for d in f.devices], "detail": f.detail, "fix": f.fix}
 
 
-def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) -> None:
+def _before_reload_report(thawed, results, unknown, denied, unfixable, summary, journal=None, late=()) -> None:
     """What a package script shows: nothing when nothing was to be done; what was granted on stdout; what
     could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
     apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
@@ -172,7 +266,7 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
     unprotected = _unprotected(results)
-    if not (thawed or acted or unknown or denied or unfixable or unprotected):
+    if not (thawed or acted or unknown or denied or unfixable or unprotected or late):
         return
     good: list = [thawed_line(e) for e in thawed]
     bad: list = []
@@ -183,7 +277,19 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary) 
         bad.append(f"{who}: left at risk of the reload: nothing trusted expects the devices its scope lacks")
         bad += r.human_lines()[1:]
     bad += _unrepaired_lines(unknown, denied, unfixable)
+    bad += [f"{c.short_id}: not repaired: its turn came after the {BEFORE_RELOAD_START:g} s this step may take to "
+            "start repairs, so the reload may take its devices" for c in late]
     (bad if bad else good).append(f"{repair_line(results, summary, False)} (before a daemon-reload)")
+    if bad:  # the package script goes on (status 0): this line is what its operator must not miss
+        at_risk = sorted({_short(r.request.container_id) for r in results if not r.ok or r in unprotected}
+                         | {c.short_id for c in (*unknown, *denied, *unfixable, *late)})
+        last = (f"not every GPU container could be kept safe from this daemon-reload ({', '.join(at_risk)}); "
+                "nvsymlinkd.service repairs what it can after it: nvsymlinkd check, journalctl -t nvsymlinkd")
+        bad.append(last)
+        if journal is not None:
+            from nvsymlinkd.journal import WARNING
+
+            journal.log(WARNING, last)
     sys.stdout.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in good))
     sys.stdout.flush()
     sys.stderr.write("".join(f"nvsymlinkd: {printable(line)}\n" for line in bad))

@@ -59,20 +59,54 @@ def run(args, root, config) -> int:
 
     overrides = dict(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                      create_nodes=args.create_nodes, resync_interval=args.resync_interval)
-    config = config.with_overrides(**overrides)
-
-    def reload_config():
-        # command-line flags keep winning over the file after a SIGHUP too
-        return load_config(root, args.config).with_overrides(**overrides)
+    file_config, config = config, config.with_overrides(**overrides)
 
     async def main() -> int:
         from nvsymlinkd.daemon.containerwatch import ContainerWatch
         from nvsymlinkd.journal import Journal
 
         journal = Journal()
+
+        def say_overridden(fresh, new) -> None:
+            note = flags_over_file(fresh, new, overrides)
+            if note:
+                journal.notice(note)
+
+        def reload_config():
+            # command-line flags keep winning over the file after a SIGHUP too: said, never silent
+            fresh = load_config(root, args.config)
+            new = fresh.with_overrides(**overrides)
+            say_overridden(fresh, new)
+            return new
+
+        say_overridden(file_config, config)
         daemon = Daemon(root, config, reload_config=reload_config, journal=journal)
         # the container verifier and repair ride on the daemon's events (reload, new scope, nodes, resync)
         daemon.hook = ContainerWatch(journal, root, lambda: daemon.config, metrics=daemon.metrics)
         return await daemon.run()
 
     return asyncio.run(main())
+
+
+def flags_over_file(fresh, new, overrides: dict) -> str | None:
+    """One line naming the config file's keys that a command-line flag overrides (`fresh`: the file's
+    config, `new`: with the flags), or None: a key edited in the file then `systemctl reload` would
+    otherwise change nothing without a word. A key the file leaves at its default is not named."""
+    import json
+
+    from nvsymlinkd.config import Config
+
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return f"{value:g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, str) else str(value)
+
+    default = Config()
+    keys = [k for k, v in overrides.items() if v is not None and getattr(fresh, k) != getattr(new, k)
+            and getattr(fresh, k) != getattr(default, k)]
+    if not keys:
+        return None
+    said = ", ".join(f"{k} = {shown(getattr(fresh, k))} (--{k.replace('_', '-')} {shown(getattr(new, k))})"
+                     for k in keys)
+    return (f"config {fresh.source or 'file'}: {said}: the command-line flag wins over the file, at start and at "
+            "every reload; drop the flag from the unit to use the file's value")

@@ -68,9 +68,26 @@ def add_ctk_options(p) -> None:
                         "exists; nodes made later are linked by the daemon (never a dangling link)")
     p.add_argument("--create-device-nodes", dest="create_nodes", default=None, action="store_true",
                    help="nvidia-ctk's name for --create-nodes")
-    p.add_argument("--load-kernel-modules", action=_Refused, why=NO_MODULE_LOADING,
-                   help="refused: nvidia-modprobe loads the modules (man nvsymlinkd-sync, NVIDIA-CTK)")
+    p.add_argument("--load-kernel-modules", action="store_true",
+                   help="with --create-all refused: nvidia-modprobe loads the modules (man nvsymlinkd-sync, "
+                        "NVIDIA-CTK); without it ignored with a warning, as nvidia-ctk does")
     p.add_argument("--watch", action=_Refused, why=NO_WATCH, help="refused: use `nvsymlinkd run`")
+
+
+def _load_kernel_modules(args) -> None:
+    """nvidia-ctk loads modules only with --create-all; without it, it warns and goes on
+    (validateFlags, cmd/nvidia-ctk/system/create-dev-char-symlinks/create-dev-char-symlinks.go:134-137 at
+    nvidia-container-toolkit v1.17.8, the same in v1.18.0: "load-kernel-modules is only applicable when
+    create-all is set; ignoring"). With --create-all it asks for modules to be loaded, which nvsymlinkd
+    refuses before doing anything."""
+    if not args.load_kernel_modules:
+        return
+    if args.create_all:
+        from nvsymlinkd.cli import CommandLineError
+
+        raise CommandLineError(f"--load-kernel-modules: {NO_MODULE_LOADING}")
+    sys.stderr.write("nvsymlinkd: warning: --load-kernel-modules is only applicable with --create-all (as for "
+                     "nvidia-ctk); ignoring\n")
 
 
 def run(args, root, config) -> int:
@@ -78,6 +95,7 @@ def run(args, root, config) -> int:
     from nvsymlinkd.devchar.reconcile import reconcile
     from nvsymlinkd.summary import sync_warnings
 
+    _load_kernel_modules(args)
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                                    create_nodes=args.create_nodes)
     result = reconcile(root, config, dry_run=args.dry_run)

@@ -59,9 +59,18 @@ def bus_address() -> str:
     return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or DEFAULT_SYSTEM_BUS
 
 
+def no_dbus_next(exc: ImportError) -> SystemdCallError:
+    """dbus_next missing (an optional dependency, python3-dbus-next): no bus, said like any other."""
+    return SystemdCallError(f"cannot talk to systemd: the Python module dbus_next is not importable ({exc}); "
+                            "install python3-dbus-next (pip: dbus-next)")
+
+
 async def connect(timeout: float = CALL_TIMEOUT):
     """A connection to the system bus (dbus_next MessageBus), or SystemdCallError."""
-    from dbus_next.aio import MessageBus
+    try:
+        from dbus_next.aio import MessageBus
+    except ImportError as exc:
+        raise no_dbus_next(exc)
 
     quiet_dropped_writes()
     try:
@@ -203,11 +212,24 @@ class Client:
         self._bus = None
         self._connecting: asyncio.Lock | None = None
         self.connections = 0  # made so far (a test and the report's figure count them)
+        # once_only(): the first transport failure (no connection, no reply in time) is kept and every
+        # later call fails with it at once, without a new wait (a package script's one bounded wait)
+        self.sticky = False
+        self.failed: SystemdCallError | None = None
+
+    def once_only(self) -> None:
+        """From now on, one transport failure ends this client's use of the bus: a command that asks systemd
+        about many containers (`repair --before-reload`, run by apt or dnf) waits for a hung bus once
+        (CALL_TIMEOUT), not once per container, and the callers fall back to systemd's unit files."""
+        self.sticky = True
 
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                import dbus_next.aio  # noqa: F401 - imported here, not on the loop (a 0.3 s import stalls no call)
+                try:
+                    import dbus_next.aio  # noqa: F401 - imported here, not on the loop (a 0.3 s import stalls no call)
+                except ImportError as exc:
+                    raise no_dbus_next(exc)
 
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
@@ -227,9 +249,16 @@ class Client:
     def run(self, op, timeout: float = CALL_TIMEOUT):
         """op(bus) -> coroutine, run on the client's loop with its connection; its result or its
         SystemdCallError. The whole operation is bounded (a batch by a few timeouts)."""
-        loop = self._start()
-        future = asyncio.run_coroutine_threadsafe(self._with_bus(op, timeout), loop)
-        return future.result()
+        if self.failed is not None:
+            raise SystemdCallError(f"{self.failed} (not asked again)")
+        try:
+            loop = self._start()
+            future = asyncio.run_coroutine_threadsafe(self._with_bus(op, timeout), loop)
+            return future.result()
+        except SystemdCallError as exc:
+            if self.sticky and exc.error_name is None:
+                self.failed = exc
+            raise
 
     async def _bus_now(self, timeout: float):
         if self._connecting is None:
