@@ -38,7 +38,7 @@ complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l dry-run -d 'prin
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l json -d 'print a JSON document'
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l create-all -d 'nvidia-ctk: accepted, links every node that exists'
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l create-device-nodes -d 'nvidia-ctk name for --create-nodes'
-complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l load-kernel-modules -d 'refused: nvidia-modprobe loads modules'
+complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l load-kernel-modules -d 'ignored alone; refused with --create-all'
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from sync' -l watch -d 'refused: use nvsymlinkd run'
 
 complete -c nvsymlinkd -n '__fish_seen_subcommand_from run render' -l resync-interval -x -d 'full resync period, seconds'
