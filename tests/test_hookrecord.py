@@ -76,3 +76,25 @@ def test_differences_say_what_changed():
     moved = replace(was, config=ToolkitConfig())
     assert hookrecord.differences(was, moved)[0] == ("config: /etc/nvidia-container-runtime/config.toml then, "
                                                     "none (defaults) now")
+
+
+def test_a_long_nvidia_visible_devices_is_shown_bounded_and_decided_whole():
+    """check's words about the request show the value bounded (a spec's env can be megabytes); the grant
+    and the GPU signs are decided on the whole value (a `void` past any cut)."""
+    from nvsymlinkd.containers.discovery import Container
+    from nvsymlinkd.containers.expected import Expected
+    from nvsymlinkd.containers.hookgrant import HookGrant
+    from nvsymlinkd.containers.ocispec import gpu_signs, parse_spec
+    from nvsymlinkd.verify.evaluate import _request_signs
+    from tests.fixtures.runtimes.layouts import oci_spec
+
+    value = "GPU-" + "a" * 5000
+    spec = parse_spec(oci_spec(env=[f"NVIDIA_VISIBLE_DEVICES={value}"]))
+    assert spec.visible_devices == value
+    c = Container("ctr", "runc", spec=spec)
+    (sign,) = _request_signs(c, Expected(hook=HookGrant(False, {}, "not reconstructed")))
+    assert len(sign) < 300 and sign.endswith("... (5004 characters)"), sign
+    (sign,) = gpu_signs(spec, None, frozenset({195}))
+    assert len(sign) < 300 and sign.endswith("... (5004 characters)"), sign
+    void_past_cut = parse_spec(oci_spec(env=["NVIDIA_VISIBLE_DEVICES=" + " " * 3000 + "void"]))
+    assert gpu_signs(void_past_cut, None, frozenset({195})) == []
