@@ -256,9 +256,9 @@ def differences(recorded: HookInputs, current: HookInputs) -> list[str]:
     out: list[str] = []
     rc, cc = recorded.config, current.config
     if rc.path != cc.path:
-        out.append(f"config: {rc.path or 'none (defaults)'} then, {cc.path or 'none (defaults)'} now")
+        out.append(f"config: {_shown(rc.path or 'none (defaults)')} then, {_shown(cc.path or 'none (defaults)')} now")
     elif rc.digest != cc.digest:
-        out.append(f"config {rc.path}: edited since")
+        out.append(f"config {_shown(rc.path)}: edited since")
     for f in fields(ToolkitConfig):
         if f.name in ("path", "digest", "present"):
             continue
