@@ -23,3 +23,11 @@ def _escape_char(m: re.Match[str]) -> str:
     if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode (surrogateescape): show the byte
         return f"\\x{code - 0xDC00:02x}"
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def bounded(text: str, limit: int = 200) -> str:
+    """`text` for display, at most about `limit` characters: cut ones end with '...' and say how long the
+    whole is (only ever shown: what it decides is read from the whole value)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 3]}... ({len(text)} characters)"

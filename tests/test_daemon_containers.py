@@ -583,6 +583,13 @@ def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, 
     assert "c 195:1:rw" in fields["NVSYMLINKD_DEVICES"], fields
     assert c.open_error("/dev/nvidia1", rw=True) == "ENXIO"
     assert d.entries(kind="container-denied") == []
+    # the daemon's first pass recorded the hook's inputs; they go with the container
+    record = runc_host.root / "run/nvsymlinkd/hookinputs/gpu-nodaemon.json"
+    assert json.loads(record.read_text())["inputs"]["version"] == [1, 17, 8]
+    runc_host.runc("kill", c.id, "KILL")
+    runc_host.runc("delete", "-f", c.id)
+    reload(systemd_bus)  # a full pass
+    d.wait_until(lambda: not record.exists(), "the record of a container gone removed")
 
 
 def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host, systemd_mock, nvsymlinkd_cli,

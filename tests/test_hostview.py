@@ -52,13 +52,15 @@ def host_outside_tmp(need_root):
 def hook_granted(host, cid: str, **kw):
     """A container as Docker --gpus makes it (tests/test_hook_trust_runc.py): GPU 1 and nvidiactl granted by
     the legacy NVIDIA hook, not by the spec's rules: only its spec (env, hooks) tells what the hook granted."""
-    from tests.test_hook_trust_runc import FAKE_HOOK
+    from tests.test_hook_trust_runc import FAKE_HOOK, hook_binary, host_file
 
     hook = host.base / "bin" / "nvidia-container-runtime-hook"
     if not hook.exists():
         hook.parent.mkdir(parents=True, exist_ok=True)
         hook.write_text(FAKE_HOOK.format(python=sys.executable))
         hook.chmod(0o755)
+        # the hook as the tree shows it: a build whose version nvsymlinkd reads (an absent hook is not trusted)
+        host_file(host, hook, hook_binary())
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{host.parent}/{cid}",
                                    "TEST_ALLOW=c 195:255 rw;c 195:1 rw"]}]}
@@ -114,3 +116,51 @@ def test_the_host_view_is_the_same_directory_seen_from_pid_1(tmp_path, need_root
                          cwd=str(Path(__file__).parent.parent))
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == str(tree)
+
+
+CHECK_AND_HOOK = r"""
+import json, sys
+from nvsymlinkd.config import Config
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.verify import verifier
+report = verifier.verify_all(HostRoot(sys.argv[1]), Config(), use_bus=False, with_host=False)
+print(json.dumps({c.id: [c.to_json()["verdict"], c.to_json()["nvidia_hook"]["devices"]] for c in report.containers}))
+"""
+
+
+def test_a_hook_config_under_tmp_is_read_as_the_host_sees_it(host_outside_tmp, nvsymlinkd_cli):
+    """Issue 34: the hook entry's env points XDG_CONFIG_HOME under /tmp (toolkit 1.18: its config search reads it),
+    where the site's config refuses unprivileged NVIDIA_VISIBLE_DEVICES: the hook granted nothing. The daemon's
+    PrivateTmp hides that /tmp; read as its own, the config would be the defaults, and GPU 1 'granted'."""
+    from tests.test_hook_trust_runc import (
+        FAKE_HOOK,
+        REFUSE_UNPRIVILEGED,
+        fake_driver,
+        hook_binary,
+        host_file,
+    )
+
+    host = host_outside_tmp
+    fake_driver(host)
+    xdg = "/tmp/nvsymlinkd-record-xdg"
+    host.fake.write(f"{xdg}/nvidia-container-runtime/config.toml", REFUSE_UNPRIVILEGED)
+    hook = host.base / "bin" / "nvidia-container-runtime-hook"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(FAKE_HOOK.format(python=sys.executable))
+    hook.chmod(0o755)
+    host_file(host, hook, hook_binary("1.18.0"))
+    cid = "nvsymlinkd-record-xdg"
+    hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
+                           "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{host.parent}/{cid}",
+                                   "TEST_ALLOW=c 1:3 rw", f"XDG_CONFIG_HOME={xdg}"]}]}
+    c = host.run(cid, nodes=[device_node("/dev/nvidia1", 195, 1)], env=["NVIDIA_VISIBLE_DEVICES=1"], hooks=hooks)
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"
+    proc = nvsymlinkd_cli("--root", host.root, "check", "--json", "--no-bus", "--no-host")
+    check = {c["id"]: [c["verdict"], c["nvidia_hook"]["devices"]] for c in json.loads(proc.stdout)["containers"]}
+    assert check[cid][1] == {}, proc.stdout
+    script = (f"mount -t tmpfs nvsymlinkd-private-tmp /tmp && mount -t tmpfs nvsymlinkd-private-tmp {host.root}/tmp"
+              f" && exec {sys.executable} -c \"$0\" {host.root}")
+    ran = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, CHECK_AND_HOOK],
+                         capture_output=True, text=True, timeout=120, cwd=str(Path(__file__).parent.parent))
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == check, ran.stdout

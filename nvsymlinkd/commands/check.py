@@ -169,6 +169,10 @@ def human_lines(report, width: int | None = None) -> list:
         for c in untrusted:
             lines += _fit(f"{c.short_id}: NVIDIA nodes in its /dev the runtime did not create (not trusted): "
                           + ", ".join(c.untrusted_nodes), width, 4)
+        for c in report.containers:  # the hook's grant judged on other inputs than the ones at its first sight
+            inputs = (c.nvidia_hook or {}).get("inputs")
+            if inputs and (not inputs["recorded"] or inputs["differences"]) and c.verdict != Verdict.NOT_RUNNING:
+                lines += _fit(f"{c.short_id}: the NVIDIA hook's grant is {inputs['detail']}", width, 4)
     if report.not_gpu:
         lines.append(f"({plural(report.not_gpu, 'non-GPU container')} not shown)")
     if report.host:

@@ -77,6 +77,7 @@ class ToolkitConfig:
     skip_mode_detection: bool = False
     ignore_imex_requests: bool = False
     path: str = ""  # the file it was read from ("" : none found, the defaults)
+    digest: str = ""  # sha256 of the file's text (containers.hookrecord: an edit since a container's first sight)
 
 
 def unreadable_config(why: str) -> ToolkitConfig:

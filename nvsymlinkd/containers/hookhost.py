@@ -6,7 +6,8 @@
   else the version the Go linker wrote into the binary (`-X .../internal/info.version=X.Y.Z` in its
   build info);
 - the config.toml the hook of that version reads (hookgrant.config_search: -config, the hook's env and
-  the wrapper's, /run/nvidia/driver/etc/..., $XDG_CONFIG_HOME, /etc/...; absent: its defaults);
+  the wrapper's, /run/nvidia/driver/etc/..., $XDG_CONFIG_HOME, /etc/...; absent: its defaults), as the
+  host sees it (host.hostview: the daemon's own /tmp, /home and /root are not the hook's);
 - /proc/driver/nvidia/gpus/<pci>/information (`Device Minor`, `GPU UUID`, `GPU Excluded`);
 - /proc/driver/nvidia/capabilities/gpu*/mig/gi* (whether MIG instances exist);
 - the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes (from the pass's node scan).
@@ -16,6 +17,7 @@ All read under --root, confined (HostRoot).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -40,6 +42,7 @@ from nvsymlinkd.containers.hookgrant import (
 )
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values
+from nvsymlinkd.host.hostview import host_view
 from nvsymlinkd.host.root import HostRoot, read_at_most
 
 TOOLKIT_CONFIG = ETC_CONFIG
@@ -83,7 +86,7 @@ def _read_config_file(root: HostRoot, path: str, dialect: str | None) -> Toolkit
     config = parse_toolkit_config(doc, dialect)
     if not config.readable:
         return unreadable_config(f"{path}: {config.why}")
-    return replace(config, path=path)
+    return replace(config, path=path, digest=hashlib.sha256(text.encode("utf-8", "replace")).hexdigest())
 
 
 def _searched_config(root: HostRoot, search, dialect: str | None, memo: dict) -> ToolkitConfig:
@@ -114,10 +117,13 @@ def read_hook_inputs(root: HostRoot, entry: HookEntry, host_nodes, driver: Drive
     inv = invocation(entry, wrapper)
     if not inv.knowable or inv.command is None or wrapper_why:
         return HookInputs(ToolkitConfig(), driver, version, version_why, wrapper, wrapper_why)
+    # the hook runs in the host's mount namespace: a config its env points under /tmp, /home or /root (XDG_CONFIG_HOME,
+    # NVIDIA_CTK_CONFIG_FILE_PATH) is read as the host sees it, not through the daemon's PrivateTmp/ProtectHome
+    view = host_view(root)
     if version is not None:
-        config = _searched_config(root, config_search(inv, version), toml_dialect(version), memo)
+        config = _searched_config(view, config_search(inv, version), toml_dialect(version), memo)
     else:
-        configs = {line: _searched_config(root, config_search(inv, line), toml_dialect(line), memo)
+        configs = {line: _searched_config(view, config_search(inv, line), toml_dialect(line), memo)
                    for line in VERSION_LINES}
         first = configs[VERSION_LINES[0]]
         if all(_same_fields(c, first) for c in configs.values()):
@@ -131,7 +137,7 @@ def read_hook_inputs(root: HostRoot, entry: HookEntry, host_nodes, driver: Drive
 
 def _same_fields(a: ToolkitConfig, b: ToolkitConfig) -> bool:
     """The same decision inputs, whichever file (or none) they came from."""
-    return replace(a, path="", present=False) == replace(b, path="", present=False)
+    return replace(a, path="", present=False, digest="") == replace(b, path="", present=False, digest="")
 
 
 def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str]:

@@ -20,6 +20,7 @@ from nvsymlinkd.containers.model import CDI_ANNOTATION
 from nvsymlinkd.errors import UnsafeFile  # noqa: F401  (discovery takes it from here)
 from nvsymlinkd.host.devices import RWM, Access, Device, Rule
 from nvsymlinkd.host.root import file_kind, read_at_most, unsafe
+from nvsymlinkd.text import bounded
 
 MAX_JSON_BYTES = 16 << 20  # runc's state.json embeds the seccomp profile: tens of KiB, rarely MiBs
 MAX_SMALL_BYTES = 64 << 10  # /proc/<pid>/cgroup, pid files, unit files
@@ -450,8 +451,7 @@ def gpu_signs(spec: SpecFacts | None, state: RuntimeState | None, nvidia_majors:
     majors = nvidia_majors | {FRONTEND_MAJOR}
     if spec is not None:
         if not is_void(spec.visible_devices):
-            shown = spec.visible_devices or ""
-            signs.append(f"NVIDIA_VISIBLE_DEVICES={shown if len(shown) <= 200 else shown[:197] + '...'}")
+            signs.append(f"NVIDIA_VISIBLE_DEVICES={bounded(spec.visible_devices or '')}")  # shown: decided whole
         for key in sorted(spec.annotations):
             if key.startswith(CDI_ANNOTATION):
                 signs.append(f"annotation {key}")

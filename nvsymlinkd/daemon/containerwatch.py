@@ -318,8 +318,11 @@ class ContainerWatch(ContainerHook):
         recover_frozen(self.root, config, self.journal)
         # no baseline from a read while systemd reloads: on cgroup v1 its device re-apply may have
         # denied part of the container's devices for that moment, and a baseline never grows back
+        # the NVIDIA hook's inputs are recorded at a container's first sight whatever systemd does (they are
+        # the host's files, not the cgroup): a later edit of the toolkit's config changes no grant made before
         report = verifier.verify_all(self.root, config, update_baseline=self._not_reloading.is_set(),
-                                     use_bus=self.use_bus, with_host=False, cache=self.verify_cache, only=only)
+                                     use_bus=self.use_bus, with_host=False, cache=self.verify_cache, only=only,
+                                     record_inputs=True)
         self._say_bus_error(report.bus_error)
         report = self._confirmed(config, report, only)
         self.passes += 1

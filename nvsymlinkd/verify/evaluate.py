@@ -21,6 +21,7 @@ from nvsymlinkd.containers.model import CDI_ANNOTATION, display_name, exec_fifo_
 from nvsymlinkd.host.devices import RW, Access, Device
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.messageids import MESSAGE_IDS
+from nvsymlinkd.text import bounded
 from nvsymlinkd.verify.kinds import GPU_VERDICTS, JOURNAL_KINDS, FindingKind, Verdict, verdict_of
 
 if TYPE_CHECKING:  # the facts' types; their modules read the host, this one only reads their values
@@ -306,7 +307,8 @@ def _request_signs(c: Container, expected: Expected) -> list[str]:
     hook = expected.hook
     if hook is not None and not hook.trusted:
         visible = c.spec.visible_devices if c.spec is not None else None
-        signs.append(f"the NVIDIA hook with NVIDIA_VISIBLE_DEVICES={visible}" if visible is not None
+        # bounded for display only: the grant was decided on the whole value (a `void` may come past any cut)
+        signs.append(f"the NVIDIA hook with NVIDIA_VISIBLE_DEVICES={bounded(visible)}" if visible is not None
                      else "the NVIDIA hook")
     return signs
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from nvsymlinkd.access.cgroup import CgroupMounts, find_cgroup_mounts, read_access
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
+from nvsymlinkd.containers import hookrecord
 from nvsymlinkd.containers.discovery import (
     Container,
     container_dev_nodes,
@@ -78,8 +79,12 @@ class _HostContext:
     containers need the nodes alone, which the daemon's cache scans again only when they changed.
     """
 
-    def __init__(self, root: HostRoot, config: Config, with_host: bool, cache: Cache):
+    def __init__(self, root: HostRoot, config: Config, with_host: bool, cache: Cache, record_inputs: bool = False):
         self.snapshot = None
+        self.config = config
+        self.cache = cache
+        self.record_inputs = record_inputs  # the daemon's passes: a container's first sight records the hook's inputs
+        self.hook_notes: dict = {}  # (namespace, id) -> what the hook grant was judged on (the report's nvidia_hook.inputs)
         if with_host:
             self.snapshot = observe(root, config.driver_root, config.dev_char_path, with_driver_info=False)
             majors, nodes = self.snapshot.majors, self.snapshot.nodes
@@ -116,14 +121,50 @@ def hook_request(spec) -> HookRequest:
 
 
 def _hook_grant(c: Container, ctx: _HostContext):
-    """The NVIDIA hook's reconstructed grant (hookgrant.HookGrant), None without the legacy hook."""
+    """The NVIDIA hook's reconstructed grant (hookgrant.HookGrant), None without the legacy hook; judged on
+    the inputs recorded at the container's first sight when there is a record (containers.hookrecord)."""
     if c.spec is None or not c.spec.hook_entries:
         return None
     request = hook_request(c.spec)
     entry = legacy_hook(request.hooks)
     if entry is None:
         return None
-    return reconstruct(request, ctx.hook_inputs(entry))
+    return reconstruct(request, _container_hook_inputs(c, entry, ctx))
+
+
+def _container_hook_inputs(c: Container, entry, ctx: _HostContext):
+    """The inputs recorded at c's first sight, else the current ones (recorded now in the daemon's pass
+    when c is live); what was used and what differs goes to ctx.hook_notes."""
+    current = ctx.hook_inputs(entry)
+    rec = None
+    if c.live and c.init_start is not None:
+        path = ctx.root.path(hookrecord.record_path(ctx.config, c.id))
+        if not ctx.cache.absent(path):
+            rec = hookrecord.load(ctx.root, ctx.config, c.id, c.init_start, entry, ctx.cache.files)
+        if rec is None and ctx.record_inputs:
+            try:
+                rec = hookrecord.record(ctx.root, ctx.config, c.id, c.init_start, entry, current)
+            except (OSError, ValueError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                ctx.hook_notes[(c.namespace, c.id)] = {
+                    "recorded": False, "recorded_at": None, "differences": [],
+                    "detail": f"judged on the host's current inputs: cannot record them: {why}"}
+                return current
+            ctx.hook_notes[(c.namespace, c.id)] = {
+                "recorded": True, "recorded_at": rec.recorded_at, "differences": [],
+                "detail": "judged on the inputs recorded now, at its first sight"}
+            return current
+    if rec is None:
+        ctx.hook_notes[(c.namespace, c.id)] = {
+            "recorded": False, "recorded_at": None, "differences": [],
+            "detail": "judged on the host's current inputs: no record of them from its first sight"}
+        return current
+    diffs = hookrecord.differences(rec.inputs, current)
+    ctx.hook_notes[(c.namespace, c.id)] = {
+        "recorded": True, "recorded_at": rec.recorded_at, "differences": diffs,
+        "detail": "judged on the inputs recorded at its first sight"
+                  + (f"; the host's differ now: {'; '.join(diffs)}" if diffs else "")}
+    return rec.inputs
 
 
 def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache):
@@ -191,6 +232,7 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
         c.status = "stopped"
     dev_nodes = container_dev_nodes(root, c.init_pid) if c.live and c.init_pid else []
     report = _evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes, cache)
+    _note_inputs(report, c, ctx)
     if base is not None:
         report.baseline = "loaded"
     elif update_baseline:
@@ -206,8 +248,17 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
                 # may come before
                 signs, expected = _expected(c, base, ctx, cache)
                 report = _evaluate(c, signs, expected, policy, why, scope_devices, ctx.host, dev_nodes, cache)
+                _note_inputs(report, c, ctx)
                 report.baseline = "recorded"
     return report
+
+
+def _note_inputs(report: ContainerReport, c: Container, ctx: _HostContext) -> None:
+    """The report's nvidia_hook says which inputs its grant was judged on (a new dict: the kept report's
+    stays as evaluate() made it)."""
+    note = ctx.hook_notes.get((c.namespace, c.id))
+    if report.nvidia_hook is not None and note is not None:
+        report.nvidia_hook = {**report.nvidia_hook, "inputs": note}
 
 
 def _expected(c: Container, base, ctx: _HostContext, cache: Cache) -> tuple:
@@ -217,18 +268,21 @@ def _expected(c: Container, base, ctx: _HostContext, cache: Cache) -> tuple:
 
 
 def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, use_bus: bool | None = None,
-               with_host: bool = True, cache: VerifyCache | None = None, only: frozenset | None = None) -> Report:
+               with_host: bool = True, cache: VerifyCache | None = None, only: frozenset | None = None,
+               record_inputs: bool = False) -> Report:
     """Every container on the host, plus host findings. The daemon passes update_baseline=True.
 
     cache: the daemon's verify.cache.VerifyCache, kept from pass to pass (what did not change is not
     parsed or judged again); the report is the same as without it (None: a NoCache, nothing kept).
     only: container ids: the report holds only those (the daemon's pass for containers whose runtime
     state was just written); no baseline is pruned then.
+    record_inputs: the daemon's: a live container's NVIDIA hook inputs are recorded at its first sight
+    (containers.hookrecord), and the records of containers gone are removed.
     """
     start = time.perf_counter()
     pass_cache: Cache = cache if cache is not None else NoCache()
     pass_cache.begin_pass()
-    ctx = _HostContext(root, config, with_host, pass_cache)
+    ctx = _HostContext(root, config, with_host, pass_cache, record_inputs)
     containers = discover(root, pass_cache.files)
     cgroups_v2 = tuple((c.id, c.cgroup_v2) for c in containers if c.cgroup_v2 is not None)
     if only is not None:
@@ -250,6 +304,8 @@ def verify_all(root: HostRoot, config: Config, update_baseline: bool = False, us
         host = check_host(root, config, ctx.snapshot)
     if update_baseline and only is None:  # pruning needs every container's id
         baselinemod.prune(root, config, [c.id for c in containers if c.status != "stopped"])
+    if record_inputs and only is None:
+        hookrecord.prune(root, config, [c.id for c in containers if c.status != "stopped"])
     pass_cache.end_pass(drop_unused=only is None)  # a pass over some containers keeps the others' entries
     return Report(reports, host, not_gpu, time.perf_counter() - start, scopes.bus_error, cgroups_v2)
 
