@@ -33,12 +33,51 @@ JSON_SCHEMA_VERSION = 1
 
 EPILOG = """\
 examples:
-  nvsymlinkd sync --dry-run                     # what the links need; nothing changed
-  nvsymlinkd check                              # are GPU containers about to lose devices?
+  nvsymlinkd sync --dry-run      # what the links need; nothing changed
+  nvsymlinkd check               # are GPU containers about to lose devices?
   nvsymlinkd repair --dry-run
   nvsymlinkd COMMAND --help
 
-reference: man nvsymlinkd, man nvsymlinkd-COMMAND, man nvsymlinkd.toml (the config file)"""
+reference: man nvsymlinkd, nvsymlinkd-COMMAND, nvsymlinkd.toml (config file)"""
+
+
+# An example in an epilog: its command, two or more spaces, its `# comment`
+_EXAMPLE = re.compile(r"(\s*)(\S.*?)\s{2,}(#.*)")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter at the terminal's width (argparse asks shutil.get_terminal_size: COLUMNS, then
+    the terminal, then 80 for a pipe), with descriptions and epilogs as paragraphs: one of plain lines is
+    filled to the width; an indented block (the examples) keeps its lines, and one too long is wrapped
+    (an example's `# comment` that does not fit goes on the line below it)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        out = []
+        for para in text.strip("\n").split("\n\n"):
+            lines = para.splitlines()
+            if not any(line[:1].isspace() for line in lines):
+                out.append(textwrap.fill(" ".join(line.strip() for line in lines), width, initial_indent=indent,
+                                         subsequent_indent=indent, break_on_hyphens=False, break_long_words=False))
+                continue
+            block: list[str] = []
+            lead = "  "
+            for line in lines:
+                if line.strip() and not line.lstrip().startswith("#"):
+                    lead = line[:len(line) - len(line.lstrip())]
+                if len(indent + line) <= width:
+                    block.append(indent + line)
+                    continue
+                m = _EXAMPLE.fullmatch(line)
+                if m is not None:  # the command, then its comment below it
+                    block.append(indent + m.group(1) + m.group(2))
+                    line = m.group(3)
+                deeper = indent + lead + "    "
+                block += textwrap.wrap(line.strip(), width, initial_indent=deeper, subsequent_indent=deeper + "  ",
+                                       break_on_hyphens=False, break_long_words=False)
+            out.append("\n".join(block))
+        return "\n\n".join(out)
 
 
 class CommandLineError(UsageError):
@@ -106,7 +145,7 @@ def build_parser(only: str | None = None, stubs: bool = False) -> argparse.Argum
     _building = True
     try:
         parser = _Parser(prog="nvsymlinkd", description="Keep GPU containers from silently losing their NVIDIA devices.",
-                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=EPILOG, formatter_class=HelpFormatter)
         parser.add_argument("--version", action="version", version=f"nvsymlinkd {__version__}")
         _global_options(parser, "/", None)
         sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

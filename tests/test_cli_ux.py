@@ -172,6 +172,19 @@ def test_runc_in_the_affected_range_is_a_warning_naming_the_version(tmp_path, ne
     assert f"{status:4s} runc: this host's runc {runc}" in human
 
 
+def test_podman_and_crun_versions_are_in_the_host_findings(tmp_path, need_root):
+    """Every runtime's packages from the runtime table, Podman's and crun's as runc's (issue 36, item 5);
+    a package dpkg lists as removed is not reported."""
+    host = standard_host(tmp_path, gpus=1)
+    host.write("/var/lib/dpkg/status", DPKG.format(runc="1.1.12-1")
+               + "Package: podman\nStatus: install ok installed\nVersion: 4.3.1+ds1-8+deb12u1\n\n"
+               + "Package: crun\nStatus: install ok installed\nVersion: 1.8.1-1+deb12u1\n\n"
+               + "Package: cri-o\nStatus: deinstall ok config-files\nVersion: 1.25.0-1\n\n")
+    doc = json.loads(cli("--root", host.root, "check", "--no-bus", "--json").stdout)
+    (versions,) = [h for h in doc["host"] if h["kind"] == "versions"]
+    assert versions["detail"] == "crun 1.8.1-1+deb12u1, podman 4.3.1+ds1-8+deb12u1, runc 1.1.12-1, systemd 252.39-1"
+
+
 def test_pynvml_advice_is_the_distributions_way(need_root):
     try:
         import pynvml  # noqa: F401

@@ -281,6 +281,8 @@ def test_scopes_announced_again_by_a_reload_are_not_new(bus, host, tmp_path):
         for unit in scopes:
             announce(unit)
         settled("docker-ff00.scope", mark)
+        for unit in scopes:  # a new scope logs after an executor step (the drop-in check): not in order
+            d.wait_for_line(rf"container scope {unit.replace('.', '[.]')} appeared", after=mark)
         assert all(appeared(u, mark) == 1 for u in scopes), d.output()
 
         for n in range(2):  # a daemon-reload, as systemd 252 signals it
@@ -312,7 +314,37 @@ def test_scopes_announced_again_by_a_reload_are_not_new(bus, host, tmp_path):
         bus.emit(conn, "UnitRemoved", "so", [scopes[0], path(scopes[0])])
         announce(scopes[0])
         settled("docker-ff30.scope", mark)
+        d.wait_for_line(rf"container scope {scopes[0].replace('.', '[.]')} appeared", after=mark)
         assert appeared(scopes[0], mark) == 1, d.output()
+        assert d.stop() == 0
+    finally:
+        d.stop()
+
+
+def test_every_runtimes_scope_is_a_container_scope_on_the_bus(bus, host, tmp_path):
+    """The bus's list of container scopes is the runtime table's (issue 36, item 5): crun run directly
+    with the systemd cgroup manager names its scope crun-<id>.scope, and the daemon takes it for a
+    container's as it takes runc's and Podman's; a unit of no runtime stays ignored."""
+    conn = bus.start_mock()
+    cfg = tmp_path / "nvsymlinkd.toml"
+    cfg.write_text("resync_interval = 0\n")
+    d = DaemonProcess(host.root, config=cfg,
+                      env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
+    units = ["session-terminal36.scope", "crun-terminal36.scope", "libpod-terminal36.scope",
+             "runc-terminal36.scope"]
+    try:
+        d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
+        mark = d.mark()
+        for unit in units:  # handled in order: once the last appeared, the others were handled
+            bus.emit(conn, "UnitNew", "so", [unit, "/org/freedesktop/systemd1/unit/" + unit.replace("-", "_2d")
+                                             .replace(".", "_2e")])
+        # each new scope's handling starts in order but logs after an executor step (the drop-in check):
+        # wait for every container scope, not for the last one
+        for unit in units[1:]:
+            d.wait_for_line(rf"container scope {unit.replace('.', '[.]')} appeared", after=mark)
+        time.sleep(0.3)
+        seen = [u for u in units if any(f"container scope {u} appeared" in line for line in d.lines[mark:])]
+        assert seen == units[1:], d.output()
         assert d.stop() == 0
     finally:
         d.stop()

@@ -33,7 +33,7 @@ CATALOG = Path(__file__).resolve().parent.parent / "catalog" / "nvsymlinkd.catal
 
 def test_container_scopes():
     for unit in ("docker-0a1b.scope", "cri-containerd-0a1b.scope", "crio-0a1b.scope", "libpod-0a1b.scope",
-                 "runc-mybox.scope"):
+                 "runc-mybox.scope", "crun-mybox.scope"):
         assert is_container_scope(unit), unit
     for unit in ("crio-conmon-0a1b.scope", "docker.service", "docker-0a1b.service", "session-3.scope",
                  "docker-.scope", "docker-a/../b.scope", "xdocker-1.scope"):

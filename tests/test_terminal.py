@@ -128,9 +128,89 @@ def test_readme_first_screen_says_how_long_and_what_it_needs():
     assert "--ignore=tests/vm" in (REPO / "docs/testing.md").read_text()  # the same quick command there
 
 
+def test_readme_first_screen_at_80_columns_shows_the_two_commands():
+    """Issue 36, item 4: a terminal of 80x24 (`less README.md`) shows both commands on its first screen,
+    each of those lines one row; the README stays the front door (about 12 KB, its sections kept)."""
+    text = (REPO / "README.md").read_text()
+    first = text.splitlines()[:24]
+    assert [line for line in first if len(line) > 80] == []
+    screen = "\n".join(first)
+    assert "    scripts/setup && .venv/bin/nvsymlinkd sync --dry-run" in screen
+    assert "    scripts/test -q -x --ignore=tests/vm" in screen and "    scripts/test  " in screen
+    assert 11000 < len(text.encode()) < 14000
+    for heading in ("## The two commands", "## Why", "## Install", "## On Kubernetes", "## A quick tour"):
+        assert f"\n{heading}\n" in text, heading
+
+
 def test_standard_host_check_is_unchanged_when_piped(tmp_path, need_root):
     """No terminal: the table is exactly what it was (scripts and grep rely on one row per line)."""
     host = standard_host(tmp_path)
     out = subprocess.run([sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "check", "--no-host"],
                          capture_output=True, text=True).stdout
     assert out.splitlines() == ["no GPU containers found"]
+
+
+def on_a_pty(argv, columns: int = 80) -> str:
+    """stdout and stderr of argv run on a real pseudo-terminal `columns` wide, as a terminal sets it
+    (TIOCSWINSZ), with COLUMNS and LINES unset: what argparse and check measure is the terminal's."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(argv, stdout=slave, stderr=slave, stdin=slave, env=env)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(60) in (0, 1), out
+    return out.decode().replace("\r\n", "\n")
+
+
+def too_long(text: str, columns: int = 80) -> list:
+    return [line for line in text.splitlines() if len(line) > columns]
+
+
+@pytest.mark.parametrize("command", [None, "sync", "run", "render", "check", "repair"])
+def test_help_fits_80_columns(command):
+    """Issue 36, item 4: every --help at a terminal 80 wide, descriptions filled as paragraphs, examples
+    one per line (a comment that cannot fit goes below its command)."""
+    argv = [sys.executable, "-m", "nvsymlinkd", *([command] if command else []), "--help"]
+    shown = on_a_pty(argv)
+    assert "usage: nvsymlinkd" in shown and "examples:\n  " in shown
+    assert too_long(shown) == [], shown
+
+
+def test_check_fits_80_columns_with_a_short_fix(long_lines_host):
+    """check at a terminal 80 wide: a lost and a uvm-less container, one table line each, FIX in a few
+    words (`nvsymlinkd repair ID`), the detail and the whole fix (with --root) on the finding's own line."""
+    root = str(long_lines_host.root)
+    shown = on_a_pty([sys.executable, "-m", "nvsymlinkd", "--root", root, "check", "--no-bus"])
+    assert too_long(shown) == [], shown
+    lines = shown.splitlines()
+    table = lines[:lines.index("")]
+    assert table[0].split() == ["CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX"], shown
+    # each finding's FIX whole on one line: in its column, or below its row (its id's column is too wide)
+    for cid, fix in (("gpu-wide-lost", "nvsymlinkd repair gpu-wide-lost"), ("gpu-wide-nouvm", "recreate the container")):
+        row = next(i for i, line in enumerate(table) if line.startswith(cid + " "))
+        assert table[row].endswith("  " + fix) or table[row + 1].strip() == fix, shown
+    assert len(table) <= 5, shown
+    below = " ".join(" ".join(lines[len(table):]).split())
+    assert (f"gpu-wide-lost lost: expected by the runtime-state, spec but denied by the device cgroup now fix: "
+            f"nvsymlinkd --root {root} repair gpu-wide-lost (or recreate the container)") in below, shown
+    assert "gpu-wide-nouvm at-risk-uvm-missing: the host has nvidia-uvm" in below, shown
+
+
+def test_check_of_a_standard_host_fits_80_columns(tmp_path, need_root):
+    host = standard_host(tmp_path)
+    shown = on_a_pty([sys.executable, "-m", "nvsymlinkd", "--root", str(host.root), "check", "--no-bus"])
+    assert "host:" in shown and too_long(shown) == [], shown

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from nvsymlinkd.cli import SUMMARIES
+from nvsymlinkd.cli import SUMMARIES, HelpFormatter
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
 examples:
-  nvsymlinkd check                              # every GPU container, then the host
-  nvsymlinkd check 0f3c9a1e                     # one container: id, id prefix or scope name
+  nvsymlinkd check               # every GPU container, then the host
+  nvsymlinkd check 0f3c9a1e      # one container: id, id prefix or scope name
   nvsymlinkd check --json --no-host
 
 finding kinds, host findings and the JSON schema: man nvsymlinkd-check
@@ -22,8 +21,8 @@ def register(sub) -> None:
     p = sub.add_parser("check", help=SUMMARIES["check"],
                        description="Find GPU containers, compare their device cgroup with what their spec, "
                                    "runtime state and baseline expect, predict losses at the next "
-                                   "daemon-reload, and check the host. Exit 0 all ok, 1 findings, 2 error.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "daemon-reload, and check the host.\n\nExit 0 all ok, 1 findings, 2 error.",
+                       epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-check)")
     p.add_argument("--no-bus", action="store_true",
                    help="do not ask systemd over D-Bus; read its transient unit files only")
@@ -90,8 +89,8 @@ def _wrap(line: str, width: int, indent: int) -> list:
 
 
 def _fit_row(head: str, fix: str, width: int) -> list:
-    """A table row whose FIX starts at len(head): wrapped in its column, or the whole row wrapped when
-    the columns before it leave too little room."""
+    """A table row whose FIX starts at len(head): wrapped in its column, or, when the columns before it
+    leave too little room, the FIX whole on the line below, under its column as far as it fits."""
     import textwrap
 
     room = width - len(head)
@@ -100,7 +99,10 @@ def _fit_row(head: str, fix: str, width: int) -> list:
     if room >= 24:
         parts = textwrap.wrap(fix, room, break_on_hyphens=False) or [""]
         return [head + parts[0]] + [" " * len(head) + p for p in parts[1:]]
-    return _wrap(head + fix, width, 4)
+    row = _wrap(head.rstrip(), width, 4)
+    if len(fix) <= width - 4:
+        return row + [" " * min(len(head), width - len(fix)) + fix]
+    return row + _wrap(" " * 4 + fix, width, 8)
 
 
 def json_document(report) -> dict:
@@ -128,12 +130,16 @@ def _hints_with_root(report, root) -> None:
     if root.is_real_root:
         return
     for c in report.containers:
+        # the table's short FIX stays short: the finding's own line below it has the whole fix, with --root
         c.findings = [replace(f, fix=with_root(f.fix, root)) for f in c.findings]
     report.host = [replace(h, fix=with_root(h.fix, root)) for h in report.host]
 
 
 def human_lines(report, width: int | None = None) -> list:
-    """The report for people; with `width` (a terminal's), every line fits it (wrapped, nothing cut)."""
+    """The report for people; with `width` (a terminal's), every line fits it (wrapped, nothing cut).
+
+    The table's FIX is the fix in a few words (`nvsymlinkd repair ID`); each finding's own line below the
+    table has its detail and the whole fix (why, and what else works), as the journal and --json do."""
     # in here: every command imports this module (see repair.py)
     from nvsymlinkd.cli import printable
     from nvsymlinkd.summary import plural
@@ -148,7 +154,8 @@ def human_lines(report, width: int | None = None) -> list:
                                  "-", "-"))
             continue
         for i, f in enumerate(c.findings):
-            rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(str(d) for d in f.devices) or "-", f.fix))
+            rows.append((ident if i == 0 else ("", "", "")) + (f.kind.value, ", ".join(str(d) for d in f.devices) or "-",
+                                                                f.action or f.fix))
     # names, scopes and cgroup paths come from files a container can write: escaped before measuring
     rows = [tuple(printable(cell) for cell in r) for r in rows]
     last = len(rows[0]) - 1  # FIX: not padded
@@ -164,7 +171,8 @@ def human_lines(report, width: int | None = None) -> list:
         if details:
             lines.append("")
             for c, f in details:
-                lines += _fit(f"{c.short_id} {f.kind}: {f.detail}", width, 4)
+                fix = f"  fix: {f.fix}" if f.fix and f.fix != f.action else ""
+                lines += _fit(f"{c.short_id} {f.kind}: {f.detail}{fix}", width, 4)
         untrusted = [c for c in report.containers if c.untrusted_nodes]
         for c in untrusted:
             lines += _fit(f"{c.short_id}: NVIDIA nodes in its /dev the runtime did not create (not trusted): "

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from nvsymlinkd.cli import SUMMARIES
+from nvsymlinkd.cli import SUMMARIES, HelpFormatter
 from nvsymlinkd.config import has_control_character, is_utf8
 from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
 
 EPILOG = """\
 examples:
-  nvsymlinkd render                             # print the rule and the units
+  nvsymlinkd render              # print the rule and the units
+  nvsymlinkd render --config /dev/null --output build/units  # packaging
+  # after changing /etc/nvsymlinkd/nvsymlinkd.toml:
   nvsymlinkd render --drop-ins /etc/systemd/system && systemctl daemon-reload
-                                                # after changing /etc/nvsymlinkd/nvsymlinkd.toml
-  nvsymlinkd render --config /dev/null --output build/units    # packaging
 
 what becomes ExecStart= flags and ReadWritePaths=: man nvsymlinkd-render
 """
@@ -26,10 +25,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("render", help=SUMMARIES["render"],
                        description="Render 71-nvsymlinkd.rules, nvsymlinkd.service and nvsymlinkd-sync.service "
-                                   "from the templates, with values from the config file and these options. "
+                                   "from the templates, with values from the config file and these options.\n\n"
                                    "Packaging runs this at build time: use --config /dev/null there so the "
                                    "build machine's config does not leak in.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=HelpFormatter)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--output", default=None, metavar="DIR",
                        help="write the complete files into DIR (created if missing; taken as given, not under "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
-from nvsymlinkd.cli import SUMMARIES
+from nvsymlinkd.cli import SUMMARIES, HelpFormatter
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 # Every command (`sync` at boot too) imports every command module to build its parser: what only
@@ -15,13 +14,13 @@ from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
 examples:
-  nvsymlinkd repair --dry-run                   # what would be granted, and how
-  nvsymlinkd repair 0f3c9a1e2b7d                # one container
+  nvsymlinkd repair --dry-run           # what would be granted, and how
+  nvsymlinkd repair 0f3c9a1e2b7d        # one container
   nvsymlinkd repair --json
-  nvsymlinkd repair --force 0f3c9a1e2b7d        # again within the rate limit's window (journaled as forced)
-  nvsymlinkd repair --before-reload             # package scripts, before their systemctl daemon-reload
+  nvsymlinkd repair --force 0f3c9a1e2b7d  # again in the rate limit's window
+  nvsymlinkd repair --before-reload     # package scripts, before a reload
 
-mechanisms, statuses, journal MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
+mechanisms, statuses, MESSAGE_IDs and the JSON schema: man nvsymlinkd-repair
 """
 
 
@@ -29,8 +28,8 @@ def register(sub) -> None:
     p = sub.add_parser("repair", help=SUMMARIES["repair"],
                        description="Verify GPU containers, then grant back exactly the expected devices each one "
                                    "lost (or whose systemd scope lacks them), by the mechanism the host allows, "
-                                   "and verify again. Without CONTAINER: every GPU container with findings.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "and verify again.\n\nWithout CONTAINER: every GPU container with findings.",
+                       epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("containers", nargs="*", metavar="CONTAINER",
                    help="container id, unique id prefix (4+ characters), scope name, Docker or Podman name, "
                         "or Kubernetes namespace/pod/container")

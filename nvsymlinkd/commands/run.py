@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
-from nvsymlinkd.cli import SUMMARIES
+from nvsymlinkd.cli import SUMMARIES, HelpFormatter
 from nvsymlinkd.commands.sync import add_link_options
 
 EPILOG = """\
 examples:
-  systemctl status nvsymlinkd                   # the packaged unit runs this command
-  systemctl reload nvsymlinkd                   # SIGHUP: re-read the config file
-  journalctl -x -u nvsymlinkd                   # events, explained by the message catalog
-  nvsymlinkd run --resync-interval 30           # in the foreground, for debugging
+  systemctl status nvsymlinkd           # the packaged unit runs this command
+  systemctl reload nvsymlinkd           # SIGHUP: re-read the config file
+  journalctl -x -u nvsymlinkd           # events, with the message catalog
+  nvsymlinkd run --resync-interval 30   # in the foreground, for debugging
 
 event sources, signals, journal MESSAGE_IDs and metrics: man nvsymlinkd-run
 """
@@ -24,7 +23,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help=SUMMARIES["run"],
                        description="Keep DEV_CHAR_PATH exact on every device-node, udev and systemd event, and "
                                    "notice systemd reloads. Runs until SIGTERM; SIGHUP re-reads the config.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=HelpFormatter)
     add_link_options(p)
     p.add_argument("--resync-interval", type=float, default=None, metavar="SEC",
                    help="seconds between full resyncs, the safety net (default 60; 0 disables)")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nvsymlinkd.cli import SUMMARIES
+from nvsymlinkd.cli import SUMMARIES, HelpFormatter
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
 examples:
-  nvsymlinkd sync --dry-run                     # the plan; exit 1 when something would change
-  nvsymlinkd sync                               # make /dev/char exact
-  nvsymlinkd sync --driver-root /run/nvidia/driver   # the GPU Operator's driver container
+  nvsymlinkd sync --dry-run      # the plan; exit 1 if something would change
+  nvsymlinkd sync                # make /dev/char exact
+  nvsymlinkd sync --driver-root /run/nvidia/driver  # the driver container
   nvsymlinkd sync --create-nodes --json
 
 actions, output and the JSON schema: man nvsymlinkd-sync
@@ -32,7 +32,7 @@ def add_link_options(p) -> None:
 def register(sub) -> None:
     p = sub.add_parser("sync", help=SUMMARIES["sync"],
                        description="Make DEV_CHAR_PATH/MAJOR:MINOR a relative symlink for every NVIDIA device node.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=HelpFormatter)
     add_link_options(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
     p.add_argument("--json", action="store_true", help="print a JSON document (schema: man nvsymlinkd-sync)")

@@ -101,14 +101,19 @@ RUNTIMES: tuple[Runtime, ...] = (
             scope_prefixes=("cri-containerd",),
             driver=DriverConfig("containerd-toml", "/etc/containerd/config.toml"),
             packages=("containerd", "containerd.io")),
-    Runtime("crun", state_roots=(StateRoot("/run/crun", CRUN_STATE),), yields_to_manager=True),
+    # crun run directly with the systemd cgroup manager and no cgroupsPath names its scope crun-<id>.scope
+    # (crun src/libcrun/cgroup-systemd.c get_systemd_scope_and_slice: 1.8.1 line 48, Debian 12's; 1.29.1
+    # line 122); under a manager (Podman's libpod-<id>.scope) the scope is the manager's
+    Runtime("crun", state_roots=(StateRoot("/run/crun", CRUN_STATE),), yields_to_manager=True,
+            scope_prefixes=("crun",), packages=("crun",)),
     Runtime("cri-o", bundle_roots=(BundleRoot("/run/containers/storage/overlay-containers", "pidfile",
                                               subdir="userdata", needs_spec=True),),
             yields_to_manager=True, scope_prefixes=("crio",), other_scopes=("crio-conmon",),
             driver=DriverConfig("crio-conf", "/etc/crio/crio.conf"), packages=("cri-o",)),
     # Podman as root keeps its bundles in the graphroot (/var/lib/containers/storage/overlay-containers),
     # found through crun's or runc's state, whose spec names libpod; its runroot's are CRI-O's above
-    Runtime("podman", manager="libpod", scope_prefixes=("libpod",), names="containers-storage"),
+    Runtime("podman", manager="libpod", scope_prefixes=("libpod",), names="containers-storage",
+            packages=("podman",)),
 )
 
 BY_NAME = {r.name: r for r in RUNTIMES}

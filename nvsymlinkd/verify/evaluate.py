@@ -54,6 +54,9 @@ class Finding:
     devices: tuple[Device, ...]  # text ("c M:m") only in to_json, the journal and messages
     detail: str
     fix: str
+    # the fix in a few words, for check's FIX column (the whole fix goes on the finding's own line below
+    # the table); not in to_json: the fix is there whole
+    action: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FindingKind(self.kind))
@@ -235,12 +238,14 @@ def _unreadable_finding(c: Container, expected: Expected) -> Finding | None:
            "container); until then its device access cannot be judged")
     return Finding(
         UNKNOWN, _devices(sorted(expected.devices)),
-        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""), fix)
+        "; ".join(unreadable[:3]) + (f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""), fix,
+        "run nvsymlinkd as root" if fix.startswith("run") else "restore the runtime's files")
 
 
 def _no_policy_finding(expected: Expected, policy_error: str | None) -> Finding:
     return Finding(UNKNOWN, _devices(sorted(expected.devices)), f"cannot read the device cgroup: {policy_error}",
-                   "run as root on the host (not in a container); check /proc/<pid>/cgroup and the cgroup mounts")
+                   "run as root on the host (not in a container); check /proc/<pid>/cgroup and the cgroup mounts",
+                   "run as root on the host")
 
 
 def _lost_finding(lost: list[Device], expected: Expected, who: str) -> list[Finding]:
@@ -248,7 +253,7 @@ def _lost_finding(lost: list[Device], expected: Expected, who: str) -> list[Find
         return []
     sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
     return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup now",
-                    f"nvsymlinkd repair {who} (or recreate the container)")]
+                    f"nvsymlinkd repair {who} (or recreate the container)", f"nvsymlinkd repair {who}")]
 
 
 def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_devices: ScopeDevices | None,
@@ -266,16 +271,17 @@ def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_de
         return [Finding(
             UNKNOWN, _devices(not_declared),
             "allowed now, but neither the spec nor the runtime's state could be read to tell declared from "
-            "hook-injected devices", "check the problems listed for this container (bundle or state file)")]
+            "hook-injected devices", "check the problems listed for this container (bundle or state file)",
+            "see its problems")]
     return [Finding(
         AT_RISK_NOT_IN_SPEC, _devices(not_declared),
         "allowed now but not in the container's spec (injected by a hook): "
         + ("the next daemon-reload or runc update removes it" if c.scope else
            "the next runc update or re-apply of the spec removes it"),
-        _not_in_spec_fix(c, expected, not_declared, who))]
+        *_not_in_spec_fix(c, expected, not_declared, who))]
 
 
-def _not_in_spec_fix(c: Container, expected: Expected, devices: list[Device], who: str) -> str:
+def _not_in_spec_fix(c: Container, expected: Expected, devices: list[Device], who: str) -> tuple[str, str]:
     """What works for a hook-injected device, by what nvsymlinkd can do for it: only a device a trusted
     source expects (the reconstructed NVIDIA hook grant, a baseline) is ever granted by a repair."""
     recreate = "declare the devices in the spec (CDI, or the device plugin's PASS_DEVICE_SPECS) and recreate"
@@ -285,12 +291,13 @@ def _not_in_spec_fix(c: Container, expected: Expected, devices: list[Device], wh
         untrusted = ("nothing trusted records this grant yet" if expected.hook is None or expected.hook.trusted
                      else f"the NVIDIA hook's grant is not known: {expected.hook.detail}")
         return (f"{recreate}; until then keep the nvsymlinkd daemon running: it records them as this container's "
-                f"baseline, then {then} ({untrusted}, so nvsymlinkd repair cannot)")
+                f"baseline, then {then} ({untrusted}, so nvsymlinkd repair cannot)",
+                "declare them in the spec, recreate")
     if c.scope:
         return (f"nvsymlinkd repair {who} adds them to {c.scope}'s DeviceAllow now, so reloads keep them (the "
-                f"daemon does it by itself); for good, {recreate}")
+                f"daemon does it by itself); for good, {recreate}", f"nvsymlinkd repair {who}")
     return (f"{recreate}: with the cgroupfs driver nothing else keeps them at the next runc update; after a loss, "
-            f"nvsymlinkd repair {who} gives them back")
+            f"nvsymlinkd repair {who} gives them back", "declare them in the spec, recreate")
 
 
 def _request_signs(c: Container, expected: Expected) -> list[str]:
@@ -359,7 +366,7 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy: Acces
         f"them: nvsymlinkd cannot know whether they were granted and lost or never granted{hook_note}",
         "fix the runtime's configuration (docker --gpus or the NVIDIA runtime, the device plugin or CDI instead of "
         "mounted /dev/nvidia* nodes) and recreate the container; nvsymlinkd never grants what nothing trusted "
-        "granted")]
+        "granted", "fix the runtime's config, recreate")]
 
 
 def _scope_finding(c: Container, expected: Expected, scope_devices: ScopeDevices | None, lost: list[Device],
@@ -369,7 +376,7 @@ def _scope_finding(c: Container, expected: Expected, scope_devices: ScopeDevices
         return []
     if scope_devices is None:
         return [Finding(UNKNOWN, (), f"cannot read DeviceAllow of {c.scope} (no systemd bus, no transient unit file)",
-                        "run on the host with /run/systemd and the system bus available")]
+                        "run on the host with /run/systemd and the system bus available", "run on the host")]
     lost_set = set(lost)
     missing = [k for k, need in sorted(expected.devices.items())
                if k in expected.declared and k not in lost_set and not scope_devices.covers(k, need)]
@@ -379,7 +386,8 @@ def _scope_finding(c: Container, expected: Expected, scope_devices: ScopeDevices
         AT_RISK_SCOPE, _devices(missing),
         f"{c.scope} DeviceAllow (from {scope_devices.source}) lacks them: the next systemctl daemon-reload "
         "removes them",
-        f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}")]
+        f"nvsymlinkd sync (creates /dev/char links for new containers), then nvsymlinkd repair {who}",
+        f"nvsymlinkd repair {who}")]
 
 
 def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes: bool = False) -> list[Finding]:
@@ -400,7 +408,8 @@ def _uvm_finding(host: HostDevices, expected: Expected, live: _Live, kubernetes:
            "created before nvidia-uvm was loaded") + "): CUDA fails or falls back to the CPU",
         "restart the device plugin after nvidia-uvm is loaded, then recreate this container" if kubernetes else
         "recreate this container: nvidia-uvm is loaded now, so the runtime grants it to a new one (load it "
-        "at boot, before containers start: nvidia-modprobe -u -c=0)")]
+        "at boot, before containers start: nvidia-modprobe -u -c=0)",
+        "restart the device plugin, recreate" if kubernetes else "recreate the container")]
 
 
 def _undecided_finding(host: HostDevices, expected: Expected, live: _Live) -> list[Finding]:
@@ -408,7 +417,8 @@ def _undecided_finding(host: HostDevices, expected: Expected, live: _Live) -> li
     if not relevant:
         return []
     return [Finding(UNKNOWN, _devices(relevant), f"cannot decide access: {live.unknown[relevant[0]]}",
-                    "see the reason; nvsymlinkd reads cgroup v1 devices.list and v2 BPF device programs as root")]
+                    "see the reason; nvsymlinkd reads cgroup v1 devices.list and v2 BPF device programs as root",
+                    "see below")]
 
 
 def _new_report(c: Container, signs: Sequence[str], expected: Expected, host: HostDevices,
