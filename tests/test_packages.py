@@ -402,11 +402,11 @@ def apt_get(root: Path, *args, tool="apt-get", cwd=None, check=True):
     return run([tool, *opts, *args], cwd=cwd, check=check)
 
 
-def apt_root(root: Path, repo: Path, status: str = "") -> Path:
+def apt_root(root: Path, repo: Path, status: str = "", options: str = "trusted=yes") -> Path:
     for d in ("var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "etc/apt/preferences.d",
               "etc/apt/apt.conf.d", "sources.list.d"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "sources.list").write_text(f"deb [trusted=yes] file://{repo} ./\n")
+    (root / "sources.list").write_text(f"deb [{options}] file://{repo} ./\n")
     (root / "status").write_text(status)
     return root
 
@@ -489,6 +489,43 @@ def test_apt_gets_the_built_deb_from_the_repository_and_a_newer_one_added_later(
     packages = (repo / "deb" / "Packages").read_text()
     assert sorted(re.findall(r"^Version: (.*)$", packages, re.M)) == sorted([VERSION, "99.0"])
     assert_apt_repo(repo / "deb", newer, "99.0", tmp_path / "second")
+
+
+def test_apt_verifies_the_repository_signed_as_the_docs_say(deb_build, tmp_path):
+    """docs/packaging.md's signing step with a throwaway key: apt with `signed-by` takes the signed
+    repository, and refuses it once make-repos has rewritten the indexes (and removed the signatures)."""
+    import shutil
+    import tempfile
+
+    for tool in ("apt-get", "apt-ftparchive", "gpg", "gpgv", "gpgconf"):
+        need_tool(tool)
+    repo = tmp_path / "repo"
+    assert make_repos(repo, deb_build["deb"]).returncode == 0
+    deb = repo / "deb"
+    keyring = tmp_path / "nvsymlinkd.gpg"
+    home = Path(tempfile.mkdtemp(prefix="nvsl-repo-gpg-"))  # short: gpg-agent's socket lives in it
+    env = dict(os.environ, GNUPGHOME=str(home))
+    try:
+        def gpg(*args):
+            return subprocess.run(["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "", *args],
+                                  env=env, capture_output=True, check=True, timeout=60)
+        gpg("--quick-gen-key", "nvsymlinkd test <repo-test@example.invalid>", "ed25519", "sign", "1d")
+        keyring.write_bytes(gpg("--export", "repo-test@example.invalid").stdout)
+        gpg("-u", "repo-test@example.invalid", "--clearsign", "-o", deb / "InRelease", deb / "Release")
+        gpg("-u", "repo-test@example.invalid", "-abs", "-o", deb / "Release.gpg", deb / "Release")
+    finally:
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+    root = apt_root(tmp_path / "aptroot", deb, options=f"signed-by={keyring}")
+    update = apt_get(root, "update")
+    assert "Err:" not in update.stdout and "W:" not in update.stderr, update.stdout + update.stderr
+    policy = apt_get(root, "policy", "nvsymlinkd", tool="apt-cache").stdout
+    assert re.search(rf"^\s+Candidate: {re.escape(VERSION)}$", policy, re.M), policy
+    assert make_repos(repo, deb_build["deb"]).returncode == 0
+    assert not (deb / "InRelease").exists() and not (deb / "Release.gpg").exists()
+    refused = apt_get(root, "update", check=False)
+    # apt 2.6: "is no longer signed" (it was before); a client that never saw it signed: "is not signed"
+    assert refused.returncode != 0 and re.search(r"is (no longer|not) signed", refused.stderr), refused.stderr
 
 
 def test_dnf_repository_per_target_lists_the_rpm(rpm_build, tmp_path):
