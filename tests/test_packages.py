@@ -393,9 +393,13 @@ def test_build_packages_with_a_foreign_python3_first_in_path(tmp_path):
     assert subprocess.run([foreign / "bin" / "python3", "-c", "import build"], capture_output=True).returncode
     out = tmp_path / "out"
     env = dict(os.environ, PATH=f"{foreign / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin")
-    proc = subprocess.run([REPO / "scripts" / "build-packages", out, "--no-image"], env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([REPO / "scripts" / "build-packages", out, "--no-image", "--repo", tmp_path / "repo"],
+                          env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # --repo: what it built, in the repositories a fleet installs from (issue 36)
+    assert_apt_repo(tmp_path / "repo" / "deb", out / f"nvsymlinkd_{VERSION}_all.deb", VERSION, tmp_path)
+    for target, (python, dist) in RPM_TARGETS.items():
+        assert_dnf_repo(tmp_path / "repo" / "rpm" / target, out / f"nvsymlinkd-{VERSION}-1{dist}.noarch.rpm", python)
     assert sorted(p.name for p in out.iterdir()) == sorted([
         f"nvsymlinkd_{VERSION}_all.deb", f"nvsymlinkd-{VERSION}.tar.gz", f"nvsymlinkd-{VERSION}-py3-none-any.whl",
         f"nvsymlinkd-{VERSION}-1.el9.noarch.rpm", f"nvsymlinkd-{VERSION}-1.fc42.noarch.rpm"])
@@ -425,6 +429,179 @@ def test_build_packages_without_the_package_tools_fails_naming_them(tmp_path, fl
 def test_build_packages_usage():
     proc = subprocess.run([REPO / "scripts" / "build-packages"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: scripts/build-packages OUTDIR" in proc.stderr
+
+
+# -- the repositories a fleet installs from (scripts/make-repos; scripts/build-packages --repo) ------------
+
+
+def apt_get(root: Path, *args, tool="apt-get", cwd=None, check=True):
+    """apt in a throwaway root: the sources.list, lists, cache and dpkg status there, nothing of the host's."""
+    opts = [f"-oDir={root}", f"-oDir::State::status={root / 'status'}",
+            f"-oDir::Etc::SourceList={root / 'sources.list'}", f"-oDir::Etc::SourceParts={root / 'sources.list.d'}",
+            "-oDebug::NoLocking=1"]
+    if os.geteuid() == 0:
+        opts.append("-oAPT::Sandbox::User=root")  # _apt could not read pytest's 0700 temporary directories
+    return run([tool, *opts, *args], cwd=cwd, check=check)
+
+
+def apt_root(root: Path, repo: Path, status: str = "", options: str = "trusted=yes") -> Path:
+    for d in ("var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "etc/apt/preferences.d",
+              "etc/apt/apt.conf.d", "sources.list.d"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "sources.list").write_text(f"deb [{options}] file://{repo} ./\n")
+    (root / "status").write_text(status)
+    return root
+
+
+def assert_apt_repo(repo: Path, deb: Path, version: str, tmp: Path) -> None:
+    """A real apt-get update on the repository, then nvsymlinkd at VERSION resolved and downloaded
+    byte for byte: with an empty dpkg status (apt-get download: the package alone), and with this
+    host's status, whose installed packages satisfy its Depends (apt-get install --download-only
+    and --simulate: every dependency resolved, as on a node with .ci/apt.d/runtime.txt)."""
+    root = apt_root(tmp / "aptroot", repo)
+    update = apt_get(root, "update")
+    assert "Err:" not in update.stdout and "E:" not in update.stderr, update.stdout + update.stderr
+    policy = apt_get(root, "policy", "nvsymlinkd", tool="apt-cache").stdout
+    assert re.search(rf"^\s+Candidate: {re.escape(version)}$", policy, re.M), policy
+    got = tmp / "download"
+    got.mkdir()
+    apt_get(root, "download", f"nvsymlinkd={version}", cwd=got)
+    assert (got / f"nvsymlinkd_{version}_all.deb").read_bytes() == deb.read_bytes()
+    (root / "status").write_bytes(Path("/var/lib/dpkg/status").read_bytes())
+    fetched = apt_get(root, "install", "--download-only", "-y", "nvsymlinkd")
+    assert re.search(rf"^Get:\d+ file:{re.escape(str(repo))} \./ nvsymlinkd {re.escape(version)} ", fetched.stdout,
+                     re.M), fetched.stdout
+    assert "Download complete and in download only mode" in fetched.stdout, fetched.stdout
+    sim = apt_get(root, "--simulate", "install", "nvsymlinkd")
+    assert re.search(rf"^Inst nvsymlinkd \({re.escape(version)} ", sim.stdout, re.M), sim.stdout
+
+
+def assert_dnf_repo(repo: Path, rpm: Path, python: str) -> None:
+    """repodata/repomd.xml names the primary metadata, and that lists the rpm: name, version, release,
+    its file name and sha256, and the python(abi) it Requires (what dnf resolves from)."""
+    import gzip
+    import hashlib
+    import xml.etree.ElementTree as ET
+
+    ns = {"repo": "http://linux.duke.edu/metadata/repo", "c": "http://linux.duke.edu/metadata/common",
+          "rpm": "http://linux.duke.edu/metadata/rpm"}
+    repomd = ET.parse(repo / "repodata" / "repomd.xml")
+    href = repomd.find("repo:data[@type='primary']/repo:location", ns).get("href")
+    primary = ET.fromstring(gzip.decompress((repo / href).read_bytes()))
+    pkgs = primary.findall("c:package", ns)
+    assert len(pkgs) == 1 and pkgs[0].find("c:name", ns).text == "nvsymlinkd", ET.tostring(primary)[:2000]
+    pkg = pkgs[0]
+    ver = pkg.find("c:version", ns)
+    release = rpm.name[len(f"nvsymlinkd-{VERSION}-"):-len(".noarch.rpm")]
+    assert (ver.get("ver"), ver.get("rel"), pkg.find("c:arch", ns).text) == (VERSION, release, "noarch")
+    assert pkg.find("c:location", ns).get("href") == rpm.name and (repo / rpm.name).is_file()
+    checksum = pkg.find("c:checksum", ns)
+    assert (checksum.get("type"), checksum.text) == ("sha256", hashlib.sha256(rpm.read_bytes()).hexdigest())
+    requires = {(e.get("name"), e.get("ver")) for e in pkg.findall("c:format/rpm:requires/rpm:entry", ns)}
+    assert ("python(abi)", python) in requires, requires
+
+
+def make_repos(*args, env=None):
+    return subprocess.run([REPO / "scripts" / "make-repos", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_apt_gets_the_built_deb_from_the_repository_and_a_newer_one_added_later(deb_build, tmp_path):
+    need_tool("apt-get")
+    need_tool("apt-ftparchive")
+    repo = tmp_path / "repo"
+    proc = make_repos(repo, deb_build["deb"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in (repo / "deb").iterdir()) == sorted(
+        ["Packages", "Packages.gz", "Release", deb_build["deb"].name])
+    assert "Origin: nvsymlinkd" in (repo / "deb" / "Release").read_text()
+    assert_apt_repo(repo / "deb", deb_build["deb"], VERSION, tmp_path / "first")
+    # the next release added to the same repository: the first stays, apt takes the newer, and an
+    # operator's signature over the old Release is gone (apt would refuse the repository with it)
+    unpacked = tmp_path / "newer"
+    run(["dpkg-deb", "-R", deb_build["deb"], unpacked])
+    control = unpacked / "DEBIAN" / "control"
+    control.write_text(control.read_text().replace(f"\nVersion: {VERSION}\n", "\nVersion: 99.0\n"))
+    newer = tmp_path / "nvsymlinkd_99.0_all.deb"
+    run(["dpkg-deb", "-b", unpacked, newer])
+    (repo / "deb" / "InRelease").write_text("a signature over the previous Release\n")
+    proc = make_repos(repo, newer)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (repo / "deb" / "InRelease").exists()
+    packages = (repo / "deb" / "Packages").read_text()
+    assert sorted(re.findall(r"^Version: (.*)$", packages, re.M)) == sorted([VERSION, "99.0"])
+    assert_apt_repo(repo / "deb", newer, "99.0", tmp_path / "second")
+
+
+def test_apt_verifies_the_repository_signed_as_the_docs_say(deb_build, tmp_path):
+    """docs/packaging.md's signing step with a throwaway key: apt with `signed-by` takes the signed
+    repository, and refuses it once make-repos has rewritten the indexes (and removed the signatures)."""
+    import shutil
+    import tempfile
+
+    for tool in ("apt-get", "apt-ftparchive", "gpg", "gpgv", "gpgconf"):
+        need_tool(tool)
+    repo = tmp_path / "repo"
+    assert make_repos(repo, deb_build["deb"]).returncode == 0
+    deb = repo / "deb"
+    keyring = tmp_path / "nvsymlinkd.gpg"
+    home = Path(tempfile.mkdtemp(prefix="nvsl-repo-gpg-"))  # short: gpg-agent's socket lives in it
+    env = dict(os.environ, GNUPGHOME=str(home))
+    try:
+        def gpg(*args):
+            return subprocess.run(["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "", *args],
+                                  env=env, capture_output=True, check=True, timeout=60)
+        gpg("--quick-gen-key", "nvsymlinkd test <repo-test@example.invalid>", "ed25519", "sign", "1d")
+        keyring.write_bytes(gpg("--export", "repo-test@example.invalid").stdout)
+        gpg("-u", "repo-test@example.invalid", "--clearsign", "-o", deb / "InRelease", deb / "Release")
+        gpg("-u", "repo-test@example.invalid", "-abs", "-o", deb / "Release.gpg", deb / "Release")
+    finally:
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+    root = apt_root(tmp_path / "aptroot", deb, options=f"signed-by={keyring}")
+    update = apt_get(root, "update")
+    assert "Err:" not in update.stdout and "W:" not in update.stderr, update.stdout + update.stderr
+    policy = apt_get(root, "policy", "nvsymlinkd", tool="apt-cache").stdout
+    assert re.search(rf"^\s+Candidate: {re.escape(VERSION)}$", policy, re.M), policy
+    assert make_repos(repo, deb_build["deb"]).returncode == 0
+    assert not (deb / "InRelease").exists() and not (deb / "Release.gpg").exists()
+    refused = apt_get(root, "update", check=False)
+    # apt 2.6: "is no longer signed" (it was before); a client that never saw it signed: "is not signed"
+    assert refused.returncode != 0 and re.search(r"is (no longer|not) signed", refused.stderr), refused.stderr
+
+
+def test_dnf_repository_per_target_lists_the_rpm(rpm_build, tmp_path):
+    need_tool("createrepo_c")  # Debian's createrepo-c (.ci/apt.d/build.txt)
+    repo = tmp_path / "repo"
+    proc = make_repos(repo, rpm_build["rpm"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dist = rpm_build["target"]  # el9, fc42: the dist tag of the rpm's release
+    assert sorted(p.name for p in (repo / "rpm").iterdir()) == [dist]
+    assert_dnf_repo(repo / "rpm" / dist, rpm_build["rpm"], rpm_build["python"])
+
+
+def test_make_repos_without_createrepo_c_says_so_and_leaves_the_rpms_out(tmp_path):
+    path = tmp_path / "bin"  # a PATH without createrepo_c (make-repos' interpreter is /usr/bin/python3)
+    path.mkdir()
+    rpm = tmp_path / f"nvsymlinkd-{VERSION}-1.el9.noarch.rpm"
+    rpm.write_bytes(b"")
+    proc = make_repos(tmp_path / "repo", rpm, env=dict(os.environ, PATH=str(path)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no dnf repository: createrepo_c not found (Debian: apt-get install createrepo-c)" in proc.stderr
+    assert not (tmp_path / "repo" / "rpm").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["repo"], ["repo", "nvsymlinkd.tar.gz"]])
+def test_make_repos_usage(tmp_path, args):
+    (tmp_path / "nvsymlinkd.tar.gz").write_bytes(b"")
+    proc = subprocess.run([REPO / "scripts" / "make-repos", *args], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(("usage: scripts/make-repos", "make-repos: not a .deb"))
+
+
+def test_build_packages_repo_needs_a_directory(tmp_path):
+    proc = subprocess.run([REPO / "scripts" / "build-packages", tmp_path / "out", "--repo"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "--repo DIR" in proc.stderr and not (tmp_path / "out").exists()
 
 
 # -- no build needed ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ says "not root", so they stop at the package step and name exactly what they wou
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -54,6 +55,38 @@ def test_setup_for_tests_installs_every_list(tmp_path):
     assert packages(APT / "runtime.txt") <= got
 
 
+def test_setup_for_building_installs_only_the_build_list(tmp_path):
+    """scripts/setup --build: what scripts/build-packages (and --repo) needs, nothing of the tests."""
+    build = packages(APT / "build.txt")
+    assert would_install(tmp_path, "--build") == build
+    # every tool build-packages and make-repos call, and none that only the tests use
+    assert {"dpkg-dev", "debhelper", "dh-python", "pybuild-plugin-pyproject", "python3-build", "rpm",
+            "apt-utils", "createrepo-c"} <= build
+    assert not build & {"lintian", "rpm2cpio", "runc", "qemu-system-x86", "mmdebstrap", "linux-headers-amd64",
+                        "python3-dbusmock", "umockdev", "python3-pytest"}
+    # the Build-Depends of debian/control, each in the list
+    text = (REPO / "debian" / "control").read_text()
+    bdeps = re.search(r"^Build-Depends:(.*?)^\S", text, re.M | re.S).group(1)
+    names = {d.strip().split()[0] for d in bdeps.split(",") if d.strip()}
+    assert names - {"debhelper-compat"} <= build, names - build
+
+
+def test_setup_for_building_makes_no_venv(tmp_path):
+    """The build runs /usr/bin/python3: on a machine with build.txt installed, --build makes no .venv."""
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy2(REPO / "scripts" / "setup", tree / "scripts" / "setup")
+    shutil.copytree(APT, tree / ".ci" / "apt.d")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dpkg-query").write_text("#!/bin/sh\necho 'install ok installed'\n")
+    (fake / "dpkg-query").chmod(0o755)
+    proc = subprocess.run([str(tree / "scripts" / "setup"), "--build"], env=dict(os.environ, PATH=f"{fake}:/usr/bin:/bin"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "ready to build" in proc.stdout and not (tree / ".venv").exists()
+
+
 def test_test_command_and_ci_use_the_full_set_up():
     assert "scripts/setup --test" in (REPO / "scripts" / "test").read_text()
     assert re.search(r"^scripts/test\b", (REPO / ".ci" / "run").read_text(), re.M)
@@ -75,4 +108,4 @@ def test_runtime_list_holds_the_package_depends():
 @pytest.mark.parametrize("arg", ["--bogus"])
 def test_setup_rejects_unknown_arguments(arg):
     proc = subprocess.run([str(REPO / "scripts" / "setup"), arg], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "usage: scripts/setup [--test]" in proc.stderr
+    assert proc.returncode == 2 and "usage: scripts/setup [--test | --build]" in proc.stderr
