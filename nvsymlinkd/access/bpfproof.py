@@ -25,7 +25,6 @@ from typing import Iterable, Optional, Sequence
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.bpfeval import Insn
 from nvsymlinkd.access.bpfgen import access_letters, access_mask
-from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import TYPES, Access, Device, Rule
 
 # The requests the kernel makes (security/device_cgroup.c, devcgroup_check_permission): open asks for
@@ -73,10 +72,14 @@ class DeviceClass:
 
 def classes(programs: Sequence[Program], extra: Iterable[Device] = ()) -> list[DeviceClass]:
     """Every class the programs (and the extra devices, e.g. grants) tell apart, both types."""
+    return _classes([be.decisions(prog) for prog in programs], extra)
+
+
+def _classes(decided: Sequence[be.Decisions], extra: Iterable[Device] = ()) -> list[DeviceClass]:
     majors: dict[str, set[int]] = {t: set() for t in TYPES}
     minors: dict[str, dict[Optional[int], set[int]]] = {t: {} for t in TYPES}
-    for prog in programs:
-        d = be.distinguished(prog)
+    for dec in decided:
+        d = dec.distinguished
         for t in TYPES:
             majors[t] |= d.majors.get(t, frozenset())
             for m, ns in d.minors.get(t, {}).items():
@@ -98,21 +101,13 @@ def classes(programs: Sequence[Program], extra: Iterable[Device] = ()) -> list[D
 
 
 def allowed(programs: Sequence[Program], device: Device) -> frozenset[int]:
-    """The access sets (bit masks) every program allows for the device; CannotEvaluate for unknown."""
-    out = set()
-    for mask in ACCESS_MASKS:
-        ctx = be.make_ctx(device, access_letters(mask))
-        verdict = True
-        for prog in programs:
-            result = be.evaluate(prog, ctx)
-            if result.allowed is None:
-                raise CannotEvaluate(result.reason)
-            if not result.allowed:
-                verdict = False
-                break
-        if verdict:
-            out.add(mask)
-    return frozenset(out)
+    """The access sets (bit masks) every program allows for the device; CannotEvaluate when a program is
+    not fully decoded."""
+    return _allowed([be.decisions(prog) for prog in programs], device)
+
+
+def _allowed(decided: Sequence[be.Decisions], device: Device) -> frozenset[int]:
+    return frozenset(m for m in ACCESS_MASKS if all(d.allows(device, m) for d in decided))
 
 
 def _grant_masks(cls: DeviceClass, grants: Sequence[Grant]) -> frozenset[int]:
@@ -158,23 +153,32 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
     with a deny of what it does not allow when a rule after it would allow that; a block that would
     say what the class's requests fall through to anyway is left out. CannotEvaluate when a program is
     not fully decoded."""
-    table = {cls: allowed(programs, cls.sample) | _grant_masks(cls, grants)
-             for cls in classes(programs, (d for d, _ in grants))}
+    decided = [be.decisions(prog) for prog in programs]
+    table = {cls: _allowed(decided, cls.sample) | _grant_masks(cls, grants)
+             for cls in _classes(decided, (d for d, _ in grants))}
     rules: list[Rule] = []
     for t in TYPES:
         mine = [c for c in table if c.type == t]
         # built from the least specific block up: each block is weighed against the rules that will
-        # follow it (what its class's requests fall through to), emitted only where that differs
-        tail = _block(next(c for c in mine if c.major is None and c.minor is None),
-                      table[next(c for c in mine if c.major is None and c.minor is None)], frozenset())
+        # follow it (what its class's requests fall through to), emitted only where that differs. Of the
+        # blocks after it, only its major's M:*, its minor's *:N and *:* can match a class's sample (in
+        # that order: the exact ones name other devices, the samples of M:* and *:* avoid every named
+        # number), so those three decide what it falls through to
+        rest = next(c for c in mine if c.major is None and c.minor is None)
+        blocks: dict[tuple[Optional[int], Optional[int]], list[Rule]] = {(None, None): _block(rest, table[rest],
+                                                                                              frozenset())}
         order = (sorted((c for c in mine if c.major is None and c.minor is not None), reverse=True)
                  + sorted((c for c in mine if c.major is not None and c.minor is None), reverse=True)
                  + sorted((c for c in mine if c.major is not None and c.minor is not None), reverse=True))
+        emitted = [blocks[(None, None)]]
         for c in order:
-            falls_to = first_match(tail, c.sample)
+            after = [blocks.get((c.sample.major, None)), blocks.get((None, c.sample.minor)), blocks[(None, None)]]
+            falls_to = first_match([r for b in after if b is not None for r in b], c.sample)
             if table[c] != falls_to:
-                tail = _block(c, table[c], falls_to) + tail
-        rules += tail
+                block = _block(c, table[c], falls_to)
+                blocks[(c.major, c.minor)] = block
+                emitted.append(block)
+        rules += [r for block in reversed(emitted) for r in block]
     return rules
 
 
@@ -211,9 +215,12 @@ def prove(old: Sequence[Program], new: Sequence[Program], grants: Sequence[Grant
     grants' devices), every access set. CannotEvaluate when a program is not fully decoded."""
     problems: list[str] = []
     granted: list[str] = []
-    every = classes(list(old) + list(new), (d for d, _ in grants))
+    before_all, after_all = [be.decisions(p) for p in old], [be.decisions(p) for p in new]
+    every = _classes(before_all + after_all, (d for d, _ in grants))
     for cls in every:
-        before, after = allowed(old, cls.sample), allowed(new, cls.sample)
+        before, after = _allowed(before_all, cls.sample), _allowed(after_all, cls.sample)
+        if before == after:
+            continue
         grantable = _grant_masks(cls, grants)
         for m in ACCESS_MASKS:
             a = access_letters(m)
@@ -226,7 +233,7 @@ def prove(old: Sequence[Program], new: Sequence[Program], grants: Sequence[Grant
             else:
                 problems.append(f"{cls} {a}: denied before, allowed by the new program, and no grant asks for it")
     for gdev, gaccess in grants:
-        after = allowed(new, gdev)
+        after = _allowed(after_all, gdev)
         missing = [access_letters(m) for m in ACCESS_MASKS if m & access_mask(gaccess) == m and m not in after]
         if missing:
             problems.append(f"{gdev} {'/'.join(missing)}: still denied with the new program (a program of a "
