@@ -92,10 +92,21 @@ def encode(insns: Sequence[Insn]) -> bytes:
 
 def make_ctx(device: Device, access: Access) -> bytes:
     """The context the kernel passes for one check (access letters combined, as the kernel does)."""
+    bits = access_bits(access)
+    return struct.pack("=III", (bits << 16) | DEV_TYPES[device.type], device.major & M32, device.minor & M32)
+
+
+def access_bits(access: str) -> int:
+    """The context's access bits of letters ("rw" -> ACC_READ | ACC_WRITE)."""
     bits = 0
     for letter in access:
         bits |= ACCESS_BITS[letter]
-    return struct.pack("=III", (bits << 16) | DEV_TYPES[device.type], device.major & M32, device.minor & M32)
+    return bits
+
+
+def access_of(bits: int) -> Access:
+    """The letters of access bits (ACC_READ | ACC_WRITE -> "rw")."""
+    return Access("".join(letter for letter, bit in ACCESS_BITS.items() if bits & bit))
 
 
 @dataclass(frozen=True)
@@ -506,10 +517,7 @@ class Decisions:
 
     def check(self, device: Device, access: Access) -> EvalResult:
         """What check() returns (steps aside)."""
-        bits = 0
-        for letter in access:
-            bits |= ACCESS_BITS[letter]
-        r0, pc = self.exit_of(device, bits)
+        r0, pc = self.exit_of(device, access_bits(access))
         return EvalResult(bool(r0 & 1), f"returns {r0} at insn {pc}")
 
 
@@ -704,9 +712,12 @@ class _Run:
                     lambda tmp: _condition(insn, cls == JMP32, tmp, self.scalar_of(tmp), self.fail), insn, a, b)
             if type(taken) is not _Vec:
                 return [(taken_target if taken else pc + 1, state)]
-            yes = _State(list(regs), {i: p for i, p in state.parts.items() if taken[i]})
-            state.parts = {i: p for i, p in state.parts.items() if not taken[i]}
-            return ([(taken_target, yes)] if yes.parts else []) + ([(pc + 1, state)] if state.parts else [])
+            parts = state.parts
+            yes = [i for i in parts if taken[i]]
+            if len(yes) == len(parts) or not yes:    # every context of the state goes one way
+                return [(taken_target if yes else pc + 1, state)]
+            state.parts = {i: p for i, p in parts.items() if not taken[i]}
+            return [(taken_target, _State(list(regs), {i: parts[i] for i in yes})), (pc + 1, state)]
         taken = _condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
         return [(taken_target if taken else pc + 1, state)]
 
