@@ -435,8 +435,9 @@ class _Vec(tuple):  # type: ignore[type-arg]
     """A value computed from the access_type word: one per context, in CONTEXTS' order."""
 
 
-# a minor in a part: one number (int), or every number but these (frozenset)
-MinorSpec = Union[int, frozenset[int]]
+# a minor in a part: one number (int), or every number but these (a set, owned by one part: a split adds
+# the number it took out in place, where a copy per split made a MIG program's 1,000 minors quadratic)
+MinorSpec = Union[int, set[int]]
 Value = Union[Reg, _Sym, _Vec]
 Leaf = tuple[int, int]   # (r0, the exit's insn)
 
@@ -447,7 +448,7 @@ class _Parts:
 
     __slots__ = ("known", "other")
 
-    def __init__(self, known: dict[int, list[MinorSpec]], other: list[tuple[frozenset[int], MinorSpec]]) -> None:
+    def __init__(self, known: dict[int, list[MinorSpec]], other: list[tuple[set[int], MinorSpec]]) -> None:
         self.known = known
         self.other = other
 
@@ -480,9 +481,9 @@ class _Table:
 
     def __init__(self) -> None:
         self.exact: dict[tuple[int, int], Leaf] = {}
-        self.major_rest: dict[int, list[tuple[frozenset[int], Leaf]]] = {}
-        self.other_exact: dict[int, list[tuple[frozenset[int], Leaf]]] = {}
-        self.other_rest: list[tuple[frozenset[int], frozenset[int], Leaf]] = []
+        self.major_rest: dict[int, list[tuple[set[int], Leaf]]] = {}
+        self.other_exact: dict[int, list[tuple[set[int], Leaf]]] = {}
+        self.other_rest: list[tuple[set[int], set[int], Leaf]] = []
 
     def find(self, major: int, minor: int) -> Leaf:
         leaf = self.exact.get((major, minor))
@@ -514,6 +515,12 @@ class Decisions:
 
     def allows(self, device: Device, access_bits: int) -> bool:
         return bool(self.exit_of(device, access_bits)[0] & 1)
+
+    def allowed(self, device: Device, requests: Sequence[int]) -> set[int]:
+        """Which of the requests (access bits each) the program allows for the device."""
+        first = _TYPE_INDEX[device.type] * len(ACCESS_SETS) - 1
+        major, minor, tables = device.major & M32, device.minor & M32, self._tables
+        return {bits for bits in requests if tables[first + bits].find(major, minor)[0] & 1}
 
     def check(self, device: Device, access: Access) -> EvalResult:
         """What check() returns (steps aside)."""
@@ -562,7 +569,7 @@ class _Run:
         regs: list[Value] = [None] * NREGS
         regs[1] = _Ptr("ctx", 0)
         regs[10] = _Ptr("stack", 0)
-        every = {i: _Parts({}, [(frozenset(), frozenset())]) for i in range(len(CONTEXTS))}
+        every = {i: _Parts({}, [(set(), set())]) for i in range(len(CONTEXTS))}
         n = len(self.insns)
         pending: list[Optional[list[_State]]] = [None] * n    # the states waiting at each insn
         pending[0] = [_State(regs, every)]
@@ -783,7 +790,7 @@ class _Run:
     def _split_major(self, p: _Parts, c: int, tname: str) -> Optional[_Parts]:
         specs = p.known.pop(c, None)
         if p.other:
-            rest: list[tuple[frozenset[int], MinorSpec]] = []
+            rest: list[tuple[set[int], MinorSpec]] = []
             for excluded, spec in p.other:
                 if c in excluded:
                     rest.append((excluded, spec))
@@ -791,8 +798,9 @@ class _Run:
                 self.majors[tname].add(c)
                 if specs is None:
                     specs = []
-                specs.append(spec)
-                rest.append((excluded | {c}, spec))
+                specs.append(spec if type(spec) is int else set(spec))   # type: ignore[arg-type]
+                excluded.add(c)
+                rest.append((excluded, spec))
             p.other = rest
         return _Parts({c: specs}, []) if specs else None
 
@@ -811,7 +819,7 @@ class _Run:
             for excluded, spec in p.other:
                 eq, ne = self._split_specs([spec], c, tname, None)
                 if eq is not None:
-                    out.other.append((excluded, eq))
+                    out.other.append((set(excluded), eq))
                 rest += [(excluded, s) for s in ne]
             p.other = rest
         return out if out.known or out.other else None
@@ -831,7 +839,8 @@ class _Run:
             else:
                 self.minors[tname].setdefault(major, set()).add(c)
                 eq = c
-                ne.append(spec | {c})  # type: ignore[operator]
+                spec.add(c)  # type: ignore[union-attr]
+                ne.append(spec)
         return eq, ne
 
     def leaf(self, state: _State, r0: Union[int, _Vec], pc: int) -> None:

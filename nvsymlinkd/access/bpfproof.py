@@ -107,7 +107,10 @@ def allowed(programs: Sequence[Program], device: Device) -> frozenset[int]:
 
 
 def _allowed(decided: Sequence[be.Decisions], device: Device) -> frozenset[int]:
-    return frozenset(m for m in ACCESS_MASKS if all(d.allows(device, m) for d in decided))
+    out = set(ACCESS_MASKS)
+    for d in decided:
+        out &= d.allowed(device, ACCESS_MASKS)
+    return frozenset(out)
 
 
 def _grant_masks(cls: DeviceClass, grants: Sequence[Grant]) -> frozenset[int]:
@@ -186,8 +189,7 @@ def first_match(rules: Sequence[Rule], device: Device) -> frozenset[int]:
     """The requests (access masks) the rules allow for a device, the first matching rule deciding
     (what bpfgen.program() emits, its default deny included)."""
     out = set()
-    for m in ACCESS_MASKS:
-        letters = access_letters(m)
+    for m, letters in zip(ACCESS_MASKS, ACCESSES):
         for r in rules:
             if r.matches(device) and r.access.covers(letters):
                 if r.allow:
