@@ -625,6 +625,9 @@ class _Run:
         use_x = bool(insn.code & SRC_X)
         op = insn.code & 0xF0
         if cls in (ALU, ALU64):
+            if op == MOV and not use_x:   # a constant (what _alu does; the producers' verdicts are these)
+                regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
+                return [(pc + 1, state)]
             dst, src = regs[insn.dst], regs[insn.src] if use_x else None
             if type(src) is _Sym:
                 if op == MOV and insn.off == 0:
