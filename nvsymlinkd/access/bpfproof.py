@@ -19,6 +19,7 @@ refuses it, as the verifier never counts such a program as allowing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -134,19 +135,24 @@ def _block(cls: DeviceClass, masks: frozenset[int], falls_to: frozenset[int]) ->
     when that says exactly the allowed requests, else one allow per maximal request; then a deny of the
     rest when the rules after it (`falls_to` allows) would allow some of it. Otherwise (rw allowed, r
     not: a program can say that) one rule per request, the smaller first, each deciding only itself."""
+    return [cls.rule(allow, access) for allow, access in _block_shape(masks, falls_to)]
+
+
+@functools.cache   # 16 x 16 possible arguments: a program's 1,000 classes share a few
+def _block_shape(masks: frozenset[int], falls_to: frozenset[int]) -> tuple[tuple[bool, Access], ...]:
     if any(sub & m == sub and sub not in masks for m in masks for sub in ACCESS_MASKS):
         order = sorted(ACCESS_MASKS, key=lambda m: (bin(m).count("1"), m))
-        return [cls.rule(m in masks, access_letters(m)) for m in order]
+        return tuple((m in masks, access_letters(m)) for m in order)
     union = 0
     for m in masks:
         union |= m
     if masks and masks == {m for m in ACCESS_MASKS if m & union == m}:
-        rules = [cls.rule(True, access_letters(union))]
+        shape = [(True, access_letters(union))]
     else:
-        rules = [cls.rule(True, access_letters(m)) for m in _maximal(masks)]
+        shape = [(True, access_letters(m)) for m in _maximal(masks)]
     if falls_to - masks:
-        rules.append(cls.rule(False, "rwm"))
-    return rules
+        shape.append((False, Access("rwm")))
+    return tuple(shape)
 
 
 def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> list[Rule]:
@@ -170,9 +176,10 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
         rest = next(c for c in mine if c.major is None and c.minor is None)
         blocks: dict[tuple[Optional[int], Optional[int]], list[Rule]] = {(None, None): _block(rest, table[rest],
                                                                                               frozenset())}
-        order = (sorted((c for c in mine if c.major is None and c.minor is not None), reverse=True)
-                 + sorted((c for c in mine if c.major is not None and c.minor is None), reverse=True)
-                 + sorted((c for c in mine if c.major is not None and c.minor is not None), reverse=True))
+        order = (sorted((c for c in mine if c.major is None and c.minor is not None), key=_numbers, reverse=True)
+                 + sorted((c for c in mine if c.major is not None and c.minor is None), key=_numbers, reverse=True)
+                 + sorted((c for c in mine if c.major is not None and c.minor is not None), key=_numbers,
+                          reverse=True))
         emitted = [blocks[(None, None)]]
         for c in order:
             after = [blocks.get((c.sample.major, None)), blocks.get((None, c.sample.minor)), blocks[(None, None)]]
@@ -183,6 +190,11 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
                 emitted.append(block)
         rules += [r for block in reversed(emitted) for r in block]
     return rules
+
+
+def _numbers(c: DeviceClass) -> tuple[Optional[int], Optional[int]]:
+    """DeviceClass's order within one type and one shape (None in the same places): faster than its __lt__."""
+    return c.major, c.minor
 
 
 def first_match(rules: Sequence[Rule], device: Device) -> frozenset[int]:
