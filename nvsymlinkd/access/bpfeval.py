@@ -529,6 +529,7 @@ class Decisions:
 
 
 _TYPE_INDEX = {tname: i for i, tname in enumerate(DEV_TYPES)}
+_CTX_TYPE = tuple(tname for tname, _, _ in CONTEXTS)
 _MISS = object()
 
 
@@ -570,7 +571,7 @@ class _Run:
         regs[1] = _Ptr("ctx", 0)
         regs[10] = _Ptr("stack", 0)
         every = {i: _Parts({}, [(set(), set())]) for i in range(len(CONTEXTS))}
-        n = len(self.insns)
+        n, step = len(self.insns), self.step
         pending: list[Optional[list[_State]]] = [None] * n    # the states waiting at each insn
         pending[0] = [_State(regs, every)]
         for pc in range(n):
@@ -580,7 +581,7 @@ class _Run:
             pending[pc] = None
             self.pc = pc
             for state in _merged(states) if len(states) > 1 else states:
-                for target, out in self.step(state):
+                for target, out in step(state):
                     if target <= pc:
                         self.fail(f"{describe_insn(self.insns[pc])} jumps back to insn {target} (a loop)")
                     if target >= n:
@@ -780,14 +781,14 @@ class _Run:
     def split(self, state: _State, field: str, c: int) -> Optional[_State]:
         """Take the pairs whose `field` equals c out of the state (which keeps the others) into a new one."""
         equal: dict[int, _Parts] = {}
-        for i in list(state.parts):
-            p = state.parts[i]
-            tname = CONTEXTS[i][0]
-            got = self._split_major(p, c, tname) if field == MAJOR else self._split_minor(p, c, tname)
+        parts = state.parts
+        split = self._split_major if field == MAJOR else self._split_minor
+        for i, p in list(parts.items()):
+            got = split(p, c, _CTX_TYPE[i])
             if got is not None:
                 equal[i] = got
             if not p.known and not p.other:
-                del state.parts[i]
+                del parts[i]
         return _State(list(state.regs), equal) if equal else None
 
     def _split_major(self, p: _Parts, c: int, tname: str) -> Optional[_Parts]:
