@@ -11,10 +11,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvsymlinkd.access import bpfeval
+from nvsymlinkd.access import bpfeval, bpfgen
 from nvsymlinkd.access.cgroup import policy_of
 from nvsymlinkd.containers.expected import Expected
-from nvsymlinkd.host.devices import Access, Device
+from nvsymlinkd.host.devices import Access, Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.verify.verifier import HostDevices, _read_live
 
@@ -65,3 +65,25 @@ def test_bpf_programs_are_checked_device_by_device():
     program = [bpfeval.Insn(0xb7, 0, 0, 0, 1), bpfeval.Insn(0x95, 0, 0, 0, 0)]  # r0 = 1; exit: allow all
     assert policy_of(programs=[program]).equivalence_key(Device.char(509, 5)) is None
     assert policy_of("c 509:* rw\n", programs=[program]).equivalence_key(Device.char(509, 5)) is None
+
+
+# --- AccessPolicy.states(): check()'s states for many devices at once (repair/keep.py, issue 38) ---------
+
+program_rule = st.builds(lambda t, ma, mi, a, allow: Rule(allow, t, ma, mi, a), st.sampled_from("abc"), st.one_of(st.none(), st.sampled_from(MAJORS)),
+    st.one_of(st.none(), st.integers(0, 6)), st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"]), st.booleans())
+UNDECODED = [bpfeval.Insn(0x61, 4, 1, 4, 0), bpfeval.Insn(0x77, 4, 0, 0, 1),   # r4 = major >> 1: arithmetic
+             bpfeval.Insn(0x55, 4, 0, 1, 97), bpfeval.Insn(0xb7, 0, 0, 0, 1), bpfeval.Insn(0x95, 0, 0, 0, 0),
+             bpfeval.Insn(0xb7, 0, 0, 0, 0), bpfeval.Insn(0x95, 0, 0, 0, 0)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.none(), rules), programs=st.lists(st.one_of(
+           st.tuples(st.lists(program_rule, max_size=5), st.booleans()).map(lambda p: bpfgen.program(*p)),
+           st.just(UNDECODED), st.just([])), max_size=3),
+       devices=st.lists(device, min_size=1, max_size=8))
+def test_states_are_checks_states(text, programs, devices):
+    policy = policy_of(text, programs=programs)
+    state = policy.states()
+    for d in devices:
+        for access in ACCESSES:
+            assert state(d, access) == policy.check(d, access).state, (text, programs, d, access)

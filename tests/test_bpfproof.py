@@ -5,6 +5,8 @@ against a first-match oracle written from the rules alone."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -200,3 +202,86 @@ def test_a_major_block_without_a_stop_lets_nothing_reach_a_minor_wildcard_it_sho
     derived = bpfproof.policy_rules([prog])
     assert bpfproof.prove([prog], [bpfgen.program(derived)], []).ok
     assert be.check(bpfgen.program(derived), C0, Access("m")).allowed is False
+
+
+# --- the one-pass proof against the path-by-path one it replaced (issue 38) -------------------------------
+#
+# The rule sets of the kernel differential tests (tests/test_bpf_kernel.py's producer shapes and random
+# arithmetic, tests/test_bpf_repair_kernel.py's generator/derived sets), drawn here with fixed majors:
+# bpfeval.decisions() answers every request as the interpreter does (its verdict and its words), and
+# distinguished, classes, policy_rules and prove answer as tests/bpfproof_reference.py (the code before).
+
+MAJORS = {"chars": [200, 201, 202], "blocks": [203]}
+PROBE_NUMBERS = (0, 1, 7, 9, 200, 203, 4095, 70000)   # named by the rules, and not
+
+
+def _drawn_programs(seed: int, count: int):
+    from tests.test_bpf_kernel import random_rule
+    from tests.test_bpf_repair_kernel import _random_rules
+
+    rng = random.Random(seed)
+    for n in range(count):
+        kind = ("repair", "systemd", "nvidia", "arithmetic", "runc", "nested")[n % 6]
+        if kind == "repair":
+            yield kind, [bpfgen.program(_random_rules(rng, 200, 203), rng.random() < 0.3)]
+        elif kind == "systemd":
+            yield kind, [bpfasm.systemd_program([random_rule(rng, MAJORS) for _ in range(rng.randint(0, 6))],
+                                                rng.choice(["strict", "closed"]))]
+        elif kind == "nvidia":
+            spec = [(random_rule(rng, MAJORS, types=("c", "b", "a")), rng.random() < 0.8) for _ in range(3)]
+            spec = [(r, a) for r, a in spec if not (r.type == "a" and r.major is None and r.minor is None)]
+            base = runc([random_rule(rng, MAJORS) for _ in range(3)])
+            yield kind, [bpfasm.nvidia_prepend(spec, base, temp_reg=rng.choice([2, 6]))]
+        elif kind == "arithmetic":
+            yield kind, [bpfasm.random_alu_program(rng, rng.randint(3, 14), rng.randint(1, 4))]
+        elif kind == "runc":
+            yield kind, [bpfasm.runc_program([random_rule(rng, MAJORS) for _ in range(rng.randint(0, 8))],
+                                             rng.random() < 0.5)]
+        else:
+            yield kind, [bpfasm.systemd_program([random_rule(rng, MAJORS) for _ in range(4)]),
+                         runc([random_rule(rng, MAJORS) for _ in range(rng.randint(2, 8))])]
+
+
+def _or_refused(fn, *args):
+    try:
+        return fn(*args)
+    except CannotEvaluate:
+        return "refused"
+
+
+def test_decisions_answer_every_request_as_the_interpreter():
+    decided = 0
+    for kind, programs in _drawn_programs(2026_11_28, 60):
+        for prog in programs:
+            table = _or_refused(be.decisions, prog)
+            if table == "refused":
+                continue
+            decided += 1
+            for dev in (Device(t, ma, mi) for t in "cb" for ma in PROBE_NUMBERS for mi in PROBE_NUMBERS):
+                for bits in be.ACCESS_SETS:
+                    access = bpfgen.access_letters(bits)
+                    want, got = be.check(prog, dev, access), table.check(dev, access)
+                    assert (got.allowed, got.reason) == (want.allowed, want.reason), (kind, dev, access)
+    assert decided > 45   # not vacuous: the arithmetic programs are the refused ones
+
+
+def test_the_proof_answers_as_the_reference():
+    from tests import bpfproof_reference as ref
+
+    rng = random.Random(2026_11_28)
+    proven = 0
+    for kind, programs in _drawn_programs(2026_11_29, 90):
+        assert [_or_refused(be.distinguished, p) for p in programs] == \
+            [_or_refused(ref.distinguished, p) for p in programs], kind
+        grants = [(Device("c", rng.choice([195, 200]), rng.choice([0, 1, 7])), Access(rng.choice(["rw", "r", "m"])))]
+        rules = _or_refused(bpfproof.policy_rules, programs, grants)
+        assert rules == _or_refused(ref.policy_rules, programs, grants), kind
+        if rules == "refused":
+            continue
+        assert bpfproof.classes(programs, [grants[0][0]]) == ref.classes(programs, [grants[0][0]])
+        new = bpfgen.program(rules)
+        wider = bpfgen.program([Rule(True, "c", 200, None, "rw")] + rules[1:])   # one rule lost, one too wide
+        for old, now in ((programs, [new]), (programs, [wider]), (programs + [wider], [new]), ([new], programs)):
+            assert bpfproof.prove(old, now, grants) == ref.prove(old, now, grants), kind
+            proven += 1
+    assert proven > 200

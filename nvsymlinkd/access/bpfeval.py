@@ -15,10 +15,11 @@ program never counts as allowing.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, NoReturn, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, NoReturn, Optional, Sequence, Union
 
 from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import Access, Device
@@ -91,10 +92,21 @@ def encode(insns: Sequence[Insn]) -> bytes:
 
 def make_ctx(device: Device, access: Access) -> bytes:
     """The context the kernel passes for one check (access letters combined, as the kernel does)."""
+    bits = access_bits(access)
+    return struct.pack("=III", (bits << 16) | DEV_TYPES[device.type], device.major & M32, device.minor & M32)
+
+
+def access_bits(access: str) -> int:
+    """The context's access bits of letters ("rw" -> ACC_READ | ACC_WRITE)."""
     bits = 0
     for letter in access:
         bits |= ACCESS_BITS[letter]
-    return struct.pack("=III", (bits << 16) | DEV_TYPES[device.type], device.major & M32, device.minor & M32)
+    return bits
+
+
+def access_of(bits: int) -> Access:
+    """The letters of access bits (ACC_READ | ACC_WRITE -> "rw")."""
+    return Access("".join(letter for letter, bit in ACCESS_BITS.items() if bits & bit))
 
 
 @dataclass(frozen=True)
@@ -384,26 +396,69 @@ def guess_producer(name: str, insns: Sequence[Insn]) -> str:
     return "unknown producer"
 
 
-# --- which devices a program can tell apart ---------------------------------------------------
+
+# --- every verdict of a program at once ---------------------------------------------------------
 #
 # Evaluating a program on one request says nothing about the 2^32 majors and minors it was not run
-# on. `distinguished` finds, by running the program with the device numbers left symbolic, every
-# major and minor it compares against: devices whose numbers are in none of those sets follow one
-# path, so one representative of each class answers for all of its members (proof.classes turns
-# these sets into classes). The type and the access are concrete (2 types x 7 access sets, every
-# context the kernel can pass); a number may only be copied (mov, mov32: it is a u32) and compared
-# for equality with a constant (jeq/jne, 32 or 64 bits), which is all runc, crun, systemd and
-# libnvidia-container do with it. Anything else done with a number (arithmetic, an ordering
-# compare, a partial load) raises CannotEvaluate: such a program is not fully decoded.
+# on. `decisions` runs it once with the device numbers left symbolic, over every context the kernel
+# can pass at once (2 types x 7 access sets: the access_type word is concrete in each, so a value
+# computed from it is a vector, one value per context), and yields its verdict on every (type, access,
+# major, minor) as a partition: each part is a major (one number, or every number but some), a minor
+# (likewise) and the exit that decides them. `distinguished` is what it compared the numbers with: two
+# devices whose numbers are in none of those sets follow one path (proof.classes turns these sets into
+# classes).
+#
+# A number may only be copied (mov, mov32: it is a u32), masked with all ones and compared for
+# equality with a constant (jeq/jne, 32 or 64 bits), which is all runc, crun, systemd and
+# libnvidia-container do with it; anything else is understood only where every path reaching it
+# already knows the number (it was compared equal). Anything else done with a number (arithmetic,
+# an ordering compare, a partial load) raises CannotEvaluate: such a program is not fully decoded.
+#
+# The paths are run in instruction order (the programs jump forward only), and paths that reach one
+# instruction with the same registers are one state holding all their parts: a runc program of n
+# rules takes about one pass over its instructions, not one per major it names (issue 38: the proof
+# of 1,000 rules went from seconds to milliseconds). tests/bpfproof_reference.py keeps the path by
+# path evaluation this replaced; tests/test_bpfproof.py holds the two to the same answers.
 
 MAJOR, MINOR = "major", "minor"
 ACCESS_SETS = tuple(range(1, 8))   # every non-empty combination of ACC_MKNOD | ACC_READ | ACC_WRITE
-MAX_PATHS = 200_000                # symbolic paths per program (a runc program of n exact rules: ~14 n)
-MAX_TOTAL_STEPS = 20_000_000       # instructions run over all of them (~10 s): beyond, not decoded
+CONTEXTS = tuple((tname, tbits, access) for tname, tbits in DEV_TYPES.items() for access in ACCESS_SETS)
+MAX_PARTS = 1_000_000              # parts of the partition over every context: beyond, not decoded
+MAX_STATE_STEPS = 4_000_000        # instructions run over every state (~10 s): beyond, not decoded
 
 
 class _Sym(NamedTuple):
     field: str   # MAJOR or MINOR: the context's u32, unchanged
+
+
+class _Vec(tuple):  # type: ignore[type-arg]
+    """A value computed from the access_type word: one per context, in CONTEXTS' order."""
+
+
+# a minor in a part: one number (int), or every number but these (a set, owned by one part: a split adds
+# the number it took out in place, where a copy per split made a MIG program's 1,000 minors quadratic)
+MinorSpec = Union[int, set[int]]
+Value = Union[Reg, _Sym, _Vec]
+Leaf = tuple[int, int]   # (r0, the exit's insn)
+
+
+class _Parts:
+    """The (major, minor) pairs of one context that a state holds: known[M] the minors of major M,
+    other the (majors but these, minor) pairs. Disjoint: each pair follows one path."""
+
+    __slots__ = ("known", "other")
+
+    def __init__(self, known: dict[int, list[MinorSpec]], other: list[tuple[set[int], MinorSpec]]) -> None:
+        self.known = known
+        self.other = other
+
+
+class _State:
+    __slots__ = ("regs", "parts")
+
+    def __init__(self, regs: list[Value], parts: dict[int, _Parts]) -> None:
+        self.regs = regs
+        self.parts = parts   # context index -> its pairs
 
 
 @dataclass(frozen=True)
@@ -418,6 +473,435 @@ class Distinguished:
     minors: dict[str, dict[Optional[int], frozenset[int]]]
 
 
+class _Table:
+    """One context's partition, indexed: exact (major, minor); major M with every minor but some;
+    every major but some with minor m; every major but some with every minor but some."""
+
+    __slots__ = ("exact", "major_rest", "other_exact", "other_rest")
+
+    def __init__(self) -> None:
+        self.exact: dict[tuple[int, int], Leaf] = {}
+        self.major_rest: dict[int, list[tuple[set[int], Leaf]]] = {}
+        self.other_exact: dict[int, list[tuple[set[int], Leaf]]] = {}
+        self.other_rest: list[tuple[set[int], set[int], Leaf]] = []
+
+    def find(self, major: int, minor: int) -> Leaf:
+        leaf = self.exact.get((major, minor))
+        if leaf is not None:
+            return leaf
+        for excluded, leaf in self.major_rest.get(major, ()):
+            if minor not in excluded:
+                return leaf
+        for excluded, leaf in self.other_exact.get(minor, ()):
+            if major not in excluded:
+                return leaf
+        for excluded, excluded_minors, leaf in self.other_rest:
+            if major not in excluded and minor not in excluded_minors:
+                return leaf
+        raise AssertionError(f"no part holds {major}:{minor}")   # the parts cover every pair
+
+
+class Decisions:
+    """Every verdict of one program (decisions()): what evaluate() answers, without running it."""
+
+    def __init__(self, tables: list[_Table], found: Distinguished) -> None:
+        self._tables = tables
+        self.distinguished = found
+
+    def exit_of(self, device: Device, access_bits: int) -> Leaf:
+        """(r0, the exit's insn) for a request (access bits ACC_*, non-empty)."""
+        index = _TYPE_INDEX[device.type] * len(ACCESS_SETS) + access_bits - 1
+        return self._tables[index].find(device.major & M32, device.minor & M32)
+
+    def allows(self, device: Device, access_bits: int) -> bool:
+        return bool(self.exit_of(device, access_bits)[0] & 1)
+
+    def allowed(self, device: Device, requests: Sequence[int]) -> set[int]:
+        """Which of the requests (access bits each) the program allows for the device."""
+        first = _TYPE_INDEX[device.type] * len(ACCESS_SETS) - 1
+        major, minor, tables = device.major & M32, device.minor & M32, self._tables
+        return {bits for bits in requests if tables[first + bits].find(major, minor)[0] & 1}
+
+    def check(self, device: Device, access: Access) -> EvalResult:
+        """What check() returns (steps aside)."""
+        r0, pc = self.exit_of(device, access_bits(access))
+        return EvalResult(bool(r0 & 1), f"returns {r0} at insn {pc}")
+
+
+_TYPE_INDEX = {tname: i for i, tname in enumerate(DEV_TYPES)}
+_CTX_TYPE = tuple(tname for tname, _, _ in CONTEXTS)
+_MISS = object()
+
+
+def distinguished(insns: Sequence[Insn]) -> Distinguished:
+    """Every constant the program compares the major and minor with (see above); CannotEvaluate when
+    the program does anything else with them, or is not a forward-only program `evaluate` can run."""
+    return decisions(insns).distinguished
+
+
+def decisions(insns: Sequence[Insn]) -> Decisions:
+    """Every verdict of the program (see above); CannotEvaluate when it is not fully decoded. The last
+    programs' answers are kept: a repair asks about the same programs several times."""
+    return _decisions(tuple(insns))
+
+
+@functools.lru_cache(maxsize=16)
+def _decisions(insns: tuple[Insn, ...]) -> Decisions:
+    return _Run(insns).run()
+
+
+class _Run:
+    """One symbolic run of a program over every context (decisions())."""
+
+    def __init__(self, insns: Sequence[Insn]) -> None:
+        self.insns = insns
+        self.pc = 0
+        self.tables = [_Table() for _ in CONTEXTS]
+        self.majors: dict[str, set[int]] = {t: set() for t in DEV_TYPES}
+        self.minors: dict[str, dict[Optional[int], set[int]]] = {t: {} for t in DEV_TYPES}
+        self.memo: dict[tuple[Any, ...], Any] = {}
+        self.parts = 0
+        self.steps = 0
+
+    def fail(self, why: str) -> NoReturn:
+        raise CannotEvaluate(f"cannot decode insn {self.pc} ({why})")
+
+    def run(self) -> Decisions:
+        regs: list[Value] = [None] * NREGS
+        regs[1] = _Ptr("ctx", 0)
+        regs[10] = _Ptr("stack", 0)
+        every = {i: _Parts({}, [(set(), set())]) for i in range(len(CONTEXTS))}
+        n, step = len(self.insns), self.step
+        pending: list[Optional[list[_State]]] = [None] * n    # the states waiting at each insn
+        pending[0] = [_State(regs, every)]
+        for pc in range(n):
+            states = pending[pc]
+            if states is None:
+                continue
+            pending[pc] = None
+            self.pc = pc
+            for state in _merged(states) if len(states) > 1 else states:
+                for target, out in step(state):
+                    if target <= pc:
+                        self.fail(f"{describe_insn(self.insns[pc])} jumps back to insn {target} (a loop)")
+                    if target >= n:
+                        raise CannotEvaluate(f"cannot decode: execution left the program at insn {target}")
+                    waiting = pending[target]
+                    if waiting is None:
+                        pending[target] = [out]
+                    else:
+                        waiting.append(out)
+        return Decisions(self.tables, Distinguished(
+            {t: frozenset(v) for t, v in self.majors.items()},
+            {t: {k: frozenset(v) for k, v in by.items()} for t, by in self.minors.items()}))
+
+    # --- one instruction ---
+
+    def scalar_of(self, regs: Sequence[Value]) -> Scalar:
+        def scalar(reg: int) -> int:
+            v = regs[reg]
+            if v is None:
+                self.fail(f"r{reg} read before it is set")
+            if type(v) is _Ptr:
+                self.fail(f"arithmetic on {v.region} pointer r{reg}")
+            if type(v) is _Sym:
+                self.fail(f"arithmetic on the device's {v.field}")
+            return v  # type: ignore[return-value]
+        return scalar
+
+    def again(self, states: list[_State]) -> list[tuple[int, _State]]:
+        out: list[tuple[int, _State]] = []
+        for s in states:
+            out += self.step(s)
+        return out
+
+    def step(self, state: _State) -> list[tuple[int, _State]]:
+        self.steps += 1
+        if self.steps > MAX_STATE_STEPS:
+            self.fail(f"step limit: more than {MAX_STATE_STEPS} instructions over every path")
+        pc, insn, regs = self.pc, self.insns[self.pc], state.regs
+        if insn.dst >= NREGS or insn.src >= NREGS:
+            self.fail(f"register out of range in {describe_insn(insn)}")
+        cls = insn.code & 7
+        use_x = bool(insn.code & SRC_X)
+        op = insn.code & 0xF0
+        if cls in (ALU, ALU64):
+            if op == MOV and not use_x:   # a constant (what _alu does; the producers' verdicts are these)
+                regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
+                return [(pc + 1, state)]
+            dst, src = regs[insn.dst], regs[insn.src] if use_x else None
+            if type(src) is _Sym:
+                if op == MOV and insn.off == 0:
+                    regs[insn.dst] = src      # mov and mov32 of a u32: the number itself
+                    return [(pc + 1, state)]
+                if not (op in (XOR, SUB) and insn.src == insn.dst):
+                    return self.again(self.known(state, src.field, f"{describe_insn(insn)} uses the device's "
+                                                                   f"{src.field}"))
+            if type(dst) is _Sym and op != MOV:
+                ones = M64 if cls == ALU64 else M32
+                if op == AND and not use_x and (insn.imm & ones) == ones:
+                    return [(pc + 1, state)]  # and with all ones: the number itself
+                if op in (XOR, SUB) and use_x and insn.src == insn.dst:
+                    regs[insn.dst] = 0
+                    return [(pc + 1, state)]
+                return self.again(self.known(state, dst.field, f"{describe_insn(insn)} on the device's {dst.field}"))
+            if type(dst) is _Vec or type(src) is _Vec:
+                key = (insn, dst, src)
+                hit = self.memo.get(key, _MISS)
+                if hit is _MISS:
+                    hit = self.memo[key] = self.per_context(
+                        lambda tmp: _alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
+                regs[insn.dst] = hit
+            else:
+                regs[insn.dst] = _alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+            return [(pc + 1, state)]
+        if cls == LDX:
+            mode = insn.code & 0xE0
+            base = regs[insn.src]
+            if mode != MODE_MEM or type(base) is not _Ptr or base.region != "ctx":
+                self.fail(describe_insn(insn) + " (not a plain load from the context)")
+            off, size = base.off + insn.off, SIZE_BYTES[insn.code & 0x18]
+            if off < 0 or off + size > 12:
+                self.fail(f"BPF_LDX at context offset {off} size {size}, outside the 12-byte context")
+            regs[insn.dst] = self.load(off, size)
+            return [(pc + 1, state)]
+        if cls == LD:
+            if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= len(self.insns):
+                self.fail(describe_insn(insn))
+            regs[insn.dst] = (insn.imm & M32) | ((self.insns[pc + 1].imm & M32) << 32)
+            return [(pc + 2, state)]
+        if cls not in (JMP, JMP32):
+            self.fail(f"{describe_insn(insn)}: writes memory")
+        if op == EXIT:
+            r0 = regs[0]
+            if type(r0) is _Sym:
+                return self.again(self.known(state, r0.field, f"arithmetic on the device's {r0.field}"))
+            if type(r0) is not _Vec:
+                self.scalar_of(regs)(0)
+            self.leaf(state, r0, pc)    # type: ignore[arg-type]
+            return []
+        if op == CALL:
+            self.fail("BPF_CALL")
+        if op == JA:
+            if use_x:
+                self.fail(describe_insn(insn))
+            return [(pc + 1 + (insn.off if cls == JMP else insn.imm), state)]
+        if op not in JMP_NAMES:
+            self.fail(describe_insn(insn))
+        a, b = regs[insn.dst], regs[insn.src] if use_x else None
+        if type(b) is _Sym and type(a) is not _Sym:
+            return self.again(self.known(state, b.field, f"{describe_insn(insn)} compares with the device's {b.field}"))
+        if type(a) is _Sym:
+            if op not in (JEQ, JNE):
+                return self.again(self.known(state, a.field, f"{describe_insn(insn)} on the device's {a.field}: "
+                                                             "only equality is understood"))
+            if use_x and type(b) is not int:
+                why = f"{describe_insn(insn)} compares the device's {a.field} with a non-constant"
+                if type(b) is _Sym:
+                    return self.again(self.known(state, b.field, why))
+                if type(b) is _Vec:
+                    return self.again(_per_context_states(state))
+                self.fail(why)
+            c = b if use_x else insn.imm & M64
+            if cls == JMP32:
+                c &= M32   # type: ignore[operator]
+            equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
+            other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
+            if equal_target <= pc or other_target <= pc:
+                self.fail(f"{describe_insn(insn)} jumps back (a loop)")
+            if c > M32:            # type: ignore[operator]
+                return [(other_target, state)]   # a u32 never equals it
+            equal = self.split(state, a.field, c)   # type: ignore[arg-type]
+            out = [(equal_target, equal)] if equal is not None else []
+            return out + ([(other_target, state)] if state.parts else [])
+        taken_target = pc + 1 + insn.off
+        if type(a) is _Vec or type(b) is _Vec:
+            key = (insn, a, b)
+            taken = self.memo.get(key, _MISS)
+            if taken is _MISS:
+                taken = self.memo[key] = self.per_context(
+                    lambda tmp: _condition(insn, cls == JMP32, tmp, self.scalar_of(tmp), self.fail), insn, a, b)
+            if type(taken) is not _Vec:
+                return [(taken_target if taken else pc + 1, state)]
+            parts = state.parts
+            yes = [i for i in parts if taken[i]]
+            if len(yes) == len(parts) or not yes:    # every context of the state goes one way
+                return [(taken_target if yes else pc + 1, state)]
+            state.parts = {i: p for i, p in parts.items() if not taken[i]}
+            return [(taken_target, _State(list(regs), {i: parts[i] for i in yes})), (pc + 1, state)]
+        taken = _condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+        return [(taken_target if taken else pc + 1, state)]
+
+    def per_context(self, fn: Callable[[list[Reg]], Any], insn: Insn, dst: Value, src: Value) -> Any:
+        """fn on each context's values of the operands: one value when all agree, else a _Vec (the callers
+        memoize it: runc's blocks compute the same access test again and again)."""
+        out = []
+        for i in range(len(CONTEXTS)):
+            tmp: list[Reg] = [None] * NREGS
+            tmp[insn.dst] = dst[i] if type(dst) is _Vec else dst  # type: ignore[assignment]
+            if insn.code & SRC_X and insn.src != insn.dst:
+                tmp[insn.src] = src[i] if type(src) is _Vec else src  # type: ignore[assignment]
+            out.append(fn(tmp))
+        return out[0] if all(v == out[0] for v in out) else _Vec(out)
+
+    def load(self, off: int, size: int) -> Value:
+        if off + size <= 4:
+            values = [_ctx_value(tbits, access, off, size, self.fail) for _, tbits, access in CONTEXTS]
+            return values[0] if all(v == values[0] for v in values) else _Vec(values)
+        if size == 4 and off in (4, 8):
+            return _Sym(MAJOR if off == 4 else MINOR)
+        self.fail(f"a {size}-byte load at context offset {off}: only whole u32 device numbers are understood")
+
+    # --- the parts ---
+
+    def known(self, state: _State, field: str, why: str) -> list[_State]:
+        """The state split by the value of `field` in its parts, that value in place of the number in the
+        registers (what the path already knows); CannotEvaluate (why) when some part does not know it."""
+        by: dict[int, dict[int, _Parts]] = {}
+        for i, p in state.parts.items():
+            if field == MAJOR:
+                if p.other:
+                    self.fail(why)
+                for m, specs in p.known.items():
+                    by.setdefault(m, {})[i] = _Parts({m: specs}, [])
+            else:
+                for m, specs in p.known.items():
+                    for spec in specs:
+                        if type(spec) is not int:
+                            self.fail(why)
+                        by.setdefault(spec, {}).setdefault(i, _Parts({}, [])).known[m] = [spec]
+                for excluded, spec in p.other:
+                    if type(spec) is not int:
+                        self.fail(why)
+                    by.setdefault(spec, {}).setdefault(i, _Parts({}, [])).other.append((excluded, spec))
+        sym = _Sym(field)
+        return [_State([value if v == sym and type(v) is _Sym else v for v in state.regs], parts)
+                for value, parts in by.items()]
+
+    def split(self, state: _State, field: str, c: int) -> Optional[_State]:
+        """Take the pairs whose `field` equals c out of the state (which keeps the others) into a new one."""
+        equal: dict[int, _Parts] = {}
+        parts = state.parts
+        split = self._split_major if field == MAJOR else self._split_minor
+        for i, p in list(parts.items()):
+            got = split(p, c, _CTX_TYPE[i])
+            if got is not None:
+                equal[i] = got
+            if not p.known and not p.other:
+                del parts[i]
+        return _State(list(state.regs), equal) if equal else None
+
+    def _split_major(self, p: _Parts, c: int, tname: str) -> Optional[_Parts]:
+        specs = p.known.pop(c, None)
+        if p.other:
+            rest: list[tuple[set[int], MinorSpec]] = []
+            for excluded, spec in p.other:
+                if c in excluded:
+                    rest.append((excluded, spec))
+                    continue
+                self.majors[tname].add(c)
+                if specs is None:
+                    specs = []
+                specs.append(spec if type(spec) is int else set(spec))   # type: ignore[arg-type]
+                excluded.add(c)
+                rest.append((excluded, spec))
+            p.other = rest
+        return _Parts({c: specs}, []) if specs else None
+
+    def _split_minor(self, p: _Parts, c: int, tname: str) -> Optional[_Parts]:
+        out = _Parts({}, [])
+        for m in list(p.known):
+            eq, ne = self._split_specs(p.known[m], c, tname, m)
+            if eq is not None:
+                out.known[m] = [eq]
+            if ne:
+                p.known[m] = ne
+            else:
+                del p.known[m]
+        if p.other:
+            rest = []
+            for excluded, spec in p.other:
+                eq, ne = self._split_specs([spec], c, tname, None)
+                if eq is not None:
+                    out.other.append((set(excluded), eq))
+                rest += [(excluded, s) for s in ne]
+            p.other = rest
+        return out if out.known or out.other else None
+
+    def _split_specs(self, specs: list[MinorSpec], c: int, tname: str,
+                     major: Optional[int]) -> tuple[Optional[int], list[MinorSpec]]:
+        eq: Optional[int] = None
+        ne: list[MinorSpec] = []
+        for spec in specs:
+            if type(spec) is int:
+                if spec == c:
+                    eq = c
+                else:
+                    ne.append(spec)
+            elif c in spec:  # type: ignore[operator]
+                ne.append(spec)
+            else:
+                self.minors[tname].setdefault(major, set()).add(c)
+                eq = c
+                spec.add(c)  # type: ignore[union-attr]
+                ne.append(spec)
+        return eq, ne
+
+    def leaf(self, state: _State, r0: Union[int, _Vec], pc: int) -> None:
+        for i, p in state.parts.items():
+            leaf: Leaf = (r0[i] if type(r0) is _Vec else r0, pc)  # type: ignore[assignment]
+            table = self.tables[i]
+            for m, specs in p.known.items():
+                for spec in specs:
+                    if type(spec) is int:
+                        table.exact[(m, spec)] = leaf
+                    else:
+                        table.major_rest.setdefault(m, []).append((spec, leaf))  # type: ignore[arg-type]
+                self.parts += len(specs)
+            for excluded, spec in p.other:
+                if type(spec) is int:
+                    table.other_exact.setdefault(spec, []).append((excluded, leaf))
+                else:
+                    table.other_rest.append((excluded, spec, leaf))  # type: ignore[arg-type]
+            self.parts += len(p.other)
+        if self.parts > MAX_PARTS:
+            self.fail(f"more than {MAX_PARTS} parts: the program tells too many devices apart")
+
+
+def _merged(states: list[_State]) -> list[_State]:
+    """States with the same registers as one (their parts joined: disjoint, each pair follows one path)."""
+    if len(states) == 1:
+        return states
+    by: dict[tuple[Value, ...], _State] = {}
+    for s in states:
+        key = tuple(s.regs)
+        into = by.get(key)
+        if into is None:
+            by[key] = s
+            continue
+        for i, p in s.parts.items():
+            q = into.parts.get(i)
+            if q is None:
+                into.parts[i] = p
+                continue
+            if len(q.known) < len(p.known):
+                q.known, p.known = p.known, q.known
+            for m, specs in p.known.items():
+                mine = q.known.get(m)
+                if mine is None:
+                    q.known[m] = specs
+                else:
+                    mine.extend(specs)
+            q.other.extend(p.other)
+    return list(by.values())
+
+
+def _per_context_states(state: _State) -> list[_State]:
+    """The state as one state per context, each context's values in its registers."""
+    return [_State([v[i] if type(v) is _Vec else v for v in state.regs], {i: p})
+            for i, p in state.parts.items()]
+
+
 def _ctx_value(ctx_type: int, access: int, off: int, size: int, fail: Fail) -> Union[int, _Sym]:
     """A context load: the access_type word is concrete, the numbers symbolic (whole u32 loads only)."""
     word = ((access << 16) | ctx_type).to_bytes(4, sys.byteorder)
@@ -426,168 +910,3 @@ def _ctx_value(ctx_type: int, access: int, off: int, size: int, fail: Fail) -> U
     if size == 4 and off in (4, 8):
         return _Sym(MAJOR if off == 4 else MINOR)
     fail(f"a {size}-byte load at context offset {off}: only whole u32 device numbers are understood")
-
-
-def distinguished(insns: Sequence[Insn]) -> Distinguished:
-    """Every constant the program compares the major and minor with (see above); CannotEvaluate when
-    the program does anything else with them, or is not a forward-only program `evaluate` can run."""
-    majors: dict[str, set[int]] = {t: set() for t in DEV_TYPES}
-    minors: dict[str, dict[Optional[int], set[int]]] = {t: {} for t in DEV_TYPES}
-    paths = 0
-    budget = [MAX_TOTAL_STEPS]
-    for tname, tbits in DEV_TYPES.items():
-        for access in ACCESS_SETS:
-            # a path: (pc, registers, known numbers, numbers excluded), depth first
-            start: list[Union[Reg, _Sym]] = [None] * NREGS
-            start[1] = _Ptr("ctx", 0)
-            start[10] = _Ptr("stack", 0)
-            todo: list[tuple[int, list[Union[Reg, _Sym]], dict[str, int], dict[str, frozenset[int]]]] = [
-                (0, start, {}, {MAJOR: frozenset(), MINOR: frozenset()})]
-            while todo:
-                paths += 1
-                if paths > MAX_PATHS:
-                    raise CannotEvaluate(f"more than {MAX_PATHS} paths through the program")
-                pc, regs, known, excluded = todo.pop()
-                forks = _run_symbolic(insns, pc, regs, known, excluded, tbits, access,
-                                      majors[tname], minors[tname], budget)
-                todo.extend(forks)
-    return Distinguished({t: frozenset(v) for t, v in majors.items()},
-                         {t: {k: frozenset(v) for k, v in by.items()} for t, by in minors.items()})
-
-
-def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], known: dict[str, int],
-                  excluded: dict[str, frozenset[int]], ctx_type: int, access: int, majors: set[int],
-                  minors: dict[Optional[int], set[int]], budget: list[int]) -> list[
-                      tuple[int, list[Union[Reg, _Sym]], dict[str, int], dict[str, frozenset[int]]]]:
-    """Run one path until it exits (no forks returned) or compares an unknown number (two returned)."""
-    n = len(insns)
-    steps = 0
-
-    def fail(why: str) -> NoReturn:
-        raise CannotEvaluate(f"cannot decode insn {pc} ({why})")
-
-    def value(reg: int) -> Union[Reg, _Sym]:
-        v = regs[reg]
-        if isinstance(v, _Sym) and v.field in known:
-            return known[v.field]
-        return v
-
-    def concrete_regs() -> list[Reg]:
-        out: list[Reg] = []
-        for i in range(NREGS):
-            v = value(i)
-            out.append(None if isinstance(v, _Sym) else v)   # never read: checked before use
-        return out
-
-    def scalar(reg: int) -> int:
-        v = value(reg)
-        if v is None:
-            fail(f"r{reg} read before it is set")
-        if isinstance(v, _Ptr):
-            fail(f"arithmetic on {v.region} pointer r{reg}")
-        if isinstance(v, _Sym):
-            fail(f"arithmetic on the device's {v.field}")
-        return v
-
-    while True:
-        if not 0 <= pc < n:
-            raise CannotEvaluate(f"cannot decode: execution left the program at insn {pc}")
-        steps += 1
-        budget[0] -= 1
-        if steps > MAX_STEPS or budget[0] < 0:
-            fail(f"step limit: more than {MAX_TOTAL_STEPS} instructions over every path")
-        insn = insns[pc]
-        if insn.dst >= NREGS or insn.src >= NREGS:
-            fail(f"register out of range in {describe_insn(insn)}")
-        cls = insn.code & 7
-        use_x = bool(insn.code & SRC_X)
-        if cls in (ALU, ALU64):
-            op = insn.code & 0xF0
-            dst, src = value(insn.dst), value(insn.src) if use_x else None
-            if isinstance(src, _Sym):
-                if op == MOV and insn.off == 0:
-                    regs[insn.dst] = src    # mov and mov32 of a u32: the number itself
-                    pc += 1
-                    continue
-                if not (op in (XOR, SUB) and insn.src == insn.dst):
-                    fail(f"{describe_insn(insn)} uses the device's {src.field}")
-            if isinstance(dst, _Sym) and op != MOV:
-                ones = M64 if cls == ALU64 else M32
-                if op == AND and not use_x and (insn.imm & ones) == ones:
-                    pc += 1                 # and with all ones: the number itself
-                    continue
-                if op in (XOR, SUB) and use_x and insn.src == insn.dst:
-                    regs[insn.dst] = 0
-                    pc += 1
-                    continue
-                fail(f"{describe_insn(insn)} on the device's {dst.field}")
-            regs[insn.dst] = _alu(insn, cls == ALU64, concrete_regs(), scalar, fail)
-            pc += 1
-        elif cls == LDX:
-            mode = insn.code & 0xE0
-            base = value(insn.src)
-            if mode != MODE_MEM or not isinstance(base, _Ptr) or base.region != "ctx":
-                fail(describe_insn(insn) + " (not a plain load from the context)")
-            off, size = base.off + insn.off, SIZE_BYTES[insn.code & 0x18]
-            if off < 0 or off + size > 12:
-                fail(f"BPF_LDX at context offset {off} size {size}, outside the 12-byte context")
-            regs[insn.dst] = _ctx_value(ctx_type, access, off, size, fail)
-            pc += 1
-        elif cls == LD:
-            if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= n:
-                fail(describe_insn(insn))
-            regs[insn.dst] = (insn.imm & M32) | ((insns[pc + 1].imm & M32) << 32)
-            pc += 2
-        elif cls in (JMP, JMP32):
-            op = insn.code & 0xF0
-            if op == EXIT:
-                scalar(0)
-                return []
-            if op == CALL:
-                fail("BPF_CALL")
-            if op == JA:
-                if use_x:
-                    fail(describe_insn(insn))
-                target = pc + 1 + (insn.off if cls == JMP else insn.imm)
-            else:
-                if op not in JMP_NAMES:
-                    fail(describe_insn(insn))
-                a = value(insn.dst)
-                b = value(insn.src) if use_x else None
-                if isinstance(b, _Sym) and not isinstance(a, _Sym):
-                    fail(f"{describe_insn(insn)} compares with the device's {b.field}")
-                if isinstance(a, _Sym):
-                    if op not in (JEQ, JNE):
-                        fail(f"{describe_insn(insn)} on the device's {a.field}: only equality is understood")
-                    if use_x:
-                        if not isinstance(b, int):
-                            fail(f"{describe_insn(insn)} compares the device's {a.field} with a non-constant")
-                        c = b
-                    else:
-                        c = insn.imm & M64
-                    if cls == JMP32:
-                        c &= M32
-                    equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
-                    other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
-                    if equal_target <= pc or other_target <= pc:
-                        fail(f"{describe_insn(insn)} jumps back (a loop)")
-                    if c > M32 or c in excluded[a.field]:
-                        pc = other_target     # a u32 never equals it, or this path already knows it does not
-                        continue
-                    if a.field == MAJOR:
-                        majors.add(c)
-                    else:
-                        minors.setdefault(known.get(MAJOR), set()).add(c)
-                    eq_known = dict(known)
-                    eq_known[a.field] = c
-                    ne_excluded = dict(excluded)
-                    ne_excluded[a.field] = excluded[a.field] | {c}
-                    return [(equal_target, list(regs), eq_known, dict(excluded)),
-                            (other_target, list(regs), dict(known), ne_excluded)]
-                taken = _condition(insn, cls == JMP32, concrete_regs(), scalar, fail)
-                target = pc + 1 + insn.off if taken else pc + 1
-            if target <= pc:
-                fail(f"{describe_insn(insn)} jumps back to insn {target} (a loop)")
-            pc = target
-        else:
-            fail(f"{describe_insn(insn)}: writes memory")

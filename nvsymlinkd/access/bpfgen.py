@@ -104,21 +104,23 @@ LOAD_CTX = (
 
 
 def rule_block(prog: list[Insn], rule: Rule) -> None:
-    """Append one rule's block (see the module's text)."""
-    nxt = Label()
-    if rule.type != "a":
-        emit_jump(prog, jmp(be.JNE, 2, 0, TYPE_BITS[rule.type]), nxt)
+    """Append one rule's block (see the module's text). Each test jumps to the block's end, whose distance
+    is known before the block is written (no labels to patch: a 1,000-rule program is emitted per repair)."""
     bits = access_mask(rule.access)
-    if bits != access_mask(RWM):
-        prog.append(alu(be.MOV, 1, src=3, x=True))
-        prog.append(alu(be.AND, 1, bits))
-        emit_jump(prog, jmp(be.JNE, 1, 0, src=3, x=True), nxt)
+    tests = [rule.type != "a", bits != access_mask(RWM), rule.major is not None, rule.minor is not None]
+    size = tests[0] + 3 * tests[1] + tests[2] + tests[3] + 2
+    block: list[Insn] = []
+    if tests[0]:
+        block.append(jmp(be.JNE, 2, size - 1, TYPE_BITS[rule.type]))
+    if tests[1]:
+        block += [alu(be.MOV, 1, src=3, x=True), alu(be.AND, 1, bits)]
+        block.append(jmp(be.JNE, 1, size - len(block) - 1, src=3, x=True))
     if rule.major is not None:
-        emit_jump(prog, jmp(be.JNE, 4, 0, rule.major), nxt)
+        block.append(jmp(be.JNE, 4, size - len(block) - 1, rule.major))
     if rule.minor is not None:
-        emit_jump(prog, jmp(be.JNE, 5, 0, rule.minor), nxt)
+        block.append(jmp(be.JNE, 5, size - len(block) - 1, rule.minor))
+    prog += block
     prog += [mov32(0, 1 if rule.allow else 0), exit_()]
-    place(prog, nxt)
 
 
 def program(rules: Sequence[Rule], default_allow: bool = False) -> list[Insn]:

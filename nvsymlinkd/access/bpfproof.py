@@ -19,13 +19,13 @@ refuses it, as the verifier never counts such a program as allowing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.bpfeval import Insn
 from nvsymlinkd.access.bpfgen import access_letters, access_mask
-from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import TYPES, Access, Device, Rule
 
 # The requests the kernel makes (security/device_cgroup.c, devcgroup_check_permission): open asks for
@@ -73,10 +73,14 @@ class DeviceClass:
 
 def classes(programs: Sequence[Program], extra: Iterable[Device] = ()) -> list[DeviceClass]:
     """Every class the programs (and the extra devices, e.g. grants) tell apart, both types."""
+    return _classes([be.decisions(prog) for prog in programs], extra)
+
+
+def _classes(decided: Sequence[be.Decisions], extra: Iterable[Device] = ()) -> list[DeviceClass]:
     majors: dict[str, set[int]] = {t: set() for t in TYPES}
     minors: dict[str, dict[Optional[int], set[int]]] = {t: {} for t in TYPES}
-    for prog in programs:
-        d = be.distinguished(prog)
+    for dec in decided:
+        d = dec.distinguished
         for t in TYPES:
             majors[t] |= d.majors.get(t, frozenset())
             for m, ns in d.minors.get(t, {}).items():
@@ -98,20 +102,15 @@ def classes(programs: Sequence[Program], extra: Iterable[Device] = ()) -> list[D
 
 
 def allowed(programs: Sequence[Program], device: Device) -> frozenset[int]:
-    """The access sets (bit masks) every program allows for the device; CannotEvaluate for unknown."""
-    out = set()
-    for mask in ACCESS_MASKS:
-        ctx = be.make_ctx(device, access_letters(mask))
-        verdict = True
-        for prog in programs:
-            result = be.evaluate(prog, ctx)
-            if result.allowed is None:
-                raise CannotEvaluate(result.reason)
-            if not result.allowed:
-                verdict = False
-                break
-        if verdict:
-            out.add(mask)
+    """The access sets (bit masks) every program allows for the device; CannotEvaluate when a program is
+    not fully decoded."""
+    return _allowed([be.decisions(prog) for prog in programs], device)
+
+
+def _allowed(decided: Sequence[be.Decisions], device: Device) -> frozenset[int]:
+    out = set(ACCESS_MASKS)
+    for d in decided:
+        out &= d.allowed(device, ACCESS_MASKS)
     return frozenset(out)
 
 
@@ -136,19 +135,24 @@ def _block(cls: DeviceClass, masks: frozenset[int], falls_to: frozenset[int]) ->
     when that says exactly the allowed requests, else one allow per maximal request; then a deny of the
     rest when the rules after it (`falls_to` allows) would allow some of it. Otherwise (rw allowed, r
     not: a program can say that) one rule per request, the smaller first, each deciding only itself."""
+    return [cls.rule(allow, access) for allow, access in _block_shape(masks, falls_to)]
+
+
+@functools.cache   # 16 x 16 possible arguments: a program's 1,000 classes share a few
+def _block_shape(masks: frozenset[int], falls_to: frozenset[int]) -> tuple[tuple[bool, Access], ...]:
     if any(sub & m == sub and sub not in masks for m in masks for sub in ACCESS_MASKS):
         order = sorted(ACCESS_MASKS, key=lambda m: (bin(m).count("1"), m))
-        return [cls.rule(m in masks, access_letters(m)) for m in order]
+        return tuple((m in masks, access_letters(m)) for m in order)
     union = 0
     for m in masks:
         union |= m
     if masks and masks == {m for m in ACCESS_MASKS if m & union == m}:
-        rules = [cls.rule(True, access_letters(union))]
+        shape = [(True, access_letters(union))]
     else:
-        rules = [cls.rule(True, access_letters(m)) for m in _maximal(masks)]
+        shape = [(True, access_letters(m)) for m in _maximal(masks)]
     if falls_to - masks:
-        rules.append(cls.rule(False, "rwm"))
-    return rules
+        shape.append((False, Access("rwm")))
+    return tuple(shape)
 
 
 def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> list[Rule]:
@@ -158,32 +162,46 @@ def policy_rules(programs: Sequence[Program], grants: Sequence[Grant] = ()) -> l
     with a deny of what it does not allow when a rule after it would allow that; a block that would
     say what the class's requests fall through to anyway is left out. CannotEvaluate when a program is
     not fully decoded."""
-    table = {cls: allowed(programs, cls.sample) | _grant_masks(cls, grants)
-             for cls in classes(programs, (d for d, _ in grants))}
+    decided = [be.decisions(prog) for prog in programs]
+    table = {cls: _allowed(decided, cls.sample) | _grant_masks(cls, grants)
+             for cls in _classes(decided, (d for d, _ in grants))}
     rules: list[Rule] = []
     for t in TYPES:
         mine = [c for c in table if c.type == t]
         # built from the least specific block up: each block is weighed against the rules that will
-        # follow it (what its class's requests fall through to), emitted only where that differs
-        tail = _block(next(c for c in mine if c.major is None and c.minor is None),
-                      table[next(c for c in mine if c.major is None and c.minor is None)], frozenset())
-        order = (sorted((c for c in mine if c.major is None and c.minor is not None), reverse=True)
-                 + sorted((c for c in mine if c.major is not None and c.minor is None), reverse=True)
-                 + sorted((c for c in mine if c.major is not None and c.minor is not None), reverse=True))
+        # follow it (what its class's requests fall through to), emitted only where that differs. Of the
+        # blocks after it, only its major's M:*, its minor's *:N and *:* can match a class's sample (in
+        # that order: the exact ones name other devices, the samples of M:* and *:* avoid every named
+        # number), so those three decide what it falls through to
+        rest = next(c for c in mine if c.major is None and c.minor is None)
+        blocks: dict[tuple[Optional[int], Optional[int]], list[Rule]] = {(None, None): _block(rest, table[rest],
+                                                                                              frozenset())}
+        order = (sorted((c for c in mine if c.major is None and c.minor is not None), key=_numbers, reverse=True)
+                 + sorted((c for c in mine if c.major is not None and c.minor is None), key=_numbers, reverse=True)
+                 + sorted((c for c in mine if c.major is not None and c.minor is not None), key=_numbers,
+                          reverse=True))
+        emitted = [blocks[(None, None)]]
         for c in order:
-            falls_to = first_match(tail, c.sample)
+            after = [blocks.get((c.sample.major, None)), blocks.get((None, c.sample.minor)), blocks[(None, None)]]
+            falls_to = first_match([r for b in after if b is not None for r in b], c.sample)
             if table[c] != falls_to:
-                tail = _block(c, table[c], falls_to) + tail
-        rules += tail
+                block = _block(c, table[c], falls_to)
+                blocks[(c.major, c.minor)] = block
+                emitted.append(block)
+        rules += [r for block in reversed(emitted) for r in block]
     return rules
+
+
+def _numbers(c: DeviceClass) -> tuple[Optional[int], Optional[int]]:
+    """DeviceClass's order within one type and one shape (None in the same places): faster than its __lt__."""
+    return c.major, c.minor
 
 
 def first_match(rules: Sequence[Rule], device: Device) -> frozenset[int]:
     """The requests (access masks) the rules allow for a device, the first matching rule deciding
     (what bpfgen.program() emits, its default deny included)."""
     out = set()
-    for m in ACCESS_MASKS:
-        letters = access_letters(m)
+    for m, letters in zip(ACCESS_MASKS, ACCESSES):
         for r in rules:
             if r.matches(device) and r.access.covers(letters):
                 if r.allow:
@@ -211,9 +229,12 @@ def prove(old: Sequence[Program], new: Sequence[Program], grants: Sequence[Grant
     grants' devices), every access set. CannotEvaluate when a program is not fully decoded."""
     problems: list[str] = []
     granted: list[str] = []
-    every = classes(list(old) + list(new), (d for d, _ in grants))
+    before_all, after_all = [be.decisions(p) for p in old], [be.decisions(p) for p in new]
+    every = _classes(before_all + after_all, (d for d, _ in grants))
     for cls in every:
-        before, after = allowed(old, cls.sample), allowed(new, cls.sample)
+        before, after = _allowed(before_all, cls.sample), _allowed(after_all, cls.sample)
+        if before == after:
+            continue
         grantable = _grant_masks(cls, grants)
         for m in ACCESS_MASKS:
             a = access_letters(m)
@@ -226,7 +247,7 @@ def prove(old: Sequence[Program], new: Sequence[Program], grants: Sequence[Grant
             else:
                 problems.append(f"{cls} {a}: denied before, allowed by the new program, and no grant asks for it")
     for gdev, gaccess in grants:
-        after = allowed(new, gdev)
+        after = _allowed(after_all, gdev)
         missing = [access_letters(m) for m in ACCESS_MASKS if m & access_mask(gaccess) == m and m not in after]
         if missing:
             problems.append(f"{gdev} {'/'.join(missing)}: still denied with the new program (a program of a "

@@ -18,11 +18,11 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.rules import decide, parse_devices_list
-from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.errors import CannotEvaluate, HostFileError
 from nvsymlinkd.host.devices import TYPES, Access, Device, named_minors, rule_class
 from nvsymlinkd.host.paths import normalize, unescape_mount_field
 from nvsymlinkd.host.root import MAX_MOUNTINFO_BYTES, HostRoot, read_host_file
@@ -390,6 +390,27 @@ class AccessPolicy:
             return AccessDecision(ALLOW, "no device restriction (no v1 devices cgroup, no v2 device program)")
         return AccessDecision(ALLOW, "; ".join(v.reason for v in decisions if v.reason))
 
+    def states(self) -> Callable[[Device, Access], str]:
+        """check(device, access).state, for asking about many devices (repair/keep.py judges one of every class
+        the container's access tells apart: hundreds for a MIG container): v1 rules indexed by the numbers they
+        name, each v2 program's verdicts read from one symbolic pass over it (bpfeval.decisions; a program that
+        pass cannot decode is run by the interpreter per request, as check() does). The same states as check()
+        (tests/test_access_classes.py); check() gives the words."""
+        judges: list = []
+        for s in self.sources:
+            if s.error is not None:
+                judges.append(lambda device, bits: UNKNOWN)
+            elif isinstance(s, _V1Source):
+                judges.append(_v1_states(s.rules or []))
+            else:
+                judges += [_program_states(p) for p in s.programs]
+
+        def state(device: Device, access: Access) -> str:
+            bits = bpfeval.access_bits(access)
+            seen = [judge(device, bits) for judge in judges]
+            return DENY if DENY in seen else UNKNOWN if UNKNOWN in seen else ALLOW
+        return state
+
     def programs(self) -> list:
         """Every source as a program (lists of bpfeval.Insn): v2 programs as decoded, a v1 devices.list
         through bpfgen (its rules in order, default deny). Only for where the numbers lie: the classes of
@@ -414,6 +435,38 @@ class AccessPolicy:
         for s in self.sources:
             lines += s.describe()
         return lines or ["no device cgroup sources (no v1 devices controller, no cgroup2 path)"]
+
+
+def _v1_states(rules: list) -> Callable[[Device, int], str]:
+    """rules.decide's verdict: allowed when one rule covers the request (or the list is in allow-all mode)."""
+    if any(r.is_allow_all for r in rules):
+        return lambda device, bits: ALLOW
+    named: dict = {}
+    for r in rules:
+        named.setdefault((r.type, r.major, r.minor), set()).add(bpfeval.access_bits(r.access))
+
+    def state(device: Device, bits: int) -> str:
+        for dev_type in (device.type, "a"):
+            for major in (device.major, None):
+                for minor in (device.minor, None):
+                    if any(bits & have == bits for have in named.get((dev_type, major, minor), ())):
+                        return ALLOW
+        return DENY
+    return state
+
+
+def _program_states(prog: _Program) -> Callable[[Device, int], str]:
+    """_V2Source.check's verdict of one program."""
+    if not prog.insns:
+        return lambda device, bits: UNKNOWN
+    try:
+        decided = bpfeval.decisions(prog.insns)
+    except CannotEvaluate:
+        def evaluated(device: Device, bits: int) -> str:
+            result = bpfeval.evaluate(prog.insns, bpfeval.make_ctx(device, bpfeval.access_of(bits)))
+            return UNKNOWN if result.allowed is None else ALLOW if result.allowed else DENY
+        return evaluated
+    return lambda device, bits: ALLOW if decided.allows(device, bits) else DENY
 
 
 # --- reading -----------------------------------------------------------------------------
