@@ -15,9 +15,9 @@ the hook itself reads, the way the hook computes it (docs/hookgrant.md has the s
 
 `reconstruct()` answers None when the spec has no such hook (nothing to reconstruct), else a
 HookGrant: `trusted` with the exact devices (possibly none), or not trusted with the reason. Any
-request it cannot resolve exactly (a MIG device, an IMEX channel, a UUID the driver does not list,
-an index whose order is ambiguous, a config option that changes the selection) is not trusted:
-never a guess, and never more than the hook would grant.
+request it cannot resolve exactly (a MIG device by index or one NVML cannot name now, an IMEX channel,
+a UUID the driver does not list, an index whose order is ambiguous, a config option that changes the
+selection) is not trusted: never a guess, and never more than the hook would grant.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from nvsymlinkd.host.devices import Access, Device
+from nvsymlinkd.host.mig import MigDevice, MigMap
 
 SOURCE = "nvidia-hook"  # the expected-access source name (containers.expected, repair.plan)
 RW = Access("rw")  # libnvidia-container writes `c M:m rw` (src/nvc_mount.c, setup_device_cgroup)
@@ -204,6 +205,11 @@ class DriverMap:
     uvm: tuple[Device, ...] = ()  # nvidia-uvm and nvidia-uvm-tools nodes that exist on the host
     mig_instances: bool = False  # a MIG GPU or compute instance exists (capabilities/gpu*/mig/gi*)
     modeset: bool = False  # /dev/nvidia-modeset exists on the host
+    mig: MigMap = MigMap()  # the driver's MIG map (host.mig), read under --root
+    # NVML's MIG devices now: (UUID, parent GPU's device minor, GI id, CI id); None when NVML was not asked or
+    # failed (mig_uuids_why says which): a MIG UUID is known only to NVML
+    mig_uuids: Optional[Tuple[Tuple[str, int, int, int], ...]] = None
+    mig_uuids_why: str = "NVML was not asked"
 
 
 @dataclass(frozen=True)
@@ -493,9 +499,10 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     caps = _capabilities(env, config)
     if isinstance(caps, HookGrant):
         return caps
-    gpus = _select_gpus(devices, driver)
-    if isinstance(gpus, HookGrant):
-        return gpus
+    selected = _select_gpus(devices, driver)
+    if isinstance(selected, HookGrant):
+        return selected
+    gpus, migs = selected
     granted: dict[Device, Access] = {Device.char(FRONTEND_MAJOR, CTL_MINOR): RW}
     # libnvidia-container src/options.h container_opts: "compute" and "video" both set OPT_COMPUTE_LIBS, and
     # src/nvc_mount.c nvc_driver_mount grants the devices outside major 195 (uvm) only with it; the uvm nodes
@@ -508,12 +515,18 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
         granted[Device.char(FRONTEND_MAJOR, MODESET_MINOR)] = RW
     for g in gpus:
         granted[Device.char(FRONTEND_MAJOR, g.minor)] = RW
+    # a MIG device: its parent GPU (select_mig_device adds it) and the GPU and compute instances' access
+    # capabilities (src/nvc_mount.c nvc_mig_device_access_caps_mount -> cap_device_mount -> setup_device_cgroup)
+    for m in migs.values():
+        for cap in driver.mig.caps(m):
+            granted[cap] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
     where = f"; config {config.path or 'none (the defaults)'}"
     asked = ",".join(devices) or "none"
     asked = asked if len(asked) <= 200 else asked[:197] + "..."
+    named = f" (MIG {', '.join(f'{u} = {m.name}' for u, m in migs.items())})" if migs else ""
     return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
-                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}")
+                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{named}")
 
 
 def _shown(version: Version | None, why: str) -> str:
@@ -650,12 +663,14 @@ def _index(text: str) -> int | None:
     return n if n < UINTMAX else None
 
 
-def _select_gpus(devices: list[str], driver: DriverMap) -> list[GpuEntry] | HookGrant:
-    """The GPUs nvidia-container-cli selects (src/cli/common.c select_devices): per item, case-insensitive
-    `all` (every GPU and MIG device, then stop), a full GPU UUID, a PCI bus id, an index in NVML's order,
-    else a MIG device; anything else fails the hook."""
+def _select_gpus(devices: list[str], driver: DriverMap) -> tuple[list[GpuEntry], dict[str, MigDevice]] | HookGrant:
+    """The GPUs and MIG devices (by the UUID asked for) nvidia-container-cli selects (src/cli/common.c
+    select_devices): per item, case-insensitive `all` (every GPU and MIG device, then stop), a full GPU UUID,
+    a PCI bus id, an index in NVML's order, else a MIG device (select_mig_device: a full MIG UUID, then
+    `<gpu>:<mig>`); anything else fails the hook."""
+    migs: dict[str, MigDevice] = {}
     if not devices:
-        return []
+        return [], migs
     if not driver.readable:
         return _untrusted(f"the driver's GPU list cannot be read: {driver.why}")
     # NVML does not enumerate excluded GPUs: they are not `all`, and the indexes skip them
@@ -688,13 +703,46 @@ def _select_gpus(devices: list[str], driver: DriverMap) -> list[GpuEntry] | Hook
                     return _untrusted(f"index {d}: the GPUs' PCI order and minor order differ, so the index is "
                                       "ambiguous")
                 gpu = by_pci[n]
+        if gpu is None and d[:4].lower() == "mig-" and len(d) > 4:
+            mig = _mig_by_uuid(d, driver)
+            if isinstance(mig, HookGrant):
+                return mig
+            gpu = next((g for g in listed if g.minor == mig.gpu), None)
+            if gpu is None:  # NVML does not enumerate an excluded GPU, nor its MIG devices
+                return _untrusted(f"{d}: its parent GPU (minor {mig.gpu}) is not one the driver lists as enumerated")
+            migs.setdefault(d, mig)
         if gpu is None:
-            if d[:4].lower() == "mig-" or _MIG_INDEX.fullmatch(d):
-                return _untrusted(f"{d}: MIG device requests are not reconstructed")
+            if _MIG_INDEX.fullmatch(d):
+                # select_mig_device: gpus[i].mig_devices[j], NVML's MIG handle order at the hook's run; /proc
+                # shows neither that order nor whether an instance was destroyed and made again since
+                return _untrusted(f"{d}: a MIG index names whichever MIG device was j-th when the hook ran; "
+                                  "that order and the instances of then are not knowable now")
             return _untrusted(f"{d}: no GPU the driver lists matches it")
         if gpu not in chosen:
             chosen.append(gpu)
-    return chosen
+    return chosen, migs
+
+
+def _mig_by_uuid(uuid: str, driver: DriverMap) -> MigDevice | HookGrant:
+    """The MIG device a full MIG UUID names (select_mig_device: strcasecmp with equal lengths), through NVML's
+    UUID -> (GPU, GI, CI) now and the driver's MIG map. A MIG UUID is made with its instance: an instance
+    destroyed since the hook ran (and one made again in its slot, with the same minors) has another UUID, so
+    a UUID NVML still lists is the instance the hook granted; one it does not list is never guessed."""
+    shown = uuid if len(uuid) <= 60 else uuid[:57] + "..."
+    if driver.mig_uuids is None:
+        return _untrusted(f"{shown}: a MIG UUID is known only to NVML, and {driver.mig_uuids_why}")
+    if not driver.mig.readable:
+        return _untrusted(f"{shown}: the driver's MIG map cannot be read: {driver.mig.why}")
+    hits = {(g, gi, ci) for u, g, gi, ci in driver.mig_uuids if u.lower() == uuid.lower()}
+    if len(hits) != 1:
+        return _untrusted(f"{shown}: NVML lists {'no' if not hits else 'more than one'} MIG device with this UUID "
+                          "now (destroyed or made again since the hook ran, or never there)")
+    gpu, gi, ci = hits.pop()
+    mig = driver.mig.find(gpu, gi, ci)
+    if mig is None:
+        return _untrusted(f"{shown}: NVML names gpu{gpu}/gi{gi}/ci{ci}, which the driver's capabilities under "
+                          "--root do not show")
+    return mig
 
 
 def parse_wrapper(text: str) -> Wrapper | str:
