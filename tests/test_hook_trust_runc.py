@@ -157,7 +157,7 @@ def test_hook_that_grants_nothing_by_config_is_no_request(runc_host, nvsymlinkd_
                          "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
     hook_granted(runc_host, "cpu-pod", "all", ("c 1:3 rw",), nodes=())
     got = one(check_json(nvsymlinkd_cli, str(runc_host.root), code=0))
-    assert got["nvidia_hook"] == {"trusted": True, "devices": {}, "detail": got["nvidia_hook"]["detail"]}
+    assert got["nvidia_hook"] == {"trusted": True, "devices": {}, "detail": got["nvidia_hook"]["detail"], "mig_devices": []}
     assert got["verdict"] == "ok", got["findings"]
 
 

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.migfixture import CAPS_MAJOR, IMEX_MAJOR, cap, fake_pynvml, mig_minor_table, write_mig_layout
+from tests.migfixture import (
+    CAPS_MAJOR,
+    IMEX_MAJOR,
+    cap,
+    fake_pynvml,
+    mig_minor_table,
+    write_mig_layout,
+)
 from tests.test_hook_trust_runc import check_json, fake_driver, hook_granted, kinds, one
+from tests.test_json_schema import validators  # noqa: F401 (a fixture)
 
 MIG_A, MIG_B = "MIG-2a3b4c5d-aaaa-5e6f-8a9b-0c1d2e3f4a5b", "MIG-7e8f9a0b-bbbb-5c6d-9e0f-1a2b3c4d5e6f"
 T = mig_minor_table()
@@ -40,16 +48,23 @@ def opens(c) -> dict:
     return {m: c.open_error(f"/dev/nvidia-cap{m}") for m in (A_GI, A_CI, B_GI, B_CI)}
 
 
-def test_mig_grant_lost_with_no_daemon_is_lost_and_repair_gives_back_exactly_it(runc_host, nvsymlinkd_cli, monkeypatch):
+def test_mig_grant_lost_with_no_daemon_is_lost_and_repair_gives_back_exactly_it(runc_host, nvsymlinkd_cli, monkeypatch,
+                                                                               validators):  # noqa: F811
     mig_host(runc_host, monkeypatch, [(MIG_A, 0, 1, 0), (MIG_B, 0, 2, 0)])
     root = str(runc_host.root)
     c = mig_container(runc_host, "mig-lost")
     assert opens(c) == {A_GI: "ENXIO", A_CI: "ENXIO", B_GI: "EPERM", B_CI: "EPERM"}
-    got = one(check_json(nvsymlinkd_cli, root))
+    doc = check_json(nvsymlinkd_cli, root)
+    validators("check", doc)  # mig_devices as docs/schema/check.schema.json says
+    got = one(doc)
     assert got["nvidia_hook"]["trusted"] is True, got["nvidia_hook"]
     assert set(got["nvidia_hook"]["devices"]) == {"c 195:255", "c 195:0", cap("gpu0/gi1/access"),
                                                   cap("gpu0/gi1/ci0/access")}
     assert "gpu0/gi1/ci0" in got["nvidia_hook"]["detail"]
+    # named by its UUID and its g:m index (NVML's order now: GPU 0's first MIG device)
+    assert got["nvidia_hook"]["mig_devices"] == [{"uuid": MIG_A, "index": "0:0", "instance": "gpu0/gi1/ci0",
+                                                  "devices": ["c 195:0", cap("gpu0/gi1/access"),
+                                                              cap("gpu0/gi1/ci0/access")]}]
 
     for m in (A_GI, A_CI):  # the loss, with nothing watching
         c.deny(f"c {CAPS_MAJOR}:{m} rw")

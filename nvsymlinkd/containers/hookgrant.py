@@ -252,10 +252,26 @@ class HookGrant:
     trusted: bool
     devices: Mapping[Device, Access]  # empty unless trusted
     detail: str  # what was reconstructed, or why it could not be
+    mig: Tuple[MigGrant, ...] = ()  # the MIG devices among the devices
 
     def to_json(self) -> dict[str, Any]:
         return {"trusted": self.trusted, "devices": {str(d): str(a) for d, a in sorted(self.devices.items())},
-                "detail": self.detail}
+                "detail": self.detail, "mig_devices": [m.to_json() for m in self.mig]}
+
+
+@dataclass(frozen=True)
+class MigGrant:
+    """A granted MIG device by the names people use: its UUID, its `g:m` index in NVML's order now (what
+    nvidia-smi -L shows; None when not known), the driver's instance, and its devices."""
+
+    uuid: str
+    index: Optional[str]
+    instance: str  # gpu<minor>/gi<G>/ci<C>
+    devices: Tuple[Device, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "index": self.index, "instance": self.instance,
+                "devices": [str(d) for d in self.devices]}
 
 
 def _untrusted(why: str) -> HookGrant:
@@ -524,9 +540,23 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     where = f"; config {config.path or 'none (the defaults)'}"
     asked = ",".join(devices) or "none"
     asked = asked if len(asked) <= 200 else asked[:197] + "..."
-    named = f" (MIG {', '.join(f'{u} = {m.name}' for u, m in migs.items())})" if migs else ""
+    named = [MigGrant(u, _mig_index(m, driver), m.name, (Device.char(FRONTEND_MAJOR, m.gpu), *driver.mig.caps(m)))
+             for u, m in migs.items()]
+    shown_mig = "; MIG " + ", ".join(f"{g.uuid} ({g.index or '?'}) = {g.instance}" for g in named) if named else ""
     return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
-                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{named}")
+                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{shown_mig}",
+                     tuple(named))
+
+
+def _mig_index(m: MigDevice, driver: DriverMap) -> str | None:
+    """`g:m` as NVML numbers this MIG device now: its parent's NVML index (PCI order of the enumerated GPUs)
+    and its place among that GPU's MIG devices as NVML lists them."""
+    listed = sorted((g for g in driver.gpus if not g.excluded), key=lambda g: _pci_key(g.pci) or g.pci)
+    g = next((i for i, e in enumerate(listed) if e.minor == m.gpu), None)
+    mine = [(gi, ci) for _, gpu, gi, ci in driver.mig_uuids or () if gpu == m.gpu]
+    if g is None or (m.gi, m.ci) not in mine:
+        return None
+    return f"{g}:{mine.index((m.gi, m.ci))}"
 
 
 def _shown(version: Version | None, why: str) -> str:
