@@ -378,6 +378,14 @@ ROWS = {
         f"{LNC} @1aea9873 src/cli/common.c select_mig_device (sscanf \"%lu:%lu\", gpus[i].mig_devices[j])",
         "`0:0` is the j-th MIG device in NVML's order at the hook's run: neither shown by /proc nor fixed",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0:0"}, driver=MIG_DRIVER), UNTRUSTED)),
+    "mig-volume-mount-strategy": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:247,253 (DevicesFromMounts); {LNC} @1aea9873 "
+        "src/cli/common.c select_mig_device",
+        "the device plugin's volume-mount strategy: /var/run/nvidia-container-devices/MIG-<uuid> is the same request",
+        lambda t: (outcome(reconstruct(HookRequest((entry("prestart"),), {"NVIDIA_VISIBLE_DEVICES": "void"},
+                                                   (f"/var/run/nvidia-container-devices/{MIG_A}",)),
+                                       HookInputs(ToolkitConfig(accept_volume_mounts=True), MIG_DRIVER, (1, 17, 8),
+                                                  "row"))), BASE | gpus(0) | MIG_A_CAPS)),
     "mig-all-adds-every-mig-device": (
         f"{LNC} @1aea9873 src/cli/common.c select_all_devices (select_all_mig_devices)",
         "`all` on a MIG host also grants every MIG device's capabilities of the hook's time",
