@@ -3,6 +3,9 @@ host/driverinfo.read_mig_map on an H100 fixture tree laid out as the driver publ
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from nvsymlinkd.host import mig
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import read_mig_map
@@ -78,3 +81,25 @@ def test_odd_names_are_not_instances():
     assert mig.parse_instance_name("gpu32", "gi1", None) is None
     assert mig.parse_instance_name("gpu0", "gi15", None) is None
     assert mig.parse_instance_name("gpu0", "gi1", "ci8") is None
+
+
+REAL = Path(__file__).resolve().parent / "fixtures" / "mig-h200-580.159.04"
+
+
+def test_fixture_table_is_a_real_drivers_mig_minors():
+    """The H200 recorded with driver 580.159.04 (MIG off): its mig-minors is the table the fixtures build."""
+    real = mig.parse_mig_minors((REAL / "proc/driver/nvidia-caps/mig-minors").read_text())
+    assert real == mig_minor_table() and len(real) == 4322
+
+
+def test_real_host_with_mig_off_has_an_empty_map(tmp_path):
+    shutil.copytree(REAL, tmp_path / "root")
+    got = read_mig_map(HostRoot(str(tmp_path / "root")))
+    assert got.readable and got.devices == ()
+    # an instance made there (the layout the driver would publish): gi1/ci0 with minors 12 and 13
+    fake = FakeHost(tmp_path / "root")
+    fake.write("/proc/driver/nvidia/capabilities/gpu0/mig/gi1/access", access_text(12))
+    fake.write("/proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0/access", access_text(13))
+    got = read_mig_map(HostRoot(str(fake.root)))
+    assert got.readable and [(d.name, d.gi_minor, d.ci_minor) for d in got.devices] == [("gpu0/gi1/ci0", 12, 13)]
+    assert got.caps_major == 241
