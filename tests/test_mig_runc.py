@@ -73,6 +73,8 @@ def test_mig_grant_lost_with_no_daemon_is_lost_and_repair_gives_back_exactly_it(
     got = one(check_json(nvsymlinkd_cli, root))
     assert got["verdict"] == "lost", got["findings"]
     assert kinds(got)["lost"] == sorted(["c 195:0", f"c {CAPS_MAJOR}:{A_GI}", f"c {CAPS_MAJOR}:{A_CI}"])
+    out = nvsymlinkd_cli("--root", root, "check", "--no-bus", "--no-host", check=1).stdout
+    assert f"MIG device {MIG_A} (0:0, gpu0/gi1/ci0)" in out, out  # check names it by UUID and index
 
     out = nvsymlinkd_cli("--root", root, "repair", check=1)  # 1: the other instance's nodes stay denied
     assert f"granted c 195:0 rw, c 195:255 rw, c {CAPS_MAJOR}:{A_GI} rw, c {CAPS_MAJOR}:{A_CI} rw" in out.stdout
