@@ -116,7 +116,7 @@ def nvmlDeviceGetMaxMigDeviceCount(h):
 
 def nvmlDeviceGetMigDeviceHandleByIndex(h, j):
     mine = [m for m in MIGS if m[1] == h[1]]
-    if j >= len(mine):
+    if j >= len(mine) or mine[j][0] is None:  # None: no MIG device at this index (a gap)
         raise NVMLError_NotFound()
     return ("mig", mine[j])
 

@@ -103,3 +103,21 @@ def test_real_host_with_mig_off_has_an_empty_map(tmp_path):
     got = read_mig_map(HostRoot(str(fake.root)))
     assert got.readable and [(d.name, d.gi_minor, d.ci_minor) for d in got.devices] == [("gpu0/gi1/ci0", 12, 13)]
     assert got.caps_major == 241
+
+
+def test_nvml_mig_devices_as_libnvidia_container_lists_them(tmp_path, monkeypatch):
+    """hookhost.read_mig_uuids through a stand-in pynvml: GPUs in MIG mode only, and per GPU the MIG handles by
+    index up to the first index without one (libnvidia-container src/nvc_info.c fill_mig_device_info stops
+    there: a device past a gap was never selectable by the hook)."""
+    import sys
+
+    from nvsymlinkd.containers.hookhost import read_mig_uuids
+    from tests.migfixture import fake_pynvml
+
+    fake_pynvml(tmp_path / "nvml", [(0, 1), (1, 0), (2, None)],
+                [("MIG-a", 0, 1, 0), (None, 0, 0, 0), ("MIG-past-gap", 0, 2, 0), ("MIG-off", 1, 1, 0)])
+    monkeypatch.syspath_prepend(str(tmp_path / "nvml"))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    assert read_mig_uuids() == ((("MIG-a", 0, 1, 0),), "NVML")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not importable
+    assert read_mig_uuids() == (None, "pynvml cannot be imported")

@@ -284,7 +284,8 @@ def read_driver_map(root: HostRoot, host_nodes) -> DriverMap:
 
 def read_mig_uuids() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str]:
     """NVML's MIG devices now, as (UUID, parent GPU's device minor, GI id, CI id), the way libnvidia-container
-    lists them (src/nvc_info.c: every MIG handle of a GPU in MIG mode); (None, why) without a working pynvml.
+    lists them (src/nvc_info.c @00b4b47e fill_mig_device_info: the MIG handles of a GPU in MIG mode by index
+    up to the first index without one, where it stops); (None, why) without a working pynvml.
     NVML talks to the kernel this process runs on: --root must be that host's tree (the pod's /host is)."""
     try:
         import pynvml  # type: ignore[import-not-found]
@@ -309,7 +310,7 @@ def read_mig_uuids() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str]
                 try:
                     handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
                 except pynvml.NVMLError_NotFound:
-                    continue
+                    break  # fill_mig_device_info: "If no MIG device exists at this index, then we are done"
                 uuid = pynvml.nvmlDeviceGetUUID(handle)
                 uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
                 out.append((uuid, int(minor), int(pynvml.nvmlDeviceGetGpuInstanceId(handle)),
