@@ -755,9 +755,10 @@ def _select_gpus(devices: list[str], driver: DriverMap) -> tuple[list[GpuEntry],
 
 def _mig_by_uuid(uuid: str, driver: DriverMap) -> MigDevice | HookGrant:
     """The MIG device a full MIG UUID names (select_mig_device: strcasecmp with equal lengths), through NVML's
-    UUID -> (GPU, GI, CI) now and the driver's MIG map. A MIG UUID is made with its instance: an instance
-    destroyed since the hook ran (and one made again in its slot, with the same minors) has another UUID, so
-    a UUID NVML still lists is the instance the hook granted; one it does not list is never guessed."""
+    UUID -> (GPU, GI, CI) now and the driver's MIG map. The hook granted the slot the UUID named then, and a
+    slot's minors are fixed (nv-caps.c's table): a UUID NVML still lists names that slot now (one UUID, one
+    instance), so its minors are the granted ones; a UUID it no longer lists (the instance destroyed, maybe
+    made again under a new UUID) is never resolved through the slot it used to name."""
     shown = uuid if len(uuid) <= 60 else uuid[:57] + "..."
     if driver.mig_uuids is None:
         return _untrusted(f"{shown}: a MIG UUID is known only to NVML, and {driver.mig_uuids_why}")
