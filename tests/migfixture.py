@@ -83,6 +83,10 @@ class NVMLError_NotFound(NVMLError):
     pass
 
 
+class NVMLError_FunctionNotFound(NVMLError):
+    pass
+
+
 def nvmlInit():
     pass
 

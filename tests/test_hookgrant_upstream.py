@@ -40,7 +40,8 @@ UVM = (Device.char(509, 0), Device.char(509, 1))
 DRIVER = DriverMap(GPUS, True, "", UVM, False, modeset=False)
 MIG_DRIVER = replace(DRIVER, mig_instances=True, mig=build_map(mig_minor_table(), {
     (0, 1, None): 12, (0, 1, 0): 13, (0, 2, None): 21, (0, 2, 0): 22}, CAPS_MAJOR),
-    mig_uuids=((MIG_A, 0, 1, 0), (MIG_B, 0, 2, 0)), mig_uuids_why="NVML")
+    mig_uuids=((MIG_A, 0, 1, 0), (MIG_B, 0, 2, 0)), mig_uuids_why="NVML", mig_capable=(0,))
+GPU0_SLOTS = {f"c {CAPS_MAJOR}:{m}" for n, m in mig_minor_table().items() if n.startswith("gpu0/")}
 CTL, U0, U1, MODESET = "c 195:255", "c 509:0", "c 509:1", "c 195:254"
 BASE = {CTL, U0, U1}
 REFUSE = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
@@ -386,6 +387,35 @@ ROWS = {
                                                    (f"/var/run/nvidia-container-devices/{MIG_A}",)),
                                        HookInputs(ToolkitConfig(accept_volume_mounts=True), MIG_DRIVER, (1, 17, 8),
                                                   "row"))), BASE | gpus(0) | MIG_A_CAPS)),
+    "mig-config-unprivileged-fails": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:260-266",
+        "NVIDIA_MIG_CONFIG_DEVICES in an unprivileged container: the hook panics, the creation fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "all"}, driver=MIG_DRIVER),
+                   UNTRUSTED)),
+    "mig-config-only-all": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_config_devices (\"only 'all' devices are currently supported\")",
+        "any item before a case-insensitive `all` fails the cli",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_CONFIG_DEVICES": "0"}, driver=MIG_DRIVER,
+                        privileged=True), UNTRUSTED)),
+    "mig-monitor-with-a-mig-device-fails": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_monitor_devices (\"cannot enable mig-monitor with specific "
+        "MIG devices selected\")",
+        "mig-monitor `all` with MIG devices selected and not all: the cli fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A, "NVIDIA_MIG_MONITOR_DEVICES": "all"}, driver=MIG_DRIVER,
+                        privileged=True), UNTRUSTED)),
+    "mig-config-all-grants-the-gpus-slots": (
+        f"{LNC} @ef9042ca src/nvc_mount.c nvc_mig_config_global_caps_mount, nvc_device_mig_caps_mount -> "
+        "setup_mig_minor_cgroups; src/cli/configure.c configure_command (as @042e7f85 src/cli/list.c: access caps "
+        "only without config/monitor all); src/driver.c driver_get_device_mig_capable",
+        "privileged `all` + mig-config `all`: every GPU, the config cap and every mig-minors slot of each "
+        "MIG-capable GPU (no per-instance access caps)",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "ALL"}, driver=MIG_DRIVER,
+                        privileged=True), BASE | gpus(0, 1, 2) | {f"c {CAPS_MAJOR}:1"} | GPU0_SLOTS)),
+    "mig-monitor-empty-is-no-request": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/main.go:131-133 (len(MigMonitorDevices) > 0)",
+        "an empty NVIDIA_MIG_MONITOR_DEVICES passes no --mig-monitor",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_MIG_MONITOR_DEVICES": ""}, driver=MIG_DRIVER),
+                   BASE | gpus(1))),
     "mig-all-adds-every-mig-device": (
         f"{LNC} @1aea9873 src/cli/common.c select_all_devices (select_all_mig_devices)",
         "`all` on a MIG host also grants every MIG device's capabilities of the hook's time",

@@ -210,6 +210,7 @@ class DriverMap:
     # failed (mig_uuids_why says which): a MIG UUID is known only to NVML
     mig_uuids: Optional[Tuple[Tuple[str, int, int, int], ...]] = None
     mig_uuids_why: str = "NVML was not asked"
+    mig_capable: Optional[Tuple[int, ...]] = None  # device minors of the GPUs NVML gives a MIG mode (with mig_uuids)
 
 
 @dataclass(frozen=True)
@@ -504,9 +505,9 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
         return _untrusted(f"the toolkit's mode is {config.mode!r}: its hook refuses to run, so this container was "
                           "configured under another config")
     env = request.env
-    for name in ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES"):
-        if env.get(name):
-            return _untrusted(f"{name} is set: MIG config/monitor grants are not reconstructed")
+    mig_global = _mig_global(request)
+    if isinstance(mig_global, HookGrant):
+        return mig_global
     imex = _imex_requested(request, config, version)
     if imex is not None:
         return _untrusted(imex)
@@ -515,10 +516,13 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     caps = _capabilities(env, config)
     if isinstance(caps, HookGrant):
         return caps
-    selected = _select_gpus(devices, driver)
+    selected = _select_gpus(devices, driver, bool(mig_global))
     if isinstance(selected, HookGrant):
         return selected
     gpus, migs = selected
+    global_caps = _mig_global_caps(mig_global, devices, gpus, migs, driver)
+    if isinstance(global_caps, HookGrant):
+        return global_caps
     granted: dict[Device, Access] = {Device.char(FRONTEND_MAJOR, CTL_MINOR): RW}
     # libnvidia-container src/options.h container_opts: "compute" and "video" both set OPT_COMPUTE_LIBS, and
     # src/nvc_mount.c nvc_driver_mount grants the devices outside major 195 (uvm) only with it; the uvm nodes
@@ -533,9 +537,14 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
         granted[Device.char(FRONTEND_MAJOR, g.minor)] = RW
     # a MIG device: its parent GPU (select_mig_device adds it) and the GPU and compute instances' access
     # capabilities (src/nvc_mount.c nvc_mig_device_access_caps_mount -> cap_device_mount -> setup_device_cgroup)
-    for m in migs.values():
+    # ... but not with mig-config or mig-monitor `all` (src/cli/configure.c configure_command, as src/cli/list.c
+    # @042e7f85: the access caps only `if (!mig_config_devices.all && !mig_monitor_devices.all)`), which grant the
+    # global caps instead
+    for m in migs.values() if not mig_global else ():
         for cap in driver.mig.caps(m):
             granted[cap] = RW
+    for cap in global_caps:
+        granted[cap] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
     where = f"; config {config.path or 'none (the defaults)'}"
     asked = ",".join(devices) or "none"
@@ -546,6 +555,63 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
                                     f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{shown_mig}",
                      tuple(named))
+
+
+MIG_GLOBAL = (("NVIDIA_MIG_CONFIG_DEVICES", "config"), ("NVIDIA_MIG_MONITOR_DEVICES", "monitor"))
+
+
+def _mig_global(request: HookRequest) -> tuple[str, ...] | HookGrant:
+    """The global MIG capabilities asked for ("config", "monitor") by a request the hook passes on. The hook
+    (container_config.go getMigDevices, 1.17.8:192-198 and :260-274) passes a set, non-empty value raw as
+    --mig-config / --mig-monitor and panics for an unprivileged container; the cli (src/cli/common.c
+    select_mig_config_devices / select_mig_monitor_devices) skips empty items, takes a first case-insensitive
+    `all` and fails on any other item."""
+    asked = []
+    for name, which in MIG_GLOBAL:
+        value = request.env.get(name, "")
+        if not value:
+            continue
+        if not request.privileged:
+            return _untrusted(f"{name} is set in an unprivileged container: the hook fails (\"cannot set "
+                              "MIG_CONFIG_DEVICES in non privileged container\"), so the container was not made "
+                              "from this spec")
+        items = [i for i in value.split(",") if i]
+        if items and items[0].lower() != "all":
+            return _untrusted(f"{name}={value[:40]}: the cli accepts only `all` and fails, so the container was "
+                              "not made from this spec")
+        if items:
+            asked.append(which)
+    return tuple(asked)
+
+
+def _mig_global_caps(asked: tuple[str, ...], devices: list[str], gpus: list[GpuEntry], migs: dict[str, MigDevice],
+                     driver: DriverMap) -> tuple[Device, ...] | HookGrant:
+    """The caps of mig-config / mig-monitor `all` (src/nvc_mount.c nvc_mig_config_global_caps_mount: the
+    global config or monitor cap; nvc_device_mig_caps_mount -> setup_mig_minor_cgroups: every mig-minors slot
+    of each selected MIG-capable GPU)."""
+    if not asked:
+        return ()
+    visible_all = bool(devices) and any(d.lower() == "all" for d in devices)
+    if migs and not visible_all:  # "cannot enable mig-config with specific MIG devices selected"
+        return _untrusted("MIG config/monitor with specific MIG devices selected: the cli fails, so the container "
+                          "was not made from this spec")
+    if driver.mig_capable is None:
+        return _untrusted(f"MIG config/monitor: which GPUs are MIG-capable is NVML's, and {driver.mig_uuids_why}")
+    chosen = [g for g in gpus if g.minor in driver.mig_capable]
+    if not chosen:
+        return ()
+    if not driver.mig.readable or driver.mig.caps_major is None or not driver.mig.slots:
+        why = driver.mig.why or "no nvidia-caps major or mig-minors"
+        return _untrusted(f"MIG config/monitor: the driver's MIG map cannot be read: {why}")
+    out = []
+    for which in asked:
+        minor = driver.mig.config_minor if which == "config" else driver.mig.monitor_minor
+        if minor is None:
+            return _untrusted(f"MIG {which}: mig-minors lists no {which} capability")
+        out.append(Device.char(driver.mig.caps_major, minor))
+    for g in chosen:
+        out += [Device.char(driver.mig.caps_major, m) for m in driver.mig.gpu_slots(g.minor)]
+    return tuple(out)
 
 
 def _mig_index(m: MigDevice, driver: DriverMap) -> str | None:
@@ -693,7 +759,8 @@ def _index(text: str) -> int | None:
     return n if n < UINTMAX else None
 
 
-def _select_gpus(devices: list[str], driver: DriverMap) -> tuple[list[GpuEntry], dict[str, MigDevice]] | HookGrant:
+def _select_gpus(devices: list[str], driver: DriverMap,
+                 mig_global: bool = False) -> tuple[list[GpuEntry], dict[str, MigDevice]] | HookGrant:
     """The GPUs and MIG devices (by the UUID asked for) nvidia-container-cli selects (src/cli/common.c
     select_devices): per item, case-insensitive `all` (every GPU and MIG device, then stop), a full GPU UUID,
     a PCI bus id, an index in NVML's order, else a MIG device (select_mig_device: a full MIG UUID, then
@@ -709,9 +776,10 @@ def _select_gpus(devices: list[str], driver: DriverMap) -> tuple[list[GpuEntry],
     chosen: list[GpuEntry] = []
     for d in devices:
         if d.lower() == "all":  # str_case_equal: `ALL` reaches the cli raw (the hook's own test is exact)
-            if driver.mig_instances:
-                return _untrusted("`all` on a host with MIG instances also grants their capabilities: not "
-                                  "reconstructed")
+            if driver.mig_instances and not mig_global:
+                # with mig-config/monitor `all` the instances' own caps are not mounted (the global ones are)
+                return _untrusted("`all` on a host with MIG instances also grants the capabilities of the MIG "
+                                  "devices there were when the hook ran: not reconstructed")
             for g in sorted(listed, key=lambda g: g.minor):
                 if g not in chosen:
                     chosen.append(g)

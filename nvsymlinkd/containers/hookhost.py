@@ -278,34 +278,43 @@ def read_driver_map(root: HostRoot, host_nodes) -> DriverMap:
             mig = True
             break
     mig_map = read_mig_map(root) if mig else MigMap()
-    uuids, why = read_mig_uuids() if mig else (None, "the host has no MIG instance")
-    return DriverMap(tuple(gpus), True, "", uvm, mig, modeset, mig_map, uuids, why)
+    uuids, why, capable = read_nvml_mig() if mig else (None, "the host has no MIG instance", None)
+    return DriverMap(tuple(gpus), True, "", uvm, mig, modeset, mig_map, uuids, why, capable)
 
 
 def read_mig_uuids() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str]:
+    """read_nvml_mig without the MIG-capable GPUs."""
+    uuids, why, _ = read_nvml_mig()
+    return uuids, why
+
+
+def read_nvml_mig() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str, tuple[int, ...] | None]:
     """NVML's MIG devices now, as (UUID, parent GPU's device minor, GI id, CI id), the way libnvidia-container
     lists them (src/nvc_info.c @00b4b47e fill_mig_device_info: the MIG handles of a GPU in MIG mode by index
-    up to the first index without one, where it stops); (None, why) without a working pynvml.
+    up to the first index without one, where it stops), and the minors of the MIG-capable GPUs (src/driver.c
+    driver_get_device_mig_capable: nvmlDeviceGetMigMode succeeds); (None, why, None) without a working pynvml.
     NVML talks to the kernel this process runs on: --root must be that host's tree (the pod's /host is)."""
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
-        return None, "pynvml cannot be imported"
+        return None, "pynvml cannot be imported", None
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # pynvml.NVMLError and the library's absence (a ctypes OSError)
-        return None, f"NVML cannot be initialised: {str(exc)[:80]}"
+        return None, f"NVML cannot be initialised: {str(exc)[:80]}", None
     out = []
+    capable = []
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
             gpu = pynvml.nvmlDeviceGetHandleByIndex(i)
             try:
                 current, _ = pynvml.nvmlDeviceGetMigMode(gpu)
-            except pynvml.NVMLError_NotSupported:
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
                 continue
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(gpu))
+            capable.append(minor)
             if current != pynvml.NVML_DEVICE_MIG_ENABLE:
                 continue
-            minor = pynvml.nvmlDeviceGetMinorNumber(gpu)
             for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
                 try:
                     handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
@@ -313,13 +322,13 @@ def read_mig_uuids() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str]
                     break  # fill_mig_device_info: "If no MIG device exists at this index, then we are done"
                 uuid = pynvml.nvmlDeviceGetUUID(handle)
                 uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-                out.append((uuid, int(minor), int(pynvml.nvmlDeviceGetGpuInstanceId(handle)),
+                out.append((uuid, minor, int(pynvml.nvmlDeviceGetGpuInstanceId(handle)),
                             int(pynvml.nvmlDeviceGetComputeInstanceId(handle))))
     except Exception as exc:
-        return None, f"NVML failed listing MIG devices: {str(exc)[:80]}"
+        return None, f"NVML failed listing MIG devices: {str(exc)[:80]}", None
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             pass
-    return tuple(out), "NVML"
+    return tuple(out), "NVML", tuple(capable)

@@ -60,6 +60,17 @@ class MigMap:
     devices: Tuple[MigDevice, ...] = ()  # sorted by (gpu, gi, ci)
     config_minor: Optional[int] = None
     monitor_minor: Optional[int] = None
+    slots: Tuple[Tuple[str, int], ...] = ()  # every mig-minors line (name, minor), in the file's order
+
+    def gpu_slots(self, gpu: int) -> Tuple[int, ...]:
+        """Every minor mig-minors lists for GPU `gpu`, the way libnvidia-container's setup_mig_minor_cgroups
+        picks them (sscanf(line, "gpu%u%s %u") == 3 and the GPU's minor): its GI and CI slots, existing or not."""
+        out = []
+        for name, minor in self.slots:
+            m = re.match(r"gpu(\d+)\S", name)
+            if m is not None and int(m.group(1)) == gpu:
+                out.append(minor)
+        return tuple(out)
 
     def find(self, gpu: int, gi: int, ci: int) -> Optional[MigDevice]:
         return next((d for d in self.devices if (d.gpu, d.gi, d.ci) == (gpu, gi, ci)), None)
@@ -124,7 +135,8 @@ def build_map(minors: Mapping[str, int], access: AccessFiles, caps_major: int | 
         devices.append(MigDevice(gpu, gi, ci, gi_minor, minor))
     if devices and caps_major is None:
         return unreadable("MIG instances exist but /proc/devices lists no single `nvidia-caps` major")
-    return MigMap(True, "", caps_major, tuple(devices), minors.get("config"), minors.get("monitor"))
+    return MigMap(True, "", caps_major, tuple(devices), minors.get("config"), minors.get("monitor"),
+                  tuple(minors.items()))
 
 
 def parse_instance_name(gpu_dir: str, gi_dir: str, ci_dir: str | None) -> Tuple[int, int, Optional[int]] | None:
