@@ -109,15 +109,20 @@ def test_nvml_mig_devices_as_libnvidia_container_lists_them(tmp_path, monkeypatc
     """hookhost.read_mig_uuids through a stand-in pynvml: GPUs in MIG mode only, and per GPU the MIG handles by
     index up to the first index without one (libnvidia-container src/nvc_info.c fill_mig_device_info stops
     there: a device past a gap was never selectable by the hook)."""
+    import importlib.util
     import sys
 
-    from nvsymlinkd.containers.hookhost import read_mig_uuids
+    from nvsymlinkd.containers.hookhost import read_mig_uuids, read_nvml_mig
     from tests.migfixture import fake_pynvml
 
-    fake_pynvml(tmp_path / "nvml", [(0, 1), (1, 0), (2, None)],
-                [("MIG-a", 0, 1, 0), (None, 0, 0, 0), ("MIG-past-gap", 0, 2, 0), ("MIG-off", 1, 1, 0)])
-    monkeypatch.syspath_prepend(str(tmp_path / "nvml"))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    path = fake_pynvml(tmp_path / "nvml", [(0, 1), (1, 0), (2, None)],
+                       [("MIG-a", 0, 1, 0), (None, 0, 0, 0), ("MIG-past-gap", 0, 2, 0), ("MIG-off", 1, 1, 0)])
+    spec = importlib.util.spec_from_file_location("pynvml", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
     assert read_mig_uuids() == ((("MIG-a", 0, 1, 0),), "NVML")
+    assert read_nvml_mig()[2] == (0, 1)  # MIG-capable: a MIG mode (on or off), not NotSupported
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not importable
     assert read_mig_uuids() == (None, "pynvml cannot be imported")
