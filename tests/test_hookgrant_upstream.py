@@ -353,6 +353,11 @@ ROWS = {
         f"{LNC} @1aea9873 src/cli/common.c select_mig_device (strncasecmp \"MIG-\", strcasecmp, equal lengths)",
         "the UUID is compared without case",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A.lower()}, driver=MIG_DRIVER), BASE | gpus(0) | MIG_A_CAPS)),
+    "mig-uuid-ascii-case-only": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_device (strcasecmp: ASCII letters only)",
+        "a UUID with a KELVIN SIGN where NVML's has `k` matches nothing: the hook fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "MIG-\u212a"}, driver=replace(MIG_DRIVER, mig_uuids=(
+            ("MIG-k", 0, 1, 0),))), UNTRUSTED)),
     "mig-uuid-needs-nvml": (
         f"{LNC} @00b4b47e src/nvc_info.c (MIG UUIDs from NVML)",
         "a MIG UUID is NVML's: without it the instance it named is not known",

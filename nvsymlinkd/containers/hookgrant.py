@@ -832,7 +832,8 @@ def _mig_by_uuid(uuid: str, driver: DriverMap) -> MigDevice | HookGrant:
         return _untrusted(f"{shown}: a MIG UUID is known only to NVML, and {driver.mig_uuids_why}")
     if not driver.mig.readable:
         return _untrusted(f"{shown}: the driver's MIG map cannot be read: {driver.mig.why}")
-    hits = {(g, gi, ci) for u, g, gi, ci in driver.mig_uuids if u.lower() == uuid.lower()}
+    # strcasecmp folds ASCII only: str.lower() would also fold U+212A KELVIN SIGN to "k"
+    hits = {(g, gi, ci) for u, g, gi, ci in driver.mig_uuids if uuid.isascii() and u.lower() == uuid.lower()}
     if len(hits) != 1:
         return _untrusted(f"{shown}: NVML lists {'no' if not hits else 'more than one'} MIG device with this UUID "
                           "now (destroyed or made again since the hook ran, or never there)")
