@@ -130,10 +130,11 @@ UNTRUSTED = {
     "mig index": ({"NVIDIA_VISIBLE_DEVICES": "0:1"}, ToolkitConfig(), DRIVER, "MIG"),
     "all on a MIG host": ({"NVIDIA_VISIBLE_DEVICES": "all"}, ToolkitConfig(), DriverMap(GPUS, True, "", UVM, True),
                           "MIG"),
+    # unprivileged: the hook panics (issue 35: privileged ones are reconstructed, test_hookgrant_upstream mig-*)
     "mig config": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_CONFIG_DEVICES": "all"}, ToolkitConfig(), DRIVER,
-                   "MIG config"),
+                   "unprivileged"),
     "mig monitor": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_MONITOR_DEVICES": "all"}, ToolkitConfig(), DRIVER,
-                    "MIG config"),
+                    "unprivileged"),
     "imex channels": ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}, ToolkitConfig(), DRIVER, "IMEX"),
     "unreadable config": ({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(readable=False, why="EACCES"), DRIVER,
                           "cannot be read"),

@@ -10,6 +10,7 @@ go through containers.hookhost on a tree under tmp_path; the rest are pure. No r
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,22 @@ from nvsymlinkd.containers.hookgrant import (
 from nvsymlinkd.containers.hookhost import read_hook_inputs
 from nvsymlinkd.containers.ocispec import parse_spec
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.mig import build_map
 from nvsymlinkd.host.root import HostRoot
+from tests.migfixture import CAPS_MAJOR, cap, mig_minor_table
 
 UNTRUSTED = "untrusted"
+MIG_A, MIG_B = "MIG-2a3b4c5d-aaaa-5e6f-8a9b-0c1d2e3f4a5b", "MIG-7e8f9a0b-bbbb-5c6d-9e0f-1a2b3c4d5e6f"
+MIG_A_CAPS = {cap("gpu0/gi1/access"), cap("gpu0/gi1/ci0/access")}
 HOOK_PATH = "/usr/bin/nvidia-container-runtime-hook"
 GPUS = (GpuEntry("0000:3b:00.0", 0, "GPU-aaaa-1111"), GpuEntry("0000:5e:00.0", 1, "GPU-bbbb-2222"),
         GpuEntry("0000:86:00.0", 2, "GPU-cccc-3333"))
 UVM = (Device.char(509, 0), Device.char(509, 1))
 DRIVER = DriverMap(GPUS, True, "", UVM, False, modeset=False)
+MIG_DRIVER = replace(DRIVER, mig_instances=True, mig=build_map(mig_minor_table(), {
+    (0, 1, None): 12, (0, 1, 0): 13, (0, 2, None): 21, (0, 2, 0): 22}, CAPS_MAJOR),
+    mig_uuids=((MIG_A, 0, 1, 0), (MIG_B, 0, 2, 0)), mig_uuids_why="NVML", mig_capable=(0,))
+GPU0_SLOTS = {f"c {CAPS_MAJOR}:{m}" for n, m in mig_minor_table().items() if n.startswith("gpu0/")}
 CTL, U0, U1, MODESET = "c 195:255", "c 509:0", "c 509:1", "c 195:254"
 BASE = {CTL, U0, U1}
 REFUSE = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
@@ -334,6 +343,88 @@ ROWS = {
         f"{TK} v1.13.0 cmd/nvidia-container-runtime-hook/main.go:74-86",
         "1.13 checks the mode first: every container fails under mode cdi",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "void"}, ToolkitConfig(mode="cdi"), version=(1, 13, 5)), UNTRUSTED)),
+    # ---- MIG devices (issue 35): the H100 of tests/migfixture.py, GPU 0 with gi1/ci0 and gi2/ci0
+    "mig-uuid-grants-parent-and-instance-caps": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_device (a full MIG UUID; add_gpu_device of its parent), "
+        "@ef9042ca src/nvc_mount.c nvc_mig_device_access_caps_mount -> cap_device_mount",
+        "a MIG UUID: its parent GPU, its GPU instance's and its compute instance's access capabilities",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A}, driver=MIG_DRIVER), BASE | gpus(0) | MIG_A_CAPS)),
+    "mig-uuid-case-insensitive": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_device (strncasecmp \"MIG-\", strcasecmp, equal lengths)",
+        "the UUID is compared without case",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A.lower()}, driver=MIG_DRIVER), BASE | gpus(0) | MIG_A_CAPS)),
+    "mig-uuid-ascii-case-only": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_device (strcasecmp: ASCII letters only)",
+        "a UUID with a KELVIN SIGN where NVML's has `k` matches nothing: the hook fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "MIG-\u212a"}, driver=replace(MIG_DRIVER, mig_uuids=(
+            ("MIG-k", 0, 1, 0),))), UNTRUSTED)),
+    "mig-uuid-needs-nvml": (
+        f"{LNC} @00b4b47e src/nvc_info.c (MIG UUIDs from NVML)",
+        "a MIG UUID is NVML's: without it the instance it named is not known",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A},
+                        driver=replace(MIG_DRIVER, mig_uuids=None, mig_uuids_why="pynvml cannot be imported")),
+                   UNTRUSTED)),
+    "mig-uuid-of-a-destroyed-instance": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_device (UUID match); open-gpu-kernel-modules 595.45.04 "
+        "kernel-open/nvidia/nv-caps.c:114-148 (a slot's minor is fixed)",
+        "gi1 destroyed and made again (same ids, same minors, a new UUID): the old UUID names no instance now",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A}, driver=replace(MIG_DRIVER, mig_uuids=(
+            ("MIG-new-0001", 0, 1, 0), MIG_DRIVER.mig_uuids[1]))), UNTRUSTED)),
+    "mig-uuid-not-in-the-drivers-map": (
+        "open-gpu-kernel-modules 595.45.04 src/nvidia/arch/nvalloc/unix/src/os.c:4776-4791,4861-4876",
+        "NVML names an instance whose access files --root does not show: not the host read",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A}, driver=replace(MIG_DRIVER, mig_uuids=(
+            (MIG_A, 0, 5, 0),))), UNTRUSTED)),
+    "mig-uuid-parent-excluded": (
+        f"{LNC} @00b4b47e src/nvc_info.c nvc_device_info_new (NVML enumerates no excluded GPU, nor its MIG devices)",
+        "a MIG device of an excluded GPU is not selectable",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A}, driver=replace(MIG_DRIVER, gpus=_excluded(0).gpus)),
+                   UNTRUSTED)),
+    "mig-index-order-unknowable": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_device (sscanf \"%lu:%lu\", gpus[i].mig_devices[j])",
+        "`0:0` is the j-th MIG device in NVML's order at the hook's run: neither shown by /proc nor fixed",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0:0"}, driver=MIG_DRIVER), UNTRUSTED)),
+    "mig-volume-mount-strategy": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:247,253 (DevicesFromMounts); {LNC} @1aea9873 "
+        "src/cli/common.c select_mig_device",
+        "the device plugin's volume-mount strategy: /var/run/nvidia-container-devices/MIG-<uuid> is the same request",
+        lambda t: (outcome(reconstruct(HookRequest((entry("prestart"),), {"NVIDIA_VISIBLE_DEVICES": "void"},
+                                                   (f"/var/run/nvidia-container-devices/{MIG_A}",)),
+                                       HookInputs(ToolkitConfig(accept_volume_mounts=True), MIG_DRIVER, (1, 17, 8),
+                                                  "row"))), BASE | gpus(0) | MIG_A_CAPS)),
+    "mig-config-unprivileged-fails": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:260-266",
+        "NVIDIA_MIG_CONFIG_DEVICES in an unprivileged container: the hook panics, the creation fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "all"}, driver=MIG_DRIVER),
+                   UNTRUSTED)),
+    "mig-config-only-all": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_config_devices (\"only 'all' devices are currently supported\")",
+        "any item before a case-insensitive `all` fails the cli",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_CONFIG_DEVICES": "0"}, driver=MIG_DRIVER,
+                        privileged=True), UNTRUSTED)),
+    "mig-monitor-with-a-mig-device-fails": (
+        f"{LNC} @1aea9873 src/cli/common.c select_mig_monitor_devices (\"cannot enable mig-monitor with specific "
+        "MIG devices selected\")",
+        "mig-monitor `all` with MIG devices selected and not all: the cli fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": MIG_A, "NVIDIA_MIG_MONITOR_DEVICES": "all"}, driver=MIG_DRIVER,
+                        privileged=True), UNTRUSTED)),
+    "mig-config-all-grants-the-gpus-slots": (
+        f"{LNC} @ef9042ca src/nvc_mount.c nvc_mig_config_global_caps_mount, nvc_device_mig_caps_mount -> "
+        "setup_mig_minor_cgroups; src/cli/configure.c configure_command (as @042e7f85 src/cli/list.c: access caps "
+        "only without config/monitor all); src/driver.c driver_get_device_mig_capable",
+        "privileged `all` + mig-config `all`: every GPU, the config cap and every mig-minors slot of each "
+        "MIG-capable GPU (no per-instance access caps)",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "ALL"}, driver=MIG_DRIVER,
+                        privileged=True), BASE | gpus(0, 1, 2) | {f"c {CAPS_MAJOR}:1"} | GPU0_SLOTS)),
+    "mig-monitor-empty-is-no-request": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/main.go:131-133 (len(MigMonitorDevices) > 0)",
+        "an empty NVIDIA_MIG_MONITOR_DEVICES passes no --mig-monitor",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_MIG_MONITOR_DEVICES": ""}, driver=MIG_DRIVER),
+                   BASE | gpus(1))),
+    "mig-all-adds-every-mig-device": (
+        f"{LNC} @1aea9873 src/cli/common.c select_all_devices (select_all_mig_devices)",
+        "`all` on a MIG host also grants every MIG device's capabilities of the hook's time",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "all"}, driver=MIG_DRIVER), UNTRUSTED)),
 }
 
 

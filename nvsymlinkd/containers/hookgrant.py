@@ -15,9 +15,9 @@ the hook itself reads, the way the hook computes it (docs/hookgrant.md has the s
 
 `reconstruct()` answers None when the spec has no such hook (nothing to reconstruct), else a
 HookGrant: `trusted` with the exact devices (possibly none), or not trusted with the reason. Any
-request it cannot resolve exactly (a MIG device, an IMEX channel, a UUID the driver does not list,
-an index whose order is ambiguous, a config option that changes the selection) is not trusted:
-never a guess, and never more than the hook would grant.
+request it cannot resolve exactly (a MIG device by index or one NVML cannot name now, an IMEX channel,
+a UUID the driver does not list, an index whose order is ambiguous, a config option that changes the
+selection) is not trusted: never a guess, and never more than the hook would grant.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from nvsymlinkd.host.devices import Access, Device
+from nvsymlinkd.host.mig import MigDevice, MigMap
 
 SOURCE = "nvidia-hook"  # the expected-access source name (containers.expected, repair.plan)
 RW = Access("rw")  # libnvidia-container writes `c M:m rw` (src/nvc_mount.c, setup_device_cgroup)
@@ -205,6 +206,12 @@ class DriverMap:
     uvm: tuple[Device, ...] = ()  # nvidia-uvm and nvidia-uvm-tools nodes that exist on the host
     mig_instances: bool = False  # a MIG GPU or compute instance exists (capabilities/gpu*/mig/gi*)
     modeset: bool = False  # /dev/nvidia-modeset exists on the host
+    mig: MigMap = MigMap()  # the driver's MIG map (host.mig), read under --root
+    # NVML's MIG devices now: (UUID, parent GPU's device minor, GI id, CI id); None when NVML was not asked or
+    # failed (mig_uuids_why says which): a MIG UUID is known only to NVML
+    mig_uuids: Optional[Tuple[Tuple[str, int, int, int], ...]] = None
+    mig_uuids_why: str = "NVML was not asked"
+    mig_capable: Optional[Tuple[int, ...]] = None  # device minors of the GPUs NVML gives a MIG mode (with mig_uuids)
 
 
 @dataclass(frozen=True)
@@ -247,10 +254,26 @@ class HookGrant:
     trusted: bool
     devices: Mapping[Device, Access]  # empty unless trusted
     detail: str  # what was reconstructed, or why it could not be
+    mig: Tuple[MigGrant, ...] = ()  # the MIG devices among the devices
 
     def to_json(self) -> dict[str, Any]:
         return {"trusted": self.trusted, "devices": {str(d): str(a) for d, a in sorted(self.devices.items())},
-                "detail": self.detail}
+                "detail": self.detail, "mig_devices": [m.to_json() for m in self.mig]}
+
+
+@dataclass(frozen=True)
+class MigGrant:
+    """A granted MIG device by the names people use: its UUID, its `g:m` index in NVML's order now (what
+    nvidia-smi -L shows; None when not known), the driver's instance, and its devices."""
+
+    uuid: str
+    index: Optional[str]
+    instance: str  # gpu<minor>/gi<G>/ci<C>
+    devices: Tuple[Device, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "index": self.index, "instance": self.instance,
+                "devices": [str(d) for d in self.devices]}
 
 
 def _untrusted(why: str) -> HookGrant:
@@ -483,9 +506,9 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
         return _untrusted(f"the toolkit's mode is {config.mode!r}: its hook refuses to run, so this container was "
                           "configured under another config")
     env = request.env
-    for name in ("NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES"):
-        if env.get(name):
-            return _untrusted(f"{name} is set: MIG config/monitor grants are not reconstructed")
+    mig_global = _mig_global(request)
+    if isinstance(mig_global, HookGrant):
+        return mig_global
     imex = _imex_requested(request, config, version)
     if imex is not None:
         return _untrusted(imex)
@@ -494,9 +517,13 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     caps = _capabilities(env, config)
     if isinstance(caps, HookGrant):
         return caps
-    gpus = _select_gpus(devices, driver)
-    if isinstance(gpus, HookGrant):
-        return gpus
+    selected = _select_gpus(devices, driver, bool(mig_global))
+    if isinstance(selected, HookGrant):
+        return selected
+    gpus, migs = selected
+    global_caps = _mig_global_caps(mig_global, devices, gpus, migs, driver)
+    if isinstance(global_caps, HookGrant):
+        return global_caps
     granted: dict[Device, Access] = {Device.char(FRONTEND_MAJOR, CTL_MINOR): RW}
     # libnvidia-container src/options.h container_opts: "compute" and "video" both set OPT_COMPUTE_LIBS, and
     # src/nvc_mount.c nvc_driver_mount grants the devices outside major 195 (uvm) only with it; the uvm nodes
@@ -509,12 +536,94 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
         granted[Device.char(FRONTEND_MAJOR, MODESET_MINOR)] = RW
     for g in gpus:
         granted[Device.char(FRONTEND_MAJOR, g.minor)] = RW
+    # a MIG device: its parent GPU (select_mig_device adds it) and the GPU and compute instances' access
+    # capabilities (src/nvc_mount.c nvc_mig_device_access_caps_mount -> cap_device_mount -> setup_device_cgroup)
+    # ... but not with mig-config or mig-monitor `all` (src/cli/configure.c configure_command, as src/cli/list.c
+    # @042e7f85: the access caps only `if (!mig_config_devices.all && !mig_monitor_devices.all)`), which grant the
+    # global caps instead
+    for m in migs.values() if not mig_global else ():
+        for cap in driver.mig.caps(m):
+            granted[cap] = RW
+    for cap in global_caps:
+        granted[cap] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
     where = f"; config {config.path or 'none (the defaults)'}"
     asked = ",".join(devices) or "none"
     asked = asked if len(asked) <= 200 else asked[:197] + "..."
+    named = [MigGrant(u, _mig_index(m, driver), m.name, (Device.char(FRONTEND_MAJOR, m.gpu), *driver.mig.caps(m)))
+             for u, m in migs.items()]
+    shown_mig = "; MIG " + ", ".join(f"{g.uuid} ({g.index or '?'}) = {g.instance}" for g in named) if named else ""
     return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
-                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}")
+                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{shown_mig}",
+                     tuple(named))
+
+
+MIG_GLOBAL = (("NVIDIA_MIG_CONFIG_DEVICES", "config"), ("NVIDIA_MIG_MONITOR_DEVICES", "monitor"))
+
+
+def _mig_global(request: HookRequest) -> tuple[str, ...] | HookGrant:
+    """The global MIG capabilities asked for ("config", "monitor") by a request the hook passes on. The hook
+    (container_config.go getMigDevices, 1.17.8:192-198 and :260-274) passes a set, non-empty value raw as
+    --mig-config / --mig-monitor and panics for an unprivileged container; the cli (src/cli/common.c
+    select_mig_config_devices / select_mig_monitor_devices) skips empty items, takes a first case-insensitive
+    `all` and fails on any other item."""
+    asked = []
+    for name, which in MIG_GLOBAL:
+        value = request.env.get(name, "")
+        if not value:
+            continue
+        if not request.privileged:
+            return _untrusted(f"{name} is set in an unprivileged container: the hook fails (\"cannot set "
+                              "MIG_CONFIG_DEVICES in non privileged container\"), so the container was not made "
+                              "from this spec")
+        items = [i for i in value.split(",") if i]
+        if items and items[0].lower() != "all":
+            return _untrusted(f"{name}={value[:40]}: the cli accepts only `all` and fails, so the container was "
+                              "not made from this spec")
+        if items:
+            asked.append(which)
+    return tuple(asked)
+
+
+def _mig_global_caps(asked: tuple[str, ...], devices: list[str], gpus: list[GpuEntry], migs: dict[str, MigDevice],
+                     driver: DriverMap) -> tuple[Device, ...] | HookGrant:
+    """The caps of mig-config / mig-monitor `all` (src/nvc_mount.c nvc_mig_config_global_caps_mount: the
+    global config or monitor cap; nvc_device_mig_caps_mount -> setup_mig_minor_cgroups: every mig-minors slot
+    of each selected MIG-capable GPU)."""
+    if not asked:
+        return ()
+    visible_all = bool(devices) and any(d.lower() == "all" for d in devices)
+    if migs and not visible_all:  # "cannot enable mig-config with specific MIG devices selected"
+        return _untrusted("MIG config/monitor with specific MIG devices selected: the cli fails, so the container "
+                          "was not made from this spec")
+    if driver.mig_capable is None:
+        return _untrusted(f"MIG config/monitor: which GPUs are MIG-capable is NVML's, and {driver.mig_uuids_why}")
+    chosen = [g for g in gpus if g.minor in driver.mig_capable]
+    if not chosen:
+        return ()
+    if not driver.mig.readable or driver.mig.caps_major is None or not driver.mig.slots:
+        why = driver.mig.why or "no nvidia-caps major or mig-minors"
+        return _untrusted(f"MIG config/monitor: the driver's MIG map cannot be read: {why}")
+    out = []
+    for which in asked:
+        minor = driver.mig.config_minor if which == "config" else driver.mig.monitor_minor
+        if minor is None:
+            return _untrusted(f"MIG {which}: mig-minors lists no {which} capability")
+        out.append(Device.char(driver.mig.caps_major, minor))
+    for g in chosen:
+        out += [Device.char(driver.mig.caps_major, m) for m in driver.mig.gpu_slots(g.minor)]
+    return tuple(out)
+
+
+def _mig_index(m: MigDevice, driver: DriverMap) -> str | None:
+    """`g:m` as NVML numbers this MIG device now: its parent's NVML index (PCI order of the enumerated GPUs)
+    and its place among that GPU's MIG devices as NVML lists them."""
+    listed = sorted((g for g in driver.gpus if not g.excluded), key=lambda g: _pci_key(g.pci) or g.pci)
+    g = next((i for i, e in enumerate(listed) if e.minor == m.gpu), None)
+    mine = [(gi, ci) for _, gpu, gi, ci in driver.mig_uuids or () if gpu == m.gpu]
+    if g is None or (m.gi, m.ci) not in mine:
+        return None
+    return f"{g}:{mine.index((m.gi, m.ci))}"
 
 
 def _shown(version: Version | None, why: str) -> str:
@@ -651,12 +760,15 @@ def _index(text: str) -> int | None:
     return n if n < UINTMAX else None
 
 
-def _select_gpus(devices: list[str], driver: DriverMap) -> list[GpuEntry] | HookGrant:
-    """The GPUs nvidia-container-cli selects (src/cli/common.c select_devices): per item, case-insensitive
-    `all` (every GPU and MIG device, then stop), a full GPU UUID, a PCI bus id, an index in NVML's order,
-    else a MIG device; anything else fails the hook."""
+def _select_gpus(devices: list[str], driver: DriverMap,
+                 mig_global: bool = False) -> tuple[list[GpuEntry], dict[str, MigDevice]] | HookGrant:
+    """The GPUs and MIG devices (by the UUID asked for) nvidia-container-cli selects (src/cli/common.c
+    select_devices): per item, case-insensitive `all` (every GPU and MIG device, then stop), a full GPU UUID,
+    a PCI bus id, an index in NVML's order, else a MIG device (select_mig_device: a full MIG UUID, then
+    `<gpu>:<mig>`); anything else fails the hook."""
+    migs: dict[str, MigDevice] = {}
     if not devices:
-        return []
+        return [], migs
     if not driver.readable:
         return _untrusted(f"the driver's GPU list cannot be read: {driver.why}")
     # NVML does not enumerate excluded GPUs: they are not `all`, and the indexes skip them
@@ -665,9 +777,10 @@ def _select_gpus(devices: list[str], driver: DriverMap) -> list[GpuEntry] | Hook
     chosen: list[GpuEntry] = []
     for d in devices:
         if d.lower() == "all":  # str_case_equal: `ALL` reaches the cli raw (the hook's own test is exact)
-            if driver.mig_instances:
-                return _untrusted("`all` on a host with MIG instances also grants their capabilities: not "
-                                  "reconstructed")
+            if driver.mig_instances and not mig_global:
+                # with mig-config/monitor `all` the instances' own caps are not mounted (the global ones are)
+                return _untrusted("`all` on a host with MIG instances also grants the capabilities of the MIG "
+                                  "devices there were when the hook ran: not reconstructed")
             for g in sorted(listed, key=lambda g: g.minor):
                 if g not in chosen:
                     chosen.append(g)
@@ -689,13 +802,48 @@ def _select_gpus(devices: list[str], driver: DriverMap) -> list[GpuEntry] | Hook
                     return _untrusted(f"index {d}: the GPUs' PCI order and minor order differ, so the index is "
                                       "ambiguous")
                 gpu = by_pci[n]
+        if gpu is None and d[:4].lower() == "mig-" and len(d) > 4:
+            mig = _mig_by_uuid(d, driver)
+            if isinstance(mig, HookGrant):
+                return mig
+            gpu = next((g for g in listed if g.minor == mig.gpu), None)
+            if gpu is None:  # NVML does not enumerate an excluded GPU, nor its MIG devices
+                return _untrusted(f"{d}: its parent GPU (minor {mig.gpu}) is not one the driver lists as enumerated")
+            migs.setdefault(d, mig)
         if gpu is None:
-            if d[:4].lower() == "mig-" or _MIG_INDEX.fullmatch(d):
-                return _untrusted(f"{d}: MIG device requests are not reconstructed")
+            if _MIG_INDEX.fullmatch(d):
+                # select_mig_device: gpus[i].mig_devices[j], NVML's MIG handle order at the hook's run; /proc
+                # shows neither that order nor whether an instance was destroyed and made again since
+                return _untrusted(f"{d}: a MIG index names whichever MIG device was j-th when the hook ran; "
+                                  "that order and the instances of then are not knowable now")
             return _untrusted(f"{d}: no GPU the driver lists matches it")
         if gpu not in chosen:
             chosen.append(gpu)
-    return chosen
+    return chosen, migs
+
+
+def _mig_by_uuid(uuid: str, driver: DriverMap) -> MigDevice | HookGrant:
+    """The MIG device a full MIG UUID names (select_mig_device: strcasecmp with equal lengths), through NVML's
+    UUID -> (GPU, GI, CI) now and the driver's MIG map. The hook granted the slot the UUID named then, and a
+    slot's minors are fixed (nv-caps.c's table): a UUID NVML still lists names that slot now (one UUID, one
+    instance), so its minors are the granted ones; a UUID it no longer lists (the instance destroyed, maybe
+    made again under a new UUID) is never resolved through the slot it used to name."""
+    shown = uuid if len(uuid) <= 60 else uuid[:57] + "..."
+    if driver.mig_uuids is None:
+        return _untrusted(f"{shown}: a MIG UUID is known only to NVML, and {driver.mig_uuids_why}")
+    if not driver.mig.readable:
+        return _untrusted(f"{shown}: the driver's MIG map cannot be read: {driver.mig.why}")
+    # strcasecmp folds ASCII only: str.lower() would also fold U+212A KELVIN SIGN to "k"
+    hits = {(g, gi, ci) for u, g, gi, ci in driver.mig_uuids if uuid.isascii() and u.lower() == uuid.lower()}
+    if len(hits) != 1:
+        return _untrusted(f"{shown}: NVML lists {'no' if not hits else 'more than one'} MIG device with this UUID "
+                          "now (destroyed or made again since the hook ran, or never there)")
+    gpu, gi, ci = hits.pop()
+    mig = driver.mig.find(gpu, gi, ci)
+    if mig is None:
+        return _untrusted(f"{shown}: NVML names gpu{gpu}/gi{gi}/ci{ci}, which the driver's capabilities under "
+                          "--root do not show")
+    return mig
 
 
 def parse_wrapper(text: str) -> Wrapper | str:

@@ -9,7 +9,9 @@
   the wrapper's, /run/nvidia/driver/etc/..., $XDG_CONFIG_HOME, /etc/...; absent: its defaults), as the
   host sees it (host.hostview: the daemon's own /tmp, /home and /root are not the hook's);
 - /proc/driver/nvidia/gpus/<pci>/information (`Device Minor`, `GPU UUID`, `GPU Excluded`);
-- /proc/driver/nvidia/capabilities/gpu*/mig/gi* (whether MIG instances exist);
+- the MIG map (host.driverinfo.read_mig_map: capabilities/gpu*/mig/gi*/ci*/access, mig-minors, the
+  `nvidia-caps` major) and, on a host with MIG instances, NVML's MIG UUIDs through pynvml when it is
+  importable and works (else none: a MIG UUID request is then not trusted, with that reason);
 - the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes (from the pass's node scan).
 
 All read under --root, confined (HostRoot).
@@ -41,8 +43,9 @@ from nvsymlinkd.containers.hookgrant import (
     unreadable_config,
 )
 from nvsymlinkd.host.devices import Device
-from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values
+from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
 from nvsymlinkd.host.hostview import host_view
+from nvsymlinkd.host.mig import MigMap
 from nvsymlinkd.host.root import HostRoot, read_at_most
 
 TOOLKIT_CONFIG = ETC_CONFIG
@@ -280,4 +283,58 @@ def read_driver_map(root: HostRoot, host_nodes) -> DriverMap:
         if name.startswith("gpu") and any(e.startswith("gi") for e in _list(root, f"{CAPABILITIES_DIR}/{name}/mig") or ()):
             mig = True
             break
-    return DriverMap(tuple(gpus), True, "", uvm, mig, modeset)
+    mig_map = read_mig_map(root) if mig else MigMap()
+    uuids, why, capable = read_nvml_mig() if mig else (None, "the host has no MIG instance", None)
+    return DriverMap(tuple(gpus), True, "", uvm, mig, modeset, mig_map, uuids, why, capable)
+
+
+def read_mig_uuids() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str]:
+    """read_nvml_mig without the MIG-capable GPUs."""
+    uuids, why, _ = read_nvml_mig()
+    return uuids, why
+
+
+def read_nvml_mig() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str, tuple[int, ...] | None]:
+    """NVML's MIG devices now, as (UUID, parent GPU's device minor, GI id, CI id), the way libnvidia-container
+    lists them (src/nvc_info.c @00b4b47e fill_mig_device_info: the MIG handles of a GPU in MIG mode by index
+    up to the first index without one, where it stops), and the minors of the MIG-capable GPUs (src/driver.c
+    driver_get_device_mig_capable: nvmlDeviceGetMigMode succeeds); (None, why, None) without a working pynvml.
+    NVML talks to the kernel this process runs on: --root must be that host's tree (the pod's /host is)."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None, "pynvml cannot be imported", None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # pynvml.NVMLError and the library's absence (a ctypes OSError)
+        return None, f"NVML cannot be initialised: {str(exc)[:80]}", None
+    out = []
+    capable = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            gpu = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                current, _ = pynvml.nvmlDeviceGetMigMode(gpu)
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+                continue
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(gpu))
+            capable.append(minor)
+            if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+                continue
+            for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+                try:
+                    handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
+                except pynvml.NVMLError_NotFound:
+                    break  # fill_mig_device_info: "If no MIG device exists at this index, then we are done"
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+                out.append((uuid, minor, int(pynvml.nvmlDeviceGetGpuInstanceId(handle)),
+                            int(pynvml.nvmlDeviceGetComputeInstanceId(handle))))
+    except Exception as exc:
+        return None, f"NVML failed listing MIG devices: {str(exc)[:80]}", None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return tuple(out), "NVML", tuple(capable)

@@ -196,3 +196,42 @@ def read_driver_info(root: HostRoot) -> DriverInfo:
     )
     return DriverInfo(gpus=tuple(gpus), mig_minors=mig, ownership=ownership, loaded_modules=modules,
                       cap_ownership=caps_own)
+
+
+def read_mig_map(root: HostRoot):
+    """The host's MIG map (host.mig): mig-minors, the access files of the instances that exist, and the
+    `nvidia-caps` major (exact name: `nvidia-caps-imex-channels` shares its prefix). No MIG instance
+    anywhere: an empty readable map; what cannot be read: not readable, with the file."""
+    from nvsymlinkd.host import mig
+    from nvsymlinkd.host.procdevices import CAPS, PROC_DEVICES, parse_proc_devices
+
+    access: dict = {}
+    for gpu_dir in _list_dir(root, CAPABILITIES_DIR) or ():
+        gis = _list_dir(root, f"{CAPABILITIES_DIR}/{gpu_dir}/mig") if gpu_dir.startswith("gpu") else None
+        for gi_dir in gis or ():
+            for ci_dir in [None, *(_list_dir(root, f"{CAPABILITIES_DIR}/{gpu_dir}/mig/{gi_dir}") or ())]:
+                if ci_dir is not None and not ci_dir.startswith("ci"):
+                    continue
+                key = mig.parse_instance_name(gpu_dir, gi_dir, ci_dir)
+                if key is None:
+                    continue
+                path = capability_proc_path(mig.instance_path(*key))
+                try:
+                    minor = mig.parse_access(root.read_confined(path))
+                except FileNotFoundError:
+                    continue  # destroyed between the listing and the read
+                except OSError as exc:
+                    return mig.unreadable(f"{path}: {exc.strerror or exc}")
+                if minor is None:
+                    return mig.unreadable(f"{path}: no valid 'DeviceFileMinor'")
+                access[key] = minor
+    if not access:
+        return mig.MigMap()
+    try:
+        minors = mig.parse_mig_minors(root.read_confined(MIG_MINORS))
+        majors = parse_proc_devices(root.read_confined(PROC_DEVICES))
+    except (OSError, HostFileError) as exc:
+        return mig.unreadable(f"{MIG_MINORS} or {PROC_DEVICES}: {getattr(exc, 'strerror', None) or exc}")
+    if isinstance(minors, str):
+        return mig.unreadable(f"{MIG_MINORS}: {minors}")
+    return mig.build_map(minors, access, majors.major(CAPS))

@@ -252,8 +252,12 @@ def _lost_finding(lost: list[Device], expected: Expected, who: str) -> list[Find
     if not lost:
         return []
     sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
-    return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup now",
-                    f"nvsymlinkd repair {who} (or recreate the container)", f"nvsymlinkd repair {who}")]
+    # a MIG device by the names people use (its UUID and g:m index), not only its capability minors
+    migs = [m for m in (expected.hook.mig if expected.hook is not None else ()) if set(m.devices) & set(lost)]
+    named = "".join(f"; MIG device {m.uuid} ({m.index or 'index unknown'}, {m.instance})" for m in migs)
+    return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup "
+                                          f"now{named}", f"nvsymlinkd repair {who} (or recreate the container)",
+                    f"nvsymlinkd repair {who}")]
 
 
 def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_devices: ScopeDevices | None,
