@@ -9,6 +9,7 @@ from nvsymlinkd.config import Config
 from nvsymlinkd.containers import hookrecord
 from nvsymlinkd.containers.hookgrant import DriverMap, GpuEntry, HookInputs, ToolkitConfig, Wrapper
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.mig import MigDevice, MigMap
 from nvsymlinkd.host.root import HostRoot
 
 ENTRY = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"), None)
@@ -20,7 +21,10 @@ def full_inputs() -> HookInputs:
                            "docker.resource.gpu", "legacy", True, True, "/etc/nvidia-container-runtime/config.toml",
                            "ab" * 32)
     driver = DriverMap((GpuEntry("0000:01:00.0", 0, "GPU-a", False), GpuEntry("0000:02:00.0", 1, None, True)), True,
-                       "", (Device.char(508, 0), Device.char(508, 1)), True, True)
+                       "", (Device.char(508, 0), Device.char(508, 1)), True, True,
+                       MigMap(True, "", 241, (MigDevice(0, 1, 0, 12, 13),), 1, 2,
+                              (("config", 1), ("monitor", 2), ("gpu0/gi1/access", 12), ("gpu0/gi1/ci0/access", 13))),
+                       (("MIG-4d8c-aa", 0, 1, 0),), "", (0,))
     wrapper = Wrapper((("NVIDIA_CTK_CONFIG_FILE_PATH", "/usr/local/nvidia/toolkit/.config/c.toml"),),
                       "/usr/local/nvidia/toolkit/nvidia-container-runtime-hook.real", ("-config", "/x.toml"))
     return HookInputs(config, driver, (1, 17, 8), "dpkg", wrapper, "")

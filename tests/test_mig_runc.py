@@ -104,3 +104,26 @@ def test_mig_instance_not_provably_the_granted_one_is_never_given(runc_host, nvs
     assert got["verdict"] == "denied", got["findings"]
     nvsymlinkd_cli("--root", root, "repair", check=None)
     assert opens(c) == {A_GI: "EPERM", A_CI: "EPERM", B_GI: "EPERM", B_CI: "EPERM"}
+
+
+def test_a_mig_grant_recorded_at_first_sight_is_not_given_once_its_instance_is_made_again(runc_host, nvsymlinkd_cli,
+                                                                                         monkeypatch):
+    """The record of the hook's inputs (issue 34 item 4) keeps NVML's UUIDs of the first sight; gi1 made again
+    later (same slot, same minors, a new UUID) is another instance: the recorded grant does not reach it."""
+    from tests.test_hook_record_runc import daemon_pass
+
+    mig_host(runc_host, monkeypatch, [(MIG_A, 0, 1, 0), (MIG_B, 0, 2, 0)])
+    root = str(runc_host.root)
+    c = mig_container(runc_host, "mig-rec")
+    first = daemon_pass(root)[c.id]
+    assert first["inputs"]["recorded"] is True and first["trusted"] is True, first
+    for m in (A_GI, A_CI):
+        c.deny(f"c {CAPS_MAJOR}:{m} rw")
+    # gi1 destroyed and made again: NVML names the slot by a new UUID
+    fake_pynvml(runc_host.base / "pynvml-mig", [(m, 1 if m == 0 else None) for m in range(4)],
+                [("MIG-0f0f0f0f-cccc-5a5a-8b8b-0c0c0c0c0c0c", 0, 1, 0), (MIG_B, 0, 2, 0)])
+    got = one(check_json(nvsymlinkd_cli, root))
+    assert got["nvidia_hook"]["inputs"]["recorded"] is True
+    assert got["nvidia_hook"]["trusted"] is False and MIG_A in got["nvidia_hook"]["detail"], got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert opens(c) == {A_GI: "EPERM", A_CI: "EPERM", B_GI: "EPERM", B_CI: "EPERM"}

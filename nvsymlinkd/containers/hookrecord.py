@@ -33,6 +33,7 @@ from nvsymlinkd.containers.hookgrant import (
 )
 from nvsymlinkd.containers.ocispec import load_json
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.mig import MigDevice, MigMap
 from nvsymlinkd.host.root import HostRoot
 
 FORMAT = 1
@@ -78,7 +79,7 @@ def _encode(value: Any) -> Any:
         return str(value)
     if isinstance(value, tuple):
         return [_encode(v) for v in value]
-    if isinstance(value, (ToolkitConfig, DriverMap, GpuEntry, Wrapper)):
+    if isinstance(value, (ToolkitConfig, DriverMap, GpuEntry, Wrapper, MigMap, MigDevice)):
         return {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
     raise TypeError(f"cannot record {type(value).__name__}")
 
@@ -134,6 +135,54 @@ def _devices(raw: Any) -> tuple[Device, ...]:
     return got  # type: ignore[return-value]
 
 
+def _int(raw: Any, what: str) -> int:
+    if type(raw) is not int:
+        raise ValueError(f"{what} is not an int")
+    return raw
+
+
+def _optional_int(raw: Any, what: str) -> int | None:
+    return None if raw is None else _int(raw, what)
+
+
+def _list(raw: Any, what: str) -> list:
+    if not isinstance(raw, list):
+        raise ValueError(f"{what} is not a list")
+    return raw
+
+
+def _mig_device(raw: Any) -> MigDevice:
+    if not isinstance(raw, dict) or set(raw) != {f.name for f in fields(MigDevice)}:
+        raise ValueError("a MIG device is malformed")
+    return MigDevice(**{f.name: _int(raw[f.name], f"MigDevice.{f.name}") for f in fields(MigDevice)})
+
+
+def _slot(raw: Any) -> tuple[str, int]:
+    if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str)):
+        raise ValueError("a mig-minors slot is malformed")
+    return raw[0], _int(raw[1], "a mig-minors slot's minor")
+
+
+def _mig_map(raw: Any) -> MigMap:
+    # the MIG map the decision used (host.mig): its slots decide the MIG config/monitor grants
+    return _decode_fields(MigMap, raw, {
+        "caps_major": lambda v: _optional_int(v, "MigMap.caps_major"),
+        "devices": lambda v: tuple(_mig_device(d) for d in _list(v, "MigMap.devices")),
+        "config_minor": lambda v: _optional_int(v, "MigMap.config_minor"),
+        "monitor_minor": lambda v: _optional_int(v, "MigMap.monitor_minor"),
+        "slots": lambda v: tuple(_slot(x) for x in _list(v, "MigMap.slots"))})
+
+
+def _mig_uuid(raw: Any) -> tuple[str, int, int, int]:
+    if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], str)):
+        raise ValueError("a MIG UUID entry is malformed")
+    return raw[0], _int(raw[1], "gpu"), _int(raw[2], "gi"), _int(raw[3], "ci")
+
+
+def _optional_tuple(raw: Any, item) -> tuple | None:
+    return None if raw is None else tuple(item(x) for x in _list(raw, "a list"))
+
+
 def _version(raw: Any):
     if raw is None:
         return None
@@ -161,7 +210,9 @@ def decode_inputs(doc: Any) -> HookInputs:
     config = _decode_fields(ToolkitConfig, doc.get("config"), {})
     driver = _decode_fields(DriverMap, doc.get("driver"),
                             {"gpus": lambda raw: tuple(_gpu(g) for g in (raw if isinstance(raw, list) else [None])),
-                             "uvm": _devices})
+                             "uvm": _devices, "mig": _mig_map,
+                             "mig_uuids": lambda raw: _optional_tuple(raw, _mig_uuid),
+                             "mig_capable": lambda raw: _optional_tuple(raw, lambda v: _int(v, "mig_capable"))})
     for name in ("version_why", "wrapper_why"):
         if not isinstance(doc.get(name), str):
             raise ValueError(f"{name} is not a string")
@@ -276,6 +327,10 @@ def differences(recorded: HookInputs, current: HookInputs) -> list[str]:
             if f.name == "gpus":
                 out.append(f"driver GPUs: {len(a)} then, {len(b)} now" if len(a) != len(b)
                            else "driver GPUs: their minors, UUIDs or exclusions changed")
+            elif f.name == "mig":
+                out.append("the MIG map (instances or their minors): changed since")
+            elif f.name == "mig_uuids":
+                out.append("NVML's MIG devices: changed since")
             elif f.name == "uvm":
                 out.append(f"uvm nodes: {_shown(','.join(map(str, a)) or '(none)')} then, "
                            f"{_shown(','.join(map(str, b)) or '(none)')} now")

@@ -31,7 +31,7 @@ from nvsymlinkd.containers.expected import (
     expected_access,
     nvidia_majors_of,
 )
-from nvsymlinkd.containers.hookgrant import HookRequest, legacy_hook, reconstruct
+from nvsymlinkd.containers.hookgrant import HookGrant, HookRequest, legacy_hook, reconstruct
 from nvsymlinkd.containers.ocispec import gpu_signs
 from nvsymlinkd.containers.scopes import ScopeDevices, map_entries, read_scopes, wait_for_scope
 from nvsymlinkd.devchar.snapshot import observe, read_majors
@@ -129,13 +129,25 @@ def _hook_grant(c: Container, ctx: _HostContext):
     entry = legacy_hook(request.hooks)
     if entry is None:
         return None
-    return reconstruct(request, _container_hook_inputs(c, entry, ctx))
-
-
-def _container_hook_inputs(c: Container, entry, ctx: _HostContext):
-    """The inputs recorded at c's first sight, else the current ones (recorded now in the daemon's pass
-    when c is live); what was used and what differs goes to ctx.hook_notes."""
     current = ctx.hook_inputs(entry)
+    inputs = _container_hook_inputs(c, entry, ctx, current)
+    grant = reconstruct(request, inputs)
+    if grant is None or not grant.trusted or not grant.mig or inputs is current:
+        return grant
+    # MIG instances made again keep their slots' minors: a grant judged on the inputs of its first sight
+    # holds only while NVML still names each granted instance by the same UUID (issue 35, item 4)
+    now = set(current.driver.mig_uuids or ())
+    then = {u: (u, g, gi, ci) for u, g, gi, ci in inputs.driver.mig_uuids or ()}
+    gone = [m.uuid for m in grant.mig if then.get(m.uuid) not in now]
+    if gone:
+        return HookGrant(False, {}, f"the MIG instance {', '.join(gone)} the hook granted is not the one NVML lists "
+                                    f"now (destroyed, made again, or NVML unreadable: {current.driver.mig_uuids_why or 'ok'})")
+    return grant
+
+
+def _container_hook_inputs(c: Container, entry, ctx: _HostContext, current):
+    """The inputs recorded at c's first sight, else `current` (recorded now in the daemon's pass when c
+    is live); what was used and what differs goes to ctx.hook_notes."""
     rec = None
     if c.live and c.init_start is not None:
         path = ctx.root.path(hookrecord.record_path(ctx.config, c.id))
