@@ -207,9 +207,11 @@ def test_every_repair_status_validates(runc_host, nvsymlinkd_cli, validators, tm
             if known:  # prevented through SetUnitProperties; the other one systemd does not know: failed
                 freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
                 mock.add_scope(scope, SCOPE_KEEP, root=root, devices=str(c.devices_dir()), freezer=freezer)
-        # a scope not named for its container (a privileged container can move its init there): cannot-repair
-        _transient(runc_host, "runc-gpu-s-other.scope")
-        runc_host.run("gpu-s-cant", cgroup_leaf="runc-gpu-s-other.scope", **gpu)
+        # lost again right after a repair: the rate limit refuses a repair loop: cannot-repair
+        cant = runc_host.run("gpu-s-cant", **gpu)
+        cant.deny("c 195:0 rw")
+        _cli_json(nvsymlinkd_cli, "--root", root, "repair", "--json", "gpu-s-cant", code=0)
+        cant.deny("c 195:0 rw")
         # granted by something outside the spec, no baseline: nothing trusted expects it: nothing-to-do
         _transient(runc_host, "runc-gpu-s-hook.scope")
         runc_host.run("gpu-s-hook", cgroup_leaf="runc-gpu-s-hook.scope", nodes=[device_node("/dev/nvidia0", 195, 0)],

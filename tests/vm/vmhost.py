@@ -372,7 +372,7 @@ def build_package(version: Optional[str] = None) -> Package:
     version: the same source built as that (higher) version, cached under CACHE/debup-VERSION-<hash>."""
     for tool in ("dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
         if shutil.which(tool) is None:
-            raise VmError(f"'{tool}' is missing: apt-get install the packages in .ci/apt.d/packaging.txt")
+            raise VmError(f"'{tool}' is missing: apt-get install the packages in .ci/apt.d/build.txt (scripts/setup --build)")
     from tests import debbuild
 
     key = debbuild.source_key() or f"nogit{os.getpid()}"   # no git: no file list to key on
