@@ -382,3 +382,24 @@ def test_v1_a_narrowing_that_cannot_be_put_back_is_not_counted_by_the_rate_limit
     assert res.status == "failed" and res.error.startswith("narrowed, NOT restored: c 136:* rw"), res.to_json()
     assert "(made to fail)" in res.error
     assert history.since_last(request.container_id, 1001.0) is None  # the next pass may repair at once
+
+
+def test_v1_a_repair_that_waited_in_vain_on_the_lock_puts_nothing_back(v1, monkeypatch):
+    """Another repair held the lock (RepairBusy): this one changed nothing, so a narrowing seen meanwhile is someone
+    else's (that repair's deny-all window, systemd's re-apply), and putting back this one's saved devices.list would
+    undo their change. Nothing is written; the kernel sees what the other left."""
+    from nvsymlinkd.errors import RepairBusy
+    from nvsymlinkd.repair import cgroupfiles
+    from nvsymlinkd.repair.apply import repair_container
+
+    root, d, request, kernel = v1
+
+    def someone_else_then_busy(root_, devices_dir, grants, steps):
+        (d / "devices.deny").write_text("c 136:* rwm")  # another writer's change, while we wait on the lock
+        raise RepairBusy("another repair holds the lock")
+
+    monkeypatch.setattr(cgroupfiles, "write_devices_allow", someone_else_then_busy)
+    res = repair_container(root, Config(), request)
+    assert res.status == "failed" and "another repair holds the lock" in res.error, res.to_json()
+    assert not any("put back" in s for s in res.steps), res.steps
+    assert kernel()[5] == "deny"  # c 136:9: what the other writer left, not put back by a repair that did nothing

@@ -291,7 +291,10 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
                 result.error = str(exc)
             except OSError as exc:
                 result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
-            narrowed, left = _kept(root, host, request, plan, before, saved, result)  # after an error too
+            # after an error too (a call that timed out may still have been carried out), but not when another
+            # repair held the lock: nothing was done, so a narrowing seen now is someone else's (that repair's v1
+            # deny-all window, systemd's re-apply) and putting back our saved state would undo their change
+            narrowed, left = _kept(root, host, request, plan, before, saved, result) if not busy else ([], [])
         finally:
             host.release(saved)
         # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
