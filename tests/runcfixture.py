@@ -132,14 +132,16 @@ class RuncHost:
         (bundle / "config.json").write_text(json.dumps(spec, indent=1))
         return bundle, cgroups_path
 
-    def run(self, cid: str, **kw) -> RuncContainer:
+    def run(self, cid: str, runc_env: dict | None = None, **kw) -> RuncContainer:
+        """runc_env: variables added to runc's own environment (a hook entry without `env` inherits it)."""
         bundle, cgroups_path = self.bundle(cid, **kw)
         c = RuncContainer(self, cid, bundle, cgroups_path)
         self.containers.append(c)
         # the container inherits runc's stdio: a file, never a pipe we would wait on
         with open(bundle / "runc.log", "w+") as log:
             proc = subprocess.run([self.runc_bin, "--root", str(self.state_root), "run", "-d", "--bundle",
-                                   str(bundle), cid], stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=60)
+                                   str(bundle), cid], stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=60,
+                                  env={**os.environ, **runc_env} if runc_env else None)
             log.seek(0)
             if proc.returncode != 0:
                 raise AssertionError(f"runc run {cid} failed ({proc.returncode}): {log.read().strip()}")

@@ -317,3 +317,77 @@ def test_what_the_hook_refused_stays_denied_through_repair(runc_host, nvsymlinkd
     assert f"c {node[1]}:{node[2]}" not in got["nvidia_hook"]["devices"], got["nvidia_hook"]
     nvsymlinkd_cli("--root", root, "repair", check=None)
     assert c.open_error(node[0], rw=True) == "EPERM"  # never granted by us
+
+
+RUNTIME_ENV_HOOK = """#!{python}
+import json, os, sys
+json.load(sys.stdin)
+# no env in the entry: runc ran this hook with its own environment, the installer's runtime wrapper's variable in it
+assert os.environ.get("NVIDIA_CTK_CONFIG_FILE_PATH") == os.environ["TEST_CONFIG"], sorted(os.environ)
+with open(os.environ["TEST_DEVICES_DIR"] + "/devices.allow", "w") as f:
+    f.write("c 1:3 rw\\n")  # what the 1.18 hook grants under that config: nothing NVIDIA
+"""
+
+
+def test_hook_entry_without_env_is_not_trusted_on_1_18(runc_host, nvsymlinkd_cli):
+    """Review of issue 34, item 1: nvidia-container-runtime injects the hook with no `env` (stable.go), so runc
+    runs it with runc's own environment, where the toolkit installer's runtime wrapper exported
+    NVIDIA_CTK_CONFIG_FILE_PATH; the 1.18 hook read that config (refusing unprivileged requests) and granted
+    nothing. nvsymlinkd cannot see runc's environment: not trusted, and `repair` leaves c 195:1 denied (EPERM).
+    Before, the entry was read as an empty environment, /etc (absent: the defaults) accepted the request, and
+    `repair` granted the GPU the hook never gave."""
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    toolkit = runc_host.base / "fixhook-ctk118"
+    hook = toolkit / "nvidia-container-runtime-hook"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(RUNTIME_ENV_HOOK.format(python=sys.executable))
+    hook.chmod(0o755)
+    host_file(runc_host, hook, hook_binary("1.18.0"))
+    config = toolkit / ".config" / "nvidia-container-runtime" / "config.toml"
+    host_file(runc_host, config, REFUSE_UNPRIVILEGED, 0o644)
+    cid = "hg-fixhook-noenv"
+    hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"]}]}
+    c = runc_host.run(cid, nodes=[device_node("/dev/nvidia1", 195, 1), device_node("/dev/nvidiactl", 195, 255)],
+                      env=["NVIDIA_VISIBLE_DEVICES=1"], hooks=hooks,
+                      runc_env={"NVIDIA_CTK_CONFIG_FILE_PATH": str(config), "TEST_CONFIG": str(config),
+                                "TEST_DEVICES_DIR": f"/sys/fs/cgroup/devices{runc_host.parent}/{cid}"})
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"  # the hook granted nothing
+    got = one(check_json(nvsymlinkd_cli, root, code=None))
+    assert got["nvidia_hook"]["trusted"] is False, got["nvidia_hook"]
+    assert "runtime's environment" in got["nvidia_hook"]["detail"], got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"  # never granted by us
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["roots-differ", "roots-agree"])
+def test_cli_root_and_driver_root(runc_host, nvsymlinkd_cli, same):
+    """Review of issue 34, item 2: the cli grants the uvm nodes that exist under its own --root
+    (nvidia-container-cli.root = /run/nvidia/driver). roots-differ: nvsymlinkd scanned / (driver_root), which has
+    /dev/nvidia-uvm while the cli's root has none: not trusted, and `repair` never grants the uvm node the hook
+    did not (EPERM); before, the host's uvm node was taken as granted and `repair` gave it to the container.
+    roots-agree: driver_root = /run/nvidia/driver (nvsymlinkd.toml) holds the node the cli found and granted:
+    trusted, and a lost uvm grant is given back (ENXIO)."""
+    runc_host.fake.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 509})
+    runc_host.fake.node("/run/nvidia/driver/dev/nvidia-uvm" if same else "/dev/nvidia-uvm", 509, 0)
+    runc_host.fake.write("/etc/nvidia-container-runtime/config.toml",
+                         "[nvidia-container-cli]\nroot = \"/run/nvidia/driver\"\n")
+    if same:
+        runc_host.fake.write("/etc/nvsymlinkd/nvsymlinkd.toml", "driver_root = \"/run/nvidia/driver\"\n")
+    fake_driver(runc_host)
+    root = str(runc_host.root)
+    allow = ("c 195:255 rw", "c 195:1 rw") + (("c 509:0 rw",) if same else ())
+    c = hook_granted(runc_host, "hg-fixhook-cliroot", "1", allow)
+    c.exec("mknod", "/dev/nvidia-uvm", "c", "509", "0")
+    assert c.open_error("/dev/nvidia-uvm", rw=True) == ("ENXIO" if same else "EPERM")
+    if same:
+        c.deny("c 509:0 rw")  # the loss, with nothing watching
+    got = one(check_json(nvsymlinkd_cli, root, code=None))
+    assert got["nvidia_hook"]["trusted"] is same, got["nvidia_hook"]
+    if same:
+        assert "c 509:0" in got["nvidia_hook"]["devices"], got["nvidia_hook"]
+    else:
+        assert "driver_root" in got["nvidia_hook"]["detail"], got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    # roots-agree: the hook granted it, given back; roots-differ: never granted by us
+    assert c.open_error("/dev/nvidia-uvm", rw=True) == ("ENXIO" if same else "EPERM")

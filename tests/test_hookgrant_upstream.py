@@ -51,7 +51,8 @@ def gpus(*minors) -> set:
     return {f"c 195:{m}" for m in minors}
 
 
-def entry(*args, env=None, path=HOOK_PATH):
+def entry(*args, env=(), path=HOOK_PATH):
+    """env: the entry's explicit environment (Docker's --gpus gives one); None: no env (the runtime's own)."""
     return ("prestart", path, ("nvidia-container-runtime-hook", *args), tuple(env) if env is not None else None)
 
 
@@ -166,6 +167,43 @@ ROWS = {
         lambda t: (on_host(t, {f"{OPERATOR}/nvidia-container-runtime-hook": WRAPPER_118,
                                f"{OPERATOR}/nvidia-container-runtime-hook.real": elf("1.18.0"), OPERATOR_CFG: REFUSE},
                            hook=OPERATOR_HOOK), set())),
+    "env-absent-runtime-env-1.18": (
+        f"runc v1.1.5 libcontainer/configs/config.go:381-388; {TK} v1.18.0 internal/modifier/stable.go:66-69, "
+        "cmd/nvidia-ctk-installer/toolkit/installer/executables.go:52-58, internal/config/config.go:78-88",
+        "no env in the entry (the runtime wrapper's injection): runc runs the hook with its own environment, "
+        "where the installer's runtime wrapper exported NVIDIA_CTK_CONFIG_FILE_PATH: the config is not known",
+        lambda t: (on_host(t, deb("1.18.0-1"), hook=entry("prestart", env=None)), UNTRUSTED)),
+    "env-absent-version-unknown": (
+        f"runc v1.1.5 libcontainer/configs/config.go:381-388; {TK} v1.18.0 hook_config.go:39-47",
+        "no env and no version: a 1.18+ hook could have read another config",
+        lambda t: (on_host(t, {HOOK_PATH: elf()}, hook=entry("prestart", env=None)), UNTRUSTED)),
+    "env-absent-1.17-fixed-paths": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/hook_config.go:15-18,27-35 (v1.13.0 :14-22)",
+        "1.13-1.17 read -config or fixed paths whatever their environment: no env changes nothing",
+        lambda t: (on_host(t, {**deb("1.17.8-1"), ETC_CFG: REFUSE}, hook=entry("prestart", env=None)), set())),
+    "env-absent-config-flag-1.18": (
+        f"{TK} v1.18.0 cmd/nvidia-container-runtime-hook/hook_config.go:40-42",
+        "-config wins over the environment",
+        lambda t: (on_host(t, {**deb("1.18.0-1"), "/opt/x.toml": REFUSE},
+                           hook=entry("-config=/opt/x.toml", "prestart", env=None)), set())),
+    "env-absent-wrapper-exports-1.18": (
+        f"{TK} v1.18.0 cmd/nvidia-ctk-installer/toolkit/installer/executables.go:70-77",
+        "the installer's hook wrapper sets NVIDIA_CTK_CONFIG_FILE_PATH over the runtime's environment",
+        lambda t: (on_host(t, {f"{OPERATOR}/nvidia-container-runtime-hook": WRAPPER_118,
+                               f"{OPERATOR}/nvidia-container-runtime-hook.real": elf("1.18.0"), OPERATOR_CFG: REFUSE},
+                           hook=entry("prestart", env=None, path=f"{OPERATOR}/nvidia-container-runtime-hook")),
+                   set())),
+    "env-empty-list-1.18": (
+        "runc v1.1.5 libcontainer/configs/config.go:381-388 (a non-nil empty Env)",
+        "`env: []` is an empty environment: /etc decides",
+        lambda t: (on_host(t, {**deb("1.18.0-1"), ETC_CFG: REFUSE}, hook=entry("prestart", env=[])), set())),
+    "env-absent-through-the-spec": (
+        f"{TK} v1.18.0 internal/modifier/stable.go:66-69",
+        "a config.json hook without `env` (or `env: null`) is the runtime's environment, `[]` an empty one",
+        lambda t: ((_from_spec(["NVIDIA_VISIBLE_DEVICES=0"], version=(1, 18, 0), env=None),
+                    _from_spec(["NVIDIA_VISIBLE_DEVICES=0"], version=(1, 18, 0), env="null"),
+                    _from_spec(["NVIDIA_VISIBLE_DEVICES=0"], version=(1, 18, 0), env=[])),
+                   (UNTRUSTED, UNTRUSTED, BASE | gpus(0)))),
     "wrapper-other-shape": (
         f"{TK} v1.18.0 cmd/nvidia-ctk-installer/toolkit/installer/executables.go:161-174",
         "a script of any other shape: what it sets is not known",
@@ -183,6 +221,16 @@ ROWS = {
         f"{TK} v1.17.8 Makefile (-X .../internal/info.version), Go buildinfo",
         "the binary's linker flags give the version when no package lists it",
         lambda t: (on_host(t, {HOOK_PATH: elf("1.17.8"), DRIVER_CFG: REFUSE}), set())),
+    "version-rc-build-info-unknown": (
+        f"{TK} v1.17.8 Makefile (-X .../internal/info.version=$(VERSION)); semver.org item 9",
+        "1.18.0-rc.1 is a pre-release, not 1.18.0: no version, and 1.17 and 1.18 read different files",
+        lambda t: (on_host(t, {HOOK_PATH: elf("1.18.0-rc.1"), DRIVER_CFG: REFUSE}), UNTRUSTED)),
+    "version-rc-dpkg-unknown": (
+        "deb-version(7): the revision follows the last hyphen; NVIDIA's pre-releases are X.Y.Z~rc.N-1",
+        "1.18.0~rc.1-1 and 1.18.0-rc.1-1 are pre-releases: no version",
+        lambda t: ((on_host(t / "tilde", {**deb("1.18.0~rc.1-1"), DRIVER_CFG: REFUSE}),
+                    on_host(t / "hyphen", {**deb("1.18.0-rc.1-1"), DRIVER_CFG: REFUSE}),
+                    on_host(t / "release", {**deb("1.18.0-1"), DRIVER_CFG: REFUSE})), (UNTRUSTED, UNTRUSTED, BASE | gpus(0)))),
     # ---- the hook's own arguments (Go flag)
     "args-first-positional-is-the-command": (
         f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/main.go:176-193",
@@ -267,6 +315,25 @@ ROWS = {
         "display and the node exists: c 195:254",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,display"},
                         driver=DriverMap(GPUS, True, "", UVM, False, modeset=True)), BASE | gpus(0) | {MODESET})),
+    "cli-root-differs-from-driver-root": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/main.go:92-94; {LNC} @00b4b47e src/nvc_info.c "
+        "lookup_devices -> find_device_node (path_resolve_full(root, ...))",
+        "uvm and modeset are granted when they exist under the cli's --root, not under nvsymlinkd's driver_root",
+        lambda t: ((pure({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(driver_root="/run/nvidia/driver")),
+                    pure({"NVIDIA_VISIBLE_DEVICES": "0"}, driver=replace(DRIVER, nodes_root="/run/nvidia/driver"))),
+                   (UNTRUSTED, UNTRUSTED))),
+    "cli-root-same-as-driver-root": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/main.go:92-94; {LNC} @00b4b47e src/nvc_info.c lookup_devices",
+        "the same root (\"\" is the cli's default /): the nodes nvsymlinkd scanned are the cli's",
+        lambda t: ((pure({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(driver_root="/run/nvidia/driver/"),
+                         driver=replace(DRIVER, nodes_root="/run/nvidia/driver")),
+                    pure({"NVIDIA_VISIBLE_DEVICES": "0"}, ToolkitConfig(driver_root="/"))),
+                   (BASE | gpus(0), BASE | gpus(0)))),
+    "cli-root-utility-only": (
+        f"{LNC} @077f498c src/nvc_mount.c nvc_driver_mount (uvm only with OPT_COMPUTE_LIBS, modeset with OPT_DISPLAY)",
+        "utility alone grants no uvm or modeset node: the cli's root does not matter",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+                        ToolkitConfig(driver_root="/run/nvidia/driver")), {CTL} | gpus(0))),
     "gpus-excluded-not-in-all": (
         f"{LNC} @00b4b47e src/nvc_info.c nvc_device_info_new (NVML's device count), src/cli/common.c select_all_gpu_devices",
         "a `GPU Excluded: Yes` GPU is not enumerated: `all` leaves it out",
@@ -433,14 +500,17 @@ def _excluded(index: int) -> DriverMap:
     return DriverMap(gs, True, "", UVM, False)
 
 
-def _from_spec(env: list, accept_mounts: bool = False, mounts=()):
-    """Through containers.ocispec.parse_spec, as the verifier reads a config.json."""
-    doc = {"process": {"env": env}, "mounts": list(mounts),
-           "hooks": {"prestart": [{"path": HOOK_PATH, "args": ["nvidia-container-runtime-hook", "prestart"]}]}}
+def _from_spec(process_env: list, accept_mounts: bool = False, mounts=(), version=(1, 17, 8), **hook_env):
+    """Through containers.ocispec.parse_spec, as the verifier reads a config.json; hook_env: env=None for a
+    hook without `env`, "null" for `env: null`, a list for that env."""
+    hook = {"path": HOOK_PATH, "args": ["nvidia-container-runtime-hook", "prestart"]}
+    if hook_env.get("env") is not None:
+        hook["env"] = None if hook_env["env"] == "null" else hook_env["env"]
+    doc = {"process": {"env": process_env}, "mounts": list(mounts), "hooks": {"prestart": [hook]}}
     spec = parse_spec(doc)
     request = HookRequest(spec.hook_entries, spec.env, spec.device_list_mounts, spec.privileged)
     config = ToolkitConfig(accept_volume_mounts=accept_mounts)
-    return outcome(reconstruct(request, HookInputs(config, DRIVER, (1, 17, 8), "row")))
+    return outcome(reconstruct(request, HookInputs(config, DRIVER, version, "row")))
 
 
 @pytest.mark.parametrize("row", sorted(ROWS))

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.mig import MigDevice, MigMap
+from nvsymlinkd.host.paths import normalize
 
 SOURCE = "nvidia-hook"  # the expected-access source name (containers.expected, repair.plan)
 RW = Access("rw")  # libnvidia-container writes `c M:m rw` (src/nvc_mount.c, setup_device_cgroup)
@@ -50,7 +51,8 @@ _INDEX = re.compile(r"([+-]?)([0-9]+)")
 _MIG_INDEX = re.compile(r"\s*[+-]?\d+:\s*[+-]?\d+.*", re.S)  # sscanf("%lu:%lu") == 2
 UINTMAX = (1 << 64) - 1
 
-HookEntry = Tuple[str, str, Optional[Tuple[str, ...]], Optional[Tuple[str, ...]]]  # (kind, path, args, env)
+# (kind, path, args, env); env None: the entry has none (absent or null), () : an explicitly empty environment
+HookEntry = Tuple[str, str, Optional[Tuple[str, ...]], Optional[Tuple[str, ...]]]
 Version = Tuple[int, int, int]
 DRIVER_CONFIG = "/run/nvidia/driver/etc/nvidia-container-runtime/config.toml"  # hook_config.go driverPath+configPath
 ETC_CONFIG = "/etc/nvidia-container-runtime/config.toml"
@@ -212,6 +214,9 @@ class DriverMap:
     mig_uuids: Optional[Tuple[Tuple[str, int, int, int], ...]] = None
     mig_uuids_why: str = "NVML was not asked"
     mig_capable: Optional[Tuple[int, ...]] = None  # device minors of the GPUs NVML gives a MIG mode (with mig_uuids)
+    # the root nvsymlinkd's node scan searched for uvm and modeset (its Config.driver_root, normalized): the cli
+    # looks for them under its own --root (src/nvc_info.c lookup_devices -> find_device_node -> path_resolve_full)
+    nodes_root: str = "/"
 
 
 @dataclass(frozen=True)
@@ -400,11 +405,15 @@ class Invocation:
     env: Mapping[str, str]
     why: str  # when it ran no command, or when its invocation is not knowable
     knowable: bool = True
+    runtime_env: bool = False  # the entry has no env: the hook ran with the runtime's own environment (not known)
 
 
 def invocation(entry: HookEntry, wrapper: Wrapper | None) -> Invocation:
-    """runc runs a hook with exactly the entry's args and env (libcontainer/configs Command.Run: cmd.Env =
-    h.Env); a wrapper puts its assignments over that environment and its arguments before "$@"."""
+    """runc runs a hook with the entry's args and env (runc v1.1.5 libcontainer/configs/config.go:381-388,
+    exec.Cmd{Env: c.Env}): an entry without env (absent or null, a nil slice) runs with runc's own environment
+    (os/exec: nil Env = the parent's; recent crun, src/libcrun/container.c: `environ` unless hooks[i]->env), whose
+    variables are not known here (`env` holds only the entry's and the wrapper's). A wrapper puts its
+    assignments over that environment and its arguments before "$@"."""
     _, _, args, env_list = entry
     env: dict[str, str] = {}
     for item in env_list or ():
@@ -420,7 +429,7 @@ def invocation(entry: HookEntry, wrapper: Wrapper | None) -> Invocation:
         env.update(wrapper.env)
         argv = [wrapper.target, *wrapper.args, *argv[1:]]
     config, command, why = go_flag_parse(argv)
-    return Invocation(command, config, env, why)
+    return Invocation(command, config, env, why, runtime_env=env_list is None)
 
 
 # ---------------------------------------------------------------- the config file the hook reads
@@ -488,6 +497,13 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     if inv.command is None:
         return _nothing(f"the hook grants nothing: {inv.why}")
     config, driver, version = inputs.config, inputs.driver, inputs.version
+    if inv.runtime_env and (version is None or version >= (1, 18, 0)) and not (inv.config_flag or inv.env.get(CONFIG_ENV)):
+        # 1.18+ pick the file from NVIDIA_CTK_CONFIG_FILE_PATH or XDG_CONFIG_HOME (v1.18.0 hook_config.go:39-47,
+        # internal/config/config.go:78-88), which the toolkit installer's runtime wrappers export to runc
+        # (v1.18.0 cmd/nvidia-ctk-installer/toolkit/installer/executables.go:52-58) and the runtime wrapper's
+        # entry inherits (internal/modifier/stable.go:66-69: Path and Args only); 1.13-1.17 read fixed paths
+        return _untrusted("the hook ran with the runtime's environment, which may name another config "
+                          f"({CONFIG_ENV}, {XDG_ENV}); toolkit version {_shown(version, inputs.version_why)}")
     if not config.readable:
         return _untrusted(f"the NVIDIA toolkit config cannot be read: {config.why}")
     refused = config.mode not in ("auto", "legacy") and not config.skip_mode_detection
@@ -517,6 +533,14 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     caps = _capabilities(env, config)
     if isinstance(caps, HookGrant):
         return caps
+    if caps & {"compute", "video", "display"}:
+        # the uvm and modeset nodes granted are those under the cli's --root (v1.17.8 main.go:92-94; src/nvc_info.c
+        # lookup_devices -> find_device_node); nvsymlinkd knows the ones under its own driver_root
+        cli_root = config.driver_root or "/"
+        if not cli_root.startswith("/") or normalize(cli_root) != normalize(driver.nodes_root):
+            return _untrusted(f"nvidia-container-cli.root {cli_root[:80]!r} is not nvsymlinkd's driver_root "
+                              f"{driver.nodes_root[:80]!r}: the uvm and modeset nodes the cli found under its root "
+                              "are not the ones nvsymlinkd scanned (set driver_root to the cli's root)")
     selected = _select_gpus(devices, driver, bool(mig_global))
     if isinstance(selected, HookGrant):
         return selected

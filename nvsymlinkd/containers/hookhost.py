@@ -12,7 +12,8 @@
 - the MIG map (host.driverinfo.read_mig_map: capabilities/gpu*/mig/gi*/ci*/access, mig-minors, the
   `nvidia-caps` major) and, on a host with MIG instances, NVML's MIG UUIDs through pynvml when it is
   importable and works (else none: a MIG UUID request is then not trusted, with that reason);
-- the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes (from the pass's node scan).
+- the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes (from the pass's node scan) and the root
+  that scan searched (driver_root: the cli finds them under its own --root).
 
 All read under --root, confined (HostRoot).
 """
@@ -46,6 +47,7 @@ from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
 from nvsymlinkd.host.hostview import host_view
 from nvsymlinkd.host.mig import MigMap
+from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot, read_at_most
 
 TOOLKIT_CONFIG = ETC_CONFIG
@@ -61,7 +63,9 @@ TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
 _LDFLAGS_VERSION = re.compile(rb"nvidia-container-toolkit/internal/info\.version=v?(\d{1,3})\.(\d{1,3})\.(\d{1,3})"
                               rb"([~+.-][0-9A-Za-z.~+-]*)?")
 _MOD_VERSION = re.compile(rb"\tgithub\.com/NVIDIA/nvidia-container-toolkit\tv(\d{1,3})\.(\d{1,3})\.(\d{1,3})([-+]\S*)?\t")
-_DEB_VERSION = re.compile(r"(?:\d+:)?(\d{1,3})\.(\d{1,3})\.(\d{1,3})(-[0-9A-Za-z.+~]+)?")
+# [epoch:]upstream[-revision]: the revision follows the last hyphen (deb-version(7)); only an upstream X.Y.Z (or
+# X.Y.Z+build) is the release, a pre-release is X.Y.Z~rc.N (NVIDIA's packages) or X.Y.Z-rc.N
+_DEB_VERSION = re.compile(r"(?:\d+:)?(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?:\+[0-9A-Za-z.+]+)?(?:-[0-9A-Za-z.+~]+)?")
 
 
 def read_toolkit_config(root: HostRoot, path: str = TOOLKIT_CONFIG, dialect: str | None = "go-toml") -> ToolkitConfig:
@@ -109,11 +113,11 @@ def _searched_config(root: HostRoot, search, dialect: str | None, memo: dict) ->
 
 
 def read_hook_inputs(root: HostRoot, entry: HookEntry, host_nodes, driver: DriverMap | None = None,
-                     memo: dict | None = None) -> HookInputs:
+                     memo: dict | None = None, nodes_root: str = "/") -> HookInputs:
     """What the hook of this spec entry read: its wrapper, the toolkit's version, the config it found
     (for an unknown version: the same config under every release line's search, else not readable)."""
     memo = {} if memo is None else memo
-    driver = driver if driver is not None else read_driver_map(root, host_nodes)
+    driver = driver if driver is not None else read_driver_map(root, host_nodes, nodes_root)
     path = entry[1]
     wrapper, wrapper_why, binary = read_hook_executable(root, path)
     version, version_why = read_toolkit_version(root, binary) if binary else (None, wrapper_why or "no binary")
@@ -211,9 +215,10 @@ def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, 
         return None, f"{binary}: {exc}"
     finally:
         os.close(fd)
-    found = {m.group(1, 2, 3) for m in _LDFLAGS_VERSION.finditer(data) if not m.group(4) or m.group(4)[:1] in b"-+"}
+    # semver: X.Y.Z+build is the release, X.Y.Z-rc.1 (any `-` suffix) a pre-release of it, like dpkg's ~rc.1
+    found = {m.group(1, 2, 3) for m in _LDFLAGS_VERSION.finditer(data) if not m.group(4) or m.group(4)[:1] == b"+"}
     found |= {m.group(1, 2, 3) for m in _MOD_VERSION.finditer(data) if not m.group(4)}
-    odd = any(m.group(4) and m.group(4)[:1] in b"~." for m in _LDFLAGS_VERSION.finditer(data))
+    odd = any(m.group(4) and m.group(4)[:1] in b"~.-" for m in _LDFLAGS_VERSION.finditer(data))
     if len(found) == 1 and not odd:
         major, minor, patch = (int(x) for x in found.pop())
         return (major, minor, patch), f"{binary}: its build info"
@@ -233,7 +238,7 @@ def _dpkg_version(root: HostRoot, package: str) -> tuple[Version | None, str]:
             continue
         raw = fields.get("Version", "")
         m = _DEB_VERSION.fullmatch(raw)
-        if m is None or "~" in raw:  # a pre-release (1.17.0~rc.1) is not the release it precedes
+        if m is None:  # a pre-release (1.17.0~rc.1, 1.17.0-rc.1-1) is not the release it precedes
             return None, f"{DPKG_STATUS}: {package} version {raw[:40]!r} is not a release version"
         return (int(m.group(1)), int(m.group(2)), int(m.group(3))), f"{DPKG_STATUS}: {package} {raw}"
     return None, f"{DPKG_STATUS}: {package} is not installed"
@@ -254,10 +259,15 @@ def _list(root: HostRoot, inside: str) -> list | None:
         os.close(fd)
 
 
-def read_driver_map(root: HostRoot, host_nodes) -> DriverMap:
-    """host_nodes: the pass's NvidiaNode list (for the uvm and modeset nodes)."""
+def read_driver_map(root: HostRoot, host_nodes, nodes_root: str = "/") -> DriverMap:
+    """host_nodes: the pass's NvidiaNode list (for the uvm and modeset nodes), scanned under nodes_root (the
+    daemon's driver_root)."""
     uvm = tuple(sorted(Device.char(n.major, n.minor) for n in host_nodes if n.kind in ("uvm", "uvm-tools")))
     modeset = any(n.kind == "modeset" for n in host_nodes)
+    return replace(_read_driver_map(root, uvm, modeset), nodes_root=normalize(nodes_root))
+
+
+def _read_driver_map(root: HostRoot, uvm: tuple, modeset: bool) -> DriverMap:
     names = _list(root, GPUS_DIR)
     if not names:  # absent: no driver loaded, so no GPU the hook could have selected is known
         return DriverMap(readable=False, why=f"{GPUS_DIR} lists no GPU" if names is not None else

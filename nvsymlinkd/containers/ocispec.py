@@ -279,18 +279,19 @@ def _hook_paths(hooks, where: str) -> tuple:
 
 def _hook_entries(hooks) -> tuple:
     """(kind, path, args, env) of every hook, for the NVIDIA hook's reconstruction; _hook_paths checked the
-    shape. args or env that are not an array of strings are kept as None (the hook cannot be told apart then;
-    runc would have refused such a spec)."""
+    shape. env absent or null stays None (runc and crun then run the hook with their own environment), apart
+    from `[]` (an empty one). args, or env present and not an array of strings: args None, so no NVIDIA hook
+    entry is read from it (runc would have refused such a spec: encoding/json fails on it)."""
     out: list = []
     for kind, items in (hooks or {}).items():
         for h in items or ():
             if len(out) >= 256:
                 return tuple(out)
-            args, env = h.get("args"), h.get("env", [])
-            ok = isinstance(args, list) and len(args) <= 64 and all(isinstance(a, str) for a in args)
-            env_ok = isinstance(env, list) and len(env) <= 256 and all(isinstance(e, str) for e in env)
+            args, env = h.get("args"), h.get("env")
+            env_ok = env is None or (isinstance(env, list) and len(env) <= 256 and all(isinstance(e, str) for e in env))
+            ok = env_ok and isinstance(args, list) and len(args) <= 64 and all(isinstance(a, str) for a in args)
             out.append((str(kind)[:40], h["path"][:4096], tuple(a[:4096] for a in args) if ok else None,
-                        tuple(e[:4096] for e in env) if env_ok else None))
+                        tuple(e[:4096] for e in env) if isinstance(env, list) and env_ok else None))
     return tuple(out)
 
 

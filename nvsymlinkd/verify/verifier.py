@@ -109,7 +109,7 @@ class _HostContext:
         from nvsymlinkd.containers.hookhost import read_driver_map, read_hook_inputs
 
         if self._hook_driver is None:
-            self._hook_driver = read_driver_map(self.root, self.host.nodes)
+            self._hook_driver = read_driver_map(self.root, self.host.nodes, self.config.driver_root)
         if entry not in self._hook_inputs:
             self._hook_inputs[entry] = read_hook_inputs(self.root, entry, self.host.nodes, self._hook_driver,
                                                         self._hook_memo)
