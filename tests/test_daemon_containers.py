@@ -653,6 +653,18 @@ def new_unit(systemd_mock, unit: str) -> None:
                                     dbus_interface=MOCK_IFACE)
 
 
+def started(systemd_mock, unit: str, invocation: str = "5c" * 16) -> None:
+    """The scope's InvocationID, which systemd gives every unit it starts (src/core/unit.c,
+    unit_acquire_invocation_id): the daemon writes no drop-in without it."""
+    import dbus
+
+    from tests.test_repair_dbus import SYSTEMD, unit_path
+
+    systemd_mock.conn.get_object(SYSTEMD, unit_path(unit)).AddProperties(
+        "org.freedesktop.systemd1.Unit", {"InvocationID": dbus.ByteArray(bytes.fromhex(invocation))},
+        dbus_interface=MOCK_IFACE)
+
+
 def keep_dropin(runc_host, unit: str) -> Path:
     return runc_host.root / "run/systemd/system" / f"{unit}.d" / "90-nvsymlinkd-keep.conf"
 
@@ -680,6 +692,7 @@ def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, syste
     cid = "5ca1ab1e" * 8
     unit = f"cri-containerd-{cid}.scope"
     systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))  # as runc's Apply leaves it
+    started(systemd_mock, unit)
     d = start_daemon(systemd_mock, "--resync-interval", "0")
     state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
@@ -723,6 +736,7 @@ def test_the_drop_in_goes_with_its_scope(runc_host, systemd_mock, start_daemon):
     other = keep_dropin(runc_host, gone).parent / "10-admin.conf"
     other.write_text("[Scope]\nCPUWeight=10\n")
     systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    started(systemd_mock, unit)
     d = start_daemon(systemd_mock, "--resync-interval", "0")
     being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
@@ -790,6 +804,7 @@ def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(run
     cid = "feed" * 16
     unit = f"cri-containerd-{cid}.scope"
     systemd_mock.add_scope(unit, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    started(systemd_mock, unit)
     d = start_daemon(systemd_mock, "--resync-interval", "0")
     other = case.startswith("scope")
     being_created(runc_host, cid, "GPU-not-on-this-host", f"system.slice:cri-containerd:{'x' + cid[1:] if other else cid}")

@@ -1,5 +1,7 @@
 """systemd.dropin: nvsymlinkd's own drop-in for a container scope (issue 24), on a real directory tree."""
 
+from __future__ import annotations
+
 import os
 
 import pytest
@@ -80,26 +82,73 @@ def test_the_file_names_its_container_and_scope_invocation(tmp_path):
     text = (tmp_path / dropin.dropin_path(SCOPE).lstrip("/")).read_text()
     assert text.splitlines()[0] == f"# nvsymlinkd-owner: container={'ab' * 32} invocation={INV}"
     assert dropin.owner(root, SCOPE) == ("ab" * 32, INV)
-    dropin.write(root, SCOPE, "ab" * 32, None, [(Device("c", 195, 0), Access("rw"))])  # unknown: "-"
-    assert dropin.owner(root, SCOPE) == ("ab" * 32, "-")
+    with pytest.raises(ValueError):
+        dropin.write(root, SCOPE, "ab" * 32, "a" * 31, [])
     with pytest.raises(ValueError):
         dropin.write(root, SCOPE, "a\nDeviceAllow=char-* rwm", INV, [])
 
 
-def test_remove_unless_the_invocation_is_the_scopes_own(tmp_path):
+def test_remove_stale_unless_the_invocation_is_the_scopes_own(tmp_path):
     """A new scope of the same name (another InvocationID) never keeps an earlier scope's drop-in."""
     root = HostRoot(str(tmp_path))
     dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
-    assert dropin.remove(root, SCOPE, unless_invocation=INV) is False
+    transient(tmp_path, after=1)  # a scope of the name made since: the ids still decide
+    assert dropin.remove_stale(root, SCOPE, INV) is False
     assert dropin.owner(root, SCOPE) is not None
-    assert dropin.remove(root, SCOPE, unless_invocation="f" * 32) is True
+    assert dropin.remove_stale(root, SCOPE, "f" * 32) is True
     assert dropin.owner(root, SCOPE) is None
-    # one written before owners were named is no scope's: removed at any new scope
+    assert dropin.remove_stale(root, SCOPE, INV) is False  # none there
+
+
+def transient(tmp_path, after: float) -> None:
+    """The scope's transient unit file, made `after` seconds after its drop-in of ours (negative: before)."""
+    path = tmp_path / "run/systemd/transient" / SCOPE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[Scope]\n")
+    t = (tmp_path / dropin.dropin_path(SCOPE).lstrip("/")).stat().st_mtime + after
+    os.utime(path, (t, t))
+
+
+@pytest.mark.parametrize("written, now, predates, stale", [
+    (INV, INV, True, False),  # two known ids decide
+    (INV, "f" * 32, False, True),
+    (INV, None, False, False),  # systemd silent: the age decides
+    (INV, None, True, True),
+    ("-", INV, False, False),  # no id written (or no owner line): the age decides
+    ("-", INV, True, True),
+    ("-", None, True, True),
+    ("-", None, False, False),
+])
+def test_is_stale(written, now, predates, stale):
+    """Issue 34 item 5 review: an unknown id on either side never decides by itself."""
+    assert dropin.is_stale(written, now, predates) is stale
+
+
+def legacy(tmp_path, first_line: str | None) -> None:
     d = tmp_path / f"run/systemd/system/{SCOPE}.d"
-    d.mkdir()
-    (d / dropin.NAME).write_text("[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
-    assert dropin.owner(root, SCOPE) == ("", "-")
-    assert dropin.remove(root, SCOPE, unless_invocation=INV) is True
+    d.mkdir(parents=True, exist_ok=True)
+    head = f"{first_line}\n" if first_line else ""
+    (d / dropin.NAME).write_text(f"{head}[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
+
+
+@pytest.mark.parametrize("first_line", [f"# nvsymlinkd-owner: container={'ab' * 32} invocation=-", None])
+def test_a_drop_in_naming_no_invocation_goes_by_age(tmp_path, first_line):
+    """Issue 34 item 5 review: one written with `invocation=-`, or with no owner line, by an earlier version
+    stays while it is newer than the scope's transient unit file (its own scope), whatever the scope's
+    InvocationID; it goes once it is older (a scope of the name made since) or that file is missing."""
+    root = HostRoot(str(tmp_path))
+    legacy(tmp_path, first_line)
+    transient(tmp_path, after=-5)  # the drop-in written 5 s after its scope was made: its own
+    assert dropin.predates_scope(root, SCOPE) is False
+    assert dropin.remove_stale(root, SCOPE, INV) is False
+    assert dropin.remove_stale(root, SCOPE, None) is False
+    transient(tmp_path, after=5)  # a scope of the name made since
+    assert dropin.predates_scope(root, SCOPE) is True
+    assert dropin.remove_stale(root, SCOPE, INV) is True
+    legacy(tmp_path, first_line)
+    (tmp_path / "run/systemd/transient" / SCOPE).unlink()
+    assert dropin.predates_scope(root, SCOPE) is True
+    assert dropin.remove_stale(root, SCOPE, None) is True
 
 
 def test_a_symlinked_directory_inside_the_root_is_never_followed(tmp_path):
@@ -131,5 +180,71 @@ def test_a_directory_on_the_way_that_is_not_roots_alone_is_refused(tmp_path, whe
     os.chmod(d, 0o777)
     with pytest.raises(dropin.UnsafeDirectory):
         dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
+    os.chmod(d, 0o775)  # group-writable: not root's alone either (issue 34 review)
+    with pytest.raises(dropin.UnsafeDirectory):
+        dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
     os.chmod(d, 0o755)
     dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
+
+
+def watch_of(tmp_path):
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.daemon.containerwatch import ContainerWatch
+    from tests.test_hostile_input import RecordingJournal
+
+    journal = RecordingJournal()
+    return ContainerWatch(journal, HostRoot(str(tmp_path)), lambda: Config(), use_bus=False), journal
+
+
+@pytest.mark.parametrize("first_line", [f"# nvsymlinkd-owner: container={'ab' * 32} invocation=-", None])
+def test_the_full_pass_removes_a_drop_in_naming_no_invocation_once_older_than_its_scope(tmp_path, first_line):
+    """Issue 34 item 5 review: the full pass kept `invocation=-` and ownerless drop-ins for ever, so a runc
+    container id reused while the daemon was down inherited the earlier container's grant at the next reload."""
+    watch, _ = watch_of(tmp_path)
+    legacy(tmp_path, first_line)
+    transient(tmp_path, after=-5)  # its own scope's
+    watch._remove_stale_dropins()
+    assert dropin.owner(watch.root, SCOPE) is not None
+    transient(tmp_path, after=5)  # the name reused since
+    watch._remove_stale_dropins()
+    assert dropin.owner(watch.root, SCOPE) is None
+
+
+def test_a_new_scope_keeps_its_drop_in_when_systemd_does_not_say_its_invocation(tmp_path):
+    """Issue 34 item 5 review: after a daemon restart every scope's first UnitNew looks new; systemd answering
+    nothing then (a reload) removed the scope's own valid drop-in. Unknown now: the age decides."""
+    watch, journal = watch_of(tmp_path)
+    dropin.write(watch.root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
+    transient(tmp_path, after=-5)
+    assert watch.clear_inherited(SCOPE, new=True) is False
+    assert dropin.owner(watch.root, SCOPE) == ("ab" * 32, INV)
+    transient(tmp_path, after=5)  # an earlier scope's drop-in
+    assert watch.clear_inherited(SCOPE, new=True) is True
+    assert dropin.owner(watch.root, SCOPE) is None
+    assert "older than the scope's transient unit file" in journal.lines[-1]
+
+
+def test_a_new_scope_asks_systemd_again_once_its_reload_is_over(tmp_path, monkeypatch):
+    """Issue 34 item 5 review: a new scope's InvocationID unreadable during a reload is read again after it."""
+    import threading
+    import time
+
+    from nvsymlinkd.containers import scopes
+
+    watch, _ = watch_of(tmp_path)
+    dropin.write(watch.root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
+    transient(tmp_path, after=5)  # by age alone it would go: the InvocationID read after the reload keeps it
+    asked = []
+
+    def invocation(root, scope, use_bus=None):
+        asked.append(watch._not_reloading.is_set())
+        return INV if watch._not_reloading.is_set() else None  # systemd answers no call while it reloads
+
+    monkeypatch.setattr(scopes, "scope_invocation", invocation)
+    watch.systemd_reloading(True)
+    threading.Timer(0.2, watch.systemd_reloading, (False,)).start()
+    start = time.monotonic()
+    assert watch.clear_inherited(SCOPE, new=True) is False
+    assert time.monotonic() - start >= 0.15
+    assert asked == [False, True]
+    assert dropin.owner(watch.root, SCOPE) == ("ab" * 32, INV)

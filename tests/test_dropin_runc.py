@@ -49,16 +49,17 @@ def host_runc(runc_host):
     return runc_host
 
 
-def scope(systemd_mock, invocation: bytes, root) -> None:  # noqa: F811
+def scope(systemd_mock, invocation: bytes | None, root) -> None:  # noqa: F811
     """The scope as runc's Apply and Set leave it: DevicePolicy=strict and runc's own entries, and a new
-    InvocationID (systemd's, for this start of the unit)."""
+    InvocationID (systemd's, for this start of the unit; None: systemd does not say it)."""
     try:
         systemd_mock.manager.RemoveObject(unit_path(UNIT), dbus_interface=MOCK_IFACE)
     except dbus.DBusException:
         pass
     systemd_mock.add_scope(UNIT, [("/dev/char/1:3", "rwm")], policy="strict", root=str(root))
-    systemd_mock.conn.get_object(SYSTEMD, unit_path(UNIT)).AddProperties(
-        UNIT_IFACE, {"InvocationID": dbus.ByteArray(invocation)}, dbus_interface=MOCK_IFACE)
+    if invocation is not None:
+        systemd_mock.conn.get_object(SYSTEMD, unit_path(UNIT)).AddProperties(
+            UNIT_IFACE, {"InvocationID": dbus.ByteArray(invocation)}, dbus_interface=MOCK_IFACE)
     transient = root / "run/systemd/transient" / UNIT  # systemd's file of a live transient unit
     transient.parent.mkdir(parents=True, exist_ok=True)
     transient.write_text("[Scope]\n")
@@ -69,8 +70,9 @@ def signal(systemd_mock, member: str, *body) -> None:  # noqa: F811
     systemd_mock.manager.EmitSignal(MANAGER, member, sig, list(body), dbus_interface=MOCK_IFACE)
 
 
-def create(runc, gpu: bool, hook_seconds: float):
-    """`runc create NAME` in the background, its prestart hook sleeping; returns (container, Popen)."""
+def create(runc, gpu: bool, hook_seconds: float, relative: bool = False):
+    """`runc create NAME` in the background, its prestart hook sleeping; returns (container, Popen).
+    relative: `--bundle NAME` from the bundle's parent directory (runc chdirs into it)."""
     kw = dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
               env=["NVIDIA_VISIBLE_DEVICES=0"]) if gpu else {}
     hooks = {"prestart": [{"path": sys.executable, "args": [sys.executable, "-c",
@@ -85,8 +87,10 @@ def create(runc, gpu: bool, hook_seconds: float):
     c = RuncContainer(runc, NAME, bundle, f"system.slice:runc:{NAME}")
     runc.containers.append(c)
     with open(bundle / "runc.log", "w") as log:
-        proc = subprocess.Popen([runc.runc_bin, "--root", str(runc.state_root), "create", "--bundle", str(bundle),
-                                 NAME], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        proc = subprocess.Popen([runc.runc_bin, "--root", str(runc.state_root), "create", "--bundle",
+                                 bundle.name if relative else str(bundle), NAME],
+                                cwd=bundle.parent if relative else None, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=log)
     os.symlink(f"/proc/{proc.pid}", runc.root / f"proc/{proc.pid}")
     fifo = runc.state_root / NAME / "exec.fifo"
     end = time.monotonic() + DEADLINE
@@ -198,3 +202,39 @@ def test_a_scope_reused_while_no_daemon_ran_loses_the_earlier_drop_in_at_the_fir
     d.wait_for_line(rf"removed the drop-in of {reused}: written for an earlier scope of that name")
     assert not keep_dropin(runc_host, reused).exists()
     assert keep_dropin(runc_host, same).exists()
+
+
+def test_a_relative_bundle_is_runcs_cwd(host_runc, systemd_mock, start_daemon):  # noqa: F811
+    """Issue 34 item 7 review: `runc create --bundle NAME` from the bundle's parent; runc has chdir'ed into the
+    bundle by then, so the bundle is its cwd (read as cwd + NAME, it named a directory that does not exist)."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(host_runc)
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    invocation = bytes(range(5, 21))
+    scope(systemd_mock, invocation, host_runc.root)
+    c, proc = create(host_runc, gpu=True, hook_seconds=2, relative=True)
+    mark = d.mark()
+    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    d.wait_for_line(r"being created: wrote", mark)
+    assert proc.poll() is None, "runc create still in its prestart hook"
+    assert dropin_entries(host_runc, UNIT) == [("/dev/char/195:0", "rw")]
+    assert owner_line(host_runc) == f"# nvsymlinkd-owner: container={NAME} invocation={invocation.hex()}"
+    assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()
+
+
+def test_no_drop_in_without_the_scopes_invocation(host_runc, systemd_mock, start_daemon):  # noqa: F811
+    """Issue 34 item 5 review: a drop-in naming no InvocationID (`invocation=-`) could neither be told from the
+    next scope of the name nor kept through a reload: none is written, and the journal says why."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(host_runc)
+    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    scope(systemd_mock, None, host_runc.root)
+    c, proc = create(host_runc, gpu=True, hook_seconds=2)
+    mark = d.mark()
+    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    d.wait_for_line(r"being created: no drop-in written for c 195:0 rw, systemd did not say the scope's InvocationID",
+                    mark)
+    assert not keep_dropin(host_runc, UNIT).exists()
+    assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()

@@ -64,3 +64,22 @@ def test_runc_argv_as_go_flag_parses_it():
     for other in (["runc", "start", "id"], ["runc", "init"], ["runc", "create"], ["runc", "--nope", "create", "x"],
                   ["runc", "create", "--bundle"], ["runc", "create", "--unknown", "x", "id"], []):
         assert parse_runc_argv(other) is None, other
+
+
+def test_the_bundle_is_runcs_cwd_which_bundle_only_confirms():
+    """Issue 34 item 7 review: runc chdirs into --bundle before anything (utils.go setupSpec at v1.1.5), so a
+    relative --bundle is not relative to its cwd: `runc run -b ctr id` from /root runs in /root/ctr."""
+    from nvsymlinkd.containers.runtimeproc import bundle_of
+
+    assert bundle_of("/root/ctr", "ctr") == "/root/ctr"
+    assert bundle_of("/root/ctr", "./ctr/") == "/root/ctr"
+    assert bundle_of("/b/x/ctr", "x/ctr") == "/b/x/ctr"
+    assert bundle_of("/root/ctr", None) == "/root/ctr"
+    assert bundle_of("/root/ctr", ".") == "/root/ctr"
+    assert bundle_of("/root/ctr", "/root/ctr/") == "/root/ctr"
+    # runc has not chdir'ed yet (its cwd is still the caller's), or a link on the way: nothing trusted
+    assert bundle_of("/root", "/root/ctr") is None
+    assert bundle_of("/root", "ctr") is None
+    assert bundle_of("/root/xctr", "ctr") is None
+    assert bundle_of("/root/ctr", "../ctr") is None
+    assert bundle_of("/root/ctr", "a/../ctr") is None  # "a" may be a link: ".." is the kernel's to resolve

@@ -4,13 +4,16 @@ Plain runc and Podman with runc name the bundle only in state.json, and runc wri
 after the prestart hooks have run (libcontainer/container_linux.go at v1.1.5: newInitProcess ...
 `c.saveState` once `runc init` has been through the hooks; during them only exec.fifo is in the state
 directory). The daemon's creation-time drop-in needs the spec then. The process running `runc
-create` / `runc run` names it: `--bundle`/`-b` on its command line, else its working directory
-(runc's utils.go at v1.1.5, `setupSpec`: "bundle" flag, chdir to it, default "."). Its argv and cwd
+create` / `runc run` names it by its working directory: runc chdirs into `--bundle`/`-b` before
+it reads config.json (utils.go:70-76 at v1.1.5, `setupSpec`) and labels the container with its cwd
+(libcontainer/specconv/spec_linux.go:333-359, "runc's cwd will always be the bundle path"); the flag
+only confirms it (bundle_of). Its argv and cwd
 are trusted only when it is the host's own runc binary (one of the runtime table's paths, the very
 file /proc/<pid>/exe opens), run by root (every uid 0), in the host's mount namespace: a container's
 processes fail at least one of these, and nothing a container writes is read to decide.
 
     parse_runc_argv(argv)   # (state root or None, bundle or None, container id) for create/run
+    bundle_of(cwd, bundle)  # the bundle of such a process: its cwd, when --bundle agrees; else None
 """
 
 from __future__ import annotations
@@ -79,6 +82,26 @@ def parse_runc_argv(argv: list) -> tuple[str | None, str | None, str] | None:
     return found.get("root"), bundle, argv[j]
 
 
+def bundle_of(cwd: str, bundle: str | None) -> str | None:
+    """The bundle of a `runc create/run` process whose working directory is `cwd` (absolute, as
+    /proc/PID/cwd says it), given its --bundle (None when absent). runc chdirs into --bundle first
+    (utils.go:70-76 at v1.1.5) and reads config.json and labels `bundle=` from its cwd (spec_linux.go:
+    333-359), so a relative --bundle is relative to a directory it has left: `runc run -b ctr id` from
+    /root runs in /root/ctr, never /root/ctr/ctr. The flag must agree with the cwd: an absolute one
+    equal to it, a relative one (no "..") its last components. Otherwise None: runc has not chdir'ed
+    yet (its cwd is still the caller's), or the path goes through a link; the pass after state.json
+    judges that container."""
+    cwd = normalize(cwd)
+    if bundle is None:
+        return cwd  # no --bundle: runc reads ./config.json where it was started
+    if bundle.startswith("/"):
+        return cwd if normalize(bundle) == cwd else None
+    if ".." in bundle.split("/"):
+        return None  # the kernel resolves ".." after a link, not lexically: where it led is not known
+    rel = posixpath.normpath(bundle)
+    return cwd if rel == "." or cwd.endswith("/" + rel) else None
+
+
 def _uid0(root: HostRoot, pid: int) -> bool:
     try:
         text = read_bounded(root.path(f"/proc/{pid}/status"), MAX_SMALL_BYTES).decode("ascii", "replace")
@@ -144,9 +167,14 @@ def creating_bundles(root: HostRoot, binaries: tuple) -> dict:
             continue
         if not cwd.startswith("/"):
             continue
-        state_root = normalize(posixpath.join(cwd, state_root)) if state_root else RUNC_DEFAULT_ROOT
-        bundle = normalize(posixpath.join(cwd, bundle)) if bundle else normalize(cwd)
+        if state_root and not state_root.startswith("/"):
+            continue  # runc made it absolute against the cwd it has since left (main.go:151, reviseRootDir)
+        state_root = normalize(state_root) if state_root else RUNC_DEFAULT_ROOT
+        bundle = bundle_of(cwd, bundle)
         key = (state_root, cid)
+        if bundle is None:
+            torn.add(key)  # a process for that container whose bundle is not known: none is trusted
+            continue
         if key in out and out[key] != bundle:
             torn.add(key)  # two processes name two bundles for one container: neither is trusted
         out[key] = bundle

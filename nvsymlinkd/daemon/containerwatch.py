@@ -132,7 +132,7 @@ class ContainerWatch(ContainerHook):
 
     async def scope_announced_again(self, unit: str) -> None:
         # the same scope (a reload keeps its InvocationID) or another of the same name: only a drop-in of
-        # ours that names another InvocationID goes (a stat here; the bus asked only when there is one)
+        # ours that is no live scope's goes (dropin.is_stale; a stat here, the bus asked only when there is one)
         from nvsymlinkd.systemd import dropin
 
         if dropin.owner(self.root, unit) is not None:
@@ -150,31 +150,36 @@ class ContainerWatch(ContainerHook):
             self.journal.log(journalmod.WARNING, f"cannot remove the drop-in of {unit}: {exc}")
 
     def clear_inherited(self, unit: str, new: bool = True) -> bool:
-        """Remove the scope's drop-in of ours unless its owner line names the scope's InvocationID as
-        systemd says it now. For a new scope an InvocationID that cannot be read counts as another (the
-        container being created gets its own written again); for a scope announced again (a reload's
-        re-announcement, most of the time) it keeps the drop-in, and systemd is asked only once it has
-        finished reloading (it answers no call meanwhile). Blocking (a worker thread). True when one
-        was removed."""
+        """Remove the scope's drop-in of ours when it is no live scope's (systemd.dropin.is_stale): its
+        owner line names another InvocationID than systemd says the scope has now; or, where either is not
+        known (an owner line with none; systemd answering nothing during a reload), it is older than the
+        scope's transient unit file. systemd is asked once it has finished reloading (for a new scope at
+        once, then after the reload: after a daemon restart every scope's first UnitNew looks new, and one
+        may come during a reload). Blocking (a worker thread). True when one was removed."""
         from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
 
-        if dropin.owner(self.root, unit) is None:
+        found = dropin.owner(self.root, unit)
+        if found is None:
             return False
-        if not new:
-            self._not_reloading.wait(RELOAD_WAIT)
-        now = scope_invocation(self.root, unit, self.use_bus)
-        if now is None and not new:
-            return False
+        now = None
+        if found[1] != "-":
+            if not new:
+                self._not_reloading.wait(RELOAD_WAIT)
+            now = scope_invocation(self.root, unit, self.use_bus)
+            if now is None:
+                self._not_reloading.wait(RELOAD_WAIT)  # systemd answers no call while it reloads
+                now = scope_invocation(self.root, unit, self.use_bus)
         try:
-            removed = dropin.remove(self.root, unit, unless_invocation=now or "")
+            removed = dropin.remove_stale(self.root, unit, now)
         except (OSError, ValueError) as exc:
             self.journal.log(journalmod.WARNING, f"cannot remove the drop-in of {unit}: {exc}")
             return False
         if removed:
+            why = f"not its InvocationID {now}" if now is not None else "older than the scope's transient unit file"
             self.journal.log(journalmod.NOTICE, f"container scope {unit} announced with a drop-in of ours written "
-                             f"for an earlier scope of that name (not its InvocationID {now or 'unknown'}): removed "
-                             f"{dropin.dropin_path(unit)}", unit=unit)
+                             f"for an earlier scope of that name ({why}): removed {dropin.dropin_path(unit)}",
+                             unit=unit)
         return removed
 
     async def runtime_state_written(self, containers: list) -> None:
@@ -237,8 +242,16 @@ class ContainerWatch(ContainerHook):
             return None
         self.journal.debug(f"container {c.id} ({unit}) being created: {seen}")
         shown = ", ".join(f"{d} {a}" for d, a in missing)
+        invocation = scope_invocation(self.root, unit, self.use_bus)
+        if invocation is None:
+            # a drop-in that names no scope could outlive this one and reach the next of the name
+            self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: no drop-in written "
+                             f"for {shown}, systemd did not say the scope's InvocationID (a drop-in must name "
+                             "its scope); the pass after its state is written prevents the loss",
+                             container_id=c.id, unit=unit)
+            return None
         try:
-            path = dropin.write(self.root, unit, c.id, scope_invocation(self.root, unit, self.use_bus), missing)
+            path = dropin.write(self.root, unit, c.id, invocation, missing)
         except (OSError, ValueError) as exc:
             self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot write {shown} "
                              f"to a drop-in of its scope: {exc}; the pass after its state is written prevents",
@@ -251,7 +264,8 @@ class ContainerWatch(ContainerHook):
 
     def _remove_stale_dropins(self) -> None:
         """The drop-ins of ours whose scope systemd no longer has (systemd.dropin), or whose scope is
-        another one now (its InvocationID differs: the name was reused while no daemon listened)."""
+        another one now (the name was reused while no daemon listened: its InvocationID differs, or,
+        where one is not known, the drop-in is older than the scope's transient unit file)."""
         from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
 
@@ -264,7 +278,7 @@ class ContainerWatch(ContainerHook):
                     continue
                 found = dropin.owner(self.root, scope)
                 now = scope_invocation(self.root, scope, self.use_bus) if found and found[1] != "-" else None
-                if now is not None and dropin.remove(self.root, scope, unless_invocation=now):
+                if dropin.remove_stale(self.root, scope, now):
                     self.journal.debug(f"removed the drop-in of {scope}: written for an earlier scope of that name")
             except (OSError, ValueError) as exc:
                 self.journal.log(journalmod.WARNING, f"cannot remove {dropin.dropin_path(scope)}: {exc}")

@@ -26,8 +26,13 @@ unit a new one each time it starts: src/core/unit.c, unit_acquire_invocation_id)
 scope of the same name (runc names a scope after the container, and `runc delete` frees the name):
 it goes when systemd drops the scope (UnitRemoved outside a reload), at the next full pass when the
 scope went while no daemon listened (stale_dropins), and a new scope of the name starts without it
-(owner: anything that does not name its InvocationID is removed at its UnitNew). /run is gone at
-reboot.
+(is_stale, at its UnitNew and at each full pass). Nothing is written without the scope's InvocationID.
+One whose owner line names none (`invocation=-`, or no owner line: written by earlier versions), or
+whose scope's InvocationID systemd does not say, is judged by age: systemd writes a transient unit's
+file /run/systemd/transient/<scope> once, when StartTransientUnit makes the unit (src/core/unit.c at
+v252: unit_make_transient, finalized in unit_load; later properties go to <scope>.d/ drop-ins, and a
+reload only reads the file), and a scope's UnitNew comes after it. So a drop-in older than that file
+was written for an earlier scope of the name. /run is gone at reboot.
 
 Every directory on the way is opened without following a link and must be a real directory owned by
 root and not writable by others (safe_dir): a `<scope>.d` planted as a link to another unit's
@@ -51,7 +56,7 @@ from nvsymlinkd.host.root import HostRoot
 NAME = "90-nvsymlinkd-keep.conf"
 OWNER_PREFIX = "# nvsymlinkd-owner: "
 # the owner line: a container id as discovery accepts one (containers.discovery.ID_RE), and the
-# scope's InvocationID as 32 hex digits (sd_id128), or "-" when it could not be read
+# scope's InvocationID as 32 hex digits (sd_id128); "-" (unknown) only in files earlier versions wrote
 OWNER_LINE = re.compile(r"# nvsymlinkd-owner: container=([A-Za-z0-9][A-Za-z0-9_.+-]{0,255}) invocation=([0-9a-f]{32}|-)")
 INVOCATION = re.compile(r"[0-9a-f]{32}")
 MAX_BYTES = 64 * 1024  # ours are a few hundred bytes; more is not ours
@@ -68,12 +73,14 @@ def dropin_path(scope: str) -> str:
     return f"{RUNTIME_DIR}/{scope}.d/{NAME}"
 
 
-def dropin_text(container_id: str, invocation_id: str | None, entries: Iterable[tuple[Device, Access]]) -> str:
+def dropin_text(container_id: str, invocation_id: str, entries: Iterable[tuple[Device, Access]]) -> str:
     """The drop-in's content: whose it is (a comment line systemd ignores), then one DeviceAllow= per
-    entry (the /dev/char/M:m form, which systemd >= 240 parses without a stat: REFERENCE.md)."""
-    invocation = invocation_id if invocation_id and INVOCATION.fullmatch(invocation_id) else "-"
+    entry (the /dev/char/M:m form, which systemd >= 240 parses without a stat: REFERENCE.md). ValueError
+    without the scope's InvocationID: a drop-in must say which scope it belongs to."""
+    if not INVOCATION.fullmatch(invocation_id or ""):
+        raise ValueError(f"not a scope's InvocationID: {invocation_id!r}")
     lines = [
-        f"{OWNER_PREFIX}container={container_id} invocation={invocation}",
+        f"{OWNER_PREFIX}container={container_id} invocation={invocation_id}",
         f"# what the NVIDIA hook grants container {container_id}, kept by a daemon-reload",
         "# (written while the container was created; removed with its scope; docs/daemon.md)",
         "[Scope]",
@@ -93,9 +100,10 @@ def parse_owner(text: str) -> tuple[str, str] | None:
 
 def safe_dir(fd: int, shown: str) -> None:
     """Raise UnsafeDirectory unless the open fd is a directory owned by root that no other user may
-    write (a planted directory would let its owner swap our file for one of theirs)."""
+    write, as owner of the group or not (a planted directory would let its writer swap our file for one
+    of theirs)."""
     st = os.fstat(fd)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o002:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise UnsafeDirectory(errno.EPERM, f"{shown} is not a directory owned by root and writable by root alone")
 
 
@@ -130,11 +138,11 @@ def _open_dirs(root: HostRoot, scope: str, create: bool) -> int:
         raise
 
 
-def write(root: HostRoot, scope: str, container_id: str, invocation_id: str | None,
+def write(root: HostRoot, scope: str, container_id: str, invocation_id: str,
           entries: Iterable[tuple[Device, Access]]) -> str:
     """Write the scope's drop-in atomically (its directory made if needed); returns its inside path.
     Raises OSError (UnsafeDirectory: a link or a directory not root's on the way), ValueError (a name
-    that is no scope's, an id that is no container's)."""
+    that is no scope's, an id that is no container's, no InvocationID)."""
     path = dropin_path(scope)
     text = dropin_text(container_id, invocation_id, entries)
     fd = _open_dirs(root, scope, create=True)
@@ -190,14 +198,51 @@ def stale_dropins(root: HostRoot) -> list[str]:
     return [scope for scope in ours_dropins(root) if not os.path.lexists(root.path(f"{TRANSIENT_DIR}/{scope}"))]
 
 
-def remove(root: HostRoot, scope: str, unless_invocation: str | None = None) -> bool:
+def is_stale(written: str, now: str | None, predates: bool) -> bool:
+    """Whether a drop-in of ours belongs to no live scope of its name. written: the InvocationID its
+    owner line names ("-": none, or no owner line); now: the scope's as systemd says it (None: not
+    said, as during a reload); predates: the drop-in is older than the scope's transient unit file, or
+    that file is missing (predates_scope). Two known ids decide; otherwise the age does."""
+    if written != "-" and now is not None:
+        return written != now
+    return predates
+
+
+def predates_scope(root: HostRoot, scope: str) -> bool:
+    """The scope's drop-in of ours is older (mtime) than the scope's transient unit file, or that file
+    is missing: written for an earlier scope of the name (the module's docstring). False when there is
+    no drop-in (or it is not safely there)."""
+    try:
+        fd = _open_dirs(root, scope, create=False)
+    except OSError:
+        return False
+    try:
+        mine = os.stat(NAME, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    try:
+        unit = os.lstat(root.path(f"{TRANSIENT_DIR}/{scope}"))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # not known: the owner line alone decides, at the next look
+    return mine.st_mtime_ns < unit.st_mtime_ns
+
+
+def remove_stale(root: HostRoot, scope: str, now: str | None) -> bool:
+    """Remove the scope's drop-in of ours when is_stale says it is no live scope's, `now` being the
+    scope's InvocationID as systemd says it (None: not said); True when it was removed."""
+    found = owner(root, scope)
+    if found is None or not is_stale(found[1], now, predates_scope(root, scope)):
+        return False
+    return remove(root, scope)
+
+
+def remove(root: HostRoot, scope: str) -> bool:
     """Remove the scope's drop-in of ours, and its directory when nothing else is in it; True when a
-    file was removed. With unless_invocation, a drop-in whose owner line names that InvocationID stays
-    (it is the current scope's). Never anything another writer put there, never through a link."""
-    if unless_invocation is not None:
-        found = owner(root, scope)
-        if found is None or found[1] == unless_invocation:
-            return False
+    file was removed. Never anything another writer put there, never through a link."""
     try:
         fd = _open_dirs(root, scope, create=False)
     except OSError:
