@@ -230,6 +230,32 @@ def test_a_systemd_call_that_narrows_is_put_back_and_says_so(container, systemd)
     assert c.kernel() == ALL_OPEN
 
 
+def test_a_prevention_keeps_the_runtimes_rules_that_runc_left_out_of_the_scope(container, systemd):
+    """The VM's s03 (runc 1.1.5, systemd driver, cgroup v2): runc skipped rules whose /sys/dev/char/M:m is missing
+    (there: /dev/net/tun's 10:200 while tun was not loaded; here /dev/null, pts and mknod), so its scope lacks them
+    while runc's own program allows them. Preventing the loss of the hook's c 195:0 makes systemd re-apply the
+    scope: without the runtime's rules beside the grant that took them at once, the keep check put everything back
+    and the prevention failed. With them (RepairRequest.runtime_rules, from runc's state): prevented, nothing
+    narrowed, c 195:0 now in the scope."""
+    from dataclasses import replace
+
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False)
+    c.runtime_program([C0, C255])  # the hook's c 195:0 prepended to runc's rules
+    entries = [("/dev/char/195:255", "rw")]  # what runc could give systemd
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO)
+    before = c.kernel()
+    assert before == ["allow", "allow", "deny", "allow", "allow"], before  # uvm: never granted
+    runtime_rules = tuple(RUNC_DEFAULTS) + (Rule(True, "c", 195, 255, "rw"),)
+    request = replace(c.request([C0], kind=AT_RISK), runtime_rules=runtime_rules)
+    res = repair_container(c.root, Config(), request)
+    assert res.status == "prevented", res.to_json()
+    assert c.kernel() == before
+    allow = systemd.device_allow(c.scope)
+    assert ("/dev/char/195:0", "rw") in allow and ("char-*", "m") in allow and ("/dev/char/1:3", "rwm") in allow, allow
+
+
 def test_a_systemd_repair_on_a_strict_scope_keeps_every_device(container, systemd):
     """systemd (cgroup v2): a strict scope whose program is systemd's own (the runtime's entries, c 195:0 among
     them no longer: a partial loss). DeviceAllow=c 195:0 widens the allow-list: c 195:0 back, every other

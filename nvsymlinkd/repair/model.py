@@ -88,6 +88,9 @@ class RepairRequest:
     pod_name: str | None = None
     container_name: str | None = None
     exec_fifo: str | None = None  # while created, not started: never frozen (the runtime could not start it)
+    # the allow rules the runtime programmed: kept in the scope's DeviceAllow beside the grants, since runc
+    # 1.1.3-1.1.6 left some out of the scope (no /sys/dev/char/M:m) and systemd's re-apply would take them
+    runtime_rules: tuple[Rule, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"container": self.container_id, "runtime": self.runtime, "unit": self.scope,

@@ -251,4 +251,4 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
     return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),
                          report.cgroup.get("unified"), freezer, cgroup_driver, tuple(grants), kind,
                          "; ".join(reasons), report.pod_namespace, report.pod_name, report.container_name,
-                         report.exec_fifo)
+                         report.exec_fifo, report.runtime_rules)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Sequence, Tuple
 
 from nvsymlinkd.containers.model import CDI_ANNOTATION, display_name, exec_fifo_path
-from nvsymlinkd.host.devices import RW, Access, Device
+from nvsymlinkd.host.devices import RW, Access, Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.messageids import MESSAGE_IDS
 from nvsymlinkd.text import bounded
@@ -115,6 +115,9 @@ class ContainerReport:
     # runc's/crun's exec.fifo while the container is created, not started (not in the JSON): a repair
     # must not freeze it then, since the runtime cannot start a frozen container
     exec_fifo: str | None = None
+    # the allow rules the runtime programmed (runc's state, else the spec's; not in the JSON): what a systemd
+    # repair keeps in the scope beside its grant (repair.mechanisms: a repair never narrows)
+    runtime_rules: tuple[Rule, ...] = ()
 
     @property
     def short_id(self) -> str:
@@ -438,7 +441,16 @@ def _new_report(c: Container, signs: Sequence[str], expected: Expected, host: Ho
         nvidia_hook=expected.hook.to_json() if expected.hook is not None else None,
         exec_fifo=exec_fifo_path(c) if c.status == "created" else None,
         container_name=c.container_name,
+        runtime_rules=_runtime_rules(c),
     )
+
+
+def _runtime_rules(c: Container) -> tuple[Rule, ...]:
+    """The allow rules the runtime programmed into the container's device cgroup: runc's recorded rules
+    (state.json config.cgroups.devices), else the spec's linux.resources.devices."""
+    rules = c.state.rules if c.state is not None and c.state.rules is not None else (
+        c.spec.rules if c.spec is not None else ())
+    return tuple(r for r in rules or () if r.allow and r.type in ("c", "b"))
 
 
 def evaluate(c: Container, signs: Sequence[str], expected: Expected, policy: AccessPolicy | None,
