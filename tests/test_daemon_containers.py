@@ -396,13 +396,19 @@ def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc
     assert open(freezer).read().strip() == "THAWED"
 
     # the reload: systemd re-applies every scope's policy (v1: deny all, then allow each DeviceAllow entry)
-    assert "c 10:200 rwm" in c.devices_list()  # runc's /dev/net/tun, not in DeviceAllow: the reload drops it
+    # runc's /dev/net/tun was not in DeviceAllow: the prevention kept it there beside the grant, with the rest of
+    # the runtime's rules (runc's systemd.go forms: /dev/char/M:m, char-M, char-*), so the reload keeps it too
+    assert "c 10:200 rwm" in c.devices_list()
+    assert ("/dev/char/10:200", "rwm") in systemd_mock.device_allow(scope)
     (c.devices_dir() / "devices.deny").write_text("a")
     for path, access in systemd_mock.device_allow(scope):
-        (c.devices_dir() / "devices.allow").write_text(f"c {path.rsplit('/', 1)[1]} {access}")
+        kind, _, number = path.rpartition("/") if path.startswith("/dev/") else path.partition("-")
+        dev_type = "b" if "block" in kind else "c"
+        rule = number if ":" in number else ("*:*" if number == "*" else f"{number}:*")
+        (c.devices_dir() / "devices.allow").write_text(f"{dev_type} {rule} {access}")
     mark = d.mark()
     barrier(d, systemd_mock)
-    assert "c 10:200 rwm" not in c.devices_list()  # the re-apply did take what DeviceAllow lacks
+    assert "c 10:200 rwm" in c.devices_list()  # the re-apply kept what the runtime had granted
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"  # kept: it was in DeviceAllow before the reload
     assert [m for m, f in d.entries(mark) if "CONTAINER_ID" in f] == [], d.output()  # nothing to say
     assert len(systemd_mock.observed()) == 1
