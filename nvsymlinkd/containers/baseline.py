@@ -91,9 +91,13 @@ def record(root: HostRoot, config, container_id: str, init_start: int | None, de
 
 def prune(root: HostRoot, config, live_ids) -> list:
     """Remove baselines of containers that no longer exist; returns the removed file names."""
-    keep = {_file_name(i) for i in live_ids}
+    return prune_dir(root, baseline_dir(config), {_file_name(i) for i in live_ids})
+
+
+def prune_dir(root: HostRoot, directory: str, keep) -> list:
+    """Remove the .json records in `directory` (inside root) whose names are not in `keep`; returns their names.
+    Shared by the baselines and the hook-input records (containers.hookrecord)."""
     removed: list = []
-    directory = baseline_dir(config)
     try:
         names = root.listdir(directory)
     except OSError:

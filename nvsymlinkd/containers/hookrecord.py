@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-from nvsymlinkd.containers.baseline import SAFE_NAME
+from nvsymlinkd.containers.baseline import SAFE_NAME, prune_dir
 from nvsymlinkd.containers.hookgrant import (
     DriverMap,
     GpuEntry,
@@ -272,21 +272,7 @@ def record(root: HostRoot, config, container_id: str, init_start: int, entry: Ho
 
 def prune(root: HostRoot, config, live_ids) -> list:
     """Remove the records of containers that no longer exist; returns the removed file names."""
-    keep = {_file_name(i) for i in live_ids}
-    removed: list = []
-    directory = record_dir(config)
-    try:
-        names = root.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        if name.endswith(".json") and name not in keep:
-            try:
-                if root.unlink(f"{directory}/{name}"):
-                    removed.append(name)
-            except OSError:
-                pass
-    return removed
+    return prune_dir(root, record_dir(config), {_file_name(i) for i in live_ids})
 
 
 # ---------------------------------------------------------------------------
