@@ -26,9 +26,10 @@ from nvsymlinkd.containers.hookgrant import (
 from nvsymlinkd.containers.hookhost import read_hook_inputs
 from nvsymlinkd.containers.ocispec import parse_spec
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.imex import ImexNodes
 from nvsymlinkd.host.mig import build_map
 from nvsymlinkd.host.root import HostRoot
-from tests.migfixture import CAPS_MAJOR, cap, mig_minor_table
+from tests.migfixture import CAPS_MAJOR, IMEX_MAJOR, cap, mig_minor_table
 
 UNTRUSTED = "untrusted"
 MIG_A, MIG_B = "MIG-2a3b4c5d-aaaa-5e6f-8a9b-0c1d2e3f4a5b", "MIG-7e8f9a0b-bbbb-5c6d-9e0f-1a2b3c4d5e6f"
@@ -45,6 +46,12 @@ GPU0_SLOTS = {f"c {CAPS_MAJOR}:{m}" for n, m in mig_minor_table().items() if n.s
 CTL, U0, U1, MODESET = "c 195:255", "c 509:0", "c 509:1", "c 195:254"
 BASE = {CTL, U0, U1}
 REFUSE = "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+LIST_ROOT = "/var/run/nvidia-container-devices"
+# an IMEX host: /proc/devices' nvidia-caps-imex-channels major, channel0-2 as c 242:N, channel5 another device
+IMEX_DRIVER = replace(DRIVER, imex=ImexNodes(IMEX_MAJOR, (0, 1, 2), (5,)))
+IMEX_C0, IMEX_C1, IMEX_C2 = (f"c {IMEX_MAJOR}:{n}" for n in range(3))
+IMEX0 = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}
+REFUSING_MOUNTS = ToolkitConfig(accept_envvar_unprivileged=False, accept_volume_mounts=True)
 
 
 def gpus(*minors) -> set:
@@ -342,44 +349,141 @@ ROWS = {
         f"{LNC} @2e347c19 src/cli/common.c select_gpu_device (available->gpus[n])",
         "indexes count only enumerated GPUs: index 1 is the third GPU",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "1"}, driver=_excluded(1)), BASE | gpus(2))),
-    # ---- IMEX channels
+    # ---- IMEX channels (issue 35 item 3): the request by toolkit version, the cli's parse, the node's device
     "imex-ignored-before-1.15": (
-        f"{TK} v1.14.6 cmd/nvidia-container-runtime-hook/main.go (no --imex-channel), v1.15.0 main.go:130",
+        f"{TK} v1.14.6 cmd/nvidia-container-runtime-hook/main.go (no --imex-channel), v1.15.0 main.go:129-131",
         "1.13-1.14 pass no IMEX channel",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}, version=(1, 14, 6)),
-                   BASE | gpus(0))),
-    "imex-requested-1.17": (
-        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:200-222",
-        "an IMEX channel request (its grant is not reconstructed)",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"}), UNTRUSTED)),
+        lambda t: (pure(IMEX0, driver=IMEX_DRIVER, version=(1, 14, 6)), BASE | gpus(0))),
+    "imex-env-grants-the-channel-node-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:200-222, main.go:134-136; {LNC} "
+        "@63d366e src/cli/configure.c:433-438, src/nvc_mount.c:1101-1147 nvc_imex_channel_mount",
+        "NVIDIA_IMEX_CHANNELS=0: the cli mounts channel0 and grants its node's device, c M:0 (M: the imex channels major)",
+        lambda t: (pure(IMEX0, driver=IMEX_DRIVER), BASE | gpus(0) | {IMEX_C0})),
     "imex-ignore-feature-1.17.5": (
         f"{TK} v1.17.5 internal/config/features.go:47, v1.17.8 container_config.go:201-203",
         "ignore-imex-channel-requests drops the request (1.17.5+)",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
-                        ToolkitConfig(ignore_imex_requests=True)), BASE | gpus(0))),
+        lambda t: (pure(IMEX0, ToolkitConfig(ignore_imex_requests=True), driver=IMEX_DRIVER), BASE | gpus(0))),
+    "imex-ignore-feature-1.20": (
+        f"{TK} v1.20.0 cmd/nvidia-container-runtime-hook/container_config.go:250, api/config/v1/features.go:49, "
+        "internal/config/image/cuda_image.go:416-419",
+        "1.18+ still drop every IMEX request under the feature (ImexChannelRequests)",
+        lambda t: (pure(IMEX0, ToolkitConfig(ignore_imex_requests=True, accept_volume_mounts=True), driver=IMEX_DRIVER,
+                        version=(1, 20, 0), mounts=(f"{LIST_ROOT}/imex/1",)), BASE | gpus(0))),
     "imex-ignore-feature-absent-1.17.4": (
-        f"{TK} v1.17.4 internal/config/features.go (no ignore-imex-channel-requests)",
-        "the key does nothing before 1.17.5",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
-                        ToolkitConfig(ignore_imex_requests=True), version=(1, 17, 4)), UNTRUSTED)),
+        f"{TK} v1.17.4 internal/config/features.go:28-30 (no ignore-imex-channel-requests)",
+        "the key does nothing before 1.17.5: the channel is granted",
+        lambda t: (pure(IMEX0, ToolkitConfig(ignore_imex_requests=True), driver=IMEX_DRIVER, version=(1, 17, 4)),
+                   BASE | gpus(0) | {IMEX_C0})),
     "imex-unprivileged-refused-1.17": (
         f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:212-221",
-        "1.17+: an unprivileged env request for channels follows accept-...-envvar-when-unprivileged",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0"},
-                        ToolkitConfig(accept_envvar_unprivileged=False), privileged=False), set())),
+        "1.17+: an unprivileged env request for channels follows accept-...-envvar-when-unprivileged (the GPU "
+        "came by a mount)",
+        lambda t: (pure({"NVIDIA_IMEX_CHANNELS": "0"}, REFUSING_MOUNTS, driver=IMEX_DRIVER, mounts=(f"{LIST_ROOT}/0",)),
+                   BASE | gpus(0))),
+    "imex-privileged-env-accepted-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:217-219",
+        "a privileged container's env request is taken under the same refusing config",
+        lambda t: (pure({"NVIDIA_IMEX_CHANNELS": "0"}, REFUSING_MOUNTS, driver=IMEX_DRIVER, mounts=(f"{LIST_ROOT}/0",),
+                        privileged=True), BASE | gpus(0) | {IMEX_C0})),
     "imex-raw-value-1.16": (
-        f"{TK} v1.16.2 cmd/nvidia-container-runtime-hook/container_config.go:279-285",
-        "1.15-1.16 pass any set NVIDIA_IMEX_CHANNELS raw (even `none`) to the cli",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "none"}, version=(1, 16, 2)),
+        f"{TK} v1.16.2 cmd/nvidia-container-runtime-hook/container_config.go:279-285,341-344; {LNC} @63d366e "
+        "src/cli/common.c:446-496 parse_imex_info",
+        "1.15-1.16 pass any set NVIDIA_IMEX_CHANNELS raw: `none` reaches the cli, which fails on it",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "none"}, driver=IMEX_DRIVER,
+                        version=(1, 16, 2)), UNTRUSTED)),
+    "imex-raw-list-1.16": (
+        f"{TK} v1.16.2 cmd/nvidia-container-runtime-hook/main.go:129-131; {LNC} @63d366e src/cli/common.c:446-496",
+        "1.15-1.16: the raw list, strtoumax per item (blanks before, a sign): `+1, 2` is channels 1 and 2",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "+1, 2"}, driver=IMEX_DRIVER,
+                        version=(1, 16, 2)), BASE | gpus(0) | {IMEX_C1, IMEX_C2})),
+    "imex-raw-unprivileged-1.16": (
+        f"{TK} v1.16.2 cmd/nvidia-container-runtime-hook/container_config.go:341-344 (no privilege check)",
+        "1.15-1.16 take the env's channels from an unprivileged container even under a refusing config",
+        lambda t: (pure({"NVIDIA_IMEX_CHANNELS": "1"}, REFUSING_MOUNTS, driver=IMEX_DRIVER, mounts=(f"{LIST_ROOT}/0",),
+                        version=(1, 16, 2)), BASE | gpus(0) | {IMEX_C1})),
+    "imex-raw-trailing-blank-fails": (
+        f"{LNC} @63d366e src/cli/common.c:478-483 (strtoumax must end the item)",
+        "`1 ` leaves a blank after the number: unsupported IMEX channel value, the cli fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "1 "}, driver=IMEX_DRIVER,
+                        version=(1, 16, 2)), UNTRUSTED)),
+    "imex-channel-below-2-20": (
+        f"{LNC} @63d366e src/cli/common.c:478-483 (id < 1 << 20)",
+        "channel 1048576 does not fit a minor: the cli fails",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "1048576"}, driver=IMEX_DRIVER),
+                   UNTRUSTED)),
+    "imex-name-fails-1.17": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:294-300; {LNC} @63d366e src/cli/common.c:478-483",
+        "1.17+ pass items raw to the cli (only all/none/void are words): `channel0` fails it",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "channel0"}, driver=IMEX_DRIVER),
                    UNTRUSTED)),
     "imex-none-no-request-1.17": (
         f"{TK} v1.17.8 internal/config/image/devices.go:36-50,67-69",
         "1.17+: `none` lists one empty channel, joined to nothing: no --imex-channel",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,none"}), BASE | gpus(0))),
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,none"}, driver=IMEX_DRIVER),
+                   BASE | gpus(0))),
     "imex-all-alone-no-request-1.17": (
         f"{TK} v1.17.8 internal/config/image/cuda_image.go:294-300",
         "NVIDIA_IMEX_CHANNELS=all alone is no request",
-        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "all"}), BASE | gpus(0))),
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "all"}, driver=IMEX_DRIVER),
+                   BASE | gpus(0))),
+    "imex-void-no-request-1.17": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:124-154 (DevicesFromEnvvars: void anywhere)",
+        "`0,void` is no request",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,void"}, driver=IMEX_DRIVER),
+                   BASE | gpus(0))),
+    "imex-repeat-once-1.17": (
+        f"{TK} v1.17.8 internal/config/image/devices.go:90-116 (a repeated item leaves an empty one); {LNC} "
+        "@63d366e src/cli/common.c:473-475 (empty items skipped)",
+        "`0,0` is channel 0 once",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,0"}, driver=IMEX_DRIVER),
+                   BASE | gpus(0) | {IMEX_C0})),
+    "imex-mounts-win-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:205-211, "
+        "internal/config/image/cuda_image.go:303-311",
+        "accepted imex/N mounts win over the env: imex/1 mounted, NVIDIA_IMEX_CHANNELS=0 ignored",
+        lambda t: (pure(IMEX0, ToolkitConfig(accept_volume_mounts=True), driver=IMEX_DRIVER,
+                        mounts=(f"{LIST_ROOT}/imex/1",)), BASE | gpus(0) | {IMEX_C1})),
+    "imex-mounts-need-no-privilege-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:205-211",
+        "mounts are taken from an unprivileged container under a refusing config",
+        lambda t: (pure({}, REFUSING_MOUNTS, driver=IMEX_DRIVER, mounts=(f"{LIST_ROOT}/0", f"{LIST_ROOT}/imex/2")),
+                   BASE | gpus(0) | {IMEX_C2})),
+    "imex-mounts-not-accepted-1.17": (
+        f"{TK} v1.17.8 cmd/nvidia-container-runtime-hook/container_config.go:205-211",
+        "without accept-nvidia-visible-devices-as-volume-mounts an imex/N mount is nothing: the env decides",
+        lambda t: (pure(IMEX0, driver=IMEX_DRIVER, mounts=(f"{LIST_ROOT}/imex/1",)), BASE | gpus(0) | {IMEX_C0})),
+    "imex-without-compute-1.17": (
+        f"{LNC} @63d366e src/cli/configure.c:433-438 (every channel, whatever the capabilities)",
+        "utility alone still mounts and grants the channel (and no uvm)",
+        lambda t: (pure({**IMEX0, "NVIDIA_DRIVER_CAPABILITIES": "utility"}, driver=IMEX_DRIVER),
+                   {CTL, IMEX_C0} | gpus(0))),
+    "imex-no-cgroups": (
+        f"{LNC} @63d366e src/nvc_mount.c:1131-1134 (setup_device_cgroup only without --no-cgroups)",
+        "no-cgroups: the channel is mounted, no device access written",
+        lambda t: (pure(IMEX0, ToolkitConfig(no_cgroups=True), driver=IMEX_DRIVER), set())),
+    "imex-node-absent": (
+        f"{LNC} @63d366e src/nvc_info.c:313-329 find_device_node, src/nvc.c:294-299 (mknod only with --load-kmods)",
+        "channel 3 has no node under the root now: what the cli statted then is not known",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "3"}, driver=IMEX_DRIVER), UNTRUSTED)),
+    "imex-node-another-device": (
+        f"{LNC} @63d366e src/nvc_info.c:313-329 (st_rdev of the node); nvidia-modprobe 550.54.14 "
+        "modprobe-utils/nvidia-modprobe-utils.c:1072-1099",
+        "channel5's node is not c M:5: the cli grants whatever it statted, not knowable now",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "5"}, driver=IMEX_DRIVER), UNTRUSTED)),
+    "imex-no-major": (
+        "nvidia-modprobe 550.54.14 modprobe-utils/nvidia-modprobe-utils.c:1077-1081 (no major: no node made)",
+        "/proc/devices lists no nvidia-caps-imex-channels: not trusted",
+        lambda t: (pure(IMEX0, driver=replace(IMEX_DRIVER, imex=ImexNodes(None, (), (0,)))), UNTRUSTED)),
+    "imex-cli-root-differs": (
+        f"{LNC} @63d366e src/nvc_mount.c:1120-1123 (find_device_node(ctx->cfg.root, ...)); {TK} v1.17.8 "
+        "cmd/nvidia-container-runtime-hook/main.go:92-94",
+        "the cli looks for the channel node under its --root: another root than nvsymlinkd's is not trusted",
+        lambda t: (pure({**IMEX0, "NVIDIA_DRIVER_CAPABILITIES": "utility"}, ToolkitConfig(driver_root="/run/nvidia/driver"),
+                        driver=IMEX_DRIVER), UNTRUSTED)),
+    "imex-version-unknown": (
+        f"{TK} v1.14.6 main.go (no --imex-channel), v1.17.8 container_config.go:200-222",
+        "no version: 1.14 ignores NVIDIA_IMEX_CHANNELS, 1.15+ pass it: not knowable",
+        lambda t: (pure(IMEX0, driver=IMEX_DRIVER, version=None), UNTRUSTED)),
     # ---- what nvidia-container-cli selects (the untrusted-but-knowable cases)
     "select-pci-function-1": (
         f"{LNC} @2e347c19 src/cli/common.c matches_pci_format (sscanf \"%x:%02x:%02x.0\" == 3)",

@@ -9,6 +9,7 @@ from nvsymlinkd.config import Config
 from nvsymlinkd.containers import hookrecord
 from nvsymlinkd.containers.hookgrant import DriverMap, GpuEntry, HookInputs, ToolkitConfig, Wrapper
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.imex import ImexNodes
 from nvsymlinkd.host.mig import MigDevice, MigMap
 from nvsymlinkd.host.root import HostRoot
 
@@ -24,7 +25,7 @@ def full_inputs() -> HookInputs:
                        "", (Device.char(508, 0), Device.char(508, 1)), True, True,
                        MigMap(True, "", 241, (MigDevice(0, 1, 0, 12, 13),), 1, 2,
                               (("config", 1), ("monitor", 2), ("gpu0/gi1/access", 12), ("gpu0/gi1/ci0/access", 13))),
-                       (("MIG-4d8c-aa", 0, 1, 0),), "", (0,), "/run/nvidia/driver")
+                       (("MIG-4d8c-aa", 0, 1, 0),), "", (0,), "/run/nvidia/driver", ImexNodes(242, (0, 3), (1,)))
     wrapper = Wrapper((("NVIDIA_CTK_CONFIG_FILE_PATH", "/usr/local/nvidia/toolkit/.config/c.toml"),),
                       "/usr/local/nvidia/toolkit/nvidia-container-runtime-hook.real", ("-config", "/x.toml"))
     return HookInputs(config, driver, (1, 17, 8), "dpkg", wrapper, "")

@@ -15,7 +15,8 @@ the hook itself reads, the way the hook computes it (docs/hookgrant.md has the s
 
 `reconstruct()` answers None when the spec has no such hook (nothing to reconstruct), else a
 HookGrant: `trusted` with the exact devices (possibly none), or not trusted with the reason. Any
-request it cannot resolve exactly (a MIG device by index or one NVML cannot name now, an IMEX channel,
+request it cannot resolve exactly (a MIG device by index or one NVML cannot name now, an IMEX channel whose node
+is not `c M:N` now,
 a UUID the driver does not list, an index whose order is ambiguous, a config option that changes the
 selection) is not trusted: never a guess, and never more than the hook would grant.
 """
@@ -27,7 +28,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
+from nvsymlinkd.host import imex
 from nvsymlinkd.host.devices import Access, Device
+from nvsymlinkd.host.imex import ImexNodes
 from nvsymlinkd.host.mig import MigDevice, MigMap
 from nvsymlinkd.host.paths import normalize
 
@@ -217,6 +220,8 @@ class DriverMap:
     # the root nvsymlinkd's node scan searched for uvm and modeset (its Config.driver_root, normalized): the cli
     # looks for them under its own --root (src/nvc_info.c lookup_devices -> find_device_node -> path_resolve_full)
     nodes_root: str = "/"
+    # the IMEX channel nodes of that scan and the `nvidia-caps-imex-channels` major (host.imex)
+    imex: ImexNodes = ImexNodes()
 
 
 @dataclass(frozen=True)
@@ -260,10 +265,27 @@ class HookGrant:
     devices: Mapping[Device, Access]  # empty unless trusted
     detail: str  # what was reconstructed, or why it could not be
     mig: Tuple[MigGrant, ...] = ()  # the MIG devices among the devices
+    imex: Tuple[ImexGrant, ...] = ()  # the IMEX channels among the devices
 
     def to_json(self) -> dict[str, Any]:
         return {"trusted": self.trusted, "devices": {str(d): str(a) for d, a in sorted(self.devices.items())},
-                "detail": self.detail, "mig_devices": [m.to_json() for m in self.mig]}
+                "detail": self.detail, "mig_devices": [m.to_json() for m in self.mig],
+                "imex_channels": [c.to_json() for c in self.imex]}
+
+
+@dataclass(frozen=True)
+class ImexGrant:
+    """A granted IMEX channel by the name people use: its number (NVIDIA_IMEX_CHANNELS, imex/N) and node."""
+
+    channel: int
+    device: Device
+
+    @property
+    def path(self) -> str:
+        return imex.channel_path(self.channel)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"channel": self.channel, "path": self.path, "device": str(self.device)}
 
 
 @dataclass(frozen=True)
@@ -525,9 +547,9 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     mig_global = _mig_global(request)
     if isinstance(mig_global, HookGrant):
         return mig_global
-    imex = _imex_requested(request, config, version)
-    if imex is not None:
-        return _untrusted(imex)
+    channels = _imex_channels(request, config, version)  # parsed by the cli before anything is granted
+    if isinstance(channels, HookGrant):
+        return channels
     if config.no_cgroups:
         return _nothing("nvidia-container-cli no-cgroups = true: the hook grants no device access")
     caps = _capabilities(env, config)
@@ -548,6 +570,9 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     global_caps = _mig_global_caps(mig_global, devices, gpus, migs, driver)
     if isinstance(global_caps, HookGrant):
         return global_caps
+    imex_granted = _imex_grant(channels, config, driver)
+    if isinstance(imex_granted, HookGrant):
+        return imex_granted
     granted: dict[Device, Access] = {Device.char(FRONTEND_MAJOR, CTL_MINOR): RW}
     # libnvidia-container src/options.h container_opts: "compute" and "video" both set OPT_COMPUTE_LIBS, and
     # src/nvc_mount.c nvc_driver_mount grants the devices outside major 195 (uvm) only with it; the uvm nodes
@@ -570,6 +595,8 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
             granted[cap] = RW
     for cap in global_caps:
         granted[cap] = RW
+    for channel in imex_granted:  # src/nvc_mount.c nvc_imex_channel_mount -> setup_device_cgroup
+        granted[channel.device] = RW
     shown = ", ".join(str(d) for d in sorted(granted))
     where = f"; config {config.path or 'none (the defaults)'}"
     asked = ",".join(devices) or "none"
@@ -577,9 +604,11 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     named = [MigGrant(u, _mig_index(m, driver), m.name, (Device.char(FRONTEND_MAJOR, m.gpu), *driver.mig.caps(m)))
              for u, m in migs.items()]
     shown_mig = "; MIG " + ", ".join(f"{g.uuid} ({g.index or '?'}) = {g.instance}" for g in named) if named else ""
+    shown_imex = "; IMEX " + ", ".join(f"channel {c.channel} = {c.device}" for c in imex_granted) if imex_granted else ""
     return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
-                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{shown_mig}",
-                     tuple(named))
+                                    f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{shown_mig}"
+                                    f"{shown_imex}",
+                     tuple(named), imex_granted)
 
 
 MIG_GLOBAL = (("NVIDIA_MIG_CONFIG_DEVICES", "config"), ("NVIDIA_MIG_MONITOR_DEVICES", "monitor"))
@@ -717,34 +746,99 @@ def _requested(request: HookRequest, config: ToolkitConfig, version: Version | N
     return requested
 
 
-def _imex_requested(request: HookRequest, config: ToolkitConfig, version: Version | None) -> str | None:
-    """Why IMEX channels make the grant unknowable, or None when the hook asks for none. 1.13-1.14 read no
-    IMEX request; 1.15-1.16 pass NVIDIA_IMEX_CHANNELS raw when it is set and non-empty (container_config.go
-    getImexChannels, main.go --imex-channel); 1.17+ DevicesFromEnvvars with the privilege rule and imex/N
-    volume mounts, and from 1.17.5 `features.ignore-imex-channel-requests` (getImexChannels)."""
-    if version is not None and version < (1, 15, 0):
-        return None  # the hook does not read IMEX requests
-    raw = request.env.get("NVIDIA_IMEX_CHANNELS", "")
-    if raw and (version is None or version < (1, 17, 0)):
-        return f"NVIDIA_IMEX_CHANNELS={raw[:40]} (toolkit {_shown(version, '')}): IMEX channel grants are not reconstructed"
-    if version is not None and version < (1, 17, 0):
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+# representative versions of each IMEX rule (_imex_argument): none read, raw, the list, the list with the feature
+IMEX_VERSION_LINES: tuple[Version, ...] = ((1, 14, 6), (1, 16, 2), (1, 17, 4), (1, 17, 5))
+
+
+def _imex_argument(request: HookRequest, config: ToolkitConfig, version: Version) -> str | None:
+    """The --imex-channel value the hook of this version passes nvidia-container-cli, None for no flag.
+    - 1.13-1.14: no IMEX request is read (v1.14.6 main.go has no --imex-channel);
+    - 1.15-1.16: NVIDIA_IMEX_CHANNELS as it is, when set and not empty, whatever the container's privileges
+      (v1.16.2 container_config.go:279-285 getImexChannels, :341-344; main.go:129-131);
+    - 1.17+: volume mounts imex/N first when accepted (their channels, joined), else the env as a device list
+      (DevicesFromEnvvars: trimmed items, `void` anywhere or unset/empty = none; NewVisibleDevices: the first
+      `all` lists ["all"], dropped when it is the whole list, the first `none` lists [""], joined to nothing),
+      taken only from a privileged container or under accept-nvidia-visible-devices-envvar-when-unprivileged
+      (v1.17.8 container_config.go:200-222 getImexChannels; internal/config/image/cuda_image.go:294-311,
+      devices.go:36-50,67-69,109-116; v1.18.0 cuda_image.go:416-468 ImexChannelRequests, the same rules);
+      from 1.17.5 `features.ignore-imex-channel-requests` drops both (v1.17.5 container_config.go:201-203,
+      internal/config/features.go:47; v1.19.0 api/config/v1/features.go:49); main.go:134-136 joins with ","."""
+    if version < (1, 15, 0):
         return None
-    if config.ignore_imex_requests and version is not None and version >= (1, 17, 5):
+    if version < (1, 17, 0):
+        raw = request.env.get(IMEX_ENV, "")
+        return raw or None
+    if config.ignore_imex_requests and version >= (1, 17, 5):
         return None
-    mounts = [d for d in _mount_devices(request) if d.startswith(IMEX_MOUNT_PREFIX)] if config.accept_volume_mounts else []
-    if mounts:
-        return "imex/ volume mounts request IMEX channels: not reconstructed"
-    channels = _env_devices({k: v for k, v in request.env.items() if k in ("NVIDIA_IMEX_CHANNELS", "CUDA_VERSION",
-                                                                          "NVIDIA_REQUIRE_CUDA")},
-                            ["NVIDIA_IMEX_CHANNELS"])
-    first = next((c for c in channels or () if c in ("all", "none")), None)
-    if channels is None or first is not None:
-        # ImexChannelsFromEnvVar: NewVisibleDevices' first all/none decides; none lists nothing, and a lone
-        # `all` (a legacy image's too) is dropped; void or nothing set: no request
+    if config.accept_volume_mounts:
+        # VisibleDevicesFromMounts' devices under imex/, prefix trimmed (ImexChannelsFromMounts)
+        mounts = [d[len(IMEX_MOUNT_PREFIX):] for d in _mount_devices(request) if d.startswith(IMEX_MOUNT_PREFIX)]
+        if mounts:
+            return ",".join(mounts) or None
+    env = {k: v for k, v in request.env.items() if k in (IMEX_ENV, "CUDA_VERSION", "NVIDIA_REQUIRE_CUDA")}
+    items = _env_devices(env, [IMEX_ENV])
+    if items is None:
         return None
+    first = next((c for c in items if c in ("all", "none")), None)
+    if first is not None:
+        return None  # ["all"] is dropped, [""] joins to nothing
     if not (request.privileged or config.accept_envvar_unprivileged):
-        return None
-    return "NVIDIA_IMEX_CHANNELS is set: IMEX channel grants are not reconstructed"
+        return None  # "Ignoring request by environment variable(s) in unprivileged container"
+    return ",".join(dict.fromkeys(items))  # devices.List(): each item once (a repeat leaves an empty item)
+
+
+def _imex_channels(request: HookRequest, config: ToolkitConfig, version: Version | None) -> tuple[int, ...] | HookGrant:
+    """The IMEX channels nvidia-container-cli mounts and grants (host.imex.parse_channel_list, the cli's
+    parse_imex_info), () for none; not trusted when the cli would have failed (so the container was not made
+    from this spec) or the toolkit's version leaves the request unknown."""
+    if version is None:
+        answers = {v: _imex_argument(request, config, v) for v in IMEX_VERSION_LINES}
+        if len(set(answers.values())) != 1:
+            shown = "; ".join(f"{'.'.join(map(str, v))}: {a if a is not None else 'none'}"[:60]
+                              for v, a in answers.items())
+            return _untrusted(f"the toolkit's version is unknown and its hook passes IMEX channels by version "
+                              f"({shown})")
+        argument = next(iter(answers.values()))
+    else:
+        argument = _imex_argument(request, config, version)
+    if argument is None:
+        return ()
+    channels = imex.parse_channel_list(argument)
+    if isinstance(channels, str):
+        return _untrusted(f"--imex-channel={argument[:60]}: {channels}: nvidia-container-cli fails, so the "
+                          "container was not made from this spec")
+    return channels
+
+
+def _imex_grant(channels: tuple[int, ...], config: ToolkitConfig, driver: DriverMap) -> tuple[ImexGrant, ...] | HookGrant:
+    """Each channel's node as the cli found it under its --root (nvc_imex_channel_mount -> find_device_node:
+    its st_rdev): exact only where nvsymlinkd's node scan (under its driver_root, the same root) shows
+    `channelN` as `c M:N` with M the `nvidia-caps-imex-channels` major, which is what nvidia-modprobe makes
+    and what the cli then finds. A channel whose node is absent or another device now, or a host without
+    that major, is not trusted: what the cli statted when the hook ran is not known."""
+    if not channels:
+        return ()
+    cli_root = config.driver_root or "/"
+    if not cli_root.startswith("/") or normalize(cli_root) != normalize(driver.nodes_root):
+        return _untrusted(f"IMEX channels: nvidia-container-cli.root {cli_root[:80]!r} is not nvsymlinkd's driver_root "
+                          f"{driver.nodes_root[:80]!r}: the channel nodes the cli found under its root are not the "
+                          "ones nvsymlinkd scanned (set driver_root to the cli's root)")
+    nodes = driver.imex
+    out = []
+    for n in channels:
+        device = nodes.device(n)
+        if device is None:
+            path = imex.channel_path(n)
+            if nodes.major is None:
+                why = "/proc/devices lists no single nvidia-caps-imex-channels major"
+            elif n in nodes.odd:
+                why = f"{path} is not c {nodes.major}:{n} now"
+            else:
+                why = f"{path} does not exist now"
+            return _untrusted(f"IMEX channel {n}: {why}: the node the cli found when the hook ran is not known")
+        out.append(ImexGrant(n, device))
+    return tuple(out)
 
 
 def _capabilities(env: Mapping[str, str], config: ToolkitConfig) -> frozenset[str] | HookGrant:

@@ -12,8 +12,9 @@
 - the MIG map (host.driverinfo.read_mig_map: capabilities/gpu*/mig/gi*/ci*/access, mig-minors, the
   `nvidia-caps` major) and, on a host with MIG instances, NVML's MIG UUIDs through pynvml when it is
   importable and works (else none: a MIG UUID request is then not trusted, with that reason);
-- the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes (from the pass's node scan) and the root
-  that scan searched (driver_root: the cli finds them under its own --root).
+- the host's nvidia-uvm / nvidia-uvm-tools / nvidia-modeset nodes and IMEX channel nodes (from the pass's node
+  scan; the channels with the `nvidia-caps-imex-channels` major of /proc/devices) and the root that scan
+  searched (driver_root: the cli finds them under its own --root).
 
 All read under --root, confined (HostRoot).
 """
@@ -43,11 +44,14 @@ from nvsymlinkd.containers.hookgrant import (
     toml_dialect,
     unreadable_config,
 )
+from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
 from nvsymlinkd.host.hostview import host_view
+from nvsymlinkd.host.imex import imex_nodes
 from nvsymlinkd.host.mig import MigMap
 from nvsymlinkd.host.paths import normalize
+from nvsymlinkd.host.procdevices import IMEX_CHANNELS, PROC_DEVICES, parse_proc_devices
 from nvsymlinkd.host.root import HostRoot, read_at_most
 
 TOOLKIT_CONFIG = ETC_CONFIG
@@ -264,7 +268,18 @@ def read_driver_map(root: HostRoot, host_nodes, nodes_root: str = "/") -> Driver
     daemon's driver_root)."""
     uvm = tuple(sorted(Device.char(n.major, n.minor) for n in host_nodes if n.kind in ("uvm", "uvm-tools")))
     modeset = any(n.kind == "modeset" for n in host_nodes)
-    return replace(_read_driver_map(root, uvm, modeset), nodes_root=normalize(nodes_root))
+    channels = [(n.path, n.major, n.minor) for n in host_nodes if n.kind == "imex-channel"]
+    return replace(_read_driver_map(root, uvm, modeset), nodes_root=normalize(nodes_root),
+                   imex=imex_nodes(_imex_major(root), channels))
+
+
+def _imex_major(root: HostRoot) -> int | None:
+    """The one `nvidia-caps-imex-channels` major of /proc/devices (exact name), None when absent, listed with
+    several majors, or unreadable: nvidia-modprobe makes channel nodes with it (nvidia_get_chardev_major)."""
+    try:
+        return parse_proc_devices(root.read_confined(PROC_DEVICES)).major(IMEX_CHANNELS)
+    except (OSError, HostFileError):
+        return None
 
 
 def _read_driver_map(root: HostRoot, uvm: tuple, modeset: bool) -> DriverMap:

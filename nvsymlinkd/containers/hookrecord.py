@@ -33,6 +33,7 @@ from nvsymlinkd.containers.hookgrant import (
 )
 from nvsymlinkd.containers.ocispec import load_json
 from nvsymlinkd.host.devices import Device
+from nvsymlinkd.host.imex import ImexNodes
 from nvsymlinkd.host.mig import MigDevice, MigMap
 from nvsymlinkd.host.root import HostRoot
 
@@ -79,7 +80,7 @@ def _encode(value: Any) -> Any:
         return str(value)
     if isinstance(value, tuple):
         return [_encode(v) for v in value]
-    if isinstance(value, (ToolkitConfig, DriverMap, GpuEntry, Wrapper, MigMap, MigDevice)):
+    if isinstance(value, (ToolkitConfig, DriverMap, GpuEntry, Wrapper, MigMap, MigDevice, ImexNodes)):
         return {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
     raise TypeError(f"cannot record {type(value).__name__}")
 
@@ -173,6 +174,14 @@ def _mig_map(raw: Any) -> MigMap:
         "slots": lambda v: tuple(_slot(x) for x in _list(v, "MigMap.slots"))})
 
 
+def _imex_nodes(raw: Any) -> ImexNodes:
+    # the IMEX channel nodes the decision used (host.imex): the channels granted are those exact then
+    return _decode_fields(ImexNodes, raw, {
+        "major": lambda v: _optional_int(v, "ImexNodes.major"),
+        "exact": lambda v: tuple(_int(x, "ImexNodes.exact") for x in _list(v, "ImexNodes.exact")),
+        "odd": lambda v: tuple(_int(x, "ImexNodes.odd") for x in _list(v, "ImexNodes.odd"))})
+
+
 def _mig_uuid(raw: Any) -> tuple[str, int, int, int]:
     if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], str)):
         raise ValueError("a MIG UUID entry is malformed")
@@ -210,7 +219,7 @@ def decode_inputs(doc: Any) -> HookInputs:
     config = _decode_fields(ToolkitConfig, doc.get("config"), {})
     driver = _decode_fields(DriverMap, doc.get("driver"),
                             {"gpus": lambda raw: tuple(_gpu(g) for g in (raw if isinstance(raw, list) else [None])),
-                             "uvm": _devices, "mig": _mig_map,
+                             "uvm": _devices, "mig": _mig_map, "imex": _imex_nodes,
                              "mig_uuids": lambda raw: _optional_tuple(raw, _mig_uuid),
                              "mig_capable": lambda raw: _optional_tuple(raw, lambda v: _int(v, "mig_capable"))})
     for name in ("version_why", "wrapper_why"):
@@ -278,6 +287,11 @@ def prune(root: HostRoot, config, live_ids) -> list:
 # ---------------------------------------------------------------------------
 
 
+def _imex_shown(nodes: ImexNodes) -> str:
+    channels = ",".join(map(str, nodes.exact)) or "(none)"
+    return _shown(f"channels {channels} on major {'unknown' if nodes.major is None else nodes.major}")
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, frozenset):
         value = ",".join(sorted(value)) or "(none)"
@@ -317,6 +331,8 @@ def differences(recorded: HookInputs, current: HookInputs) -> list[str]:
                 out.append("the MIG map (instances or their minors): changed since")
             elif f.name == "mig_uuids":
                 out.append("NVML's MIG devices: changed since")
+            elif f.name == "imex":
+                out.append(f"IMEX channel nodes: {_imex_shown(a)} then, {_imex_shown(b)} now")
             elif f.name == "uvm":
                 out.append(f"uvm nodes: {_shown(','.join(map(str, a)) or '(none)')} then, "
                            f"{_shown(','.join(map(str, b)) or '(none)')} now")

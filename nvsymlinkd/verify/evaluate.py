@@ -258,6 +258,9 @@ def _lost_finding(lost: list[Device], expected: Expected, who: str) -> list[Find
     # a MIG device by the names people use (its UUID and g:m index), not only its capability minors
     migs = [m for m in (expected.hook.mig if expected.hook is not None else ()) if set(m.devices) & set(lost)]
     named = "".join(f"; MIG device {m.uuid} ({m.index or 'index unknown'}, {m.instance})" for m in migs)
+    # an IMEX channel by its number and node, as NVIDIA_IMEX_CHANNELS and imex/N name it
+    named += "".join(f"; IMEX channel {c.channel} ({c.path})" for c in (expected.hook.imex if expected.hook else ())
+                     if c.device in lost)
     return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup "
                                           f"now{named}", f"nvsymlinkd repair {who} (or recreate the container)",
                     f"nvsymlinkd repair {who}")]
