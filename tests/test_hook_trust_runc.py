@@ -158,7 +158,7 @@ def test_hook_that_grants_nothing_by_config_is_no_request(runc_host, nvsymlinkd_
     hook_granted(runc_host, "cpu-pod", "all", ("c 1:3 rw",), nodes=())
     got = one(check_json(nvsymlinkd_cli, str(runc_host.root), code=0))
     assert got["nvidia_hook"] == {"trusted": True, "devices": {}, "detail": got["nvidia_hook"]["detail"],
-                                  "inputs": got["nvidia_hook"]["inputs"], "mig_devices": []}
+                                  "inputs": got["nvidia_hook"]["inputs"], "mig_devices": [], "imex_channels": []}
     assert got["nvidia_hook"]["inputs"]["recorded"] is False  # no daemon ran: judged on the current inputs
     assert got["verdict"] == "ok", got["findings"]
 
