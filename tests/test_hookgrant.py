@@ -489,3 +489,31 @@ def test_config_key_spelling_ambiguity_with_an_unknown_version():
     from nvsymlinkd.containers.hookgrant import _go_equal_fold
 
     assert _go_equal_fold(next(iter(kelvin)), "keys") and not _go_equal_fold("KEYS!", "keys")
+
+
+def test_lost_and_at_risk_findings_name_mig_devices_and_imex_channels_in_check_and_the_journal():
+    """Issue 35 items 1 and 3: a hook-granted MIG device by its UUID and g:m index, an IMEX channel by its number
+    and node, in the finding's detail (check's line and the journal's MESSAGE), lost or at risk alike."""
+    from nvsymlinkd.containers.expected import Expected
+    from nvsymlinkd.containers.hookgrant import RW, HookGrant, ImexGrant, MigGrant
+    from nvsymlinkd.verify import evaluate
+    from nvsymlinkd.verify.journaldiff import journal_entries
+    from nvsymlinkd.verify.kinds import FindingKind, verdict_of
+    from nvsymlinkd.verify.verifier import ContainerReport
+
+    gpu, gi, ci, ch0, ch1 = (Device.char(195, 0), Device.char(241, 12), Device.char(241, 13), Device.char(242, 0),
+                             Device.char(242, 1))
+    mig = MigGrant("MIG-2a3b4c5d-aaaa-5e6f-8a9b-0c1d2e3f4a5b", "0:0", "gpu0/gi1/ci0", (gpu, gi, ci))
+    hook = HookGrant(True, {d: RW for d in (gpu, gi, ci, ch0, ch1)}, "x", (mig,),
+                     (ImexGrant(0, ch0), ImexGrant(1, ch1)))
+    expected = Expected(dict(hook.devices), frozenset(), {d: ("nvidia-hook",) for d in hook.devices}, hook)
+    (lost,) = evaluate._lost_finding([gi, ch0], expected, "ID")
+    assert "MIG device MIG-2a3b4c5d-aaaa-5e6f-8a9b-0c1d2e3f4a5b (0:0, gpu0/gi1/ci0)" in lost.detail, lost.detail
+    assert "IMEX channel 0 (/dev/nvidia-caps-imex-channels/channel0)" in lost.detail
+    assert "channel 1" not in lost.detail  # only what was lost
+    assert evaluate._named(expected, [ch1]) == "; IMEX channel 1 (/dev/nvidia-caps-imex-channels/channel1)"
+    assert evaluate._named(Expected(), [ch1]) == ""
+    report = ContainerReport("a" * 64, "runc", "", "running", verdict_of([FindingKind.LOST]), findings=[lost])
+    ((_, _, message, fields),) = journal_entries(report)
+    assert "MIG device MIG-2a3b4c5d" in message and "IMEX channel 0 (" in message, message
+    assert fields["devices"] == "c 241:12, c 242:0"

@@ -255,15 +255,21 @@ def _lost_finding(lost: list[Device], expected: Expected, who: str) -> list[Find
     if not lost:
         return []
     sources = sorted({s for k in lost for s in expected.sources.get(k, ())})
-    # a MIG device by the names people use (its UUID and g:m index), not only its capability minors
-    migs = [m for m in (expected.hook.mig if expected.hook is not None else ()) if set(m.devices) & set(lost)]
-    named = "".join(f"; MIG device {m.uuid} ({m.index or 'index unknown'}, {m.instance})" for m in migs)
-    # an IMEX channel by its number and node, as NVIDIA_IMEX_CHANNELS and imex/N name it
-    named += "".join(f"; IMEX channel {c.channel} ({c.path})" for c in (expected.hook.imex if expected.hook else ())
-                     if c.device in lost)
     return [Finding(LOST, _devices(lost), f"expected by the {', '.join(sources)} but denied by the device cgroup "
-                                          f"now{named}", f"nvsymlinkd repair {who} (or recreate the container)",
-                    f"nvsymlinkd repair {who}")]
+                                          f"now{_named(expected, lost)}",
+                    f"nvsymlinkd repair {who} (or recreate the container)", f"nvsymlinkd repair {who}")]
+
+
+def _named(expected: Expected, devices: list[Device]) -> str:
+    """The hook-granted MIG devices and IMEX channels among `devices`, by the names people use: a MIG device's
+    UUID and g:m index (not only its capability minors), an IMEX channel's number and node (as
+    NVIDIA_IMEX_CHANNELS and imex/N name it); the finding's detail carries them to check and the journal."""
+    hook, among = expected.hook, set(devices)
+    if hook is None:
+        return ""
+    named = "".join(f"; MIG device {m.uuid} ({m.index or 'index unknown'}, {m.instance})" for m in hook.mig
+                    if among & set(m.devices))
+    return named + "".join(f"; IMEX channel {c.channel} ({c.path})" for c in hook.imex if c.device in among)
 
 
 def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_devices: ScopeDevices | None,
@@ -287,7 +293,7 @@ def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_de
         AT_RISK_NOT_IN_SPEC, _devices(not_declared),
         "allowed now but not in the container's spec (injected by a hook): "
         + ("the next daemon-reload or runc update removes it" if c.scope else
-           "the next runc update or re-apply of the spec removes it"),
+           "the next runc update or re-apply of the spec removes it") + _named(expected, not_declared),
         *_not_in_spec_fix(c, expected, not_declared, who))]
 
 
