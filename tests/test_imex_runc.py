@@ -119,3 +119,33 @@ def _container(runc_host, hook: str, cid: str, allow: tuple, env: tuple, privile
                                    "TEST_ALLOW=" + ";".join(allow)]}]}
     nodes = [device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidiactl", 195, 255)]
     return runc_host.run(cid, nodes=nodes, env=list(env), hooks=hooks, caps=("CAP_SYS_ADMIN",) if privileged else ())
+
+
+def test_imex_channel_recorded_at_first_sight_holds_while_its_major_does(runc_host, nvsymlinkd_cli):
+    """The daemon's record of the hook's inputs (issue 34 item 4) keeps channel0's node as the hook found it:
+    a node removed from the host later changes nothing (lost, given back); a driver loaded again under another
+    `nvidia-caps-imex-channels` major makes c 242:0 possibly another device: not trusted, nothing given."""
+    from tests.test_hook_record_runc import daemon_pass
+
+    imex_host(runc_host)
+    root = str(runc_host.root)
+    c = hook_granted(runc_host, "imex-rec", "0", ("c 195:255 rw", "c 195:0 rw", f"{CH0} rw"),
+                     nodes=(("/dev/nvidia0", 0),), extra_env=("NVIDIA_IMEX_CHANNELS=0",))
+    channel_nodes(c)
+    first = daemon_pass(root)[c.id]
+    assert first["inputs"]["recorded"] is True and CH0 in first["devices"], first
+    runc_host.fake.path("/dev/nvidia-caps-imex-channels/channel0").unlink()  # gone from the host since
+    c.deny(f"{CH0} rw")
+    got = one(check_json(nvsymlinkd_cli, root))
+    assert got["nvidia_hook"]["trusted"] is True and got["verdict"] == "lost", got["nvidia_hook"]
+    assert any("IMEX channel nodes" in d for d in got["nvidia_hook"]["inputs"]["differences"]), got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert opens(c) == ("ENXIO", "EPERM")
+
+    c.deny(f"{CH0} rw")  # lost again, after the driver came back with another major for the channels
+    runc_host.fake.proc_devices({"nvidia": 195, "nvidiactl": 195, "nvidia-caps": 241,
+                                 "nvidia-caps-imex-channels": IMEX_MAJOR + 1})
+    got = one(check_json(nvsymlinkd_cli, root, code=None))
+    assert got["nvidia_hook"]["trusted"] is False and "major" in got["nvidia_hook"]["detail"], got["nvidia_hook"]
+    nvsymlinkd_cli("--root", root, "repair", check=None)
+    assert opens(c) == ("EPERM", "EPERM")

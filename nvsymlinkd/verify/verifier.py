@@ -132,7 +132,15 @@ def _hook_grant(c: Container, ctx: _HostContext):
     current = ctx.hook_inputs(entry)
     inputs = _container_hook_inputs(c, entry, ctx, current)
     grant = reconstruct(request, inputs)
-    if grant is None or not grant.trusted or not grant.mig or inputs is current:
+    if grant is None or not grant.trusted or inputs is current:
+        return grant
+    # the recorded IMEX channels are c M:N with the major of the first sight: the dynamic major of another
+    # driver load may name another device now, so they hold only while the major is still the one recorded
+    if grant.imex and current.driver.imex.major != inputs.driver.imex.major:
+        return HookGrant(False, {}, f"the IMEX channels the hook granted were c {inputs.driver.imex.major}:N; "
+                                    f"/proc/devices' nvidia-caps-imex-channels major is {current.driver.imex.major} "
+                                    "now (the driver was loaded again)")
+    if not grant.mig:
         return grant
     # MIG instances made again keep their slots' minors: a grant judged on the inputs of its first sight
     # holds only while NVML still names each granted instance by the same UUID (issue 35, item 4)
