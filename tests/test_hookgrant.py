@@ -517,3 +517,30 @@ def test_lost_and_at_risk_findings_name_mig_devices_and_imex_channels_in_check_a
     ((_, _, message, fields),) = journal_entries(report)
     assert "MIG device MIG-2a3b4c5d" in message and "IMEX channel 0 (" in message, message
     assert fields["devices"] == "c 241:12, c 242:0"
+
+
+@pytest.mark.parametrize("value, want", [
+    ("", ()), (",,", ()), ("0", (0,)), ("3,1,3", (3, 1)), (" 7", (7,)), ("\t+3", (3,)), ("-0", (0,)),
+    ("007", (7,)), ("1048575", (1048575,)),
+    ("1048576", None), ("-1", None), ("1 ", None), ("0x1", None), ("all", None), (" ", None), ("+", None),
+    ("9" * 30, None), ("٣", None),  # strtoumax reads ASCII digits only
+])
+def test_imex_channel_list_as_the_cli_parses_it(value, want):
+    """host.imex.parse_channel_list = libnvidia-container's parse_imex_info: strsep on ',', empty items skipped,
+    strtoumax(item, &end, 10) ending the item and below 2^20, else the cli fails."""
+    from nvsymlinkd.host.imex import parse_channel_list
+
+    got = parse_channel_list(value)
+    assert (got if not isinstance(got, str) else None) == want, got
+
+
+def test_imex_nodes_as_the_cli_would_stat_them():
+    from nvsymlinkd.host.imex import ImexNodes, channel_of, imex_nodes
+
+    d = "/run/nvidia/driver/dev/nvidia-caps-imex-channels"
+    got = imex_nodes(242, [(f"{d}/channel0", 242, 0), (f"{d}/channel1", 242, 7), (f"{d}/channel03", 242, 3),
+                           (f"{d}/channel2", 243, 2)])
+    assert got == ImexNodes(242, (0,), (1, 2))
+    assert got.device(0) == Device.char(242, 0) and got.device(1) is None and got.device(3) is None
+    assert imex_nodes(None, [(f"{d}/channel0", 242, 0)]) == ImexNodes(None, (), (0,))
+    assert channel_of("/dev/nvidia-caps-imex-channels/channel12") == 12 and channel_of("x/channel-1") is None
