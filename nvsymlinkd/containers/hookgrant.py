@@ -829,7 +829,7 @@ def _imex_grant(channels: tuple[int, ...], config: ToolkitConfig, driver: Driver
     for n in channels:
         device = nodes.device(n)
         if device is None:
-            path = imex.channel_path(n)
+            path = driver.nodes_root.rstrip("/") + imex.channel_path(n)  # under the driver root the scan searched
             if nodes.major is None:
                 why = "/proc/devices lists no single nvidia-caps-imex-channels major"
             elif n in nodes.odd:
