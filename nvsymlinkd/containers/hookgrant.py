@@ -604,7 +604,8 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     named = [MigGrant(u, _mig_index(m, driver), m.name, (Device.char(FRONTEND_MAJOR, m.gpu), *driver.mig.caps(m)))
              for u, m in migs.items()]
     shown_mig = "; MIG " + ", ".join(f"{g.uuid} ({g.index or '?'}) = {g.instance}" for g in named) if named else ""
-    shown_imex = "; IMEX " + ", ".join(f"channel {c.channel} = {c.device}" for c in imex_granted) if imex_granted else ""
+    shown_imex = ("; IMEX " + ", ".join(f"channel {c.channel} = {c.device}" for c in imex_granted)
+                  if imex_granted else "")
     return HookGrant(True, granted, f"the NVIDIA hook's grant for devices {asked} with "
                                     f"capabilities {','.join(sorted(caps)) or '-'}: {shown}{where}{shown_mig}"
                                     f"{shown_imex}",
@@ -811,7 +812,8 @@ def _imex_channels(request: HookRequest, config: ToolkitConfig, version: Version
     return channels
 
 
-def _imex_grant(channels: tuple[int, ...], config: ToolkitConfig, driver: DriverMap) -> tuple[ImexGrant, ...] | HookGrant:
+def _imex_grant(channels: tuple[int, ...], config: ToolkitConfig,
+                driver: DriverMap) -> tuple[ImexGrant, ...] | HookGrant:
     """Each channel's node as the cli found it under its --root (nvc_imex_channel_mount -> find_device_node:
     its st_rdev): exact only where nvsymlinkd's node scan (under its driver_root, the same root) shows
     `channelN` as `c M:N` with M the `nvidia-caps-imex-channels` major, which is what nvidia-modprobe makes
@@ -832,10 +834,8 @@ def _imex_grant(channels: tuple[int, ...], config: ToolkitConfig, driver: Driver
             path = driver.nodes_root.rstrip("/") + imex.channel_path(n)  # under the driver root the scan searched
             if nodes.major is None:
                 why = "/proc/devices lists no single nvidia-caps-imex-channels major"
-            elif n in nodes.odd:
-                why = f"{path} is not c {nodes.major}:{n} now"
-            else:
-                why = f"{path} does not exist now"
+            else:  # the scan keeps only nodes of the imex major: one of another (nvidia-caps') is absent here
+                why = f"{path} is not c {nodes.major}:{n} now ({'another device' if n in nodes.odd else 'absent'})"
             return _untrusted(f"IMEX channel {n}: {why}: the node the cli found when the hook ran is not known")
         out.append(ImexGrant(n, device))
     return tuple(out)

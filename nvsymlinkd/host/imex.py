@@ -2,9 +2,11 @@
 Pure: no I/O.
 
 - The node of channel N is `c M:N` with M the `nvidia-caps-imex-channels` major of /proc/devices (an exact
-  name: `nvidia-caps` is its prefix). The driver makes no node itself unless NVreg_CreateImexChannel0 asks for
-  channel 0; nvidia-modprobe makes `channel%d` with that major and minor N, replacing a node of another
-  number (NVIDIA/nvidia-modprobe 550.54.14 modprobe-utils/nvidia-modprobe-utils.c:1072-1099
+  name: `nvidia-caps` is its prefix; a channel0 made with the `nvidia-caps` major is another device, the
+  mistake public incident write-ups show). The driver makes no node itself unless NVreg_CreateImexChannel0=1
+  asks for channel 0 (open-gpu-kernel-modules kernel-open/nvidia/nv-reg.h, NVreg_ImexChannelCount and
+  NVreg_CreateImexChannel0: default 0); nvidia-modprobe makes `channel%d` with that major and minor N,
+  replacing a node of another number (NVIDIA/nvidia-modprobe 550.54.14 modprobe-utils/nvidia-modprobe-utils.c:1072-1099
   nvidia_cap_imex_channel_mknod, :581 mknod_helper; nvidia-modprobe-utils.h:49-51 the names).
 - nvidia-container-cli `--imex-channel=LIST` (libnvidia-container @63d366e, NVIDIA's merge of PR #286, in
   1.17.0; the same since the option came, @edd0c7a in 1.15.0): src/cli/common.c:446-496 parse_imex_info
