@@ -426,6 +426,17 @@ ROWS = {
         "NVIDIA_IMEX_CHANNELS=all alone is no request",
         lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "all"}, driver=IMEX_DRIVER),
                    BASE | gpus(0))),
+    "imex-legacy-image-no-request-1.17": (
+        f"{TK} v1.17.8 internal/config/image/cuda_image.go:143-146 (unset with a legacy image: all), :294-300",
+        "a legacy CUDA image without NVIDIA_IMEX_CHANNELS lists `all`, which alone is no request",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VERSION": "11.0"}, driver=IMEX_DRIVER),
+                   BASE | gpus(0))),
+    "imex-env-1.18": (
+        f"{TK} v1.18.0 internal/config/image/cuda_image.go:416-448 ImexChannelRequests, "
+        "cmd/nvidia-container-runtime-hook/container_config.go:213",
+        "1.18+ keep the 1.17 rules: NVIDIA_IMEX_CHANNELS=1 grants channel1's node",
+        lambda t: (pure({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "1"}, driver=IMEX_DRIVER,
+                        version=(1, 18, 0)), BASE | gpus(0) | {IMEX_C1})),
     "imex-void-no-request-1.17": (
         f"{TK} v1.17.8 internal/config/image/cuda_image.go:124-154 (DevicesFromEnvvars: void anywhere)",
         "`0,void` is no request",
