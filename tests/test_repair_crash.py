@@ -193,7 +193,7 @@ def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
 
 
-def test_busy_lock_fails_the_repair_without_freezing(runc_host, subscribing_systemd, held, monkeypatch):  # noqa: F811
+def test_busy_lock_fails_the_repair_without_freezing(runc_host, subscribing_systemd, held, monkeypatch):
     """Another repair holds the host's repair lock for longer than we wait: a clear failure, nothing frozen,
     and no rate-limit record (nothing was tried)."""
     from nvsymlinkd.repair.apply import repair_all
@@ -218,7 +218,7 @@ def test_busy_lock_fails_the_repair_without_freezing(runc_host, subscribing_syst
     assert state(c) == "THAWED"
 
 
-def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, subscribing_systemd):  # noqa: F811
+def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, subscribing_systemd):
     """Found by the pod scenario on cgroup v1 (s20@v1): a prevention landed between `runc create` and
     `runc start` (the runtime state watch fires when runc writes state.json, before start) and froze
     the container; containerd's `runc start` then failed "cannot start a container in the paused state"
