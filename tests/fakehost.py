@@ -13,6 +13,16 @@ import stat
 from pathlib import Path
 
 BASE_CHAR = {1: "mem", 4: "/dev/vc/0", 5: "/dev/tty", 10: "misc", 136: "pts"}
+# what the link keeper makes on standard_host's nodes
+STANDARD_LINKS = {
+    "195:0": "../nvidia0",
+    "195:1": "../nvidia1",
+    "195:254": "../nvidia-modeset",
+    "195:255": "../nvidiactl",
+    "510:0": "../nvidia-uvm",
+    "510:1": "../nvidia-uvm-tools",
+}
+CAPS_MAJOR = 509  # nvidia-caps on the daemon tests' hosts (conftest's caps_host)
 
 
 class FakeHost:
@@ -67,6 +77,15 @@ class FakeHost:
     def mig_minors(self, entries: dict) -> None:
         self.write("/proc/driver/nvidia-caps/mig-minors", "".join(f"{k} {v}\n" for k, v in entries.items()))
 
+    def with_dev_null(self) -> FakeHost:
+        self.node("/dev/null", 1, 3)
+        return self
+
+    def with_caps_major(self) -> FakeHost:
+        """standard_host's /proc/devices, and nvidia-caps at CAPS_MAJOR."""
+        self.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS_MAJOR})
+        return self
+
     def links(self, dev_char: str = "/dev/char") -> dict:
         d = self.path(dev_char)
         if not d.is_dir():
@@ -89,3 +108,11 @@ def standard_host(root, uvm_major: int = 510, names=("nvidia-frontend",), gpus: 
     host.node("/dev/nvidia-uvm-tools", uvm_major, 1)
     host.params()
     return host
+
+
+def links(host: FakeHost, dev_char: str = "/dev/char") -> dict | None:
+    """host.links(), but None while the daemon is changing the directory under us."""
+    try:
+        return host.links(dev_char)
+    except FileNotFoundError:
+        return None

@@ -2,15 +2,18 @@
 
     bus = start_bus(tmp_path)                 # dbus-daemon, returns BusDaemon (address, proc)
     mock = start_mock(bus.address, template)  # python -m dbusmock --system -t TEMPLATE, waits for the name
+    with mock_bus(tmp_path, TEXT) as bus:     # both, stopped on the way out
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +24,13 @@ SYSTEMD_PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
 MOCK_IFACE = "org.freedesktop.DBus.Mock"
 DEADLINE = 20.0
+# how a dbusmock template names the mock: systemd's bus name, its object and the Manager interface
+TEMPLATE_HEAD = f"""
+BUS_NAME = {SYSTEMD!r}
+MAIN_OBJ = {SYSTEMD_PATH!r}
+MAIN_IFACE = {MANAGER!r}
+SYSTEM_BUS = True
+"""
 
 # A bus that allows everything, shaped like the system bus (its own socket, EXTERNAL auth).
 BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
@@ -96,3 +106,22 @@ def start_mock(address: str, template_path, name: str = SYSTEMD) -> subprocess.P
     finally:
         conn.close()
     return mock
+
+
+@contextlib.contextmanager
+def mock_bus(directory, template: str, filename: str = "fake_systemd.py"):
+    """A private bus with python-dbusmock running the template TEXT (written to DIRECTORY/FILENAME; `{bus_pid}`
+    in it is the bus daemon's pid) as systemd; yields the BusDaemon, and stops both on the way out."""
+    need_dbusmock()
+    bus = start_bus(directory)
+    mock = None
+    try:
+        path = Path(directory) / filename
+        path.write_text(template.replace("{bus_pid}", str(bus.proc.pid)))
+        mock = start_mock(bus.address, path)
+        yield bus
+    finally:
+        if mock is not None:
+            mock.kill()
+            mock.wait()
+        bus.kill()

@@ -22,18 +22,17 @@ import pytest
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen, bpfprog, bpfproof
-from nvsymlinkd.access.cgroup import find_cgroup_mounts
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device, Rule
-from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.apply import repair_all
 from nvsymlinkd.repair.plan import RepairHistory
 from tests import bpfasm
-from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
+from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import _skip_or_fail
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 from tests.test_verify_cache import GPU_SPEC, Program, _host
 
+pytestmark = pytest.mark.usefixtures("no_system_bus")
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261126"))
 # runc's default allow list (libcontainer/specconv AllowedDevices, as runc's emulator states it)
 RUNC_DEFAULTS = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
@@ -44,27 +43,6 @@ HEALTHY = RUNC_DEFAULTS + [Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 2
 LOST = RUNC_DEFAULTS + [Rule(True, "c", 195, 255, "rw")]
 C0_DEVICE = Device("c", 195, 0)
 PROBES = [("c", 195, 0, "rw"), ("c", 195, 255, "rw"), ("c", 195, 1, "rw"), ("c", 195, 0, "m")]
-
-
-@pytest.fixture
-def v2(need_root):
-    mounts = find_cgroup_mounts(HostRoot("/"))
-    if mounts.v2 is None:
-        _skip_or_fail("needs a cgroup2 mount")
-    try:
-        os.close(bpfprog.load_device_program(be.encode(bpfgen.allow_all())))
-    except bpfprog.BpfError as e:
-        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
-    if 195 not in bpfasm.free_majors("Character"):
-        _skip_or_fail("char major 195 has a driver here: an allowed open would not say ENXIO")
-    dirs = CgroupDirs(mounts.v2.mountpoint, "v2repair")
-    yield dirs
-    dirs.close()
-
-
-@pytest.fixture(autouse=True)
-def no_bus(monkeypatch):
-    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
 
 
 class Gpu:
@@ -140,11 +118,11 @@ class Gpu:
 
 
 @pytest.fixture
-def gpu(fakehost, v2, tmp_path):
+def gpu(fakehost, v2_free195, tmp_path):
     made = []
 
     def make(cid="v2gpu-0f3c9a1e", spec=GPU_SPEC):
-        g = Gpu(fakehost, v2, tmp_path, cid, spec)
+        g = Gpu(fakehost, v2_free195, tmp_path, cid, spec)
         made.append(g)
         return g
 
@@ -366,7 +344,7 @@ def _random_rules(rng: random.Random, char: int, block: int) -> list:
     return rules
 
 
-def test_differential_generator_interpreter_kernel(v2, tmp_path, capsys):
+def test_differential_generator_interpreter_kernel(v2_free195, tmp_path, capsys):
     """Random rule sets: the generator's program, loaded and attached, judged by the interpreter (on the
     kernel's xlated code) and by the kernel, for every class it distinguishes; then the program the repair
     derives from it (policy_rules), by the kernel on the same classes. Zero disagreements."""
@@ -402,13 +380,13 @@ def test_differential_generator_interpreter_kernel(v2, tmp_path, capsys):
         nodes = make_nodes(str(tmp_path / "n"), sorted({p[:3] for p in samples}))
         verdicts = {}
         for name, insns in (("generated", prog), ("derived", derived)):
-            cg = v2.make(f"diff{n}-{name}")
-            cg_fd = bpfprog.open_cgroup_dir(v2.real(cg))
+            cg = v2_free195.make(f"diff{n}-{name}")
+            cg_fd = bpfprog.open_cgroup_dir(v2_free195.real(cg))
             prog_fd = bpfprog.load_device_program(be.encode(insns))
             try:
                 bpfprog.attach_device_program(cg_fd, prog_fd, bpfprog.BPF_F_ALLOW_MULTI)
                 xlated = be.decode(bpfprog.read_program_fd(prog_fd).xlated)
-                kernel = kernel_probe([v2.real(cg) + "/cgroup.procs"], nodes, str(tmp_path / "s"), samples)
+                kernel = kernel_probe([v2_free195.real(cg) + "/cgroup.procs"], nodes, str(tmp_path / "s"), samples)
                 # past the device cgroup, a real driver (systemd's static list: null, ptmx, pts) answers
                 # with its own errno: only EPERM is the cgroup's no
                 kernel = ["deny" if k == "deny" else "allow" for k in kernel]

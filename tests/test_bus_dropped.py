@@ -16,39 +16,26 @@ import textwrap
 
 import pytest
 
+from tests.privatebus import TEMPLATE_HEAD
+
 # systemd's GetUnit, played by dbusmock, that kills the bus daemon instead of answering: the
 # caller's connection sees EOF while its call is pending, as when dbus restarts.
-TEMPLATE = """
-BUS_NAME = "org.freedesktop.systemd1"
-MAIN_OBJ = "/org/freedesktop/systemd1"
-MAIN_IFACE = "org.freedesktop.systemd1.Manager"
-SYSTEM_BUS = True
+TEMPLATE = TEMPLATE_HEAD + """
 
 
 def load(mock, parameters):
     # a bare name is not defined in dbusmock's method code: __import__
-    mock.AddMethod(MAIN_IFACE, "GetUnit", "s", "o", "__import__('os').kill({pid}, 9)")
-    mock.AddMethod(MAIN_IFACE, "SetUnitProperties", "sba(sv)", "", "__import__('os').kill({pid}, 9)")
+    mock.AddMethod(MAIN_IFACE, "GetUnit", "s", "o", "__import__('os').kill({bus_pid}, 9)")
+    mock.AddMethod(MAIN_IFACE, "SetUnitProperties", "sba(sv)", "", "__import__('os').kill({bus_pid}, 9)")
 """
 
 
 @pytest.fixture
 def dropping_bus(tmp_path, need_root):
-    from tests.privatebus import need_dbusmock, start_bus, start_mock
+    from tests.privatebus import mock_bus
 
-    need_dbusmock()
-    bus = start_bus(tmp_path)
-    (tmp_path / "dropping_systemd.py").write_text(TEMPLATE.replace("{pid}", str(bus.proc.pid)))
-    mock = None
-    try:
-        mock = start_mock(bus.address, tmp_path / "dropping_systemd.py")
+    with mock_bus(tmp_path, TEMPLATE, "dropping_systemd.py") as bus:
         yield bus.address
-    finally:
-        if mock is not None:
-            mock.kill()
-            mock.wait()
-        bus.kill()
-
 
 def _run(address: str, code: str) -> subprocess.CompletedProcess:
     # a fresh interpreter, its stderr is what the daemon's journal would show

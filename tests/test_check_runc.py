@@ -25,7 +25,7 @@ def _v1_devices_available() -> bool:
 
 
 @pytest.fixture
-def runc_host(tmp_path, need_root):
+def runc_host_any(tmp_path, need_root):
     runc = need_tool("runc")
     if not os.path.exists("/bin/busybox"):
         if IN_CI:
@@ -39,7 +39,7 @@ def runc_host(tmp_path, need_root):
 
 
 @pytest.fixture
-def need_v1(runc_host):
+def need_v1(runc_host_any):
     """Tests that change a container's access the way hooks and admins do: v1 devices.allow/deny writes.
 
     runc 1.1.5 programs the v1 devices controller where it is mounted (hybrid and v1 hosts, like CI);
@@ -68,9 +68,9 @@ def kinds(report) -> dict:
     return {f.kind: tuple(str(d) for d in f.devices) for f in report.findings}
 
 
-def test_ok_container(runc_host):
-    c = runc_host.run("gpu-ok", **gpu0())
-    report = verify(runc_host, "gpu-ok")
+def test_ok_container(runc_host_any):
+    c = runc_host_any.run("gpu-ok", **gpu0())
+    report = verify(runc_host_any, "gpu-ok")
     assert report.runtime == "runc"
     assert report.status == "running"
     assert report.init_pid == c.pid
@@ -82,49 +82,49 @@ def test_ok_container(runc_host):
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
 
 
-def test_denied_device_is_lost(need_v1, runc_host):
-    c = runc_host.run("gpu-lost", **gpu0())
+def test_denied_device_is_lost(need_v1, runc_host_any):
+    c = runc_host_any.run("gpu-lost", **gpu0())
     c.deny("c 195:0 rw")
-    report = verify(runc_host, "gpu-lost")
+    report = verify(runc_host_any, "gpu-lost")
     assert report.verdict == "lost"
     assert kinds(report) == {"lost": ("c 195:0",)}
     assert "repair gpu-lost" in report.findings[0].fix
     assert c.open_error("/dev/nvidia0") == "EPERM"
 
 
-def test_hook_style_grant_is_at_risk(need_v1, runc_host):
+def test_hook_style_grant_is_at_risk(need_v1, runc_host_any):
     # the node exists (like a hook's mknod) but only a direct devices.allow write grants it
-    c = runc_host.run("gpu-hook", rules=[device_rule(195, 0)],
+    c = runc_host_any.run("gpu-hook", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])
     # before the grant: a node the runtime made but nothing allows is denied, never ok
-    before = verify(runc_host, "gpu-hook")
+    before = verify(runc_host_any, "gpu-hook")
     assert before.verdict == "denied" and kinds(before) == {"denied": ("c 195:1",)}
     assert c.open_error("/dev/nvidia1") == "EPERM"
     c.allow("c 195:1 rw")
-    report = verify(runc_host, "gpu-hook")
+    report = verify(runc_host_any, "gpu-hook")
     assert report.verdict == "at-risk"
     assert kinds(report) == {"at-risk-not-in-spec": ("c 195:1",)}
     assert Device.char(195, 1) not in report.expected
     assert c.open_error("/dev/nvidia1") == "ENXIO"
 
 
-def test_read_and_write_from_two_rules_do_not_make_rw(need_v1, runc_host):
+def test_read_and_write_from_two_rules_do_not_make_rw(need_v1, runc_host_any):
     # the v1 kernel needs ONE exception covering every letter of an open: O_RDWR fails here
-    c = runc_host.run("gpu-split", **gpu0())
+    c = runc_host_any.run("gpu-split", **gpu0())
     c.deny("c 195:0 rw")
     c.allow("c 195:* r")
     c.allow("c 195:0 w")
-    report = verify(runc_host, "gpu-split")
+    report = verify(runc_host_any, "gpu-split")
     assert report.verdict == "lost" and kinds(report)["lost"] == ("c 195:0",)
     assert c.open_error("/dev/nvidia0", rw=True) == "EPERM"
     assert c.open_error("/dev/nvidia0") == "ENXIO"  # read alone is allowed
 
 
-def test_node_made_inside_the_container_is_not_expected(runc_host):
-    c = runc_host.run("gpu-mknod", **gpu0())
+def test_node_made_inside_the_container_is_not_expected(runc_host_any):
+    c = runc_host_any.run("gpu-mknod", **gpu0())
     made = c.exec("mknod", "/dev/nvidia2", "c", "195", "2")
     assert made.returncode == 0, made.stderr  # runc's default rules allow mknod (c *:* m)
-    report = verify(runc_host, "gpu-mknod")
+    report = verify(runc_host_any, "gpu-mknod")
     assert "/dev/nvidia2 (c 195:2)" in report.untrusted_nodes
     assert Device.char(195, 2) not in report.expected
     assert Device.char(195, 2) not in report.granted
@@ -133,30 +133,30 @@ def test_node_made_inside_the_container_is_not_expected(runc_host):
     assert c.open_error("/dev/nvidia2") == "EPERM"
 
 
-def test_baseline_makes_a_hook_grant_expected(need_v1, runc_host):
+def test_baseline_makes_a_hook_grant_expected(need_v1, runc_host_any):
     from nvsymlinkd.verify.verifier import verify_all
 
-    root = HostRoot(str(runc_host.root))
-    c = runc_host.run("gpu-base", rules=[device_rule(195, 0)],
+    root = HostRoot(str(runc_host_any.root))
+    c = runc_host_any.run("gpu-base", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])
     c.allow("c 195:1 rw")
     verify_all(root, Config(), update_baseline=True, use_bus=False)
-    saved = json.loads((runc_host.root / "run/nvsymlinkd/baselines/gpu-base.json").read_text())
+    saved = json.loads((runc_host_any.root / "run/nvsymlinkd/baselines/gpu-base.json").read_text())
     assert saved["devices"] == {"c 195:0": "rw", "c 195:1": "rw"}
     assert saved["init_start"] == c.state()["init_process_start"]
     c.deny("c 195:1 rw")
-    report = verify(runc_host, "gpu-base")
+    report = verify(runc_host_any, "gpu-base")
     assert report.verdict == "lost"
     assert kinds(report)["lost"] == ("c 195:1",)
     assert report.expected[Device.char(195, 1)]["sources"] == ["baseline"]
     assert c.open_error("/dev/nvidia1") == "EPERM"
 
 
-def test_uvm_not_given(runc_host):
-    runc_host.fake.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 509})
-    runc_host.fake.node("/dev/nvidia-uvm", 509, 0)
-    c = runc_host.run("gpu-nouvm", **gpu0())
-    report = verify(runc_host, "gpu-nouvm")
+def test_uvm_not_given(runc_host_any):
+    runc_host_any.fake.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 509})
+    runc_host_any.fake.node("/dev/nvidia-uvm", 509, 0)
+    c = runc_host_any.run("gpu-nouvm", **gpu0())
+    report = verify(runc_host_any, "gpu-nouvm")
     assert report.verdict == "at-risk"
     assert kinds(report) == {"at-risk-uvm-missing": ("c 509:0",)}
     # a plain runc container: the runtime's hook allocated it, no device plugin to restart
@@ -166,32 +166,33 @@ def test_uvm_not_given(runc_host):
     assert c.open_error("/dev/nvidia-uvm") == "EPERM"
 
 
-def test_scope_device_allow_lacks_device(runc_host):
+def test_scope_device_allow_lacks_device(runc_host_any):
     # a cgroupfs path shaped like a systemd scope, and the transient unit file systemd would keep
     scope = "runc-gpu-scope.scope"
-    runc_host.fake.write(f"/run/systemd/transient/{scope}",
+    runc_host_any.fake.write(f"/run/systemd/transient/{scope}",
                          "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n"
                          "DeviceAllow=/dev/char/1:3 rwm\nDeviceAllow=char-pts rwm\n")
-    c = runc_host.run("gpu-scope", cgroup_leaf=scope, **gpu0())
-    report = verify(runc_host, "gpu-scope")
+    c = runc_host_any.run("gpu-scope", cgroup_leaf=scope, **gpu0())
+    report = verify(runc_host_any, "gpu-scope")
     assert report.scope == scope
     assert report.verdict == "at-risk"
     assert kinds(report) == {"at-risk-scope": ("c 195:0",)}
     assert c.open_error("/dev/nvidia0") == "ENXIO"  # works now; the next reload would take it
     # runtime drop-in from SetUnitProperties (what repair writes) covers it
-    runc_host.fake.write(f"/run/systemd/system.control/{scope}.d/50-DeviceAllow.conf",
+    runc_host_any.fake.write(f"/run/systemd/system.control/{scope}.d/50-DeviceAllow.conf",
                          "[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
-    assert verify(runc_host, "gpu-scope").verdict == "ok"
+    assert verify(runc_host_any, "gpu-scope").verdict == "ok"
 
 
-def test_container_still_in_its_hooks_is_not_baselined(runc_host):
+def test_container_still_in_its_hooks_is_not_baselined(runc_host_any):
     from nvsymlinkd.verify.verifier import verify_all
 
-    root = HostRoot(str(runc_host.root))
-    c, proc = runc_host.create_async("gpu-hooks", hooks={"prestart": [{"path": "/bin/sleep", "args": ["sleep", "2"]}]},
-                                     **gpu0())
+    root = HostRoot(str(runc_host_any.root))
+    c, proc = runc_host_any.create_async("gpu-hooks",
+                                         hooks={"prestart": [{"path": "/bin/sleep", "args": ["sleep", "2"]}]},
+                                         **gpu0())
     try:
-        fifo = runc_host.state_root / "gpu-hooks" / "exec.fifo"
+        fifo = runc_host_any.state_root / "gpu-hooks" / "exec.fifo"
         deadline = time.monotonic() + 20
         while not fifo.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -199,19 +200,19 @@ def test_container_still_in_its_hooks_is_not_baselined(runc_host):
         report = verify_all(root, Config(), update_baseline=True, use_bus=False)
         seen = [r for r in report.containers if r.id == "gpu-hooks"]
         assert seen and seen[0].status == "creating" and seen[0].verdict == "not-running"
-        assert not (runc_host.root / "run/nvsymlinkd/baselines/gpu-hooks.json").exists()
+        assert not (runc_host_any.root / "run/nvsymlinkd/baselines/gpu-hooks.json").exists()
     finally:
         assert proc.wait(timeout=30) == 0
-    runc_host.link_proc(c)
+    runc_host_any.link_proc(c)
     report = verify_all(root, Config(), update_baseline=True, use_bus=False)
     (seen,) = [r for r in report.containers if r.id == "gpu-hooks"]
     assert seen.status == "created" and seen.verdict == "ok"
-    assert (runc_host.root / "run/nvsymlinkd/baselines/gpu-hooks.json").exists()
+    assert (runc_host_any.root / "run/nvsymlinkd/baselines/gpu-hooks.json").exists()
 
 
-def test_cli_check_exit_codes_and_json(need_v1, runc_host, nvsymlinkd_cli):
-    c = runc_host.run("gpu-cli", **gpu0())
-    root = str(runc_host.root)
+def test_cli_check_exit_codes_and_json(need_v1, runc_host_any, nvsymlinkd_cli):
+    c = runc_host_any.run("gpu-cli", **gpu0())
+    root = str(runc_host_any.root)
     nvsymlinkd_cli("--root", root, "sync", check=0)  # /dev/char links exact: no host finding
     out = nvsymlinkd_cli("--root", root, "check", "--json", "--no-bus", check=0)
     doc = json.loads(out.stdout)

@@ -20,6 +20,7 @@ from nvsymlinkd.containers.discovery import (
 from nvsymlinkd.containers.ocispec import UnsafeFile, gpu_signs, parse_spec, read_bounded
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
+from tests.clirun import cli, no_traceback
 from tests.fixtures.runtimes.layouts import NVIDIA_HOOK, Layouts, oci_spec, spec_node, spec_rule
 
 CID = "a" * 64
@@ -244,3 +245,31 @@ def test_container_dev_nodes_never_follow_links(fakehost, tmp_path):
     os.rename(croot / "dev", croot / "realdev")
     os.symlink("realdev", croot / "dev")
     assert container_dev_nodes(HostRoot(str(fakehost.root)), 4242) == []
+
+
+def test_an_absolute_symlinked_data_root_is_followed_inside_the_root(fakehost, tmp_path):
+    """/var/lib/docker -> /data/docker and /var/lib/containers -> /data/containers on the host, the pod
+    sees it at --root: names and the Podman bundle come from ROOT/data/..., never the pod's own /data."""
+    import json
+    import shutil
+
+    from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
+
+    fakehost.proc_devices({"nvidia-frontend": 195})
+    fakehost.node("/dev/nvidia0", 195, 0)
+    spec = oci_spec(rules=[spec_rule(195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
+    lay = Layouts(fakehost)
+    docker_id, podman_id = "d" * 64, "e" * 64
+    lay.docker(docker_id, spec)
+    lay.write_json(f"/var/lib/docker/containers/{docker_id}/config.v2.json", {"Name": "/web"})
+    lay.podman_graphroot(podman_id, spec)
+    for name in ("docker", "containers"):
+        fakehost.path("/data").mkdir(exist_ok=True)
+        shutil.move(str(fakehost.path(f"/var/lib/{name}")), str(fakehost.path(f"/data/{name}")))
+        os.symlink(f"/data/{name}", fakehost.path(f"/var/lib/{name}"))  # absolute: the host's /data
+    proc = cli("--root", fakehost.root, "check", "--json", "--no-host", "--no-bus")
+    no_traceback(proc)
+    doc = json.loads(proc.stdout)
+    by_id = {c["id"]: c for c in doc["containers"]}
+    assert by_id[docker_id].get("container_name") == "web", by_id[docker_id]
+    assert podman_id in by_id, doc  # its spec (a GPU sign) found in ROOT/data/containers

@@ -22,7 +22,7 @@ from nvsymlinkd.host.devices import Rule
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts
 from tests.test_hostile_input import RecordingJournal
-from tests.test_verify_cache import GPU_SPEC, Program, _host, v2  # noqa: F401 - v2 is a fixture
+from tests.test_verify_cache import GPU_SPEC, Program, _host
 
 HELD_BACK = "new findings while systemd reloads"
 

@@ -23,55 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI, need_tool
 from tests.daemonproc import DEADLINE, DaemonProcess
 from tests.privatebus import MANAGER, MOCK_IFACE
 from tests.runcfixture import device_node, device_rule
-from tests.test_daemon_dbus import PrivateBus
 from tests.test_repair_dbus import SystemdMock
 
 CONFIG = "/etc/nvsymlinkd/nvsymlinkd.toml"
-
-
-def need_bus_parts() -> None:
-    need_tool("dbus-daemon")
-    try:
-        import dbus  # noqa: F401  (python3-dbus)
-        import dbusmock  # noqa: F401
-        import systemd.journal  # noqa: F401  (python3-systemd: the daemon's journal sender)
-    except ImportError as exc:
-        if IN_CI:
-            pytest.fail(f"CI must run this test, but: {exc}", pytrace=False)
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-def systemd_bus(tmp_path, need_root):
-    """systemd as the daemon's watcher needs it: Subscribe, and signals sent with EmitSignal."""
-    need_bus_parts()
-    (tmp_path / "bus").mkdir()
-    b = PrivateBus(tmp_path / "bus")
-    b.start()
-    try:
-        b.conn = b.start_mock()
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.fixture
-def systemd_mock(tmp_path, need_root):
-    """test_repair_dbus's systemd (GetUnit, scopes' DeviceAllow, SetUnitProperties re-applying v1 policy),
-    plus the Subscribe the daemon's watcher calls."""
-    need_bus_parts()
-    m = SystemdMock(tmp_path / "sdbus")
-    try:
-        m.start()
-        m.manager.AddMethods(MANAGER, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")],
-                             dbus_interface=MOCK_IFACE)
-        yield m
-    finally:
-        m.close()
 
 
 class Daemon(DaemonProcess):
@@ -203,13 +160,13 @@ def probe(runc_host):
             p.close()
 
 
-def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_host, systemd_bus, start_daemon,
+def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_host, signal_bus, start_daemon,
                                                                          probe):
     runs = 5  # one container per run: a second loss of the same one within 10 min is rate-limited, by design
     cs = [runc_host.run(f"gpu-reload-{i}", **gpu0()) for i in range(runs)]
     for c in cs:
         assert c.open_error("/dev/nvidia0") == "ENXIO"
-    d = start_daemon(systemd_bus, "--resync-interval", "0")  # only the reload can explain a verification
+    d = start_daemon(signal_bus, "--resync-interval", "0")  # only the reload can explain a verification
     assert d.entries(kind="container-lost") == []
     figures = []
     for c in cs:
@@ -218,7 +175,7 @@ def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_ho
         prober = probe(c, runc_host.fake.path("/dev/nvidia0"))
         assert prober.line() == "EPERM"  # in the container's cgroup, denied like the container
         mark = d.mark()
-        sent = reload(systemd_bus)
+        sent = reload(signal_bus)
         answer = prober.line()  # blocks until the kernel allows it, or the probe's own deadline
         assert answer.startswith("ENXIO "), f"{answer!r}; daemon said:\n" + d.output()
         figures.append(float(answer.split()[1]) - sent)
@@ -248,15 +205,15 @@ def test_lost_after_a_reload_is_journaled_repaired_and_the_kernel_agrees(runc_ho
     assert d.alive()
 
 
-def test_every_entry_about_a_container_names_its_pod(runc_host, systemd_bus, start_daemon):
+def test_every_entry_about_a_container_names_its_pod(runc_host, signal_bus, start_daemon):
     """journalctl POD_NAME=... (or CONTAINER_NAME=) shows a pod's whole story: the loss, the repair, the recovery."""
     pod = {"io.kubernetes.cri.sandbox-namespace": "gpu-team", "io.kubernetes.cri.sandbox-name": "trainer-0",
            "io.kubernetes.cri.container-name": "cuda"}
     c = runc_host.run("gpu-named", annotations=pod, **gpu0())
-    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    d = start_daemon(signal_bus, "--resync-interval", "0")
     c.deny("c 195:0 rw")
     mark = d.mark()
-    reload(systemd_bus)
+    reload(signal_bus)
     for kind in ("container-lost", "repair-done", "container-ok"):
         d.wait_entry(kind, c.id, mark)
     said = [f for _, f in d.entries(mark) if f.get("CONTAINER_ID") == c.id]
@@ -266,13 +223,13 @@ def test_every_entry_about_a_container_names_its_pod(runc_host, systemd_bus, sta
             ("gpu-team", "trainer-0", "cuda"), fields
 
 
-def test_report_mode_journals_and_grants_nothing(runc_host, systemd_bus, start_daemon):
+def test_report_mode_journals_and_grants_nothing(runc_host, signal_bus, start_daemon):
     c = runc_host.run("gpu-report", **gpu0())
-    d = start_daemon(systemd_bus, "--resync-interval", "0", config_text='repair = "report"\n')
+    d = start_daemon(signal_bus, "--resync-interval", "0", config_text='repair = "report"\n')
     c.deny("c 195:0 rw")
     listed = c.devices_list()
     mark = d.mark()
-    reload(systemd_bus)
+    reload(signal_bus)
     message, _ = d.wait_entry("container-lost", c.id, mark)
     assert "GPU device access lost: c 195:0" in message
     _, fields = d.wait_entry("repair-reported", c.id, mark)
@@ -280,7 +237,7 @@ def test_report_mode_journals_and_grants_nothing(runc_host, systemd_bus, start_d
     assert c.devices_list() == listed
     assert c.open_error("/dev/nvidia0") == "EPERM"
     # more reloads: still nothing granted, and nothing said again
-    barrier(d, systemd_bus)
+    barrier(d, signal_bus)
     assert c.devices_list() == listed
     assert c.open_error("/dev/nvidia0") == "EPERM"
     assert d.entries(kind="repair-done") == []
@@ -288,28 +245,28 @@ def test_report_mode_journals_and_grants_nothing(runc_host, systemd_bus, start_d
     assert len(d.entries(kind="repair-reported")) == 1, d.output()
 
 
-def test_hook_grant_is_at_risk_once_baselined_and_repaired_from_the_baseline(runc_host, systemd_bus,
+def test_hook_grant_is_at_risk_once_baselined_and_repaired_from_the_baseline(runc_host, signal_bus,
                                                                               start_daemon):
     c = runc_host.run("gpu-hook", rules=[device_rule(195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0,1"],
                       nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)])
     assert c.open_error("/dev/nvidia1") == "EPERM"
     c.allow("c 195:1 rw")  # what the NVIDIA hook does: not in the spec
     assert c.open_error("/dev/nvidia1") == "ENXIO"
-    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    d = start_daemon(signal_bus, "--resync-interval", "0")
     message, fields = d.wait_entry("container-at-risk-not-in-spec", c.id)
     assert "GPU device access at risk (at-risk-not-in-spec): c 195:1" in message
     assert fields["PRIORITY"] == "4"
     saved = json.loads((runc_host.root / "run/nvsymlinkd/baselines/gpu-hook.json").read_text())
     assert saved["devices"] == {"c 195:0": "rw", "c 195:1": "rw"}
     assert saved["init_start"] == c.state()["init_process_start"]
-    barrier(d, systemd_bus)  # passes with nothing new say nothing new
+    barrier(d, signal_bus)  # passes with nothing new say nothing new
     assert len(d.entries(kind="container-at-risk-not-in-spec")) == 1, d.output()
     assert d.entries(kind="repair-done") == []  # at risk on cgroupfs: nothing to prevent
 
     c.deny("c 195:1 rw")
     assert c.open_error("/dev/nvidia1") == "EPERM"
     mark = d.mark()
-    reload(systemd_bus)
+    reload(signal_bus)
     message, _ = d.wait_entry("container-lost", c.id, mark)
     assert "GPU device access lost: c 195:1" in message
     _, fields = d.wait_entry("repair-done", c.id, mark)
@@ -319,7 +276,7 @@ def test_hook_grant_is_at_risk_once_baselined_and_repaired_from_the_baseline(run
     assert c.open_error("/dev/nvidia0") == "ENXIO"
     # back to at risk, which was said before the loss: not again; but that it can open them again, yes
     d.wait_entry("container-ok", c.id, mark)
-    barrier(d, systemd_bus)
+    barrier(d, signal_bus)
     assert len(d.entries(kind="container-at-risk-not-in-spec")) == 1, d.output()
     assert len(d.entries(kind="repair-done")) == 1, d.output()
     # at risk again, and cgroupfs cannot make a hook's grant stick: said once per state, not per pass,
@@ -330,10 +287,10 @@ def test_hook_grant_is_at_risk_once_baselined_and_repaired_from_the_baseline(run
     assert not [m for m in refused if "cannot repair" in m or "last repair attempt" in m], refused
 
 
-def test_findings_are_journaled_once_across_periodic_passes(runc_host, systemd_bus, start_daemon):
+def test_findings_are_journaled_once_across_periodic_passes(runc_host, signal_bus, start_daemon):
     c = runc_host.run("gpu-periodic", **gpu0())
     c.deny("c 195:0 rw")
-    d = start_daemon(systemd_bus, "--resync-interval", "1", config_text='repair = "report"\n')
+    d = start_daemon(signal_bus, "--resync-interval", "1", config_text='repair = "report"\n')
     d.wait_entry("container-lost", c.id)
     d.wait_until(lambda: d.passes("periodic resync") >= 5, "five periodic verifications")
     assert len(d.entries(kind="container-lost")) == 1, d.output()
@@ -353,16 +310,16 @@ def test_findings_are_journaled_once_across_periodic_passes(runc_host, systemd_b
     assert len(d.entries(kind="container-lost")) == 1, d.output()
 
 
-def test_unusable_state_dir_is_not_fatal(runc_host, systemd_bus, start_daemon):
+def test_unusable_state_dir_is_not_fatal(runc_host, signal_bus, start_daemon):
     """No baseline can be written (the state dir is a file): links still come, a loss is still repaired."""
     c = runc_host.run("gpu-nostate", **gpu0())
     runc_host.fake.write("/run/nvsymlinkd-broken", "a file, not a directory\n")
-    d = start_daemon(systemd_bus, "--resync-interval", "0", config_text='state_dir = "/run/nvsymlinkd-broken"\n')
+    d = start_daemon(signal_bus, "--resync-interval", "0", config_text='state_dir = "/run/nvsymlinkd-broken"\n')
     problem = f"container {c.id} (runc): cannot write baseline: Not a directory"
     d.wait_for_line(re.escape(problem))
     c.deny("c 195:0 rw")
     mark = d.mark()
-    reload(systemd_bus)
+    reload(signal_bus)
     d.wait_entry("repair-done", c.id, mark)
     assert c.open_error("/dev/nvidia0") == "ENXIO"
     runc_host.fake.node("/dev/nvidia5", 195, 5)
@@ -372,7 +329,7 @@ def test_unusable_state_dir_is_not_fatal(runc_host, systemd_bus, start_daemon):
     assert sum(problem in line for line in d.lines) == 1, d.output()  # said once, not at every pass
 
 
-def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc_host, systemd_mock,
+def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc_host, subscribing_systemd,
                                                                            start_daemon):
     """A container in a scope whose DeviceAllow lacks its GPU: the daemon adds it before a reload takes it."""
     scope = "runc-gpu-scope.scope"
@@ -380,9 +337,9 @@ def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc
             ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm")]
     c = runc_host.run("gpu-scope", cgroup_leaf=scope, **gpu0())
     freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
-    systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
+    subscribing_systemd.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     message, fields = d.wait_entry("container-at-risk-scope", c.id)
     assert f"container {c.id} ({scope}): GPU device access at risk (at-risk-scope): c 195:0" in message
     assert fields["UNIT"] == scope and fields["PRIORITY"] == "4"
@@ -390,8 +347,8 @@ def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc
     assert (fields["NVSYMLINKD_DEVICES"], fields["NVSYMLINKD_MECHANISM"]) == ("c 195:0:rw", "devices.allow+systemd")
     assert fields["UNIT"] == scope and fields["NVSYMLINKD_VERIFICATION"] == "c 195:0=allow"
     d.wait_entry("container-ok", c.id)
-    assert ("/dev/char/195:0", "rw") in systemd_mock.device_allow(scope)
-    (seen,) = systemd_mock.observed()  # one SetUnitProperties, made with the container frozen and the link there
+    assert ("/dev/char/195:0", "rw") in subscribing_systemd.device_allow(scope)
+    (seen,) = subscribing_systemd.observed()  # one SetUnitProperties, made with the container frozen and the link there
     assert seen["freezer"] == "FROZEN" and seen["dev_char"]["/dev/char/195:0"] is True
     assert open(freezer).read().strip() == "THAWED"
 
@@ -399,19 +356,19 @@ def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc
     # runc's /dev/net/tun was not in DeviceAllow: the prevention kept it there beside the grant, with the rest of
     # the runtime's rules (runc's systemd.go forms: /dev/char/M:m, char-M, char-*), so the reload keeps it too
     assert "c 10:200 rwm" in c.devices_list()
-    assert ("/dev/char/10:200", "rwm") in systemd_mock.device_allow(scope)
+    assert ("/dev/char/10:200", "rwm") in subscribing_systemd.device_allow(scope)
     (c.devices_dir() / "devices.deny").write_text("a")
-    for path, access in systemd_mock.device_allow(scope):
+    for path, access in subscribing_systemd.device_allow(scope):
         kind, _, number = path.rpartition("/") if path.startswith("/dev/") else path.partition("-")
         dev_type = "b" if "block" in kind else "c"
         rule = number if ":" in number else ("*:*" if number == "*" else f"{number}:*")
         (c.devices_dir() / "devices.allow").write_text(f"{dev_type} {rule} {access}")
     mark = d.mark()
-    barrier(d, systemd_mock)
+    barrier(d, subscribing_systemd)
     assert "c 10:200 rwm" in c.devices_list()  # the re-apply kept what the runtime had granted
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"  # kept: it was in DeviceAllow before the reload
     assert [m for m, f in d.entries(mark) if "CONTAINER_ID" in f] == [], d.output()  # nothing to say
-    assert len(systemd_mock.observed()) == 1
+    assert len(subscribing_systemd.observed()) == 1
 
 
 # A prestart hook doing what the NVIDIA hook does: grant a device outside the spec (devices.allow).
@@ -451,22 +408,23 @@ def create_hook_granted(runc_host, systemd_mock, name: str, keep: list):
     return c
 
 
-def test_new_hook_granted_container_is_prevented_once_runc_wrote_its_state(runc_host, systemd_mock, start_daemon):
+def test_new_hook_granted_container_is_prevented_once_runc_wrote_its_state(runc_host, subscribing_systemd,
+                                                                          start_daemon):
     """No scope signal, no resync: the daemon learns that the hooks are done from runc's state.json landing."""
     scope = "runc-gpu-new.scope"
     keep = [("/dev/char/1:3", "rwm"), ("/dev/char/5:0", "rwm")]
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     mark = d.mark()
-    c = create_hook_granted(runc_host, systemd_mock, "gpu-new", keep)
+    c = create_hook_granted(runc_host, subscribing_systemd, "gpu-new", keep)
     message, _ = d.wait_entry("container-at-risk-not-in-spec", c.id, mark)
     assert "GPU device access at risk (at-risk-not-in-spec): c 195:1" in message
     assert "(check triggered by: runtime state written: gpu-new)" in message, d.output()
     _, fields = d.wait_entry("repair-prevented", c.id, mark)
     assert fields["UNIT"] == scope and fields["NVSYMLINKD_FINDING"] == "at-risk"
     d.wait_entry("container-ok", c.id, mark)
-    allowed = systemd_mock.device_allow(scope)
+    allowed = subscribing_systemd.device_allow(scope)
     assert ("/dev/char/195:0", "rw") in allowed and ("/dev/char/195:1", "rw") in allowed, allowed
-    (seen,) = systemd_mock.observed()
+    (seen,) = subscribing_systemd.observed()
     # created, not started: never frozen around systemd's re-apply (`runc start` refuses a frozen container)
     assert seen["freezer"] == "THAWED"
     # the baseline holds the hook's grant: taken once runc's state said created, not during the hook
@@ -499,12 +457,12 @@ def no_loss_said(d, c, mark) -> None:
     assert said == [], d.output()
 
 
-def test_a_device_reapply_window_is_not_a_loss(runc_host, systemd_bus, start_daemon):
+def test_a_device_reapply_window_is_not_a_loss(runc_host, signal_bus, start_daemon):
     """A verification that reads devices.list inside systemd's deny-all window of a v1 re-apply sees
     every device denied for a moment. The daemon reads again (outside the reload, after the window
     closed) before it says "lost" or repairs; a device really taken is still lost and repaired."""
     c = runc_host.run("gpu-window", **gpu0())
-    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    d = start_daemon(signal_bus, "--resync-interval", "0")
     window = ReapplyWindow(c)
     first_read = (r"new findings|verified \d+ GPU containers")  # the old daemon said only the second
 
@@ -512,33 +470,33 @@ def test_a_device_reapply_window_is_not_a_loss(runc_host, systemd_bus, start_dae
     # it stays open until the daemon has read inside it
     mark = d.mark()
     window.open()
-    reload(systemd_bus)
+    reload(signal_bus)
     d.wait_for_line(first_read, after=mark)
     time.sleep(0.15)
     window.close()
     d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(systemd reload finished\)", after=mark)
-    barrier(d, systemd_bus)
+    barrier(d, signal_bus)
     no_loss_said(d, c, mark)
 
     # a window inside a reload that outlasts the settle delay: judged only after Reloading(false)
     mark = d.mark()
-    manager(systemd_bus).EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
+    manager(signal_bus).EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
     window.open()
     state = runc_host.state_root / c.id / "state.json"
     state.write_text(state.read_text())  # runc wrote its state: the daemon verifies now
     d.wait_for_line(first_read, after=mark)
     time.sleep(1.0)  # twice the settle delay: a second read that does not wait for the reload is in it
     window.close()
-    manager(systemd_bus).EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
+    manager(signal_bus).EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
     d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(runtime state written", after=mark)
-    barrier(d, systemd_bus)
+    barrier(d, signal_bus)
     no_loss_said(d, c, mark)
     assert c.open_error("/dev/nvidia0") == "ENXIO"
 
     # a real loss persists across the reads: journaled and repaired as before
     mark = d.mark()
     c.deny("c 195:0 rw")
-    reload(systemd_bus)
+    reload(signal_bus)
     message, _ = d.wait_entry("container-lost", c.id, mark)
     assert "GPU device access lost: c 195:0" in message
     d.wait_entry("repair-done", c.id, mark)
@@ -548,30 +506,30 @@ def test_a_device_reapply_window_is_not_a_loss(runc_host, systemd_bus, start_dae
     assert d.alive()
 
 
-def test_a_runtime_state_event_verifies_only_the_containers_it_names(runc_host, systemd_mock, start_daemon):
+def test_a_runtime_state_event_verifies_only_the_containers_it_names(runc_host, subscribing_systemd, start_daemon):
     """runc's state.json landing asks for the containers it names, not for every one on the host: the pass
     between a hook's grant and its prevention is as short as one container's; the others' findings and
     baselines stay as they were, and the next full pass still judges them."""
     others = [runc_host.run(f"gpu-old-{i}", **gpu0()) for i in range(3)]
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     d.wait_for_line(r"verified 3 GPU containers in [\d.]+ ms \(daemon started\)")
     baselines = runc_host.root / "run/nvsymlinkd/baselines"
     kept = sorted(p.name for p in baselines.iterdir())
     assert kept == sorted(f"{c.id}.json" for c in others), kept
     others[0].deny("c 195:0 rw")  # a loss only a full pass is asked to see
     mark = d.mark()
-    c = create_hook_granted(runc_host, systemd_mock, "gpu-named", [("/dev/char/1:3", "rwm")])
+    c = create_hook_granted(runc_host, subscribing_systemd, "gpu-named", [("/dev/char/1:3", "rwm")])
     d.wait_entry("repair-prevented", c.id, mark)
     d.wait_for_line(r"verified 1 GPU containers in [\d.]+ ms \(runtime state written: gpu-named\)", after=mark)
     assert not d.entries(mark, "container-lost"), d.output()  # the others were not read
     assert sorted(p.name for p in baselines.iterdir()) == sorted(kept + ["gpu-named.json"])  # none pruned
     mark = d.mark()
-    reload(systemd_mock)
+    reload(subscribing_systemd)
     message, _ = d.wait_entry("container-lost", others[0].id, mark)
     assert "(check triggered by: systemd reload finished)" in message
 
 
-def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, systemd_bus, start_daemon):
+def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, signal_bus, start_daemon):
     """Issue 24: a Docker --gpus style container (legacy NVIDIA hook, NVIDIA_VISIBLE_DEVICES, the grant
     outside the spec) loses a device while nvsymlinkd is not running: no baseline, yet the daemon's
     first pass finds it lost (source nvidia-hook, reconstructed) and gives it back; the kernel agrees."""
@@ -581,7 +539,7 @@ def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, 
     c = hook_granted(runc_host, "gpu-nodaemon", "1", ("c 195:255 rw", "c 195:1 rw"))
     c.deny("c 195:1 rw")
     assert c.open_error("/dev/nvidia1", rw=True) == "EPERM"
-    d = start_daemon(systemd_bus, "--resync-interval", "0")
+    d = start_daemon(signal_bus, "--resync-interval", "0")
     message, _ = d.wait_entry("container-lost", c.id)
     assert "GPU device access lost: c 195:1" in message and "nvidia-hook" in message, message
     assert "(check triggered by: daemon started)" in message
@@ -594,11 +552,11 @@ def test_first_pass_gives_back_a_hook_grant_lost_while_no_daemon_ran(runc_host, 
     assert json.loads(record.read_text())["inputs"]["version"] == [1, 17, 8]
     runc_host.runc("kill", c.id, "KILL")
     runc_host.runc("delete", "-f", c.id)
-    reload(systemd_bus)  # a full pass
+    reload(signal_bus)  # a full pass
     d.wait_until(lambda: not record.exists(), "the record of a container gone removed")
 
 
-def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host, systemd_mock, nvsymlinkd_cli,
+def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host, subscribing_systemd, nvsymlinkd_cli,
                                                                       monkeypatch):
     """What a package's maintainer script relies on: `nvsymlinkd repair` before its daemon-reload, with no
     daemon ever run (no baseline), puts a Docker --gpus style container's hook grant in its scope."""
@@ -607,11 +565,11 @@ def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host
     fake_driver(runc_host)
     scope = "runc-gpu-pre.scope"
     cgroups_path = f"{runc_host.parent}/{scope}"
-    systemd_mock.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root),
+    subscribing_systemd.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root),
                            devices=f"/sys/fs/cgroup/devices{cgroups_path}",
                            freezer=f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state")
     c = hook_granted(runc_host, "gpu-pre", "1", ("c 195:255 rw", "c 195:1 rw"), cgroup_leaf=scope)
-    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", systemd_mock.address)
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", subscribing_systemd.address)
     root = str(runc_host.root)
     doc = json.loads(nvsymlinkd_cli("--root", root, "check", "--json", "--no-host", check=1).stdout)
     (got,) = doc["containers"]
@@ -622,7 +580,7 @@ def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host
     rep = json.loads(nvsymlinkd_cli("--root", root, "repair", "--json", check=0).stdout)
     (res,) = rep["containers"]
     assert res["status"] == "prevented" and {g["source"] for g in res["grants"]} == {"nvidia-hook"}
-    allowed = systemd_mock.device_allow(scope)
+    allowed = subscribing_systemd.device_allow(scope)
     assert ("/dev/char/195:1", "rw") in allowed and ("/dev/char/195:255", "rw") in allowed, allowed
     assert c.open_error("/dev/nvidia1", rw=True) == "ENXIO"
     assert not (runc_host.root / "run/nvsymlinkd/baselines").exists()
@@ -684,7 +642,7 @@ def dropin_entries(runc_host, unit: str) -> list:
                   if line.startswith("DeviceAllow="))
 
 
-def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, systemd_mock, start_daemon):
+def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, subscribing_systemd, start_daemon):
     """Issue 24's early path, taken back: once runc's Set has landed (DevicePolicy=strict and its entries),
     runc replaces systemd's device program with its own (BPF_F_REPLACE); a SetUnitProperties from the daemon
     in between made systemd swap its program under runc, and `docker run` failed with "failed to call
@@ -697,17 +655,17 @@ def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, syste
     fake_driver(runc_host)
     cid = "5ca1ab1e" * 8
     unit = f"cri-containerd-{cid}.scope"
-    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))  # as runc's Apply leaves it
-    started(systemd_mock, unit)
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))  # as runc's Apply leaves it
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
-    new_unit(systemd_mock, unit)
+    new_unit(subscribing_systemd, unit)
     time.sleep(1.0)  # runc's init sets the container up meanwhile
     # an entry in a drop-in of a scope still `auto` would make a reload restrict it to that entry
     assert dropin_entries(runc_host, unit) == [], "a drop-in before the runtime restricted the scope"
     set_at = time.monotonic()
-    systemd_mock.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])  # runc's Set
+    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])  # runc's Set
     i = d.wait_for_line(r"being created: wrote", mark)
     took = time.monotonic() - set_at
     assert not state_json.exists()
@@ -720,11 +678,11 @@ def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, syste
     (fields,) = [f for m, f in d.entries(mark) if "being created: wrote" in m]
     assert fields.get("CONTAINER_ID") == cid and fields.get("UNIT") == unit, fields
     time.sleep(1.0)
-    assert systemd_mock.calls() == [], "the scope's DeviceAllow changed while runc was creating the container"
-    assert systemd_mock.device_allow(unit) == [("/dev/char/1:3", "rwm")]
+    assert subscribing_systemd.calls() == [], "the scope's DeviceAllow changed while runc was creating the container"
+    assert subscribing_systemd.device_allow(unit) == [("/dev/char/1:3", "rwm")]
 
 
-def test_the_drop_in_goes_with_its_scope(runc_host, systemd_mock, start_daemon):
+def test_the_drop_in_goes_with_its_scope(runc_host, subscribing_systemd, start_daemon):
     """systemd removes a transient scope's unit file when the scope goes, never a drop-in it did not write:
     the daemon's next full pass removes its own (and the directory when nothing else is in it), and leaves
     every other file there alone."""
@@ -741,25 +699,25 @@ def test_the_drop_in_goes_with_its_scope(runc_host, systemd_mock, start_daemon):
     keep_dropin(runc_host, gone).write_text("[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
     other = keep_dropin(runc_host, gone).parent / "10-admin.conf"
     other.write_text("[Scope]\nCPUWeight=10\n")
-    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))
-    started(systemd_mock, unit)
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
-    new_unit(systemd_mock, unit)
-    systemd_mock.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])
+    new_unit(subscribing_systemd, unit)
+    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])
     d.wait_for_line(r"being created: wrote", mark)
     d.wait_for_line(rf"removed the drop-in of {gone}")  # by the first full pass, which may end before `mark`
     assert not keep_dropin(runc_host, gone).exists() and other.read_text() == "[Scope]\nCPUWeight=10\n"
     assert keep_dropin(runc_host, unit).exists()  # its scope is still there
     transient.unlink()  # systemd dropped the scope
     mark = d.mark()
-    new_unit(systemd_mock, "cri-containerd-" + "1" * 64 + ".scope")  # any new scope asks for a full pass
+    new_unit(subscribing_systemd, "cri-containerd-" + "1" * 64 + ".scope")  # any new scope asks for a full pass
     d.wait_for_line(rf"removed the drop-in of {unit}", mark, timeout=15)
     assert not keep_dropin(runc_host, unit).parent.exists()
 
 
-def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, systemd_mock, start_daemon):
+def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, subscribing_systemd, start_daemon):
     """A scope that still reads DevicePolicy=auto with no entries when its container's state is written (a
     privileged container: runc's allow-all is exactly that; crun programs the cgroup itself) is not
     restricted by systemd: a reload takes nothing, and entries in a drop-in would make it an allow-list."""
@@ -768,19 +726,19 @@ def test_a_new_scope_the_runtime_never_restricts_gets_nothing(runc_host, systemd
     fake_driver(runc_host)
     cid = "0ddba11" * 9 + "a"
     unit = f"cri-containerd-{cid}.scope"
-    systemd_mock.add_scope(unit, [], policy="auto", root=str(runc_host.root))
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
-    new_unit(systemd_mock, unit)
+    new_unit(subscribing_systemd, unit)
     time.sleep(0.5)
     state_json.write_text("{}")  # the runtime is done creating it
     i = d.wait_for_line(r"being created: no drop-in written, its DevicePolicy is auto", mark)
     assert "not restricted" in d.lines[i], d.lines[i]
-    assert dropin_entries(runc_host, unit) == [] and systemd_mock.calls() == []
+    assert dropin_entries(runc_host, unit) == [] and subscribing_systemd.calls() == []
 
 
-def test_a_scope_whose_policy_cannot_be_read_gets_no_drop_in(runc_host, systemd_mock, start_daemon):
+def test_a_scope_whose_policy_cannot_be_read_gets_no_drop_in(runc_host, subscribing_systemd, start_daemon):
     """Issue 39 item 6: systemd does not know the scope (yet) and no unit file names it: its policy is
     unknown, and an entry of ours on a scope that turns out `auto` (a privileged container) would make it
     an allow-list at the next reload. Nothing is written, and the journal says why."""
@@ -789,18 +747,18 @@ def test_a_scope_whose_policy_cannot_be_read_gets_no_drop_in(runc_host, systemd_
     fake_driver(runc_host)
     cid = "0b5cu7e" * 9 + "a"
     unit = f"cri-containerd-{cid}.scope"  # no add_scope: systemd answers NoSuchUnit
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
-    new_unit(systemd_mock, unit)
+    new_unit(subscribing_systemd, unit)
     i = d.wait_for_line(r"being created: no drop-in written, its device policy cannot be read", mark)
     assert cid in d.lines[i]
-    assert dropin_entries(runc_host, unit) == [] and systemd_mock.calls() == []
+    assert dropin_entries(runc_host, unit) == [] and subscribing_systemd.calls() == []
     assert not (runc_host.root / "run/systemd/system" / f"{unit}.d").exists()
 
 
 @pytest.mark.parametrize("case", ["hook grant not reconstructed", "scope of another cgroupsPath"])
-def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(runc_host, systemd_mock,
+def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(runc_host, subscribing_systemd,
                                                                              start_daemon, case):
     """A GPU UUID the driver does not list: the hook's grant is no trusted source, only the spec's own rule
     is kept. A scope whose name no bundle's cgroupsPath makes: nothing at all."""
@@ -809,17 +767,17 @@ def test_a_new_scope_gets_nothing_untrusted_and_nothing_of_another_container(run
     fake_driver(runc_host)
     cid = "feed" * 16
     unit = f"cri-containerd-{cid}.scope"
-    systemd_mock.add_scope(unit, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
-    started(systemd_mock, unit)
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    subscribing_systemd.add_scope(unit, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     other = case.startswith("scope")
     being_created(runc_host, cid, "GPU-not-on-this-host", f"system.slice:cri-containerd:{'x' + cid[1:] if other else cid}")
     mark = d.mark()
-    new_unit(systemd_mock, unit)
+    new_unit(subscribing_systemd, unit)
     if other:
         d.wait_for_line(r"no container being created names it", mark)
-        assert dropin_entries(runc_host, unit) == [] and systemd_mock.calls() == []
+        assert dropin_entries(runc_host, unit) == [] and subscribing_systemd.calls() == []
         return
     d.wait_for_line(r"being created: wrote", mark)
     assert dropin_entries(runc_host, unit) == [("/dev/char/195:0", "rw")]
-    assert systemd_mock.calls() == []
+    assert subscribing_systemd.calls() == []

@@ -9,23 +9,19 @@ import time
 import pytest
 
 from tests.daemonproc import DEADLINE, DaemonProcess
-from tests.fakehost import standard_host
 from tests.privatebus import (
     MANAGER,
     MOCK_IFACE,
     SYSTEMD,
     SYSTEMD_PATH,
+    TEMPLATE_HEAD,
     need_dbusmock,
     start_bus,
     start_mock,
 )
 
 # systemd's Manager as far as nvsymlinkd uses it; signals are sent with the mock's EmitSignal.
-TEMPLATE = f"""
-BUS_NAME = {SYSTEMD!r}
-MAIN_OBJ = {SYSTEMD_PATH!r}
-MAIN_IFACE = {MANAGER!r}
-SYSTEM_BUS = True
+TEMPLATE = TEMPLATE_HEAD + """
 
 
 def load(mock, parameters):
@@ -91,11 +87,6 @@ def bus(tmp_path, need_root):
     b.close()
 
 
-@pytest.fixture
-def host(tmp_path, need_root):
-    return standard_host(tmp_path / "root")
-
-
 def links(host):
     try:
         return host.links()
@@ -103,19 +94,19 @@ def links(host):
         return None
 
 
-def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
+def test_reload_reexec_and_bus_loss(bus, gpu_host, tmp_path):
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")  # only events can explain a resync
-    d = DaemonProcess(host.root, config=cfg, journal=True,
+    d = DaemonProcess(gpu_host.root, config=cfg, journal=True,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     try:
         d.wait_for_line(r"watching systemd on the system bus")
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
-        assert len(links(host) or {}) == 6
+        assert len(links(gpu_host) or {}) == 6
 
         # a reload: the link that vanished behind the daemon's back comes back
-        os.unlink(host.path("/dev/char/195:0"))
+        os.unlink(gpu_host.path("/dev/char/195:0"))
         mark = d.mark()
         # a forged Reloading from someone who does not own org.freedesktop.systemd1 is ignored;
         # it reaches the daemon before the mock's signals (our call below is ordered after it)
@@ -127,7 +118,7 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
         bus.emit(conn, "Reloading", "b", [True])
         bus.emit(conn, "Reloading", "b", [False])
         d.wait_entry("reload-seen", after=mark, NVSYMLINKD_ACTION="reload")
-        d.wait_until(lambda: (links(host) or {}).get("195:0") == "../nvidia0", "the link back after a reload")
+        d.wait_until(lambda: (links(gpu_host) or {}).get("195:0") == "../nvidia0", "the link back after a reload")
         d.wait_for_line(r"verified \d+ GPU containers in [\d.]+ ms \(systemd reload finished\)", after=mark)
         assert len(d.entries(mark, "reload-seen")) == 1, d.output()
 
@@ -148,19 +139,19 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
         mark = d.mark()
         bus.stop_mock()
         d.wait_for_line(r"systemd left the system bus", after=mark)
-        os.unlink(host.path("/dev/char/195:1"))
+        os.unlink(gpu_host.path("/dev/char/195:1"))
         conn = bus.start_mock()
         d.wait_entry("systemd-restarted", after=mark, NVSYMLINKD_ACTION="reexec")
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() again on the new systemd")
-        d.wait_until(lambda: (links(host) or {}).get("195:1") == "../nvidia1", "a resync after the re-exec")
+        d.wait_until(lambda: (links(gpu_host) or {}).get("195:1") == "../nvidia1", "a resync after the re-exec")
 
         # the whole bus dies: the daemon lives on and keeps links in sync
         mark = d.mark()
         bus.stop_mock()
         bus.kill()
         d.wait_entry("bus-lost", after=mark)
-        host.node("/dev/nvidia3", 195, 3)
-        d.wait_until(lambda: (links(host) or {}).get("195:3") == "../nvidia3", "a link while the bus is gone")
+        gpu_host.node("/dev/nvidia3", 195, 3)
+        d.wait_until(lambda: (links(gpu_host) or {}).get("195:3") == "../nvidia3", "a link while the bus is gone")
         assert d.alive()
         # and the bus comes back: reconnected (backoff), reloads are seen again
         bus.start()
@@ -177,14 +168,14 @@ def test_reload_reexec_and_bus_loss(bus, host, tmp_path):
         d.stop()
 
 
-def test_no_bus_at_start_is_logged_once(host, tmp_path):
-    d = DaemonProcess(host.root, "--resync-interval", "0", journal=True,
+def test_no_bus_at_start_is_logged_once(gpu_host, tmp_path):
+    d = DaemonProcess(gpu_host.root, "--resync-interval", "0", journal=True,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus-here"})
     try:
         message, _ = d.wait_entry("bus-lost")
         assert f"unix:path={tmp_path}/no-bus-here" in message  # names the address it tried
-        host.node("/dev/nvidia4", 195, 4)
-        d.wait_until(lambda: (links(host) or {}).get("195:4") == "../nvidia4", "links without a bus")
+        gpu_host.node("/dev/nvidia4", 195, 4)
+        d.wait_until(lambda: (links(gpu_host) or {}).get("195:4") == "../nvidia4", "links without a bus")
         # several reconnect attempts have happened by now (backoff 0.5 s, 1 s, ...)
         time.sleep(2)
         assert d.stop() == 0
@@ -193,16 +184,16 @@ def test_no_bus_at_start_is_logged_once(host, tmp_path):
         d.stop()
 
 
-def test_reload_start_resyncs_at_once(bus, host, tmp_path):
+def test_reload_start_resyncs_at_once(bus, gpu_host, tmp_path):
     """Reloading(true) starts a pass: it may still beat systemd to re-applying device policies."""
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = DaemonProcess(host.root, config=cfg, journal=True,
+    d = DaemonProcess(gpu_host.root, config=cfg, journal=True,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     try:
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
-        d.wait_until(lambda: len(links(host) or {}) == 6, "the first full sync")
+        d.wait_until(lambda: len(links(gpu_host) or {}) == 6, "the first full sync")
         mark = d.mark()
         bus.emit(conn, "Reloading", "b", [True])  # no Reloading(false) follows
         d.wait_for_line(r"systemd reload started: resyncing links", after=mark)
@@ -222,14 +213,14 @@ REEXECED_TEMPLATE = TEMPLATE.replace(
     'name=\'org.freedesktop.systemd1.AlreadySubscribed\')")')
 
 
-def test_reexec_keeps_the_subscription(bus, host, tmp_path):
+def test_reexec_keeps_the_subscription(bus, gpu_host, tmp_path):
     """After a re-exec systemd still has the daemon subscribed and says so (AlreadySubscribed):
     that is a subscription, not a refusal (no retries, no "refused" notice), and container scopes
     are seen through D-Bus as before."""
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = DaemonProcess(host.root, config=cfg,
+    d = DaemonProcess(gpu_host.root, config=cfg,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     try:
         d.wait_until(lambda: bus.subscribed(conn), "Subscribe() on the mock")
@@ -250,14 +241,14 @@ def test_reexec_keeps_the_subscription(bus, host, tmp_path):
         d.stop()
 
 
-def test_scopes_announced_again_by_a_reload_are_not_new(bus, host, tmp_path):
+def test_scopes_announced_again_by_a_reload_are_not_new(bus, gpu_host, tmp_path):
     """A daemon-reload frees and re-creates every unit: subscribers get UnitRemoved then UnitNew for
     each running scope (same unit, same cgroup). Those are the scopes the daemon knows, not new ones
     to verify at 1 s and 5 s; a scope removed outside a reload and started again is new."""
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = DaemonProcess(host.root, config=cfg,
+    d = DaemonProcess(gpu_host.root, config=cfg,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     scopes = ["docker-aa01.scope", "cri-containerd-bb02.scope"]
 
@@ -321,14 +312,14 @@ def test_scopes_announced_again_by_a_reload_are_not_new(bus, host, tmp_path):
         d.stop()
 
 
-def test_every_runtimes_scope_is_a_container_scope_on_the_bus(bus, host, tmp_path):
+def test_every_runtimes_scope_is_a_container_scope_on_the_bus(bus, gpu_host, tmp_path):
     """The bus's list of container scopes is the runtime table's (issue 36, item 5): crun run directly
     with the systemd cgroup manager names its scope crun-<id>.scope, and the daemon takes it for a
     container's as it takes runc's and Podman's; a unit of no runtime stays ignored."""
     conn = bus.start_mock()
     cfg = tmp_path / "nvsymlinkd.toml"
     cfg.write_text("resync_interval = 0\n")
-    d = DaemonProcess(host.root, config=cfg,
+    d = DaemonProcess(gpu_host.root, config=cfg,
                       env={"DBUS_SYSTEM_BUS_ADDRESS": bus.address, "NVSYMLINKD_DEBUG": "1"})
     units = ["session-terminal36.scope", "crun-terminal36.scope", "libpod-terminal36.scope",
              "runc-terminal36.scope"]

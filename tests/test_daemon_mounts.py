@@ -18,8 +18,7 @@ import pytest
 from nvsymlinkd.daemon.sources.mounts import mounts_around
 from tests.conftest import need_tool
 from tests.daemonproc import DaemonProcess
-from tests.fakehost import standard_host
-from tests.test_daemon import links
+from tests.fakehost import links, standard_host
 
 DRIVER_ROOT = "/run/nvidia/driver"
 WITHIN = 1.0  # seconds from the mount to every link (the resync it replaces came 36-42 s later)

@@ -27,7 +27,6 @@ from tests.test_daemon_containers import (  # noqa: F401 - fixtures
     keep_dropin,
     new_unit,
     start_daemon,
-    systemd_mock,
 )
 from tests.test_repair_dbus import SYSTEMD, unit_path
 
@@ -49,7 +48,7 @@ def host_runc(runc_host):
     return runc_host
 
 
-def scope(systemd_mock, invocation: bytes | None, root) -> None:  # noqa: F811
+def scope(systemd_mock, invocation: bytes | None, root) -> None:
     """The scope as runc's Apply and Set leave it: DevicePolicy=strict and runc's own entries, and a new
     InvocationID (systemd's, for this start of the unit; None: systemd does not say it)."""
     try:
@@ -65,7 +64,7 @@ def scope(systemd_mock, invocation: bytes | None, root) -> None:  # noqa: F811
     transient.write_text("[Scope]\n")
 
 
-def signal(systemd_mock, member: str, *body) -> None:  # noqa: F811
+def signal(systemd_mock, member: str, *body) -> None:
     sig = {"UnitNew": "so", "UnitRemoved": "so", "Reloading": "b"}[member]
     systemd_mock.manager.EmitSignal(MANAGER, member, sig, list(body), dbus_interface=MOCK_IFACE)
 
@@ -111,18 +110,18 @@ def owner_line(runc_host) -> str:
 
 
 def test_plain_runc_gets_its_drop_in_before_created_and_a_reused_name_starts_without_it(
-        host_runc, systemd_mock, start_daemon):  # noqa: F811
+        host_runc, subscribing_systemd, start_daemon):  # noqa: F811
     from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(host_runc)
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     first = bytes(range(1, 17))
-    scope(systemd_mock, first, host_runc.root)
+    scope(subscribing_systemd, first, host_runc.root)
 
     # item 7: plain runc, its bundle named only by `runc create --bundle` while the hook runs
     c, proc = create(host_runc, gpu=True, hook_seconds=3)
     mark = d.mark()
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
     d.wait_for_line(r"being created: wrote", mark)
     assert not (host_runc.state_root / NAME / "state.json").exists(), "written only after created"
     assert proc.poll() is None, "runc create still in its prestart hook"
@@ -132,26 +131,26 @@ def test_plain_runc_gets_its_drop_in_before_created_and_a_reused_name_starts_wit
 
     # a reload frees and re-creates every unit: its UnitRemoved/UnitNew pair leaves the drop-in
     mark = d.mark()
-    signal(systemd_mock, "Reloading", True)
-    signal(systemd_mock, "UnitRemoved", UNIT, unit_path(UNIT))
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
-    signal(systemd_mock, "Reloading", False)
+    signal(subscribing_systemd, "Reloading", True)
+    signal(subscribing_systemd, "UnitRemoved", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "Reloading", False)
     d.wait_for_line(r"\(.*systemd reload finished.*\)", mark)
     assert dropin_entries(host_runc, UNIT) == [("/dev/char/195:0", "rw")]
 
     # `runc delete`: systemd drops the scope, and the drop-in goes with it
     delete(host_runc)
     mark = d.mark()
-    signal(systemd_mock, "UnitRemoved", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitRemoved", UNIT, unit_path(UNIT))
     d.wait_for_line(rf"removed the drop-in of {UNIT}: systemd dropped the scope", mark)
     assert not keep_dropin(host_runc, UNIT).exists()
 
     # the name again, its UnitRemoved missed this time (the daemon was not listening)
     second = bytes(range(2, 18))
-    scope(systemd_mock, second, host_runc.root)
+    scope(subscribing_systemd, second, host_runc.root)
     c, proc = create(host_runc, gpu=True, hook_seconds=1)
     mark = d.mark()
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
     d.wait_for_line(r"being created: wrote", mark)
     assert owner_line(host_runc).endswith(f"invocation={second.hex()}")
     assert proc.wait(timeout=60) == 0
@@ -161,31 +160,31 @@ def test_plain_runc_gets_its_drop_in_before_created_and_a_reused_name_starts_wit
     # ... deleted during a reload, and a third container of that name, no GPU, created before the reload
     # ends: its UnitNew looks like the reload's re-announcement of the scope; its InvocationID does not
     mark = d.mark()
-    signal(systemd_mock, "Reloading", True)
-    signal(systemd_mock, "UnitRemoved", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "Reloading", True)
+    signal(subscribing_systemd, "UnitRemoved", UNIT, unit_path(UNIT))
     delete(host_runc)
     third = bytes(range(3, 19))
-    scope(systemd_mock, third, host_runc.root)
+    scope(subscribing_systemd, third, host_runc.root)
     c, proc = create(host_runc, gpu=False, hook_seconds=1)
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
     time.sleep(0.5)
     assert keep_dropin(host_runc, UNIT).exists(), "systemd answers no call while it reloads: judged after it"
-    signal(systemd_mock, "Reloading", False)
+    signal(subscribing_systemd, "Reloading", False)
     d.wait_for_line(rf"container scope {UNIT} announced with a drop-in of ours written for an earlier scope", mark)
     assert not keep_dropin(host_runc, UNIT).exists()
     assert proc.wait(timeout=60) == 0
     mark = d.mark()
-    signal(systemd_mock, "Reloading", True)
-    signal(systemd_mock, "UnitRemoved", UNIT, unit_path(UNIT))
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
-    signal(systemd_mock, "Reloading", False)
+    signal(subscribing_systemd, "Reloading", True)
+    signal(subscribing_systemd, "UnitRemoved", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "Reloading", False)
     d.wait_for_line(r"\(.*systemd reload finished.*\)", mark)
     assert not keep_dropin(host_runc, UNIT).exists()
-    assert systemd_mock.calls() == [], "a reload gave the reused name something"
+    assert subscribing_systemd.calls() == [], "a reload gave the reused name something"
 
 
 def test_a_scope_reused_while_no_daemon_ran_loses_the_earlier_drop_in_at_the_first_pass(
-        runc_host, systemd_mock, start_daemon):  # noqa: F811
+        runc_host, subscribing_systemd, start_daemon):  # noqa: F811
     """Issue 34 item 5, the daemon away: a drop-in of ours whose scope's InvocationID is another now (the
     name reused meanwhile) goes at the first full pass; the live scope's own stays."""
     reused, same = UNIT, "runc-nvsymlinkd-dropin-same.scope"
@@ -193,29 +192,29 @@ def test_a_scope_reused_while_no_daemon_ran_loses_the_earlier_drop_in_at_the_fir
         path = keep_dropin(runc_host, unit)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# nvsymlinkd-owner: container=x invocation={written}\n[Scope]\nDeviceAllow=/dev/char/195:0 rw\n")
-    scope(systemd_mock, bytes.fromhex("33" * 16), runc_host.root)  # the reused name's new scope
-    systemd_mock.add_scope(same, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
-    systemd_mock.conn.get_object(SYSTEMD, unit_path(same)).AddProperties(
+    scope(subscribing_systemd, bytes.fromhex("33" * 16), runc_host.root)  # the reused name's new scope
+    subscribing_systemd.add_scope(same, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
+    subscribing_systemd.conn.get_object(SYSTEMD, unit_path(same)).AddProperties(
         UNIT_IFACE, {"InvocationID": dbus.ByteArray(bytes.fromhex("22" * 16))}, dbus_interface=MOCK_IFACE)
     (runc_host.root / "run/systemd/transient" / same).write_text("[Scope]\n")
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     d.wait_for_line(rf"removed the drop-in of {reused}: written for an earlier scope of that name")
     assert not keep_dropin(runc_host, reused).exists()
     assert keep_dropin(runc_host, same).exists()
 
 
-def test_a_relative_bundle_is_runcs_cwd(host_runc, systemd_mock, start_daemon):  # noqa: F811
+def test_a_relative_bundle_is_runcs_cwd(host_runc, subscribing_systemd, start_daemon):  # noqa: F811
     """Issue 34 item 7 review: `runc create --bundle NAME` from the bundle's parent; runc has chdir'ed into the
     bundle by then, so the bundle is its cwd (read as cwd + NAME, it named a directory that does not exist)."""
     from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(host_runc)
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
     invocation = bytes(range(5, 21))
-    scope(systemd_mock, invocation, host_runc.root)
+    scope(subscribing_systemd, invocation, host_runc.root)
     c, proc = create(host_runc, gpu=True, hook_seconds=2, relative=True)
     mark = d.mark()
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
     d.wait_for_line(r"being created: wrote", mark)
     assert proc.poll() is None, "runc create still in its prestart hook"
     assert dropin_entries(host_runc, UNIT) == [("/dev/char/195:0", "rw")]
@@ -223,17 +222,17 @@ def test_a_relative_bundle_is_runcs_cwd(host_runc, systemd_mock, start_daemon): 
     assert proc.wait(timeout=60) == 0, (c.bundle / "runc.log").read_text()
 
 
-def test_no_drop_in_without_the_scopes_invocation(host_runc, systemd_mock, start_daemon):  # noqa: F811
+def test_no_drop_in_without_the_scopes_invocation(host_runc, subscribing_systemd, start_daemon):  # noqa: F811
     """Issue 34 item 5 review: a drop-in naming no InvocationID (`invocation=-`) could neither be told from the
     next scope of the name nor kept through a reload: none is written, and the journal says why."""
     from tests.test_hook_trust_runc import fake_driver
 
     fake_driver(host_runc)
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
-    scope(systemd_mock, None, host_runc.root)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
+    scope(subscribing_systemd, None, host_runc.root)
     c, proc = create(host_runc, gpu=True, hook_seconds=2)
     mark = d.mark()
-    signal(systemd_mock, "UnitNew", UNIT, unit_path(UNIT))
+    signal(subscribing_systemd, "UnitNew", UNIT, unit_path(UNIT))
     d.wait_for_line(r"being created: no drop-in written for c 195:0 rw, systemd did not say the scope's InvocationID",
                     mark)
     assert not keep_dropin(host_runc, UNIT).exists()

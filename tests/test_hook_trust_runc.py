@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,16 +49,23 @@ def fake_driver(runc_host, gpus=4) -> None:
                              f"Model:\t\t Fake GPU\nGPU UUID:\t GPU-fake-{m}\nDevice Minor:\t {m}\n")
 
 
-def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None,
-                 extra_env=()):
-    """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
-    devices granted by the hook (here: `allow`), none of them in the spec's rules."""
+def fake_hook(runc_host) -> Path:
+    """The fake legacy hook (FAKE_HOOK) outside the tree, made once per host, and the hook binary as the tree
+    shows it: a build whose version nvsymlinkd reads (an absent hook is not trusted)."""
     hook = runc_host.base / "bin" / "nvidia-container-runtime-hook"
     if not hook.exists():
         hook.parent.mkdir(parents=True, exist_ok=True)
         hook.write_text(FAKE_HOOK.format(python=sys.executable))
         hook.chmod(0o755)
         host_file(runc_host, hook, hook_binary())
+    return hook
+
+
+def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None,
+                 extra_env=()):
+    """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
+    devices granted by the hook (here: `allow`), none of them in the spec's rules."""
+    hook = fake_hook(runc_host)
     cgroups_path = f"{runc_host.parent}/{cgroup_leaf or cid}"
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",

@@ -52,15 +52,9 @@ def host_outside_tmp(need_root):
 def hook_granted(host, cid: str, **kw):
     """A container as Docker --gpus makes it (tests/test_hook_trust_runc.py): GPU 1 and nvidiactl granted by
     the legacy NVIDIA hook, not by the spec's rules: only its spec (env, hooks) tells what the hook granted."""
-    from tests.test_hook_trust_runc import FAKE_HOOK, hook_binary, host_file
+    from tests.test_hook_trust_runc import fake_hook
 
-    hook = host.base / "bin" / "nvidia-container-runtime-hook"
-    if not hook.exists():
-        hook.parent.mkdir(parents=True, exist_ok=True)
-        hook.write_text(FAKE_HOOK.format(python=sys.executable))
-        hook.chmod(0o755)
-        # the hook as the tree shows it: a build whose version nvsymlinkd reads (an absent hook is not trusted)
-        host_file(host, hook, hook_binary())
+    hook = fake_hook(host)
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{host.parent}/{cid}",
                                    "TEST_ALLOW=c 195:255 rw;c 195:1 rw"]}]}

@@ -432,24 +432,7 @@ def test_daemon_writes_the_textfile_and_counts_move(tmp_path, need_root):
 # -- real runc containers: verdicts and repairs move the container and repair metrics ------------
 
 
-@pytest.fixture
-def runc_host(tmp_path, need_root, monkeypatch):
-    from tests.conftest import IN_CI, need_tool
-    from tests.runcfixture import RuncHost
-
-    runc = need_tool("runc")
-    if not os.path.exists("/sys/fs/cgroup/devices/devices.list") or not os.path.exists("/bin/busybox"):
-        if IN_CI:
-            pytest.fail("CI must run this test: needs busybox-static and the cgroup v1 devices controller")
-        pytest.skip("needs busybox-static and the cgroup v1 devices controller")
-    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)  # never the machine's own systemd
-    host = RuncHost(tmp_path, runc)
-    try:
-        yield host
-    finally:
-        host.cleanup()
-
-
+@pytest.mark.usefixtures("no_system_bus")  # never the machine's own systemd
 def test_container_verdicts_and_repairs_from_real_runc_containers(runc_host):
     from nvsymlinkd.repair.apply import SUCCESS, repair_all
     from nvsymlinkd.repair.plan import RepairHistory

@@ -427,7 +427,8 @@ def test_prevented_and_forced_stories_through_systemd(tmp_path, need_root, monke
     (no "automatically"), forced by hand. Each fires its event; no condition is set."""
     from nvsymlinkd.repair.apply import repair_container
     from nvsymlinkd.repair.plan import RepairHistory, RepairRequest
-    from tests.test_repair_dbus import SystemdMock, gpu0, link_cgroups, need_dbusmock, v2_cgroup
+    from tests.privatebus import need_dbusmock
+    from tests.test_repair_dbus import SystemdMock, gpu0, link_cgroups, v2_cgroup
 
     need_dbusmock()
     host = standard_host(tmp_path / "root")

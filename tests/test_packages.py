@@ -24,7 +24,6 @@ from nvsymlinkd.config import Config
 from nvsymlinkd.render import render_all
 from tests.conftest import _skip_or_fail, need_tool
 from tests.debbuild import build_deb, copy_tree, run
-from tests.privatebus import need_dbusmock
 from tests.runcfixture import device_node, device_rule
 
 REPO = Path(__file__).resolve().parent.parent
@@ -774,19 +773,6 @@ if sys.argv[1:] == ["--system", "daemon-reload"]:
                 with open(devices + "/devices.allow", "w") as f:
                     f.write("c %s %s" % (entry.rsplit("/", 1)[1], access))
 """
-
-
-@pytest.fixture
-def systemd_mock(tmp_path, need_root):
-    from tests.test_repair_dbus import SystemdMock
-
-    need_dbusmock()
-    m = SystemdMock(tmp_path / "sdbus")
-    try:
-        m.start()
-        yield m
-    finally:
-        m.close()
 
 
 def without_prevention(ctrl: Path, dest: Path) -> Path:

@@ -127,3 +127,16 @@ def test_only_frozen_classes_are_offered():
         class Bad:
             a: int = 1
             b: int
+
+
+def test_record_dataclass_refuses_a_mutable_default_like_dataclasses():
+    import dataclasses
+
+    from nvsymlinkd import record
+
+    for default in ([], {}, set()):
+        with pytest.raises(ValueError, match="mutable default"):
+            dataclasses.dataclass(frozen=True)(type("A", (), {"__annotations__": {"x": "list"}, "x": default}))
+        with pytest.raises(ValueError, match="mutable default"):
+            record.dataclass(frozen=True)(type("B", (), {"__annotations__": {"x": "list"}, "x": default}))
+    record.dataclass(frozen=True)(type("C", (), {"__annotations__": {"x": "tuple"}, "x": ()}))

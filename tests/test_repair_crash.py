@@ -26,7 +26,7 @@ from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
 from tests.daemonproc import DEADLINE
 from tests.runcfixture import device_node, device_rule
-from tests.test_daemon_containers import start_daemon, systemd_mock  # noqa: F401  (fixtures; F811 on their users)
+from tests.test_daemon_containers import start_daemon  # noqa: F401  (a fixture; F811 on its users)
 
 HOLD = 4.0  # seconds the mock keeps a SetUnitProperties reply back (under the repair's 5 s call timeout)
 # what the scope keeps in DeviceAllow (runc's defaults); it lacks the GPU: the container is at-risk-scope
@@ -48,7 +48,7 @@ def state(c) -> str:
 
 
 @pytest.fixture
-def held(runc_host, systemd_mock):  # noqa: F811
+def held(runc_host, subscribing_systemd):
     """(make(name) -> container in a scope whose SetUnitProperties is held); every freezer thawed at the end.
 
     Thawed before runc_host tears down: runc cannot kill and delete a frozen container.
@@ -59,7 +59,7 @@ def held(runc_host, systemd_mock):  # noqa: F811
         scope = f"runc-{name}.scope"
         c = runc_host.run(name, cgroup_leaf=scope, **gpu0())
         made.append(c)
-        systemd_mock.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
+        subscribing_systemd.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
                                freezer=str(freezer_of(c)), hold=HOLD)
         assert state(c) == "THAWED"
         return c, scope
@@ -98,22 +98,22 @@ def gone(pid: int) -> bool:
     return "\nState:\tZ" in text
 
 
-def test_repair_killed_while_frozen_is_thawed_by_the_next_repair(runc_host, systemd_mock, held):  # noqa: F811
+def test_repair_killed_while_frozen_is_thawed_by_the_next_repair(runc_host, subscribing_systemd, held):
     c, scope = held("gpu-killed")
-    first = start_repair(runc_host, systemd_mock, "--json", c.id)
+    first = start_repair(runc_host, subscribing_systemd, "--json", c.id)
     try:
-        (enter,) = wait_for(systemd_mock.entered, "the repair's SetUnitProperties")
+        (enter,) = wait_for(subscribing_systemd.entered, "the repair's SetUnitProperties")
         assert enter == {"event": "enter", "pid": first.pid, "freezer": "FROZEN"}
         first.kill()  # SIGKILL between freeze and thaw
     finally:
         first.kill()
         first.communicate()
     assert state(c) == "FROZEN"  # nobody is left to thaw it
-    wait_for(systemd_mock.observed, "the held call's work")  # systemd finished: nothing left to repair
+    wait_for(subscribing_systemd.observed, "the held call's work")  # systemd finished: nothing left to repair
 
     # a dry run says what it would thaw, and thaws nothing
     dry = subprocess.run([sys.executable, "-m", "nvsymlinkd", "--root", str(runc_host.root), "repair", "--dry-run",
-                          "--json"], env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=systemd_mock.address),
+                          "--json"], env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=subscribing_systemd.address),
                          capture_output=True, text=True, timeout=120)
     assert json.loads(dry.stdout)["thawed"] == [
         {"container": c.id, "unit": scope, "freezer": c.cgroups_path,
@@ -122,8 +122,8 @@ def test_repair_killed_while_frozen_is_thawed_by_the_next_repair(runc_host, syst
     assert state(c) == "FROZEN"
 
     proc = subprocess.run([sys.executable, "-m", "nvsymlinkd", "--root", str(runc_host.root), "repair", c.id],
-                          env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=systemd_mock.address), capture_output=True,
-                          text=True, timeout=120)
+                          env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=subscribing_systemd.address),
+                          capture_output=True, text=True, timeout=120)
     assert state(c) == "THAWED", proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (f"thawed /sys/fs/cgroup/freezer{c.cgroups_path} (container {c.id}, {scope}): a repair (pid {first.pid}) "
@@ -132,24 +132,25 @@ def test_repair_killed_while_frozen_is_thawed_by_the_next_repair(runc_host, syst
     assert os.listdir(runc_host.root / "run/nvsymlinkd/frozen") == []  # the record is gone with the freeze
     # said once: the next run has nothing to thaw
     again = subprocess.run([sys.executable, "-m", "nvsymlinkd", "--root", str(runc_host.root), "repair", "--json"],
-                           env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=systemd_mock.address), capture_output=True,
-                           text=True, timeout=120)
+                           env=dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=subscribing_systemd.address),
+                           capture_output=True, text=True, timeout=120)
     assert json.loads(again.stdout)["thawed"] == [], again.stdout + again.stderr
 
 
-def test_daemon_killed_while_frozen_thaws_it_when_it_starts_again(runc_host, systemd_mock, start_daemon, held):  # noqa: F811
+def test_daemon_killed_while_frozen_thaws_it_when_it_starts_again(runc_host, subscribing_systemd, start_daemon,  # noqa: F811
+                                                                  held):
     c, scope = held("gpu-daemon-killed")
-    d = start_daemon(systemd_mock, "--resync-interval", "0")
-    (enter,) = wait_for(systemd_mock.entered, "the daemon's SetUnitProperties")
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
+    (enter,) = wait_for(subscribing_systemd.entered, "the daemon's SetUnitProperties")
     assert enter["freezer"] == "FROZEN"
     daemon_pid = enter["pid"]
     d.proc.kill()  # the journal relay; the daemon dies with it (PR_SET_PDEATHSIG SIGKILL)
     d.proc.wait()
     wait_for(lambda: gone(daemon_pid), "the killed daemon to exit")
     assert state(c) == "FROZEN"
-    wait_for(systemd_mock.observed, "the held call's work")
+    wait_for(subscribing_systemd.observed, "the held call's work")
 
-    d2 = start_daemon(systemd_mock, "--resync-interval", "0")
+    d2 = start_daemon(subscribing_systemd, "--resync-interval", "0")
     d2.wait_until(lambda: state(c) == "THAWED", "the restarted daemon to thaw the container")
     message, fields = d2.wait_entry("repair-thawed", c.id)
     assert message == (f"thawed /sys/fs/cgroup/freezer{c.cgroups_path} (container {c.id}, {scope}): a repair "
@@ -160,14 +161,14 @@ def test_daemon_killed_while_frozen_thaws_it_when_it_starts_again(runc_host, sys
     assert d2.alive()
 
 
-def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host, systemd_mock, held):  # noqa: F811
+def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host, subscribing_systemd, held):
     c, scope = held("gpu-twice")
-    first = start_repair(runc_host, systemd_mock, "--json", c.id)
+    first = start_repair(runc_host, subscribing_systemd, "--json", c.id)
     second = None
     try:
-        wait_for(systemd_mock.entered, "the first repair's SetUnitProperties")
+        wait_for(subscribing_systemd.entered, "the first repair's SetUnitProperties")
         # both see the container at risk: the second starts, and verifies, while the first is held (HOLD s)
-        second = start_repair(runc_host, systemd_mock, "--json", c.id)
+        second = start_repair(runc_host, subscribing_systemd, "--json", c.id)
         out1, err1 = first.communicate(timeout=120)
         out2, err2 = second.communicate(timeout=120)
     finally:
@@ -180,7 +181,7 @@ def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host
     # seen from systemd's side, in order: each call arrives and is done with the container frozen, and the
     # second call only comes after the first is done (with freezes interleaved, the second repair found the
     # first's FROZEN, left it "as it is", and its re-apply ran after the first had thawed the container)
-    log = [(e.get("event", "work"), e.get("pid"), e["freezer"]) for e in systemd_mock.log_lines()]
+    log = [(e.get("event", "work"), e.get("pid"), e["freezer"]) for e in subscribing_systemd.log_lines()]
     assert log == [("enter", first.pid, "FROZEN"), ("work", None, "FROZEN"),
                    ("enter", second.pid, "FROZEN"), ("work", None, "FROZEN")], out1 + err1 + out2 + err2
     for out in (out1, out2):
@@ -188,18 +189,18 @@ def test_two_repairs_of_one_container_never_interleave_freeze_and_thaw(runc_host
         assert res["status"] == "prevented", res
         assert "freeze" in res["steps"] and res["steps"][-1] == "thaw", res["steps"]
     assert state(c) == "THAWED"
-    assert ("/dev/char/195:0", "rw") in systemd_mock.device_allow(scope)
+    assert ("/dev/char/195:0", "rw") in subscribing_systemd.device_allow(scope)
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
 
 
-def test_busy_lock_fails_the_repair_without_freezing(runc_host, systemd_mock, held, monkeypatch):  # noqa: F811
+def test_busy_lock_fails_the_repair_without_freezing(runc_host, subscribing_systemd, held, monkeypatch):
     """Another repair holds the host's repair lock for longer than we wait: a clear failure, nothing frozen,
     and no rate-limit record (nothing was tried)."""
     from nvsymlinkd.repair.apply import repair_all
     from nvsymlinkd.repair.plan import RepairHistory
 
     c, scope = held("gpu-busy")
-    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", systemd_mock.address)
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", subscribing_systemd.address)
     lock = runc_host.root / "run/nvsymlinkd/repair.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as f:
@@ -213,11 +214,11 @@ def test_busy_lock_fails_the_repair_without_freezing(runc_host, systemd_mock, he
     assert res.error.startswith("another repair is running (pid 4242)"), res.error
     assert "freeze" not in res.steps
     assert history.since_last(c.id, 0.0) is None
-    assert systemd_mock.calls() == []
+    assert subscribing_systemd.calls() == []
     assert state(c) == "THAWED"
 
 
-def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, systemd_mock):  # noqa: F811
+def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, subscribing_systemd):
     """Found by the pod scenario on cgroup v1 (s20@v1): a prevention landed between `runc create` and
     `runc start` (the runtime state watch fires when runc writes state.json, before start) and froze
     the container; containerd's `runc start` then failed "cannot start a container in the paused state"
@@ -227,11 +228,11 @@ def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, syst
     c, proc = runc_host.create_async("gpu-created", cgroup_leaf=scope, **gpu0())
     assert proc.wait(timeout=60) == 0, (runc_host.state_root / "gpu-created").exists()
     runc_host.link_proc(c)
-    systemd_mock.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
+    subscribing_systemd.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
                            freezer=str(freezer_of(c)), hold=HOLD)
-    repair = start_repair(runc_host, systemd_mock, "--json", c.id)
+    repair = start_repair(runc_host, subscribing_systemd, "--json", c.id)
     try:
-        (enter,) = wait_for(systemd_mock.entered, "the repair's SetUnitProperties")
+        (enter,) = wait_for(subscribing_systemd.entered, "the repair's SetUnitProperties")
         assert enter["freezer"] == "THAWED", enter
         # the runtime starts the container while systemd re-applies its devices
         start = subprocess.run([runc_host.runc_bin, "--root", str(runc_host.state_root), "start", c.id],

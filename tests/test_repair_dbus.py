@@ -40,7 +40,6 @@ from tests.privatebus import (
     MOCK_IFACE,
     SYSTEMD,
     SYSTEMD_PATH,
-    need_dbusmock,
     start_bus,
     start_mock,
 )
@@ -305,18 +304,6 @@ class SystemdMock:
             self.mock.wait()
         if self.bus is not None:
             self.daemon.kill()
-
-
-@pytest.fixture
-def systemd(tmp_path, need_root, monkeypatch):
-    need_dbusmock()
-    m = SystemdMock(tmp_path / "bus")
-    try:
-        m.start()
-        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", m.address)
-        yield m
-    finally:
-        m.close()
 
 
 @pytest.fixture

@@ -21,54 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfprog, bpfproof
-from nvsymlinkd.access.cgroup import find_cgroup_mounts
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest
 from tests import bpfasm
-from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
+from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import _skip_or_fail
 from tests.fakehost import FakeHost
-from tests.test_repair_dbus import SystemdMock
 from tests.test_verify_cache import Program
 
 REPO = str(Path(__file__).resolve().parent.parent)
 RUNC_DEFAULTS = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
                  Rule(True, "c", 1, 5, "rwm"), Rule(True, "c", 136, None, "rwm")]
-
-
-@pytest.fixture
-def v2(need_root):
-    mounts = find_cgroup_mounts(HostRoot("/"))
-    if mounts.v2 is None:
-        _skip_or_fail("needs a cgroup2 mount")
-    try:
-        os.close(bpfprog.load_device_program(be.encode(bpfasm.runc_allow_all())))
-    except bpfprog.BpfError as e:
-        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
-    free = bpfasm.free_majors("Character")
-    if 195 not in free or len(free) < 2:
-        _skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
-    dirs = CgroupDirs(mounts.v2.mountpoint, "narrow")
-    yield dirs
-    dirs.close()
-
-
-@pytest.fixture
-def systemd(tmp_path, need_root, monkeypatch):
-    from tests.privatebus import need_dbusmock
-
-    need_dbusmock()
-    m = SystemdMock(tmp_path / "bus")
-    try:
-        m.start()
-        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", m.address)
-        yield m
-    finally:
-        m.close()
 
 
 class Container:
@@ -130,11 +96,11 @@ class Container:
 
 
 @pytest.fixture
-def container(v2, tmp_path):
+def container(v2_free2, tmp_path):
     made = []
 
     def make(cid="n39c0ffee", leaf=True, cgroupfs=False):
-        c = Container(v2, tmp_path, cid, leaf, cgroupfs)
+        c = Container(v2_free2, tmp_path, cid, leaf, cgroupfs)
         made.append(c)
         return c
 

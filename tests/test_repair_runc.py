@@ -15,6 +15,8 @@ from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
 from tests.runcfixture import device_node, device_rule
 
+pytestmark = pytest.mark.usefixtures("no_system_bus")
+
 
 def gpu0():
     return dict(rules=[device_rule(195, 0)], nodes=[device_node("/dev/nvidia0", 195, 0)],
@@ -23,12 +25,6 @@ def gpu0():
 
 def repair_cli(nvsymlinkd_cli, host, *args):
     return nvsymlinkd_cli("--root", host.root, "repair", "--json", *args)
-
-
-@pytest.fixture(autouse=True)
-def no_bus(monkeypatch):
-    # the fake tree is not the real host: never ask the machine's systemd about its scopes
-    monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
 
 
 def test_lost_device_is_granted_back_and_the_kernel_agrees(runc_host, nvsymlinkd_cli):

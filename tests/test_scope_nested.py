@@ -13,9 +13,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
-from tests.privatebus import need_dbusmock
 from tests.runcfixture import CGROUP_V1, device_node, device_rule
 
 
@@ -34,20 +31,6 @@ def move_init(c, leaf: str) -> list:
         (child / "cgroup.procs").write_text(f"{c.pid}\n")
     assert made, "the container's init is in no cgroup hierarchy"
     return made
-
-
-@pytest.fixture
-def systemd(tmp_path, need_root, monkeypatch):
-    from tests.test_repair_dbus import SystemdMock
-
-    need_dbusmock()
-    m = SystemdMock(tmp_path / "sdbus-edges")
-    try:
-        m.start()
-        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", m.address)
-        yield m
-    finally:
-        m.close()
 
 
 def test_systemd_in_a_container_does_not_make_it_the_hosts_init_scope(runc_host, systemd, nvsymlinkd_cli):

@@ -17,17 +17,13 @@ from nvsymlinkd.host.procdevices import Majors
 from nvsymlinkd.host.root import HostRoot
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
+from tests.privatebus import TEMPLATE_HEAD
 
 UNIT = "/org/freedesktop/systemd1/unit/docker_2ds1_2escope"
 
 # systemd that knows docker-s1.scope (DeviceAllow lacks nothing) and answers GetUnit after HOLD seconds
-TEMPLATE = """
+TEMPLATE = TEMPLATE_HEAD + """
 import dbus
-
-BUS_NAME = "org.freedesktop.systemd1"
-MAIN_OBJ = "/org/freedesktop/systemd1"
-MAIN_IFACE = "org.freedesktop.systemd1.Manager"
-SYSTEM_BUS = True
 
 
 def load(mock, parameters):
@@ -44,35 +40,19 @@ def load(mock, parameters):
 """.replace("{UNIT}", UNIT)
 
 
-@pytest.fixture
-def fakehost(tmp_path, need_root):
-    from tests.fakehost import FakeHost
-
-    return FakeHost(tmp_path / "root")
-
-
 @contextlib.contextmanager
 def mock_systemd(tmp_path, monkeypatch, hold: float = 0.0):
     from nvsymlinkd.systemd.client import reset_shared
-    from tests.privatebus import need_dbusmock, start_bus, start_mock
+    from tests.privatebus import mock_bus
 
-    need_dbusmock()
-    (tmp_path / "fake_systemd.py").write_text(TEMPLATE)
     monkeypatch.setenv("FAKE_SYSTEMD_HOLD", str(hold))
-    bus = start_bus(tmp_path)
-    mock = None
-    reset_shared()
-    try:
-        mock = start_mock(bus.address, tmp_path / "fake_systemd.py")
-        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
-        yield bus.address
-    finally:
+    with mock_bus(tmp_path, TEMPLATE) as bus:
         reset_shared()
-        if mock is not None:
-            mock.kill()
-            mock.wait()
-        bus.kill()
-
+        try:
+            monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
+            yield bus.address
+        finally:
+            reset_shared()  # before the bus goes
 
 def _count_connections(monkeypatch) -> list:
     """Every connection made to the bus, by anyone in this process (dbus_next's connect)."""

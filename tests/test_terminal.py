@@ -63,6 +63,13 @@ def at_terminal(argv, columns: int) -> str:
     proc = subprocess.Popen(argv, stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             env={**os.environ, "COLUMNS": str(columns)})
     os.close(slave)
+    out = _read_all(master)
+    proc.wait(60)
+    return out.decode().replace("\r\n", "\n")
+
+
+def _read_all(master: int) -> bytes:
+    """What the pseudo-terminal's other side wrote until it closed; closes MASTER."""
     out = b""
     while True:
         try:
@@ -73,8 +80,7 @@ def at_terminal(argv, columns: int) -> str:
             break
         out += chunk
     os.close(master)
-    proc.wait(60)
-    return out.decode().replace("\r\n", "\n")
+    return out
 
 
 @pytest.fixture
@@ -162,16 +168,7 @@ def on_a_pty(argv, columns: int = 80) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen(argv, stdout=slave, stderr=slave, stdin=slave, env=env)
     os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the other side closed
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
+    out = _read_all(master)
     assert proc.wait(60) in (0, 1), out
     return out.decode().replace("\r\n", "\n")
 

@@ -1,5 +1,5 @@
-"""Verdict logic (pure), scopes' DeviceAllow, baselines, host findings, and verify_all over
-runtime fixtures whose cgroups are real v1 device cgroups."""
+"""Scopes' DeviceAllow, baselines, host findings, and verify_all over runtime fixtures whose cgroups are
+real v1 device cgroups (the verdict logic itself, verify/evaluate.py, is tests/test_evaluate.py's)."""
 
 from __future__ import annotations
 
@@ -9,156 +9,21 @@ import os
 
 import pytest
 
-from nvsymlinkd.access import bpfeval as be
-from nvsymlinkd.access.cgroup import AccessPolicy, policy_of
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
-from nvsymlinkd.containers.discovery import Container
-from nvsymlinkd.containers.expected import candidate_devices, expected_access, rules_access
-from nvsymlinkd.containers.ocispec import parse_spec
+from nvsymlinkd.containers.expected import rules_access
 from nvsymlinkd.containers.scopes import (
-    ScopeDevices,
     map_entries,
     read_scope_files,
     unit_settings,
 )
 from nvsymlinkd.host.devices import Device, Rule
-from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.host.procdevices import Majors
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.journal import MESSAGE_IDS
 from nvsymlinkd.verify import hostcheck
-from nvsymlinkd.verify.verifier import HostDevices, evaluate
-from tests import bpfasm
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
-
-MAJORS = frozenset({195, 510})
-HOST = HostDevices((NvidiaNode("/dev/nvidia0", "gpu", 195, 0), NvidiaNode("/dev/nvidia1", "gpu", 195, 1),
-                    NvidiaNode("/dev/nvidiactl", "ctl", 195, 255)), MAJORS, None)
-HOST_UVM = HostDevices(HOST.nodes + (NvidiaNode("/dev/nvidia-uvm", "uvm", 510, 0),), MAJORS, 510)
-
-
-def v1(allowed: dict) -> AccessPolicy:
-    """The real access engine on a cgroup v1 devices.list: {(major, minor): letters} -> `c M:m letters` lines."""
-    return policy_of("".join(f"c {ma}:{mi} {a}\n" for (ma, mi), a in allowed.items()))
-
-
-def undecidable(major: int, minor: int) -> list:
-    """A BPF device program the interpreter cannot run for one device (it reads an unset register
-    there), allowing every other one."""
-    return bpfasm.LOAD_CTX + [bpfasm.jmp(be.JNE, 4, 2, major), bpfasm.jmp(be.JNE, 5, 1, minor),
-                              bpfasm.alu(be.ADD, 6, 1), bpfasm.mov32(0, 1), bpfasm.exit_()]
-
-
-def container(spec=None, status="running", scope=None, cid="c1"):
-    c = Container(cid, "containerd", "k8s.io", status, init_pid=10, init_start=1)
-    c.spec = parse_spec(spec) if spec is not None else None
-    c.scope = scope
-    return c
-
-
-def run(spec, policy, host=HOST, scope_devices=None, scope=None, status="running", dev_nodes=(), base=None):
-    c = container(spec, status, scope)
-    cands = candidate_devices(host.devices, c.spec, None, base, MAJORS)
-    exp = expected_access(cands, c.spec, None, base)
-    signs = ["NVIDIA_VISIBLE_DEVICES=0"]
-    return evaluate(c, signs, exp, policy, "no cgroup" if policy is None else None, scope_devices, host, dev_nodes)
-
-
-GPU0 = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)])
-
-
-def kinds(report):
-    return {f.kind: tuple(str(d) for d in f.devices) for f in report.findings}
-
-
-def test_ok():
-    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}))
-    assert (r.verdict, r.findings) == ("ok", [])
-    assert r.granted == {Device.char(195, 0): "rw", Device.char(195, 255): "rw"}
-
-
-def test_lost_partial_access_counts():
-    r = run(GPU0, v1({(195, 0): "r", (195, 255): "rw"}))
-    assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
-    assert r.findings[0].message_id == MESSAGE_IDS["container-lost"]
-
-
-def test_granted_not_declared_is_at_risk():
-    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw", (195, 1): "rw"}))
-    assert r.verdict == "at-risk" and kinds(r) == {"at-risk-not-in-spec": ("c 195:1",)}
-
-
-def test_hook_device_the_scope_lists_is_no_longer_at_risk():
-    # after repair added the hook's device to the scope, a reload re-applies it: nothing left at risk
-    policy = v1({(195, 0): "rw", (195, 255): "rw", (195, 1): "rw"})
-    listed = ScopeDevices("x.scope", "dbus", "strict", (),
-                          tuple(Rule(True, "c", 195, m, "rw") for m in (0, 1, 255)))
-    assert run(GPU0, policy, scope="x.scope", scope_devices=listed).verdict == "ok"
-    unlisted = ScopeDevices("x.scope", "dbus", "strict", (),
-                            tuple(Rule(True, "c", 195, m, "rw") for m in (0, 255)))
-    r = run(GPU0, policy, scope="x.scope", scope_devices=unlisted)
-    assert kinds(r) == {"at-risk-not-in-spec": ("c 195:1",)}
-
-
-def test_wildcard_spec_rule_declares_every_gpu():
-    spec = oci_spec(rules=[spec_rule(195, None, "rwm")])
-    r = run(spec, v1({(195, 0): "rw", (195, 1): "rw", (195, 255): "rw"}))
-    assert r.verdict == "ok" and set(r.expected) == {Device.char(195, m) for m in (0, 1, 255)}
-
-
-def test_uvm_missing_only_when_the_host_has_it():
-    policy = v1({(195, 0): "rw", (195, 255): "rw"})
-    assert run(GPU0, policy).verdict == "ok"
-    r = run(GPU0, policy, host=HOST_UVM)
-    assert kinds(r) == {"at-risk-uvm-missing": ("c 510:0",)}
-    spec = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255), spec_rule(510, 0)])
-    r = run(spec, v1({(195, 0): "rw", (195, 255): "rw", (510, 0): "rw"}), host=HOST_UVM)
-    assert r.verdict == "ok"
-
-
-def test_scope_checks():
-    policy = v1({(195, 0): "rw", (195, 255): "rw"})
-    sd = ScopeDevices("x.scope", "files", "strict", (("/dev/char/195:0", "rw"),),
-                      (Rule(True, "c", 195, 0, "rw"),))
-    r = run(GPU0, policy, scope="x.scope", scope_devices=sd)
-    assert kinds(r) == {"at-risk-scope": ("c 195:255",)}
-    r = run(GPU0, policy, scope="x.scope", scope_devices=None)
-    assert r.verdict == "unknown" and "DeviceAllow of x.scope" in r.findings[0].detail
-    everything = ScopeDevices("x.scope", "dbus", "auto", (), ())
-    assert run(GPU0, policy, scope="x.scope", scope_devices=everything).verdict == "ok"
-
-
-def test_unknown_is_never_ok():
-    allowed = "c 195:0 rw\nc 195:255 rw\n"
-    r = run(GPU0, policy_of(allowed, [undecidable(195, 0)]))
-    assert r.verdict == "unknown" and kinds(r) == {"unknown": ("c 195:0",)}
-    r = run(GPU0, None)
-    assert r.verdict == "unknown" and "no cgroup" in r.findings[0].detail
-
-
-def test_lost_beats_at_risk_and_not_running_and_not_gpu():
-    r = run(GPU0, v1({(195, 1): "rw", (195, 255): "rw"}), host=HOST_UVM)
-    assert r.verdict == "lost" and set(kinds(r)) == {"lost", "at-risk-not-in-spec", "at-risk-uvm-missing"}
-    assert run(GPU0, v1({}), status="stopped").verdict == "not-running"
-    c = container(oci_spec(), "running")
-    exp = expected_access(set(), c.spec, None, None)
-    assert evaluate(c, [], exp, v1({}), None, None, HOST).verdict == "not-gpu"
-
-
-def test_untrusted_nodes_are_reported_not_expected():
-    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), dev_nodes=[("/dev/nvidia3", Device.char(195, 3))])
-    assert r.untrusted_nodes == ("/dev/nvidia3 (c 195:3)",)
-    # a sign, never a grant: the node the container holds but cannot open is denied, never ok
-    assert Device.char(195, 3) not in r.expected and r.verdict == "denied"
-    assert kinds(r) == {"denied": ("c 195:3",)}
-
-
-def test_baseline_only_device_is_lost_when_denied():
-    base = baselinemod.Baseline("c1", 1, {Device("c", 195, 1): "rw"})
-    r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), base=base)
-    assert kinds(r) == {"lost": ("c 195:1",)} and r.expected[Device.char(195, 1)]["sources"] == ["baseline"]
+from tests.privatebus import TEMPLATE_HEAD
 
 
 def test_rules_access_last_match_per_letter():
@@ -303,13 +168,9 @@ def test_verify_all_over_fixtures(fakehost, v1_parent):
 # --- scopes over a real (private) system bus, python-dbusmock playing systemd -----------------
 
 # systemd's Manager.GetUnit and one scope's org.freedesktop.systemd1.Scope properties
-SYSTEMD_TEMPLATE = """
+SYSTEMD_TEMPLATE = TEMPLATE_HEAD + """
 import dbus
 
-BUS_NAME = "org.freedesktop.systemd1"
-MAIN_OBJ = "/org/freedesktop/systemd1"
-MAIN_IFACE = "org.freedesktop.systemd1.Manager"
-SYSTEM_BUS = True
 UNIT = "/org/freedesktop/systemd1/unit/docker_2dabc_2escope"
 
 
@@ -329,30 +190,19 @@ def load(mock, parameters):
 def mock_systemd(tmp_path, monkeypatch, template: str):
     """A private bus with python-dbusmock running TEMPLATE as systemd; yields the bus address (also
     DBUS_SYSTEM_BUS_ADDRESS meanwhile)."""
-    from tests.privatebus import need_dbusmock, start_bus, start_mock
+    from tests.privatebus import mock_bus
 
-    need_dbusmock()
-    (tmp_path / "fake_systemd.py").write_text(template)
-    bus = start_bus(tmp_path)
-    mock = None
-    try:
-        mock = start_mock(bus.address, tmp_path / "fake_systemd.py")
+    with mock_bus(tmp_path, template) as bus:
         monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", bus.address)
         yield bus.address
-    finally:
-        if mock is not None:
-            mock.kill()
-            mock.wait()
-        bus.kill()
-
 
 @pytest.fixture
-def systemd_bus(tmp_path, need_root, monkeypatch):
+def systemd_address(tmp_path, need_root, monkeypatch):
     with mock_systemd(tmp_path, monkeypatch, SYSTEMD_TEMPLATE) as address:
         yield address
 
 
-def test_scopes_from_dbus_then_files(systemd_bus, fakehost):
+def test_scopes_from_dbus_then_files(systemd_address, fakehost):
     from nvsymlinkd.containers.scopes import bus_allowed, read_scopes
 
     root = HostRoot(str(fakehost.root))
@@ -399,41 +249,10 @@ def test_scope_files_read_a_transient_units_drop_ins_where_systemd_writes_them(f
     assert got.bus_error  # and the caller learns that systemd was not asked
 
 
-def test_no_spec_and_no_state_is_unknown_not_at_risk():
-    c = container(None)
-    exp = expected_access({Device("c", 195, 0)}, None, None, None)
-    r = evaluate(c, ["NVIDIA_VISIBLE_DEVICES=0"], exp, v1({(195, 0): "rw"}), None, None, HOST)
-    assert r.verdict == "unknown" and kinds(r) == {"unknown": ("c 195:0",)}
-
-
-def test_journal_entries_and_ids():
-    from nvsymlinkd.verify.verifier import journal_entries
-
-    r = run(GPU0, v1({(195, 255): "rw"}), scope="cri-containerd-c1.scope",
-            scope_devices=ScopeDevices("cri-containerd-c1.scope", "files", "auto", (), ()))
-    ((kind, priority, message, fields),) = journal_entries(r)
-    assert (kind, priority) == ("container-lost", 3)
-    assert fields["container_id"] == "c1" and fields["unit"] == "cri-containerd-c1.scope"
-    assert "c 195:0" in message and MESSAGE_IDS[kind] == r.findings[0].message_id
-    ids = list(MESSAGE_IDS.values())
-    assert len(set(ids)) == len(ids) and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
-
-
-def test_letters_allowed_apart_but_not_together_is_lost():
-    # O_RDWR needs one v1 exception covering rw; r and w from two rules do not add up in the kernel
-    r = run(GPU0, policy_of("c 195:0 r\nc 195:0 w\nc 195:255 rw\n"))
-    assert r.verdict == "lost" and kinds(r) == {"lost": ("c 195:0",)}
-    assert r.granted[Device.char(195, 0)] == "rw"  # each letter alone is allowed, and the report says so
-
-
-MANY_SCOPES_TEMPLATE = """
+MANY_SCOPES_TEMPLATE = TEMPLATE_HEAD + """
 import os
 import dbus
 
-BUS_NAME = "org.freedesktop.systemd1"
-MAIN_OBJ = "/org/freedesktop/systemd1"
-MAIN_IFACE = "org.freedesktop.systemd1.Manager"
-SYSTEM_BUS = True
 N = int(os.environ["FAKE_SYSTEMD_SCOPES"])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -187,20 +188,6 @@ def test_a_spec_rewritten_on_a_coarse_clock_filesystem_is_read_again(fakehost, v
     assert oracle.check("a fresh spec")["runc1"] == "ok"
     _rewrite_same_size_keep_mtime(spec, '"minor": 0, "access"', '"minor": 1, "access"')
     assert oracle.check("a spec rewritten in the same tick")["runc1"] == "lost"
-
-
-@pytest.fixture
-def v2(need_root):
-    mounts = find_cgroup_mounts(HostRoot("/"))
-    if mounts.v2 is None:
-        _skip_or_fail("needs a cgroup2 mount")
-    try:
-        os.close(bpfprog.load_device_program(bpfeval.encode(bpfasm.runc_allow_all())))
-    except bpfprog.BpfError as e:
-        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
-    dirs = bpfasm.CgroupDirs(mounts.v2.mountpoint, "cache")
-    yield dirs
-    dirs.close()
 
 
 class Program:
@@ -459,12 +446,12 @@ def test_scope_unit_files_are_parsed_again_only_when_they_change(fakehost, v1_pa
 
 # --- the daemon: its kept cache still sees a change no runtime file shows ------------------------
 
-from tests.test_daemon_containers import gpu0, start_daemon, systemd_bus  # noqa: E402, F401 - fixtures
+from tests.test_daemon_containers import gpu0, start_daemon  # noqa: E402, F401 - start_daemon is a fixture
 
 
-def test_daemon_sees_a_device_cgroup_change_between_cached_passes(runc_host, systemd_bus, start_daemon):  # noqa: F811
+def test_daemon_sees_a_device_cgroup_change_between_cached_passes(runc_host, signal_bus, start_daemon):  # noqa: F811
     c = runc_host.run("gpu-cached", **gpu0())
-    d = start_daemon(systemd_bus, "--resync-interval", "1", config_text='repair = "report"\n')
+    d = start_daemon(signal_bus, "--resync-interval", "1", config_text='repair = "report"\n')
     d.wait_until(lambda: d.passes("periodic resync") >= 2, "two periodic verifications (the cache filled)")
     assert not d.entries(kind="container-lost"), d.output()
     mark = d.mark()
@@ -513,3 +500,40 @@ def test_a_pass_over_some_containers_keeps_the_others_cached(fakehost, v1_parent
     full = verify_all(root, config, use_bus=False, with_host=False, cache=cache)
     assert {c.id: c.verdict for c in full.containers} == {"one": "ok", "two": "ok"}
     assert cache.verdict_hits == 2, "the container left out of the partial pass was judged afresh"
+
+
+@pytest.fixture
+def coarse_fs(tmp_path, need_root):
+    """ext4 with 128-byte inodes: whole-second timestamps (no room for the nanoseconds)."""
+    from tests.conftest import need_tool
+
+    mkfs = need_tool("mkfs.ext4")
+    image, mnt = tmp_path / "ext4-128.img", tmp_path / "mnt"
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    subprocess.run([mkfs, "-q", "-F", "-I", "128", str(image)], check=True, capture_output=True)
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_verify_cache_sees_a_same_size_rewrite_within_the_second_on_coarse_timestamps(coarse_fs):
+    import json
+
+    from nvsymlinkd.verify.cache import FileCache
+
+    path = str(coarse_fs / "config.json")
+    for _ in range(3):
+        time.sleep(1 - time.time() % 1 + 0.01)  # just after a second boundary
+        with open(path, "w") as f:
+            f.write(json.dumps({"v": "a"}))
+        assert os.stat(path).st_ctime_ns % 1_000_000_000 == 0  # the filesystem keeps seconds only
+        cache = FileCache()
+        time.sleep(0.1)  # older than the fine-clock racy window
+        assert cache.load(path) == {"v": "a"}
+        with open(path, "r+") as f:  # in place, same size, same second: every stamp as it was
+            f.write(json.dumps({"v": "b"}))
+        assert cache.load(path) == {"v": "b"}

@@ -55,7 +55,7 @@ from nvsymlinkd.host.root import HostRoot
 RACY_NS = 50_000_000
 # Some filesystems keep whole seconds only (ext4 with 128-byte inodes, NFS servers, FAT: two): a stamp
 # with no fraction is trusted only once it is this old (measured on ext4 -I 128: a same-size rewrite
-# in place within the second kept every field of the identity: tests/test_defects_round2.py).
+# in place within the second kept every field of the identity: tests/test_verify_cache.py, coarse_fs).
 COARSE_RACY_NS = 2_000_000_000 + RACY_NS
 
 
