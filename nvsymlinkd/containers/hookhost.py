@@ -1,7 +1,8 @@
 """The host facts the NVIDIA hook's grant is reconstructed from (containers.hookgrant decides; this reads).
 
-- the hook executable the spec names: a toolkit installer's wrapper script (its variables and -config)
-  or the hook binary itself;
+- the hook executable the spec names: a toolkit installer's wrapper script (its variables and -config), its
+  Go wrapper (an ELF with a .nvctkiwc section, nvidia-container-toolkit a7b4038b: the same, decoded from that
+  section) or the hook binary itself;
 - the toolkit's version, without running anything: dpkg's status for the package that lists the binary,
   else the version the Go linker wrote into the binary (`-X .../internal/info.version=X.Y.Z` in its
   build info);
@@ -29,6 +30,7 @@ from dataclasses import replace
 
 from nvsymlinkd.containers.hookgrant import (
     ETC_CONFIG,
+    GO_WRAPPER_SECTION,
     VERSION_LINES,
     DriverMap,
     GpuEntry,
@@ -39,6 +41,7 @@ from nvsymlinkd.containers.hookgrant import (
     Wrapper,
     config_search,
     invocation,
+    parse_go_wrapper,
     parse_toolkit_config,
     parse_wrapper,
     toml_dialect,
@@ -47,6 +50,7 @@ from nvsymlinkd.containers.hookgrant import (
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
+from nvsymlinkd.host.elf import SHT_PROGBITS, read_section
 from nvsymlinkd.host.hostview import host_view
 from nvsymlinkd.host.imex import imex_nodes
 from nvsymlinkd.host.mig import MigMap
@@ -168,12 +172,40 @@ def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str
     finally:
         os.close(fd)
     if head.startswith(b"\x7fELF"):
-        return None, "", path
+        return _elf_executable(root, path)
     if not head.startswith(b"#!") or len(head) > MAX_SCRIPT_BYTES:
         return None, "is neither an ELF binary nor the toolkit installer's wrapper", ""
     got = parse_wrapper(head.decode("utf-8", errors="replace"))
     if isinstance(got, str):
         return None, got, ""
+    return got, "", got.target
+
+
+def _elf_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str]:
+    """An ELF hook path: the hook binary itself, or the installer's Go wrapper around it (hookgrant.parse_go_wrapper:
+    a .nvctkiwc section), whose .real binary is the hook; a wrapper, or a section table, that cannot be read
+    exactly is not trusted (the wrapper may point the hook at any config)."""
+    try:
+        fd = root.open_file(path)
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}", ""
+    try:
+        section = read_section(fd, GO_WRAPPER_SECTION)
+    except (OSError, ValueError) as exc:
+        return None, f"is an ELF file whose sections cannot be read ({str(exc)[:80]}): it may be the installer's " \
+                     "Go wrapper", ""
+    finally:
+        os.close(fd)
+    if section is None:
+        return None, "", path
+    resolved = root.resolve(path)
+    if resolved is None:
+        return None, "is the installer's Go wrapper and its own path cannot be resolved", ""
+    if section.sh_type != SHT_PROGBITS:
+        return None, f"is the installer's Go wrapper whose {GO_WRAPPER_SECTION} section holds no bytes", ""
+    got = parse_go_wrapper(section.data, section.little, resolved)
+    if isinstance(got, str):
+        return None, f"is the installer's Go wrapper (nvidia-container-toolkit a7b4038b) and {got}", ""
     return got, "", got.target
 
 
