@@ -70,6 +70,19 @@ def test_the_version_of_the_rpm_that_lists_the_hook(rpms, tmp_path):
     assert rpmdb.owners(root, "/usr/bin/nvidia-ctk", ("nvidia-container-toolkit",)) == ([], rpmdb.RPMDB_SQLITE)
 
 
+def test_the_reads_are_capped(rpms, tmp_path, monkeypatch):
+    install(tmp_path, rpms[("nvidia-container-toolkit", "1.17.8")])
+    root = HostRoot(str(tmp_path))
+    for cap in ("MAX_BLOB_BYTES", "MAX_DB_BYTES"):
+        with monkeypatch.context() as m:
+            m.setattr(rpmdb, cap, 100)
+            owned, why = rpmdb.owners(root, HOOK_PATH, ("nvidia-container-toolkit",))
+            assert owned is None and "bytes" in why, why
+    with monkeypatch.context() as m:
+        m.setattr(rpmdb, "MAX_PACKAGES", 0)
+        assert rpmdb.owners(root, HOOK_PATH, ("nvidia-container-toolkit",))[0] is None
+
+
 def test_the_grant_follows_the_rpm_version(rpms, tmp_path):
     """1.17.8 reads the driver-root config first; that config refuses the unprivileged env request: nothing.
     Without a version (the tree before) 1.17 and 1.18 read different files: not trusted."""

@@ -38,6 +38,7 @@ HEADER_TAGS_MAX = 0xFFFF  # header.c:123
 HEADER_DATA_MAX = 0x0FFFFFFF  # header.c:155
 MAX_PACKAGES = 100_000
 MAX_BLOB_BYTES = 64 << 20
+MAX_DB_BYTES = 2 << 30  # every header read in one lookup (a RHEL 9 server's ~1,500 packages: ~100 MiB)
 
 
 def parse_header(blob: bytes, tags: frozenset = frozenset(_WANTED)) -> dict:
@@ -125,9 +126,13 @@ def _owners(fd: int, path: str, names: tuple) -> tuple[list | None, str]:
         sizes = rows.fetchall()
         if len(sizes) > MAX_PACKAGES:
             return None, f"{RPMDB_SQLITE}: more than {MAX_PACKAGES} packages"
+        total = 0
         for hnum, size in sizes:
             if not isinstance(size, int) or size > MAX_BLOB_BYTES:
                 return None, f"{RPMDB_SQLITE}: package {hnum}'s header is {size} bytes"
+            total += size
+            if total > MAX_DB_BYTES:
+                return None, f"{RPMDB_SQLITE}: its headers are more than {MAX_DB_BYTES} bytes"
             (blob,) = db.execute("SELECT blob FROM Packages WHERE hnum = ?", (hnum,)).fetchone()
             if not isinstance(blob, bytes):
                 return None, f"{RPMDB_SQLITE}: package {hnum}'s header is not a blob"
