@@ -83,3 +83,17 @@ def test_runc_creating_is_seen_under_a_root_whose_proc_reads_host_paths(held_run
         other.wait()
     os.unlink(root / "proc" / "1")
     assert creating_bundles(HostRoot(str(root)), (runc,)) == {}
+
+
+def test_discovery_reads_the_creating_containers_spec_under_such_a_root(held_runc, monkeypatch):
+    """The creation-time window's spec (the drop-in is written from it) under that root: found through the runc
+    process, as the runtime table's binary at the path the host names it."""
+    from nvsymlinkd.containers import discovery
+
+    root, runc, c, proc = held_runc
+    tree_runc = root / runc.lstrip("/")
+    tree_runc.parent.mkdir(parents=True)
+    os.link(runc, tree_runc)
+    monkeypatch.setattr(discovery, "RUNC_BINARIES", (runc,))
+    (seen,) = [x for x in discovery.discover(HostRoot(str(root))) if x.id == c.id]
+    assert seen.state is None and seen.spec is not None and seen.bundle == "/var/lib/bundles/h2rp-held"
