@@ -2,13 +2,14 @@
 
 rpm >= 4.16 (RHEL/Rocky 9, Fedora) keeps it in /var/lib/rpm/rpmdb.sqlite (lib/backend/sqlite.c at
 rpm-4.18.0-release:262-266: table `Packages`, `hnum INTEGER PRIMARY KEY`, `blob BLOB`): each blob is one
-installed package's header as lib/header.c writes it (headerExport; read back by hdrblobInit/hdrblobVerifyInfo,
-header.c:273-330): big-endian int32 il (index entries) and dl (data bytes), il entries of four big-endian int32
-(tag, type, offset, count: struct entryInfo_s), then the dl data bytes. The tags read (include/rpm/rpmtag.h:
+installed package's header as lib/header.c writes it (headerExport; read back by hdrblobInit, header.c:2005-2031,
+whose blob is exactly 8 + 16 * il + dl bytes, and hdrblobVerifyInfo, :273-330): big-endian int32 il (index
+entries) and dl (data bytes), il entries of four big-endian int32 (tag, type, offset, count: struct
+entryInfo_s), then the dl data bytes. The tags read (include/rpm/rpmtag.h:
 73-79, 192-194): NAME 1000, VERSION 1001, RELEASE 1002 (RPM_STRING_TYPE 6: one NUL-terminated string),
 DIRINDEXES 1116 (RPM_INT32_TYPE 4), BASENAMES 1117 and DIRNAMES 1118 (RPM_STRING_ARRAY_TYPE 8): file i is
 DIRNAMES[DIRINDEXES[i]] + BASENAMES[i]. A header naming one of these tags twice (a region entry and a
-"dribble" that would replace it) is not decoded.
+"dribble" that replaces it, header.c:963) is not decoded.
 
 rpm opens the database in WAL mode and truncates the log when it closes (sqlite.c:179-184, 207): a non-empty
 rpmdb.sqlite-wal is a transaction not yet checkpointed, and the file is then not read (the main file may lack
