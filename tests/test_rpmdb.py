@@ -126,13 +126,65 @@ def test_what_the_database_cannot_say_exactly(rpms, tmp_path):
     (tmp_path / "bad" / HOOK_PATH.lstrip("/")).write_bytes(hook)
     version, why = read_toolkit_version(HostRoot(str(tmp_path / "bad")), HOOK_PATH)
     assert version is None and "header of 1" not in why and "entries and" in why
-    # RHEL 8's Berkeley DB: not read, and said so
+    # a Packages file that is no Berkeley DB hash file, or beside rpmdb.sqlite (which one rpm reads is its config)
     (tmp_path / "bdb" / "var/lib/rpm").mkdir(parents=True)
     (tmp_path / "bdb" / "usr/bin").mkdir(parents=True)
     (tmp_path / "bdb" / "var/lib/rpm/Packages").write_bytes(b"\0" * 4096)
     (tmp_path / "bdb" / HOOK_PATH.lstrip("/")).write_bytes(hook)
     version, why = read_toolkit_version(HostRoot(str(tmp_path / "bdb")), HOOK_PATH)
-    assert version is None and "Berkeley DB rpm database (rpm < 4.16), which is not read" in why
+    assert version is None and "/var/lib/rpm/Packages: not a Berkeley DB hash file" in why
+    (tmp_path / "two" / "var/lib/rpm/Packages").write_bytes(b"\0" * 4096)
+    assert "which one rpm reads is its %_db_backend" in rpmdb.owners(HostRoot(str(tmp_path / "two")), HOOK_PATH,
+                                                                     ("nvidia-container-toolkit",))[1]
+
+
+def berkeley_db(sqlite_tree: Path, tree: Path, order: int, pagesize: int = 512) -> None:
+    """RHEL 8's /var/lib/rpm/Packages made from an rpmdb.sqlite's blobs with Berkeley DB's own db_load (a hash
+    file keyed by the 4-byte instance number, key 0 the next free one), small pages: the headers span overflow
+    pages; h_ffactor=1: one record a bucket, so many buckets. order: 1234 little-endian, 4321 big-endian."""
+    load = need_tool("db5.3_load")
+    db = sqlite3.connect(sqlite_tree / "var/lib/rpm/rpmdb.sqlite")
+    rows = db.execute("SELECT hnum, blob FROM Packages ORDER BY hnum").fetchall()
+    db.close()
+    fmt = "<I" if order == 1234 else ">I"
+    lines = ["VERSION=3", "format=bytevalue", "type=hash", f"db_pagesize={pagesize}", "h_ffactor=1", "HEADER=END"]
+    for k, v in [(0, struct.pack(fmt, rows[-1][0] + 1)), *((h, bytes(b)) for h, b in rows)]:
+        lines += [" " + struct.pack(fmt, k).hex(), " " + v.hex()]
+    dump = tree / "Packages.dump"
+    tree.mkdir(parents=True, exist_ok=True)
+    dump.write_text("\n".join([*lines, "DATA=END", ""]))
+    (tree / "var/lib/rpm").mkdir(parents=True, exist_ok=True)
+    subprocess.run([load, "-c", f"db_lorder={order}", "-f", str(dump), str(tree / "var/lib/rpm/Packages")],
+                   check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("order", (1234, 4321))
+def test_rhel8s_berkeley_db_read_as_rpms_own_reader_reads_it(rpms, tmp_path, order):
+    install(tmp_path / "sql", rpms[("nvidia-container-toolkit", "1.17.8")])
+    install(tmp_path / "sql", rpms[("other-package", "1.18.0")], replace=True)
+    tree = tmp_path / "bdb"
+    berkeley_db(tmp_path / "sql", tree, order)
+    # rpm's own read-only Berkeley DB reader (bdb_ro) lists both: the file is an rpm database
+    listed = subprocess.run(["rpm", "--root", str(tree), "--dbpath", "/var/lib/rpm", "--define",
+                             "_db_backend bdb_ro", "-qa"], capture_output=True, text=True, timeout=60).stdout
+    assert sorted(listed.split()) == ["nvidia-container-toolkit-1.17.8-1.noarch", "other-package-1.18.0-1.noarch"]
+    (tree / HOOK_PATH.lstrip("/")).parent.mkdir(parents=True)
+    (tree / HOOK_PATH.lstrip("/")).write_bytes(elf())
+    root = HostRoot(str(tree))
+    assert read_toolkit_version(root, HOOK_PATH) == ((1, 17, 8), "/var/lib/rpm/Packages: nvidia-container-toolkit 1.17.8-1")
+    assert on_host(tree, {DRIVER_CFG: REFUSE}) == set()
+    # bucket 0's page not itself (its number), an overflow page of another type: not read
+    data = (tree / "var/lib/rpm/Packages").read_bytes()
+    e = "<" if order == 1234 else ">"
+    bucket0 = struct.unpack_from(e + "I", data, 96)[0]  # the metadata's spares[0]
+    overflow = [n for n in range(1, len(data) // 512) if data[n * 512 + 25] == 7]
+    assert overflow, "the headers did not span overflow pages"
+    for at in (bucket0 * 512 + 8, overflow[0] * 512 + 25):
+        bad = bytearray(data)
+        bad[at] ^= 0xFF
+        (tree / "var/lib/rpm/Packages").write_bytes(bytes(bad))
+        owned, why = rpmdb.owners(root, HOOK_PATH, ("nvidia-container-toolkit",))
+        assert owned is None and why.startswith("/var/lib/rpm/Packages: "), why
 
 
 def _blob(entries, data: bytes) -> bytes:

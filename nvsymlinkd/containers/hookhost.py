@@ -4,7 +4,7 @@
   Go wrapper (an ELF with a .nvctkiwc section, nvidia-container-toolkit a7b4038b: the same, decoded from that
   section) or the hook binary itself;
 - the toolkit's version, without running anything: dpkg's status for the package that lists the binary,
-  else the rpm database's header of the package that lists it (host.rpmdb: rpmdb.sqlite, rpm >= 4.16), else
+  else the rpm database's header of the package that lists it (host.rpmdb: rpm >= 4.16's rpmdb.sqlite, older rpm's Berkeley DB Packages), else
   the version the Go linker wrote into the binary (`-X .../internal/info.version=X.Y.Z` in its
   build info);
 - the config.toml the hook of that version reads (hookgrant.config_search: -config, the hook's env and

@@ -14,8 +14,13 @@ DIRNAMES[DIRINDEXES[i]] + BASENAMES[i]. A header naming one of these tags twice 
 rpm opens the database in WAL mode and truncates the log when it closes (sqlite.c:179-184, 207): a non-empty
 rpmdb.sqlite-wal is a transaction not yet checkpointed, and the file is then not read (the main file may lack
 it). The database is opened read-only and immutable through the descriptor opened confined under the root.
-rpm < 4.16 (RHEL/Rocky 8: /var/lib/rpm/Packages, a Berkeley DB hash file) and the ndb backend (Packages.db)
-are not read: their lists are "unknown", with that reason.
+rpm < 4.16 (RHEL/Rocky 8) keeps the same blobs in /var/lib/rpm/Packages, a Berkeley DB hash file keyed by the
+4-byte instance number (key 0: the next free one, no header). It is read as rpm >= 4.16's own read-only reader
+reads it (lib/backend/bdb_ro.c at rpm-4.18.0-release: bdb_open:156-212 the metadata page, bdb_getpage:134-147,
+ovfl_get:214-252, hash_bucket_to_page:256-263, hash_getkv:287-305, hash_next:307-346: every bucket's page chain
+in order, overflow chains for big items), with caps rpm lacks (each page of a chain once, an overflow page that
+carries nothing is an error). Both files present (which one rpm uses is its %_db_backend), or the ndb backend
+(Packages.db): "unknown", with that reason.
 
     parse_header(blob) -> dict          # {tag: str | tuple} for the tags above (pure); ValueError when malformed
     owners(root, path, names) -> (list[(name, version, release)] | None, why)
@@ -95,22 +100,123 @@ def _nonempty(root: HostRoot, inside: str) -> bool:
 def owners(root: HostRoot, path: str, names: tuple) -> tuple[list | None, str]:
     """([(name, version, release)] of the installed packages among `names` that list `path`, "where"), or
     (None, why the database cannot say). ([], why) when there is no rpm database."""
+    present = [p for p in (RPMDB_SQLITE, RPMDB_BDB, RPMDB_NDB) if root.stat_resolved(p) is not None]
+    if not present:
+        return [], f"no rpm database ({RPMDB_SQLITE}, {RPMDB_BDB})"
+    if len(present) > 1 or present[0] == RPMDB_NDB:
+        return None, f"{' and '.join(present)}: which one rpm reads is its %_db_backend (an ndb one is not read)"
     try:
-        fd = root.open_file(RPMDB_SQLITE)
-    except FileNotFoundError:
-        for other, what in ((RPMDB_BDB, "a Berkeley DB rpm database (rpm < 4.16)"),
-                            (RPMDB_NDB, "an ndb rpm database")):
-            if root.stat_resolved(other) is not None:
-                return None, f"{other} is {what}, which is not read"
-        return [], f"no rpm database ({RPMDB_SQLITE})"
+        fd = root.open_file(present[0])
     except OSError as exc:
-        return None, f"{RPMDB_SQLITE}: {exc.strerror or exc}"
+        return None, f"{present[0]}: {exc.strerror or exc}"
     try:
+        if present[0] == RPMDB_BDB:
+            return _select(_bdb_headers(fd), path, names, RPMDB_BDB)
         if _nonempty(root, RPMDB_SQLITE + "-wal"):
             return None, f"{RPMDB_SQLITE}-wal holds a transaction not checkpointed yet"
         return _owners(fd, path, names)
     finally:
         os.close(fd)
+
+
+def _select(headers, path: str, names: tuple, where: str) -> tuple[list | None, str]:
+    """The packages among `names` listing `path`, from (instance, blob) pairs; a malformed one: (None, why)."""
+    found = []
+    try:
+        for _hnum, blob in headers:
+            name = parse_header(blob, frozenset({NAME})).get(NAME)
+            if name not in names:
+                continue
+            header = parse_header(blob)
+            if path in files(header):
+                found.append((name, header.get(VERSION, ""), header.get(RELEASE, "")))
+    except ValueError as exc:
+        return None, f"{where}: {exc}"
+    return found, where
+
+
+def _bdb_headers(fd: int):
+    """(instance, header blob) of each record of a Berkeley DB hash file in bdb_ro.c's order; ValueError for
+    anything it would refuse or a cap."""
+    size = os.fstat(fd).st_size
+    meta = os.pread(fd, 512, 0)
+    if len(meta) != 512:
+        raise ValueError("shorter than its metadata page")
+    magic = struct.unpack_from("<I", meta, 12)[0]
+    if magic not in (0x00061561, 0x61150600):
+        raise ValueError("not a Berkeley DB hash file")
+    e = "<" if magic == 0x00061561 else ">"  # bdb_open: a swapped magic is the other byte order
+    version, pagesize = struct.unpack_from(e + "II", meta, 16)
+    (lastpage,) = struct.unpack_from(e + "I", meta, 32)
+    maxbucket, highmask, lowmask = struct.unpack_from(e + "III", meta, 72)
+    spares = struct.unpack_from(e + "32I", meta, 96)
+    del highmask, lowmask  # lookups only
+    if not 8 <= version <= 10:
+        raise ValueError(f"hash version {version}")
+    if pagesize not in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536) or (lastpage + 1) * pagesize > size:
+        raise ValueError(f"page size {pagesize}, last page {lastpage}, in {size} bytes")
+    if maxbucket > lastpage:
+        raise ValueError(f"{maxbucket} buckets in {lastpage} pages")
+
+    def page(pgno: int) -> bytes:
+        if not 0 < pgno <= lastpage:
+            raise ValueError(f"page {pgno} out of 1..{lastpage}")
+        data = os.pread(fd, pagesize, pgno * pagesize)
+        if len(data) != pagesize or struct.unpack_from(e + "I", data, 8)[0] != pgno:
+            raise ValueError(f"page {pgno} is not itself")
+        return data
+
+    def item(p: bytes, off: int, length: int) -> bytes:
+        if length <= 0 or off + length > pagesize:
+            raise ValueError("an item past its page")
+        if p[off] == 1:  # H_KEYDATA
+            return p[off + 1:off + length]
+        if p[off] != 3 or length != 12:  # H_OFFPAGE; duplicates (H_DUPLICATE, H_OFFDUP) are not rpm's
+            raise ValueError(f"an item of type {p[off]}")
+        pgno, total = struct.unpack_from(e + "II", p, off + 4)
+        if not 0 < total <= MAX_BLOB_BYTES:
+            raise ValueError(f"an overflow item of {total} bytes")
+        out = bytearray()
+        while len(out) < total:
+            ov = page(pgno)
+            plen = struct.unpack_from(e + "H", ov, 22)[0]
+            if ov[25] != 7 or plen == 0 or plen + 26 > pagesize or plen > total - len(out):
+                raise ValueError(f"overflow page {pgno}")
+            out += ov[26:26 + plen]
+            pgno = struct.unpack_from(e + "I", ov, 16)[0]
+        return bytes(out)
+
+    seen: set = set()
+    read = 0
+    for bucket in range(maxbucket + 1):
+        pgno = bucket + spares[bucket.bit_length()]  # hash_bucket_to_page
+        while pgno:
+            if pgno in seen:
+                raise ValueError(f"page {pgno} twice")
+            seen.add(pgno)
+            p = page(pgno)
+            if p[25] not in (2, 8, 13):
+                raise ValueError(f"page {pgno} of type {p[25]}")
+            nent = struct.unpack_from(e + "H", p, 20)[0]
+            if 26 + 2 * nent > pagesize:
+                raise ValueError(f"page {pgno}: {nent} entries")
+            offs = struct.unpack_from(e + f"{nent}H", p, 26)
+            for idx in range(0, nent - 1, 2):
+                koff, voff = offs[idx], offs[idx + 1]
+                if koff >= pagesize or voff >= pagesize:
+                    raise ValueError(f"page {pgno}: an offset past it")
+                klen = pagesize - koff if idx == 0 else offs[idx - 1] - koff
+                key, value = item(p, koff, klen), item(p, voff, koff - voff)
+                if len(key) != 4:
+                    raise ValueError(f"a key of {len(key)} bytes")
+                hnum = struct.unpack(e + "I", key)[0]
+                if hnum == 0:
+                    continue  # the next free instance number, no header
+                read += len(value)
+                if read > MAX_DB_BYTES or len(seen) > MAX_PACKAGES * 64:
+                    raise ValueError("past the caps")
+                yield hnum, value
+            pgno = struct.unpack_from(e + "I", p, 16)[0]
 
 
 def _owners(fd: int, path: str, names: tuple) -> tuple[list | None, str]:
