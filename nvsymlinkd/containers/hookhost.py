@@ -227,7 +227,8 @@ def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, s
     binary, dpkg's status and the packages' file lists are unchanged."""
     key = (root.root, _stamp(root, binary), _stamp(root, DPKG_STATUS),
            *(_stamp(root, f"{DPKG_INFO}/{p}.list") for p in TOOLKIT_PACKAGES),
-           *(_stamp(root, p) for p in (rpmdb.RPMDB_SQLITE, rpmdb.RPMDB_SQLITE + "-wal", rpmdb.RPMDB_BDB)))
+           *(_stamp(root, p) for p in (rpmdb.RPMDB_SQLITE, rpmdb.RPMDB_SQLITE + "-wal", rpmdb.RPMDB_BDB,
+                                       rpmdb.RPMDB_NDB)))
     if key[1] is None:
         return _read_toolkit_version(root, binary)
     if key not in _VERSIONS:
