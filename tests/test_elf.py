@@ -71,3 +71,21 @@ def test_a_hook_elf_whose_sections_cannot_be_read_is_not_trusted(tmp_path):
     struct.pack_into("<H", data, 0x3C, 0)
     assert on_host(tmp_path / "a", {HOOK_PATH: bytes(data)}) == UNTRUSTED
     assert on_host(tmp_path / "b", {HOOK_PATH: elf("1.17.8")}) == {"c 195:255", "c 509:0", "c 509:1", "c 195:0"}
+
+
+def test_the_go_wrapper_runs_its_own_resolved_path_dot_real(tmp_path):
+    """os.Executable() is /proc/self/exe, links resolved: the installer's nvidia-container-toolkit link to the hook's
+    wrapper runs nvidia-container-runtime-hook.real (a7b4038b executables.go:66-69 symlink, main.go:57-63)."""
+    from nvsymlinkd.containers.hookhost import read_hook_executable
+    from nvsymlinkd.host.root import HostRoot
+    from tests.test_hookgrant_upstream import GO_WRAPPER_HOOK_JSON, OPERATOR, OPERATOR_CFG
+
+    d = tmp_path / OPERATOR.lstrip("/")
+    d.mkdir(parents=True)
+    (d / "nvidia-container-runtime-hook").write_bytes(go_wrapper(GO_WRAPPER_HOOK_JSON))
+    (d / "nvidia-container-toolkit").symlink_to("nvidia-container-runtime-hook")
+    wrapper, why, binary = read_hook_executable(HostRoot(str(tmp_path)), f"{OPERATOR}/nvidia-container-toolkit")
+    assert why == "" and wrapper is not None
+    assert binary == wrapper.target == f"{OPERATOR}/nvidia-container-runtime-hook.real"
+    assert dict(wrapper.env) == {"NVIDIA_CTK_CONFIG_FILE_PATH": OPERATOR_CFG, "PATH": f"{OPERATOR}:$PATH"}
+    assert wrapper.args == ()
