@@ -117,6 +117,51 @@ WRAPPER_118 = (f"#! /bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH={OPERATOR_CFG} \\\nPATH
                f"\t{OPERATOR}/nvidia-container-runtime-hook.real \\\n\t\t\"$@\"\n")
 OPERATOR_HOOK = entry("prestart", path=f"{OPERATOR}/nvidia-container-runtime-hook")
 TK = "nvidia-container-toolkit"
+# The installer's Go wrapper (nvidia-container-toolkit a7b4038b): upstream's own C declaration of its config
+# section, compiled; the section then holds what WriteWrapperConfigSection writes (a little-endian uint32 length
+# on x86-64, json.Marshal's bytes: HTML-escaped `<`, sorted map keys, zeros after), put in with objcopy
+GO_WRAPPER_C = ('__attribute__((section(".nvctkiwc")))\nchar wrapper_config[4096] = {0};\n'
+                'extern char wrapper_config[4096];\nint main(void) { return wrapper_config[0]; }\n')
+GO_WRAPPER_HOOK_JSON = ('{"envm":{"\\u003cPATH":"' + OPERATOR + '","NVIDIA_CTK_CONFIG_FILE_PATH":"' + OPERATOR_CFG
+                        + '"},"defaultRuntimeExecutablePath":"runc"}')
+_GO_WRAPPERS: dict = {}
+
+
+def go_wrapper(config: str | bytes, length: int | None = None) -> bytes:
+    """An ELF like the installer's Go wrapper whose .nvctkiwc section holds `config` after its length header
+    (`length`: another header value)."""
+    import shutil
+    import struct
+    import subprocess
+    import tempfile
+
+    from tests.conftest import need_tool
+
+    raw = config.encode() if isinstance(config, str) else config
+    key = (raw, length)
+    if key not in _GO_WRAPPERS:
+        need_tool("gcc")
+        need_tool("objcopy")
+        with tempfile.TemporaryDirectory(prefix="hook2-gowrapper-") as d:
+            src, blank, blob, out = (f"{d}/{n}" for n in ("w.c", "w", "section", "w.out"))
+            Path(src).write_text(GO_WRAPPER_C)
+            subprocess.run([shutil.which("gcc"), "-O0", "-o", blank, src], check=True, capture_output=True)
+            data = struct.pack("<I", len(raw) if length is None else length) + raw
+            Path(blob).write_bytes(data + b"\0" * (4096 - len(data)))
+            subprocess.run([shutil.which("objcopy"), "--update-section", f".nvctkiwc={blob}", blank, out],
+                           check=True, capture_output=True)
+            _GO_WRAPPERS[key] = Path(out).read_bytes()
+    return _GO_WRAPPERS[key]
+
+
+def on_go_wrapper(t: Path, config, length=None, hook=None, real=True):
+    files = {f"{OPERATOR}/nvidia-container-runtime-hook": go_wrapper(config, length), OPERATOR_CFG: REFUSE}
+    if real:
+        files[f"{OPERATOR}/nvidia-container-runtime-hook.real"] = elf("1.20.0")
+    return on_host(t, files, hook=hook or OPERATOR_HOOK)
+
+
+GOW = f"{TK} a7b4038b (after v1.20.0) cmd/nvidia-ctk-installer"
 LNC = "libnvidia-container"  # by commit: the stored copies name no tag
 
 # id -> (source, what the hook does, case(tmp_path) -> (got, want))
@@ -216,6 +261,34 @@ ROWS = {
         "a script of any other shape: what it sets is not known",
         lambda t: (on_host(t, {HOOK_PATH: "#!/bin/sh\nexport NVIDIA_CTK_CONFIG_FILE_PATH=$(cat /x)\nexec /y \"$@\"\n"}),
                    UNTRUSTED)),
+    "go-wrapper-exports-config-path": (
+        f"{GOW}-wrapper/main.go:20-24,57-66,89-102; {GOW}/toolkit/installer/wrappercore/wrappercore.go:29,35-64, "
+        "executables.go:66-74,84-96",
+        "the installer's Go wrapper (an ELF, its settings in section .nvctkiwc) sets NVIDIA_CTK_CONFIG_FILE_PATH "
+        "for <self>.real: its config refuses the unprivileged env request",
+        lambda t: (on_go_wrapper(t, GO_WRAPPER_HOOK_JSON), set())),
+    "go-wrapper-over-the-runtime-env": (
+        f"{GOW}-wrapper/main.go:89-102 (its entries before os.Environ()); Go syscall/env_unix.go copyenv",
+        "no env in the entry: the wrapper's variable comes first, and the hook's getenv takes the first",
+        lambda t: (on_go_wrapper(t, GO_WRAPPER_HOOK_JSON, hook=entry("prestart", env=None,
+                                                                   path=f"{OPERATOR}/nvidia-container-runtime-hook")),
+                   set())),
+    "go-wrapper-real-is-the-hook": (
+        f"{GOW}-wrapper/main.go:57-66 (os.Executable() + \".real\")",
+        "the hook that ran is <wrapper>.real: gone, its version is not known",
+        lambda t: (on_go_wrapper(t, GO_WRAPPER_HOOK_JSON, real=False), UNTRUSTED)),
+    "go-wrapper-config-from-env": (
+        f"{GOW}-wrapper/main.go:93-98",
+        "a `<NAME` entry prepends to the inherited value: a config path from the runtime's environment",
+        lambda t: (on_go_wrapper(t, '{"envm":{"\\u003cNVIDIA_CTK_CONFIG_FILE_PATH":"/x"}}'), UNTRUSTED)),
+    "go-wrapper-undecodable": (
+        f"{GOW}/toolkit/installer/wrappercore/wrappercore.go:67-80",
+        "a section whose length header or JSON is not the installer's: what it sets is not known",
+        lambda t: ((on_go_wrapper(t / "a", "{not json"), on_go_wrapper(t / "b", GO_WRAPPER_HOOK_JSON, length=5000),
+                    on_go_wrapper(t / "c", GO_WRAPPER_HOOK_JSON.replace('"envm"', '"Envm"')),
+                    on_go_wrapper(t / "d", '{"envm":{"NVIDIA_CTK_CONFIG_FILE_PATH":"/a","NVIDIA_CTK_CONFIG_FILE_PATH":"/b"}}'),
+                    on_go_wrapper(t / "e", '{"requiresKernelModule":true,"envm":{}}')),
+                   (UNTRUSTED,) * 5)),
     "version-unknown-search-differs": (
         f"{TK} v1.17.8 hook_config.go:34 vs v1.18.0 hook_config.go:39-47",
         "no version and a driver-root file: 1.17 and 1.18 read different files",

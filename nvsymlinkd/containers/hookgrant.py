@@ -999,6 +999,72 @@ def parse_wrapper(text: str) -> Wrapper | str:
     return Wrapper(tuple(env), target, tuple(args))
 
 
+# The installer's Go wrapper (nvidia-container-toolkit a7b4038b, after v1.20.0: "Replace shell script wrappers with a
+# Go wrapper"): an ELF whose section .nvctkiwc (cmd/nvidia-ctk-installer/toolkit/installer/wrappercore/wrappercore.go:
+# 29, InstallerWrapperConfigELFSectionName) is the C array `char wrapper_config[4096]` (cmd/nvidia-ctk-installer-
+# wrapper/main.go:20-24), written by WriteWrapperConfigSection (wrappercore.go:50-64): a uint32 length in the
+# machine's byte order, then json.Marshal(WrapperConfig) (wrappercore.go:35-47: argv, envm, requiresKernelModule,
+# defaultRuntimeExecutablePath, all omitempty); the hook's wrapper sets NVIDIA_CTK_CONFIG_FILE_PATH and <PATH
+# (executables.go:66-74, 84-96).
+GO_WRAPPER_SECTION = ".nvctkiwc"
+GO_WRAPPER_SECTION_BYTES = 4096
+_GO_WRAPPER_FIELDS = {"argv": list, "envm": dict, "requiresKernelModule": bool, "defaultRuntimeExecutablePath": str}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_go_wrapper(section: bytes, little: bool, executable: str) -> Wrapper | str:
+    """The installer's Go wrapper from its .nvctkiwc section's bytes, or why it is not decoded exactly (then not
+    trusted, never "no wrapper"). `executable`: the wrapper's own path, links resolved (os.Executable, the kernel's
+    /proc/self/exe). What it does (main.go:57-66, 83-102): exec `executable + ".real"` with argv [argv0 + ".real",
+    *config.argv, *os.Args[1:]] and env [each envm entry, *os.Environ()]: its entries come first, and Go's getenv
+    takes the first of a name (syscall.copyenv), so they win over the runtime's, as a script's assignments do; a
+    `<NAME`/`>NAME` key prepends/appends to the inherited value (main.go:93-98). json.Unmarshal would also take
+    other cases of the field names, unknown fields, duplicate keys and invalid UTF-8; json.Marshal writes none of
+    them, so any of them is not decoded."""
+    if len(section) != GO_WRAPPER_SECTION_BYTES:
+        return f"its {GO_WRAPPER_SECTION} section is {len(section)} bytes, not the wrapper's {GO_WRAPPER_SECTION_BYTES}"
+    size = int.from_bytes(section[:4], "little" if little else "big")
+    if size + 4 > len(section):  # ReadWrapperConfigSection's check (wrappercore.go:72-74): the wrapper exits
+        return f"its {GO_WRAPPER_SECTION} section says {size} bytes of config, more than it holds"
+    if any(section[4 + size:]):
+        return f"its {GO_WRAPPER_SECTION} section holds bytes past the config it names"
+    import json
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a key twice")
+        return dict(items)
+
+    try:
+        doc = json.loads(section[4:4 + size].decode("utf-8"), object_pairs_hook=pairs)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return f"its {GO_WRAPPER_SECTION} config is not the installer's JSON: {str(exc)[:80]}"
+    if not isinstance(doc, dict) or not set(doc) <= set(_GO_WRAPPER_FIELDS):
+        return f"its {GO_WRAPPER_SECTION} config has fields the installer does not write"
+    for key, kind in _GO_WRAPPER_FIELDS.items():
+        if key in doc and type(doc[key]) is not kind:
+            return f"its {GO_WRAPPER_SECTION} config's {key} is not a {kind.__name__}"
+    if doc.get("requiresKernelModule"):
+        # only the runtime wrappers set it (executables.go:49-57): without the driver the wrapper runs the default
+        # runtime, not the hook
+        return "a wrapper that runs the default runtime while the driver is not loaded, not the hook's wrapper"
+    args = doc.get("argv", [])
+    envm = doc.get("envm", {})
+    if not all(isinstance(a, str) and "\0" not in a for a in args):
+        return f"its {GO_WRAPPER_SECTION} config's argv is not a list of strings"
+    env: dict[str, str] = {}
+    for key, value in sorted(envm.items()):
+        name = key[1:] if key[:1] in ("<", ">") else key
+        if not isinstance(value, str) or "\0" in value or _ENV_NAME.fullmatch(name) is None or name in env:
+            return f"its {GO_WRAPPER_SECTION} config's envm entry {key[:40]!r} is not one the installer writes"
+        if key != name and name in (CONFIG_ENV, XDG_ENV):
+            return f"the wrapper sets {name} from the hook's environment"
+        # the script wrapper's own shape for PATH (`PATH=DIR:$PATH`)
+        env[name] = f"{value}:${name}" if key[0] == "<" else f"${name}:{value}" if key[0] == ">" else value
+    return Wrapper(tuple(env.items()), normalize(executable) + ".real", tuple(args))
+
+
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9_./:@%+,$-]*) \\")
 _EXEC = re.compile(r"\t{0,2}(/[A-Za-z0-9_./@%+,-]+) \\")
 _ARG = re.compile(r"\t-config \"([A-Za-z0-9_./@%+,:-]+)\" \\")

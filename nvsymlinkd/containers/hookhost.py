@@ -1,9 +1,11 @@
 """The host facts the NVIDIA hook's grant is reconstructed from (containers.hookgrant decides; this reads).
 
-- the hook executable the spec names: a toolkit installer's wrapper script (its variables and -config)
-  or the hook binary itself;
+- the hook executable the spec names: a toolkit installer's wrapper script (its variables and -config), its
+  Go wrapper (an ELF with a .nvctkiwc section, nvidia-container-toolkit a7b4038b: the same, decoded from that
+  section) or the hook binary itself;
 - the toolkit's version, without running anything: dpkg's status for the package that lists the binary,
-  else the version the Go linker wrote into the binary (`-X .../internal/info.version=X.Y.Z` in its
+  else the rpm database's header of the package that lists it (host.rpmdb: rpm >= 4.16's rpmdb.sqlite, older rpm's Berkeley DB Packages), else
+  the version the Go linker wrote into the binary (`-X .../internal/info.version=X.Y.Z` in its
   build info);
 - the config.toml the hook of that version reads (hookgrant.config_search: -config, the hook's env and
   the wrapper's, /run/nvidia/driver/etc/..., $XDG_CONFIG_HOME, /etc/...; absent: its defaults), as the
@@ -29,6 +31,7 @@ from dataclasses import replace
 
 from nvsymlinkd.containers.hookgrant import (
     ETC_CONFIG,
+    GO_WRAPPER_SECTION,
     VERSION_LINES,
     DriverMap,
     GpuEntry,
@@ -39,14 +42,17 @@ from nvsymlinkd.containers.hookgrant import (
     Wrapper,
     config_search,
     invocation,
+    parse_go_wrapper,
     parse_toolkit_config,
     parse_wrapper,
     toml_dialect,
     unreadable_config,
 )
 from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.host import rpmdb
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
+from nvsymlinkd.host.elf import SHT_PROGBITS, read_section
 from nvsymlinkd.host.hostview import host_view
 from nvsymlinkd.host.imex import imex_nodes
 from nvsymlinkd.host.mig import MigMap
@@ -69,6 +75,7 @@ _LDFLAGS_VERSION = re.compile(rb"nvidia-container-toolkit/internal/info\.version
 _MOD_VERSION = re.compile(rb"\tgithub\.com/NVIDIA/nvidia-container-toolkit\tv(\d{1,3})\.(\d{1,3})\.(\d{1,3})([-+]\S*)?\t")
 # [epoch:]upstream[-revision]: the revision follows the last hyphen (deb-version(7)); only an upstream X.Y.Z (or
 # X.Y.Z+build) is the release, a pre-release is X.Y.Z~rc.N (NVIDIA's packages) or X.Y.Z-rc.N
+_RPM_VERSION = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
 _DEB_VERSION = re.compile(r"(?:\d+:)?(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?:\+[0-9A-Za-z.+]+)?(?:-[0-9A-Za-z.+~]+)?")
 
 
@@ -168,12 +175,40 @@ def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str
     finally:
         os.close(fd)
     if head.startswith(b"\x7fELF"):
-        return None, "", path
+        return _elf_executable(root, path)
     if not head.startswith(b"#!") or len(head) > MAX_SCRIPT_BYTES:
         return None, "is neither an ELF binary nor the toolkit installer's wrapper", ""
     got = parse_wrapper(head.decode("utf-8", errors="replace"))
     if isinstance(got, str):
         return None, got, ""
+    return got, "", got.target
+
+
+def _elf_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str]:
+    """An ELF hook path: the hook binary itself, or the installer's Go wrapper around it (hookgrant.parse_go_wrapper:
+    a .nvctkiwc section), whose .real binary is the hook; a wrapper, or a section table, that cannot be read
+    exactly is not trusted (the wrapper may point the hook at any config)."""
+    try:
+        fd = root.open_file(path)
+    except OSError as exc:
+        return None, f"cannot be read: {exc.strerror or exc}", ""
+    try:
+        section = read_section(fd, GO_WRAPPER_SECTION)
+    except (OSError, ValueError) as exc:
+        return None, f"is an ELF file whose sections cannot be read ({str(exc)[:80]}): it may be the installer's " \
+                     "Go wrapper", ""
+    finally:
+        os.close(fd)
+    if section is None:
+        return None, "", path
+    resolved = root.resolve(path)
+    if resolved is None:
+        return None, "is the installer's Go wrapper and its own path cannot be resolved", ""
+    if section.sh_type != SHT_PROGBITS:
+        return None, f"is the installer's Go wrapper whose {GO_WRAPPER_SECTION} section holds no bytes", ""
+    got = parse_go_wrapper(section.data, section.little, resolved)
+    if isinstance(got, str):
+        return None, f"is the installer's Go wrapper (nvidia-container-toolkit a7b4038b) and {got}", ""
     return got, "", got.target
 
 
@@ -191,7 +226,9 @@ def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, s
     """(version, where it came from) or (None, why unknown), never by running the binary; kept while the
     binary, dpkg's status and the packages' file lists are unchanged."""
     key = (root.root, _stamp(root, binary), _stamp(root, DPKG_STATUS),
-           *(_stamp(root, f"{DPKG_INFO}/{p}.list") for p in TOOLKIT_PACKAGES))
+           *(_stamp(root, f"{DPKG_INFO}/{p}.list") for p in TOOLKIT_PACKAGES),
+           *(_stamp(root, p) for p in (rpmdb.RPMDB_SQLITE, rpmdb.RPMDB_SQLITE + "-wal", rpmdb.RPMDB_BDB,
+                                       rpmdb.RPMDB_NDB)))
     if key[1] is None:
         return _read_toolkit_version(root, binary)
     if key not in _VERSIONS:
@@ -209,6 +246,10 @@ def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, 
             continue
         if binary in listed:
             return _dpkg_version(root, package)
+    owned, where = rpmdb.owners(root, binary, TOOLKIT_PACKAGES)
+    if owned:
+        return _rpm_version(owned, where)
+    rpm_why = f"; {where}" if owned is None else ""
     try:
         fd = root.open_file(binary)
     except OSError as exc:
@@ -228,7 +269,21 @@ def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, 
         return (major, minor, patch), f"{binary}: its build info"
     if len(found) > 1:
         return None, f"{binary}: its build info names several versions"
-    return None, f"{binary}: no dpkg package lists it and its build info names no release version"
+    return None, f"{binary}: no dpkg or rpm package lists it{rpm_why}; its build info names no release version"
+
+
+def _rpm_version(owned: list, where: str) -> tuple[Version | None, str]:
+    """The version of the rpm packages listing the binary: VERSION is X.Y.Z for a release (NVIDIA's pre-releases
+    are X.Y.Z~rc.N, a snapshot X.Y.Z^...); two headers listing it (an upgrade's old and new, or both toolkit
+    packages) must agree."""
+    shown = ", ".join(f"{n} {v}-{r}" for n, v, r in owned)
+    versions = {v for _, v, _ in owned}
+    if len(versions) != 1:
+        return None, f"{where}: several installed packages list it ({shown[:120]})"
+    m = _RPM_VERSION.fullmatch(versions.pop())
+    if m is None:
+        return None, f"{where}: {shown[:120]} is not a release version"
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))), f"{where}: {shown[:120]}"
 
 
 def _dpkg_version(root: HostRoot, package: str) -> tuple[Version | None, str]:

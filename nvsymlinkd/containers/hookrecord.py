@@ -319,7 +319,7 @@ def differences(recorded: HookInputs, current: HookInputs) -> list[str]:
     if recorded.version != current.version:
         out.append(f"toolkit version: {_shown(recorded.version)} then, {_shown(current.version)} now")
     if recorded.wrapper != current.wrapper or recorded.wrapper_why != current.wrapper_why:
-        out.append("the hook's wrapper script: changed since")
+        out.append("the hook's wrapper (script or Go wrapper): changed since")
     rd, cd = recorded.driver, current.driver
     for f in fields(DriverMap):
         a, b = getattr(rd, f.name), getattr(cd, f.name)

@@ -7,10 +7,12 @@ directory). The daemon's creation-time drop-in needs the spec then. The process 
 create` / `runc run` names it by its working directory: runc chdirs into `--bundle`/`-b` before
 it reads config.json (utils.go:70-76 at v1.1.5, `setupSpec`) and labels the container with its cwd
 (libcontainer/specconv/spec_linux.go:333-359, "runc's cwd will always be the bundle path"); the flag
-only confirms it (bundle_of). Its argv and cwd
-are trusted only when it is the host's own runc binary (one of the runtime table's paths, the very
-file /proc/<pid>/exe opens), run by root (every uid 0), in the host's mount namespace: a container's
-processes fail at least one of these, and nothing a container writes is read to decide.
+only confirms it (bundle_of). Its argv and cwd are trusted only when it runs the host's own runc
+binary (/proc/<pid>/exe is the very file, by device and inode, of one of the runtime table's paths
+under the root: also under the DaemonSet's --root /host, where that link reads as the host's path), run
+by root (every uid 0), in the host's mount namespace: a container's processes fail at least one of
+these, and nothing a container writes is read to decide. Its cwd, read the same way, is a host path:
+the bundle as the host names it.
 
     parse_runc_argv(argv)   # (state root or None, bundle or None, container id) for create/run
     bundle_of(cwd, bundle)  # the bundle of such a process: its cwd, when --bundle agrees; else None
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 
 from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
 from nvsymlinkd.host.hostview import same_mount_ns
@@ -114,26 +117,25 @@ def _uid0(root: HostRoot, pid: int) -> bool:
 
 
 def _is_binary(root: HostRoot, pid: int, binaries: tuple) -> bool:
-    """/proc/<pid>/exe is one of `binaries` under the root, by name and by the file itself."""
-    exe = root.path(f"/proc/{pid}/exe")
+    """/proc/<pid>/exe is the very file of one of `binaries` under the root: the same device and inode. Not by
+    its name: the kernel writes that link's text relative to the reader's root (fs/d_path.c d_path), and a
+    process of another mount namespace reads the host's path, `/usr/sbin/runc`, not `/host/usr/sbin/runc` (the
+    DaemonSet's --root /host sees the host's /proc there). stat() follows the link to the executable itself in
+    whichever namespace it lives (fs/proc/base.c proc_exe_link); a bind mount keeps a file's st_dev and st_ino.
+    A container's own copy of runc is another inode; one bind-mounted in from the host is refused by the mount
+    namespace check (same_mount_ns), a non-root runner by the uid check."""
     try:
-        target = os.readlink(exe)
-        st = os.stat(exe)
+        st = os.stat(root.path(f"/proc/{pid}/exe"))
     except OSError:
         return False
-    if root.is_real_root:
-        inside = target
-    elif target.startswith(root.root + "/"):
-        inside = root.inside(target)
-    else:
-        return False
-    if inside not in binaries:
-        return False
-    try:
-        mine = os.stat(root.real_resolved(inside, follow_last=True))
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+    for inside in binaries:
+        try:
+            mine = os.stat(root.real_resolved(inside, follow_last=True))
+        except OSError:
+            continue
+        if stat.S_ISREG(mine.st_mode) and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+            return True
+    return False
 
 
 def creating_bundles(root: HostRoot, binaries: tuple) -> dict:
