@@ -217,11 +217,13 @@ class ContainerWatch(ContainerHook):
         BPF_F_REPLACE, and the container fails to start (docs/daemon.md). Blocking (a worker thread).
         Returns the (Device, Access) entries written; None when nothing was written."""
         from nvsymlinkd.containers.scopes import scope_invocation
+        from nvsymlinkd.daemon.inotify import CreationWatch
         from nvsymlinkd.systemd import dropin
         from nvsymlinkd.verify import verifier
 
         try:
-            found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus)
+            found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus,
+                                             watch=lambda scope, state_dir: CreationWatch(self.root, scope, state_dir))
         except Exception as exc:  # noqa: BLE001 - the pass after state.json still judges the container
             self.journal.log(journalmod.WARNING, f"container scope {unit}: cannot read the container being "
                              f"created: {type(exc).__name__}: {exc}")
