@@ -302,8 +302,15 @@ class Picture:
 
     @property
     def outcomes(self):
-        done = sum(1 for o in self.pass_outcomes if o.action.action in LINKED and o.error is None)
-        return list(self.pass_outcomes) + [_KEPT] * max(0, self.state.managed - done)
+        return list(self.pass_outcomes) + [_KEPT] * max(0, self.state.managed - self._done())
+
+    def counts(self) -> tuple:
+        """(nodes, links in place) without building `snapshot` or `outcomes` (what Metrics counts)."""
+        done = self._done()
+        return len(self.state.nodes), done + max(0, self.state.managed - done)
+
+    def _done(self) -> int:
+        return sum(1 for o in self.pass_outcomes if o.action.action in LINKED and o.error is None)
 
 
 class _PlanView:
