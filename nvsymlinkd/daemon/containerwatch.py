@@ -236,6 +236,10 @@ class ContainerWatch(ContainerHook):
         from nvsymlinkd.systemd import dropin
         from nvsymlinkd.verify import verifier
 
+        # asked now, before runc sends its Set: a scope's InvocationID is made when systemd starts it and
+        # stays its own (src/core/unit.c, unit_acquire_invocation_id); a D-Bus round trip after the Set is
+        # time a reload can land in before the drop-in is there (issue 38)
+        invocation = scope_invocation(self.root, unit, self.use_bus)
         try:
             found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus,
                                              watch=lambda scope, state_dir: CreationWatch(self.root, scope, state_dir))
@@ -259,7 +263,8 @@ class ContainerWatch(ContainerHook):
             return None
         self.journal.debug(f"container {c.id} ({unit}) being created: {seen}")
         shown = ", ".join(f"{d} {a}" for d, a in missing)
-        invocation = scope_invocation(self.root, unit, self.use_bus)
+        if invocation is None:  # systemd had not said it yet
+            invocation = scope_invocation(self.root, unit, self.use_bus)
         if invocation is None:
             # a drop-in that names no scope could outlive this one and reach the next of the name
             self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: no drop-in written "
