@@ -6,8 +6,8 @@ containerd container in the middle of `runc create` as the daemon's files show i
 being_created: the shim's bundle, runc's exec.fifo, no state.json). Each round: a new scope that reads
 DevicePolicy=auto (runc's Apply), its UnitNew; once the daemon waits on the scope, runc's Set: the mock's
 DevicePolicy and DeviceAllow changed, then what systemd writes before it answers, the two drop-ins in
-/run/systemd/transient/UNIT.d renamed in. The figure runs from just before that first rename to the
-arrival of the daemon's "being created: wrote" line (written after the drop-in), read off its stderr.
+/run/systemd/transient/UNIT.d renamed in. The figure runs from just before the property change (the
+Set's start: a poll may see the properties before the files are there) to the arrival of the daemon's "being created: wrote" line (written after the drop-in), read off its stderr.
 The fake root is on /dev/shm: /run, where systemd and the daemon write, is a tmpfs.
 The floor: a bare Python process woken by inotify on the transient directory, writing a file and a line,
 measured the same way. Prints p50/p99; asserts nothing.
@@ -58,23 +58,41 @@ while True:
 
 
 def runc_set(mock: SystemdMock, unit: str, root: Path) -> float:
-    """The mock's properties, then systemd's files -> CLOCK_MONOTONIC just before the first rename."""
+    """runc's Set -> CLOCK_MONOTONIC when it started: the mock's properties, then systemd's files (their
+    temporaries written before: systemd writes and renames each inside the one call, which no reader
+    can see half done; the mock's property update and the renames are as close as a mock gets)."""
     import dbus
 
+    where = root / "run/systemd/transient" / f"{unit}.d"
+    where.mkdir(parents=True, exist_ok=True)
+    prepare(where)
+    at = time.monotonic()
     mock.conn.get_object(SYSTEMD, unit_path(unit)).UpdateProperties(SCOPE_IFACE, {
         "DeviceAllow": dbus.Array([dbus.Struct(("/dev/char/1:3", "rwm"))], signature="(ss)"),
         "DevicePolicy": "strict"}, dbus_interface=MOCK_IFACE)
-    return write_transient(root / "run/systemd/transient" / f"{unit}.d")
+    rename(where)
+    return at
+
+
+FILES = (("50-DevicePolicy.conf", "DevicePolicy=strict\n"),
+         ("50-DeviceAllow.conf", "DeviceAllow=\nDeviceAllow=/dev/char/1:3 rwm\n"))
+
+
+def prepare(where: Path) -> None:
+    for name, text in FILES:
+        (where / f".#{name}").write_text(f"[Scope]\n{text}")
+
+
+def rename(where: Path) -> None:
+    for name, _ in FILES:
+        (where / f".#{name}").rename(where / name)
 
 
 def write_transient(where: Path) -> float:
     where.mkdir(parents=True, exist_ok=True)
-    for name, text in (("50-DevicePolicy.conf", "DevicePolicy=strict\n"),
-                       ("50-DeviceAllow.conf", "DeviceAllow=\nDeviceAllow=/dev/char/1:3 rwm\n")):
-        (where / f".#{name}").write_text(f"[Scope]\n{text}")
+    prepare(where)
     at = time.monotonic()
-    for name in ("50-DevicePolicy.conf", "50-DeviceAllow.conf"):
-        (where / f".#{name}").rename(where / name)
+    rename(where)
     return at
 
 

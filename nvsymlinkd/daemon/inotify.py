@@ -486,11 +486,14 @@ class CreationWatch(_Watch):
 
     def wait(self, timeout: float) -> bool:
         """Block until something changed (True) or `timeout` seconds passed (False)."""
+        import math
         import select
 
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
-        if not poller.poll(max(0, int(timeout * 1000))):
+        # whole milliseconds, rounded up: rounded down, the wait ends just short of the timeout and the
+        # caller's last fraction of a millisecond becomes a run of zero-length waits (reads in a loop)
+        if not poller.poll(max(0, math.ceil(timeout * 1000))):
             return False
         self.wakes += 1
         self.drain()
