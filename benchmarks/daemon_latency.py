@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # a script: the repository root, for tests.*
+from figures import emit, use_tree  # noqa: E402
+
+use_tree()  # a script: the repository root, for tests.* (and benchmarks/run --tree's nvsymlinkd)
 
 from nvsymlinkd.daemon.inotify import IN_CREATE, parse_events  # noqa: E402
 from nvsymlinkd.host import libc  # noqa: E402
@@ -90,6 +92,16 @@ class LinkWatch:
                 continue
             for _wd, _mask, name in parse_events(buf):
                 self.seen.setdefault(name, now)
+
+    def gone(self, dev_char: Path, names, timeout: float = 120.0) -> None:
+        """Until none of `names` is in dev_char (the daemon removed their links)."""
+        end = time.monotonic() + timeout
+        while any(os.path.lexists(dev_char / n) for n in names):
+            if time.monotonic() > end:
+                raise SystemExit("links of removed nodes never went")
+            time.sleep(0.05)
+        for n in names:
+            self.seen.pop(n, None)
 
     def relink_latency(self, dev_char: Path, name: str, count: int) -> list:
         """unlink NAME COUNT times, one at a time; ms until something linked it back each time."""
@@ -229,6 +241,9 @@ def relinks(args, host, links, status, floor, nodes: int) -> None:
           f"{passes - before} sync passes")
     print(f"  floor (bare Python reactor: inotify read + symlink): {fmt(floor)}; ratio to the floor: "
           f"p50 {pct(relink, 50) / pct(floor, 50):.0f}x, p99 {pct(relink, 99) / pct(floor, 99):.0f}x")
+    for p in (50, 99):
+        emit(f"relink p{p}, {nodes} nodes (floor: inotify read + symlink)", pct(relink, p), pct(floor, p),
+             goal="< 0.5 ms" if p == 99 else "", met=pct(relink, 99) < 0.5 if p == 99 else None)
 
 
 def measure(args, host, caps, links, daemon, notify, t0, floor) -> None:
@@ -254,10 +269,18 @@ def measure(args, host, caps, links, daemon, notify, t0, floor) -> None:
     tenth = max(1, args.nodes // 10)
     print(f"  first {tenth} (host has <= {tenth + 6} nodes): {fmt(lat[:tenth])}")
     print(f"  last {tenth} (host has > {args.nodes - tenth + 6} nodes): {fmt(lat[-tenth:])}")
+    for part, where in ((lat[:tenth], f"7-{tenth + 6}"), (lat[-tenth:], f"{args.nodes - tenth + 7}-{args.nodes + 6}")):
+        for p in (50, 99):
+            emit(f"mknod -> link p{p}, {where} nodes (floor: inotify read + symlink)", pct(part, p), pct(floor, p),
+                 goal="< 1 ms" if p == 99 else "", met=pct(part, 99) < 1.0 if p == 99 else None)
 
     relinks(args, host, links, status, floor, args.nodes + 6)
 
-    # 2. a burst from another process
+    # 2. a burst from another process, on a host as big as after the one-at-a-time phase: those nodes go first
+    gone = [f"{CAPS}:{i}" for i in range(args.nodes)]
+    for i in range(args.nodes):
+        os.unlink(caps / f"nvidia-cap{i}")
+    links.gone(host.path("/dev/char"), gone)
     passes = status.passes()
     first = args.nodes
     creator = subprocess.run([sys.executable, "-c", CREATOR, str(caps), str(first), str(args.nodes)],
@@ -268,8 +291,11 @@ def measure(args, host, caps, links, daemon, notify, t0, floor) -> None:
     burst = [(links.seen[n] - s) / 1e6 for n, s in zip(names, stamps)]
     span = (max(links.seen[n] for n in names) - stamps[0]) / 1e6
     passes = status.passes() - passes
-    print(f"burst of {args.nodes} (created in {(stamps[-1] - stamps[0]) / 1e6:.0f} ms): {fmt(burst)}; "
+    made = (stamps[-1] - stamps[0]) / 1e6
+    print(f"burst of {args.nodes} (created in {made:.0f} ms): {fmt(burst)}; "
           f"all linked {span:.0f} ms after the first mknod; {passes} sync passes")
+    emit(f"burst of {args.nodes} mknods: all linked, {passes} passes (floor: the mknods themselves)", span, made,
+         goal="< 100 ms, 1 pass", met=span < 100 and passes == 1)
 
     # a second daemon on the same host with the resync off, for the idle figure (4): started now so that
     # its start-up is long over and its system-bus retries (no bus here) have backed off like the first's
@@ -307,13 +333,18 @@ def rss_and_idle(args, caps, daemon, second, status, rss_start: int) -> None:
         status.passes()
         rss_rounds.append(rss_kib(daemon.pid))
     print(f"filesystem of the fake root: {args.dir or tempfile.gettempdir()}")
-    print(f"RSS: {rss_start} KiB after start, {rss_before} KiB with {2 * args.nodes + 6} nodes, "
+    print(f"RSS: {rss_start} KiB after start, {rss_before} KiB with {args.nodes + 6} nodes, "
           f"{rss_rounds[0]} KiB after {args.events} more inotify events, "
           f"{rss_rounds[1]} KiB after {args.events} more "
           f"({rss_rounds[1] / 1024:.1f} MiB; issue 16's target: <= 32 MiB with 2,000 nodes, flat)")
-    print(f"  floor: a bare `python3 -c pass` has {bare_python_rss()} KiB")
+    bare = bare_python_rss()
+    print(f"  floor: a bare `python3 -c pass` has {bare} KiB")
+    emit(f"RSS, {args.nodes + 6} nodes after {2 * args.events} events (floor: python3 -c pass)",
+         rss_rounds[1] / 1024, bare / 1024, unit="MiB", goal="<= 28 MiB", met=rss_rounds[1] <= 28 * 1024)
 
     # 4. idle wakeups (resync every 60 s, no watchdog, no bus) beside the second daemon (resync off)
+    if args.idle_seconds <= 0:
+        return
     time.sleep(5)  # the last events' passes
     before, before2 = switches(daemon.pid), switches(second.pid)
     time.sleep(args.idle_seconds)

@@ -31,7 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script: the repository root, for tests.*
+from figures import emit, use_tree  # noqa: E402
+
+use_tree()  # a script: the repository root, for tests.* (and benchmarks/run --tree's nvsymlinkd)
 
 from nvsymlinkd.config import Config  # noqa: E402
 from nvsymlinkd.devchar.reconcile import reconcile  # noqa: E402
@@ -260,6 +262,11 @@ def main() -> None:
     print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`, from bytecode", *walls["bytecode"]))
     print(line("`nvsymlinkd sync` process wall (no-op) vs bare `python3 -c pass`, PYTHONDONTWRITEBYTECODE", *walls["source"]))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    med = statistics.median
+    emit(f"no-op reconcile, {nodes} nodes (thread CPU; floor: C)", med(noop_cpu) * 1e3, med(noop_floor_cpu) * 1e3,
+         goal="<= 2x floor", met=med(noop_cpu) <= 2 * med(noop_floor_cpu))
+    emit(f"cold reconcile, {nodes} nodes (thread CPU; floor: C)", med(cold_cpu) * 1e3, med(cold_floor_cpu) * 1e3,
+         goal="<= 2x floor", met=med(cold_cpu) <= 2 * med(cold_floor_cpu))
 
 
 if __name__ == "__main__":

@@ -91,13 +91,16 @@ class Metrics:
 
     def on_reconcile(self, result) -> None:
         """A finished pass (nvsymlinkd.devchar.reconcile.SyncResult)."""
+        # the daemon's pass (devchar.incremental.Picture) says its counts itself: an event's pass then costs
+        # its own outcomes, not a walk over every node and link of the host (issue 38)
+        counted = getattr(result, "counts", None)
         with self._lock:
             self.syncs += 1
             counts = result.plan.summary()
-            self.nodes = len(result.snapshot.nodes)
             self.conflicts = counts["conflict"]
             failed = 0
-            for outcome in result.outcomes:
+            outcomes = result.pass_outcomes if counted is not None else result.outcomes
+            for outcome in outcomes:
                 action = outcome.action.action
                 if action not in self.changes:
                     continue  # keep, conflict
@@ -106,9 +109,13 @@ class Metrics:
                 else:
                     self.change_failures[action] += 1
                     failed += 1
-            # links in place now: wanted ones that were kept or written without error
-            wanted = [o for o in result.outcomes if o.action.action in ("create", "replace", "keep")]
-            self.links_managed = sum(1 for o in wanted if o.error is None)
+            if counted is not None:
+                self.nodes, self.links_managed = counted()
+            else:
+                self.nodes = len(result.snapshot.nodes)
+                # links in place now: wanted ones that were kept or written without error
+                wanted = [o for o in outcomes if o.action.action in ("create", "replace", "keep")]
+                self.links_managed = sum(1 for o in wanted if o.error is None)
             if not result.dry_run:
                 self.last_success = self.clock()
         self._changed()

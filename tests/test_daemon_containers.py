@@ -665,7 +665,7 @@ def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, subsc
     # an entry in a drop-in of a scope still `auto` would make a reload restrict it to that entry
     assert dropin_entries(runc_host, unit) == [], "a drop-in before the runtime restricted the scope"
     set_at = time.monotonic()
-    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])  # runc's Set
+    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")], runc_host.root)  # runc's Set
     i = d.wait_for_line(r"being created: wrote", mark)
     took = time.monotonic() - set_at
     assert not state_json.exists()
@@ -680,6 +680,29 @@ def test_a_scope_is_left_alone_while_runc_creates_its_container(runc_host, subsc
     time.sleep(1.0)
     assert subscribing_systemd.calls() == [], "the scope's DeviceAllow changed while runc was creating the container"
     assert subscribing_systemd.device_allow(unit) == [("/dev/char/1:3", "rwm")]
+
+
+def test_the_creation_drop_in_wakes_on_runc_set_not_a_poll(runc_host, subscribing_systemd, start_daemon):
+    """Issue 38 item 2: the wait for runc's Set reads the scope once, then sleeps until systemd's transient
+    drop-ins for the scope (or the container's state directory) change, and reads it once more: two reads
+    across a second of runc setting the container up (the 10 ms poll read it ~100 times)."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "a1e7" * 16
+    unit = f"cri-containerd-{cid}.scope"
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
+    being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(subscribing_systemd, unit)
+    time.sleep(1.0)  # runc's init sets the container up meanwhile
+    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")], runc_host.root)  # runc's Set
+    d.wait_for_line(r"being created: wrote", mark)
+    (line,) = [x for x in d.lines[mark:] if "devices expected (spec, nvidia-hook); the scope reads" in x]
+    m = re.search(r"after (\d+) ms and (\d+) reads", line)
+    assert m and int(m.group(2)) <= 3, line
 
 
 def test_the_drop_in_goes_with_its_scope(runc_host, subscribing_systemd, start_daemon):
@@ -705,7 +728,7 @@ def test_the_drop_in_goes_with_its_scope(runc_host, subscribing_systemd, start_d
     being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
     mark = d.mark()
     new_unit(subscribing_systemd, unit)
-    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")])
+    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")], runc_host.root)
     d.wait_for_line(r"being created: wrote", mark)
     d.wait_for_line(rf"removed the drop-in of {gone}")  # by the first full pass, which may end before `mark`
     assert not keep_dropin(runc_host, gone).exists() and other.read_text() == "[Scope]\nCPUWeight=10\n"

@@ -267,14 +267,25 @@ class SystemdMock:
             "DevicePolicy": policy}, dbus.Array([], signature="(ssss)"), dbus_interface=MOCK_IFACE)
         self.manager.TestConfigure(unit, json.dumps({"log": str(self.log), **cfg}), dbus_interface=MANAGER)
 
-    def set_scope_policy(self, unit: str, policy: str, device_allow) -> None:
+    def set_scope_policy(self, unit: str, policy: str, device_allow, root: Path | None = None) -> None:
         """What runc's systemd driver does in Set: DevicePolicy, DeviceAllow reset and refilled (straight
-        into the mock's object: not a SetUnitProperties call, which calls() would count as the daemon's)."""
+        into the mock's object: not a SetUnitProperties call, which calls() would count as the daemon's).
+        With `root`, also what systemd writes before it answers: the values as drop-ins in ROOT's
+        /run/systemd/transient/UNIT.d (src/core/unit.c, unit_write_setting: a temporary file renamed in),
+        after the properties changed (systemd answers no Get in between)."""
         import dbus
 
         self.conn.get_object(SYSTEMD, unit_path(unit)).UpdateProperties(SCOPE_IFACE, {
             "DeviceAllow": dbus.Array([dbus.Struct(e) for e in device_allow], signature="(ss)"),
             "DevicePolicy": policy}, dbus_interface=MOCK_IFACE)
+        if root is not None:
+            where = root / "run/systemd/transient" / f"{unit}.d"
+            where.mkdir(parents=True, exist_ok=True)
+            allow = "".join(f"DeviceAllow={p} {a}\n" for p, a in device_allow)
+            for name, text in (("50-DevicePolicy.conf", f"DevicePolicy={policy}\n"),
+                               ("50-DeviceAllow.conf", f"DeviceAllow=\n{allow}")):
+                (where / f".#{name}").write_text(f"# This is a drop-in unit file extension\n[Scope]\n{text}")
+                (where / f".#{name}").rename(where / name)
 
     def calls(self) -> list:
         return [list(args) for _, args in self.manager.GetMethodCalls("SetUnitProperties", dbus_interface=MOCK_IFACE)]

@@ -234,10 +234,11 @@ class ScopeReads(dict):
     bus_error: str | None = None
 
 
-async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float) -> tuple:
+async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float, wake=None) -> tuple:
     """(ScopeDevices or None, reads) on the client's connection: DevicePolicy and DeviceAllow (two small
     Gets, pipelined: a GetAll carries every cgroup property, and this is asked again and again) until
-    ready(sd) or timeout. None: systemd does not know the scope (or it went away)."""
+    ready(sd) or timeout; between reads, `wake`'s fd becoming readable (wait_for_scope), else `interval`.
+    None: systemd does not know the scope (or it went away)."""
     from nvsymlinkd.systemd import client
 
     loop = asyncio.get_running_loop()
@@ -249,6 +250,7 @@ async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float) -> 
             return None, 1
         raise
     reads = 0
+    straddled = False
     while True:
         try:
             policy, allow = await asyncio.gather(*(
@@ -261,17 +263,42 @@ async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float) -> 
         reads += 1
         entries = tuple((str(p), str(a)) for p, a in allow[0].value)
         sd = ScopeDevices(scope, "dbus", str(policy[0].value), entries, ())
+        if sd.policy == "auto" and entries and not straddled:
+            # runc's Set sends DevicePolicy=strict with its entries in one SetUnitProperties, which systemd
+            # applies whole; two Gets can still straddle it (the policy read before, the entries after):
+            # `auto` with entries is read again once (a benchmark caught it: no drop-in for that container)
+            straddled = True
+            continue
         if ready(sd) or loop.time() >= deadline:
             return sd, reads
-        await asyncio.sleep(interval)
+        if wake is None:
+            await asyncio.sleep(interval)
+        else:
+            await _readable(loop, wake, deadline - loop.time())
+
+
+async def _readable(loop, wake, timeout: float) -> None:
+    """Until `wake`'s fd is readable (then drained) or `timeout` seconds have passed."""
+    ready = loop.create_future()
+    loop.add_reader(wake.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        await asyncio.wait_for(ready, timeout)
+    except asyncio.TimeoutError:
+        return
+    finally:
+        loop.remove_reader(wake.fileno())
+    wake.wakes += 1
+    wake.drain()
 
 
 def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: float,
-                   use_bus: bool | None = None) -> tuple:
-    """(ScopeDevices, unmapped, or None when neither source knows the scope; reads) read again every
-    `interval` seconds until ready(ScopeDevices) is true or `timeout` has passed: a scope the runtime is
-    still setting up (containers.early). D-Bus on the process's systemd client (the live values), else
-    systemd's files; a bus that fails leaves the files for the time that is left."""
+                   use_bus: bool | None = None, wake=None) -> tuple:
+    """(ScopeDevices, unmapped, or None when neither source knows the scope; reads) read again until
+    ready(ScopeDevices) is true or `timeout` has passed: a scope the runtime is still setting up
+    (containers.early). D-Bus on the process's systemd client (the live values), else systemd's files; a
+    bus that fails leaves the files for the time that is left. Read again when `wake` (a
+    daemon.inotify.CreationWatch, armed before the first read) says the scope's transient drop-ins or the
+    container's state changed, with no poll in between; without one, every `interval` seconds."""
     if not SCOPE_NAME.fullmatch(scope):
         return None, 0
     if use_bus is None:
@@ -281,7 +308,7 @@ def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: 
         from nvsymlinkd.systemd import client
 
         try:
-            sd, reads = client.shared().run(lambda bus: _poll_bus(bus, scope, ready, timeout, interval))
+            sd, reads = client.shared().run(lambda bus: _poll_bus(bus, scope, ready, timeout, interval, wake))
             if sd is not None:
                 return sd, reads
         except client.SystemdCallError:  # no bus, refused, timed out: the files are the fallback
@@ -290,9 +317,13 @@ def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: 
     while True:
         sd = read_scope_files(root, scope)
         reads += 1
-        if sd is None or ready(sd) or time.monotonic() - start >= timeout:
+        left = timeout - (time.monotonic() - start)
+        if sd is None or ready(sd) or left <= 0:
             return sd, reads
-        time.sleep(interval)
+        if wake is None:
+            time.sleep(interval)
+        else:
+            wake.wait(left)
 
 
 def scope_invocation(root: HostRoot, scope: str, use_bus: bool | None = None) -> str | None:

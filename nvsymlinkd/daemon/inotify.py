@@ -447,3 +447,54 @@ def _id_subdirs(root: HostRoot, inside: str) -> list:
         return []
     with it:
         return sorted(de.name for de in it if ID_NAME.fullmatch(de.name) and de.is_dir(follow_symlinks=False))
+
+
+# systemd writes a transient unit's runtime properties (runc's Set: DevicePolicy, DeviceAllow) as drop-ins
+# in this directory's <unit>.d before it answers the call (src/core/unit.c, unit_drop_in_dir and
+# unit_write_setting; REFERENCE.md, "Added later"): their arrival is the moment the scope's policy changed.
+TRANSIENT_DIR = "/run/systemd/transient"
+CREATION_MASK = (IN_CREATE | IN_CLOSE_WRITE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
+                 | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK)
+
+
+class CreationWatch(_Watch):
+    """What the creation-time drop-in waits on (containers.scopes.wait_for_scope): a file written, renamed
+    or removed in the scope's TRANSIENT_DIR/<scope>.d (systemd storing runc's Set) or in the container's
+    state directory (its state file landing: creation is over). The directories are watched before the
+    first read, so a change between that read and the wait wakes the wait; a directory not there yet is
+    waited for from the nearest existing one above it (up to /run). Blocking: the creation path runs in a
+    worker thread; the bus path reads its fd from its own loop (`fileno`, `drain`)."""
+
+    def __init__(self, root: HostRoot, scope: str, state_dir: str | None):
+        super().__init__(root)
+        self.targets = tuple(normalize(p) for p in (f"{TRANSIENT_DIR}/{scope}.d", state_dir) if p)
+        self.wakes = 0  # how many times the fd said something changed (the tests count them)
+        self.arm()
+
+    def arm(self) -> None:
+        """Watch each target, or the nearest existing directory above it."""
+        for target in self.targets:
+            inside = target
+            while self._add(inside, CREATION_MASK) is False and inside not in ("/", "/run"):
+                inside = inside.rpartition("/")[0] or "/"
+
+    def drain(self) -> None:
+        """Read what is queued (the reason is the next read's to find out) and add the watches that the
+        directories made meanwhile allow."""
+        self._drain()
+        self.arm()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until something changed (True) or `timeout` seconds passed (False)."""
+        import math
+        import select
+
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        # whole milliseconds, rounded up: rounded down, the wait ends just short of the timeout and the
+        # caller's last fraction of a millisecond becomes a run of zero-length waits (reads in a loop)
+        if not poller.poll(max(0, math.ceil(timeout * 1000))):
+            return False
+        self.wakes += 1
+        self.drain()
+        return True

@@ -7,12 +7,12 @@ entries, the plan per link name) and `update()` answers an event for a few
 names with work for those names only:
 
 - each node name is looked at afresh (one lstat through the confined directory
-  fds, host.nodescan.observe_node): never decided from anything cached about its
+  fds, host.nodescan.observe_nodes): never decided from anything cached about its
   inode, so a name reused by another node (rm + mknod with another rdev) is
   seen for what it is now;
 - the link names that can depend on it (its old and new `M:m`, any link whose
   text names it) and the link names the /dev/char watch reported are looked at
-  afresh too (devchar.snapshot.observe_entry);
+  afresh too (devchar.snapshot.observe_entries);
 - those names go through the same planner (devchar.plan.plan_links on a
   snapshot restricted to them: its decisions are per `M:m` name) and the same
   applier.
@@ -36,10 +36,10 @@ from nvsymlinkd.devchar.apply import Outcome, apply_plan
 from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, KEEP, Action, Plan, foreign_links, plan_links
 from nvsymlinkd.devchar.reconcile import SyncResult
-from nvsymlinkd.devchar.snapshot import observe_entry
+from nvsymlinkd.devchar.snapshot import observe_entries
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.nodes import IgnoredNode, NvidiaNode, dev_dir, names_by_major
-from nvsymlinkd.host.nodescan import observe_node
+from nvsymlinkd.host.nodescan import observe_nodes
 
 LINKED = ("create", "replace", KEEP)
 
@@ -90,7 +90,9 @@ class LinkState:
         node_notes = [n for n in result.plan.notes if n not in ignored_notes]
         self.other_notes = tuple(node_notes)  # stale temporaries, missing modules: until the next full pass
         # the full pass's own writes: look at what they left (its events may already be read)
-        self._refresh_entries({a.link.rpartition("/")[2] for a in result.plan.changes if a.link is not None})
+        changed = {a.link.rpartition("/")[2] for a in result.plan.changes if a.link is not None}
+        self._refresh_entries(changed, {snap.real_path(n.path): (n.major, n.minor) for n in snap.nodes}
+                              if changed else None)
         self.nodes_changed = False
 
     # -- the model ----------------------------------------------------------
@@ -152,10 +154,16 @@ class LinkState:
         """Links in place: planned create/replace/keep, not failed."""
         return sum(self.counts[a] for a in LINKED) - len(self.failed)
 
-    def _refresh_entries(self, names) -> None:
+    def _refresh_entries(self, names, by_path: dict | None = None) -> None:
+        """Look again at these `M:m` names. by_path: real path -> (major, minor) of nodes lstat'ed in this
+        very pass (the full observer's map, snapshot._observe_link's fast path): a link naming one of them
+        resolves to it without another confined walk; any other target is resolved afresh."""
+        if not names:
+            return
         snap = self.base
-        for name in names:
-            self._set_entry(name, observe_entry(self.root, snap.dev_char_path, snap.dev_char_real, name, {}))
+        for name, entry in observe_entries(self.root, snap.dev_char_path, snap.dev_char_real, names,
+                                           by_path or {}).items():
+            self._set_entry(name, entry)
 
     def snapshot(self) -> HostSnapshot:
         """The picture as a HostSnapshot (what a full observe would see, if no event is unread)."""
@@ -206,8 +214,7 @@ class LinkState:
             return None
         affected = set(link_names)
         fresh = []
-        for rel in node_names:
-            found = observe_node(self.root, snap.driver_root, rel, self.by_major)
+        for rel, found in observe_nodes(self.root, snap.driver_root, node_names, self.by_major):
             path = f"{self.prefix}/{rel}"
             if isinstance(found, IgnoredNode) and found.reason != "not a character device":
                 return None  # a major /proc/devices did not have at the last full pass: re-read it
@@ -233,7 +240,9 @@ class LinkState:
                 self.ignored.pop(path, None)
         if not affected:
             return Delta(self, (), (), time.perf_counter() - start)
-        self._refresh_entries(affected)
+        # the nodes lstat'ed just now: what a link naming one resolves to (as the full observer's map)
+        seen = {snap.real_path(path): (n.major, n.minor) for path, n in fresh if isinstance(n, NvidiaNode)}
+        self._refresh_entries(affected, seen)
         nodes = [n for name in affected for n in self.by_rdev.get(name, ())]
         sub = record.replace(snap, nodes=tuple(nodes),
                                   entries={name: self.entries[name] for name in affected if name in self.entries})
@@ -244,7 +253,7 @@ class LinkState:
         for name in affected:
             a = planned.get(name)
             self._set_action(name, a, a is not None and id(a) in failed)
-        self._refresh_entries({_name(a.device.major, a.device.minor) for a in actions if a.changes})
+        self._refresh_entries({_name(a.device.major, a.device.minor) for a in actions if a.changes}, seen)
         return Delta(self, tuple(actions), tuple(outcomes), time.perf_counter() - start)
 
 
@@ -293,8 +302,15 @@ class Picture:
 
     @property
     def outcomes(self):
-        done = sum(1 for o in self.pass_outcomes if o.action.action in LINKED and o.error is None)
-        return list(self.pass_outcomes) + [_KEPT] * max(0, self.state.managed - done)
+        return list(self.pass_outcomes) + [_KEPT] * max(0, self.state.managed - self._done())
+
+    def counts(self) -> tuple:
+        """(nodes, links in place) without building `snapshot` or `outcomes` (what Metrics counts)."""
+        done = self._done()
+        return len(self.state.nodes), done + max(0, self.state.managed - done)
+
+    def _done(self) -> int:
+        return sum(1 for o in self.pass_outcomes if o.action.action in LINKED and o.error is None)
 
 
 class _PlanView:

@@ -112,6 +112,40 @@ def observe_node(root: HostRoot, driver_root: str, rel: str, by_major: dict):
     return node_from_stat(f"{base if base != '/' else ''}/{rel}", kind, st, by_major)
 
 
+def observe_nodes(root: HostRoot, driver_root: str, rels, by_major: dict) -> list:
+    """observe_node for each name -> [(rel, NvidiaNode, IgnoredNode or None)], in order: DRIVER_ROOT/dev
+    opened (confined to the root) once, each subdirectory (never through a symlink) once, for all of
+    them: a burst's names cost their own lstat, not a directory walk each (issue 38)."""
+    base = dev_dir(driver_root)
+    prefix = base if base != "/" else ""
+    out: list = []
+    fds: dict = {}
+    try:
+        try:
+            fds[""] = root.open_dir(base)
+        except OSError:
+            return [(rel, None) for rel in rels]
+        for rel in rels:
+            kind = classify(rel)
+            sub, _, name = rel.rpartition("/")
+            if kind is None:
+                out.append((rel, None))
+                continue
+            try:
+                fd = fds.get(sub)
+                if fd is None:
+                    fd = fds[sub] = os.open(sub, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fds[""])
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                out.append((rel, None))
+                continue
+            out.append((rel, node_from_stat(f"{prefix}/{rel}", kind, st, by_major)))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return out
+
+
 def _listed(fd: int, fds: list) -> list | None:
     """The entries of the open directory fd (None when it cannot be read); fd goes to `fds`, whose
     owner closes it after the entries were stat'ed through it."""

@@ -64,7 +64,8 @@ from nvsymlinkd.verify.kinds import JOURNAL_KINDS  # noqa: F401 - the callers' n
 
 # A container being created: how long the daemon waits for the runtime's device policy to show on the
 # new scope (runc sends it right before the hooks; under qemu TCG 0.4-3 s after UnitNew), and how often
-# it asks. Past the wait, or once the state file is written, the scope is judged as it reads then.
+# it asks where nothing wakes it (the daemon's wait wakes on the scope's transient drop-ins and the
+# container's state directory: daemon.inotify.CreationWatch). Past the wait, or once the state file is written, the scope is judged as it reads then.
 POLICY_WAIT = 30.0
 POLICY_POLL = 0.01
 
@@ -355,12 +356,14 @@ class Creating(NamedTuple):
     refused: str | None = None  # why nothing may be written: it could narrow (containers.early.would_narrow)
 
 
-def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | None = None) -> Creating | None:
+def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | None = None,
+                    watch=None) -> Creating | None:
     """The daemon's prevention while a container is being created (containers.early): for the container
     that has no runtime state yet and whose bundle's spec makes the scope `unit` (its cgroupsPath), what
     the scope's DeviceAllow lacks of what the spec's rules and the trusted reconstruction grant, or why
     nothing may be added (Creating); None when no such container is known (the scope is no container's
-    being created, or the runtime's bundle is not found)."""
+    being created, or the runtime's bundle is not found). watch(unit, state_dir): what the wait for runc's
+    Set wakes on (daemon.inotify.CreationWatch, closed here); None: a read every POLICY_POLL seconds."""
     from nvsymlinkd.containers.early import (
         missing_entries,
         runtime_policy_set,
@@ -383,8 +386,18 @@ def creating_grants(root: HostRoot, config: Config, unit: str, use_bus: bool | N
     # runc makes the scope with no device properties and sends its policy (Set) only right before the
     # hooks: until then the scope reads "no restriction", which it will not be (containers.early)
     waited = time.monotonic()
-    raw, reads = wait_for_scope(root, unit, lambda sd: runtime_policy_set(sd) or not still_creating(root, c),
-                                POLICY_WAIT, POLICY_POLL, use_bus)
+    wake = None
+    if watch is not None:
+        try:
+            wake = watch(unit, c.state_path.rpartition("/")[0] if c.state_path else None)
+        except OSError:  # no inotify (its limits reached): a read every POLICY_POLL seconds
+            wake = None
+    try:
+        raw, reads = wait_for_scope(root, unit, lambda sd: runtime_policy_set(sd) or not still_creating(root, c),
+                                    POLICY_WAIT, POLICY_POLL, use_bus, wake)
+    finally:
+        if wake is not None:
+            wake.close()
     waited = time.monotonic() - waited
     scope = None if raw is None else map_entries(root, raw, ctx.majors)
     if scope is None:
