@@ -116,13 +116,13 @@ class EvalResult:
     steps: int = 0
 
 
-class _Ptr(NamedTuple):
+class Ptr(NamedTuple):
     region: str   # "ctx" or "stack"
     off: int
 
 
 # a register: unset, a scalar, or a pointer into the context or the stack (typing's: evaluated at import)
-Reg = Union[None, int, _Ptr]
+Reg = Union[None, int, Ptr]
 Fail = Callable[[str], NoReturn]
 Scalar = Callable[[int], int]
 
@@ -167,8 +167,8 @@ def describe_insn(insn: Insn) -> str:
 def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
     """Run a decoded program on one context; allowed when r0's low bit is set (the kernel's test)."""
     regs: list[Reg] = [None] * NREGS
-    regs[1] = _Ptr("ctx", 0)
-    regs[10] = _Ptr("stack", 0)
+    regs[1] = Ptr("ctx", 0)
+    regs[10] = Ptr("stack", 0)
     pc = 0
     steps = 0
     n = len(insns)
@@ -180,7 +180,7 @@ def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
         v = regs[reg]
         if v is None:
             fail(f"r{reg} read before it is set")
-        if isinstance(v, _Ptr):
+        if isinstance(v, Ptr):
             fail(f"arithmetic on {v.region} pointer r{reg}")
         return v
 
@@ -196,7 +196,7 @@ def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
                 fail(f"register out of range in {describe_insn(insn)}")
             cls = insn.code & 7
             if cls in (ALU, ALU64):
-                regs[insn.dst] = _alu(insn, cls == ALU64, regs, scalar, fail)
+                regs[insn.dst] = alu(insn, cls == ALU64, regs, scalar, fail)
                 pc += 1
             elif cls == LDX:
                 regs[insn.dst] = _load(insn, regs, ctx, fail)
@@ -228,7 +228,7 @@ def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
                 else:
                     if op not in JMP_NAMES:
                         fail(describe_insn(insn))
-                    taken = _condition(insn, cls == JMP32, regs, scalar, fail)
+                    taken = condition(insn, cls == JMP32, regs, scalar, fail)
                     delta = insn.off
                 target = pc + 1 + delta if taken else pc + 1
                 if target <= pc:
@@ -246,7 +246,7 @@ def _load(insn: Insn, regs: list[Reg], ctx: bytes, fail: Fail) -> int:
     if mode not in (MODE_MEM, MODE_MEMSX):
         fail(describe_insn(insn))
     base = regs[insn.src]
-    if not isinstance(base, _Ptr) or base.region != "ctx":
+    if not isinstance(base, Ptr) or base.region != "ctx":
         fail(f"BPF_LDX from r{insn.src}, which is not the context pointer")
     off = base.off + insn.off
     if off < 0 or off + size > len(ctx):
@@ -257,7 +257,7 @@ def _load(insn: Insn, regs: list[Reg], ctx: bytes, fail: Fail) -> int:
     return value
 
 
-def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> int | _Ptr:
+def alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> int | Ptr:
     op = insn.code & 0xF0
     width = 64 if is64 else 32
     mask = M64 if is64 else M32
@@ -275,7 +275,7 @@ def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) ->
     if op == MOV:
         if use_x:
             src = regs[insn.src]
-            if isinstance(src, _Ptr):
+            if isinstance(src, Ptr):
                 if is64 and insn.off == 0:
                     return src  # pointer copy
                 fail(f"32-bit move of {src.region} pointer r{insn.src}")
@@ -291,12 +291,12 @@ def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) ->
         fail(f"{describe_insn(insn)} with offset {insn.off}")
 
     dst_val = regs[insn.dst]
-    if use_x and insn.src == insn.dst and op in (XOR, SUB) and not isinstance(dst_val, _Ptr):
+    if use_x and insn.src == insn.dst and op in (XOR, SUB) and not isinstance(dst_val, Ptr):
         return 0   # zeroing idiom; constant blinding (bpf_jit_harden) emits it for `mov r, 0`
-    if isinstance(dst_val, _Ptr):
+    if isinstance(dst_val, Ptr):
         # pointer arithmetic on the context pointer: only +/- constant (compilers emit it)
         if is64 and not use_x and op in (ADD, SUB):
-            return _Ptr(dst_val.region, dst_val.off + (insn.imm if op == ADD else -insn.imm))
+            return Ptr(dst_val.region, dst_val.off + (insn.imm if op == ADD else -insn.imm))
         fail(f"{describe_insn(insn)} on {dst_val.region} pointer r{insn.dst}")
     a = scalar(insn.dst) & mask
     if op == NEG:
@@ -336,7 +336,7 @@ def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) ->
     raise AssertionError("unreachable")
 
 
-def _condition(insn: Insn, is32: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> bool:
+def condition(insn: Insn, is32: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> bool:
     op = insn.code & 0xF0
     a = scalar(insn.dst)
     b = scalar(insn.src) if insn.code & SRC_X else insn.imm & M64
@@ -568,8 +568,8 @@ class _Run:
 
     def run(self) -> Decisions:
         regs: list[Value] = [None] * NREGS
-        regs[1] = _Ptr("ctx", 0)
-        regs[10] = _Ptr("stack", 0)
+        regs[1] = Ptr("ctx", 0)
+        regs[10] = Ptr("stack", 0)
         every = {i: _Parts({}, [(set(), set())]) for i in range(len(CONTEXTS))}
         n, step = len(self.insns), self.step
         pending: list[Optional[list[_State]]] = [None] * n    # the states waiting at each insn
@@ -602,7 +602,7 @@ class _Run:
             v = regs[reg]
             if v is None:
                 self.fail(f"r{reg} read before it is set")
-            if type(v) is _Ptr:
+            if type(v) is Ptr:
                 self.fail(f"arithmetic on {v.region} pointer r{reg}")
             if type(v) is _Sym:
                 self.fail(f"arithmetic on the device's {v.field}")
@@ -626,7 +626,7 @@ class _Run:
         use_x = bool(insn.code & SRC_X)
         op = insn.code & 0xF0
         if cls in (ALU, ALU64):
-            if op == MOV and not use_x:   # a constant (what _alu does; the producers' verdicts are these)
+            if op == MOV and not use_x:   # a constant (what alu does; the producers' verdicts are these)
                 regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
                 return [(pc + 1, state)]
             dst, src = regs[insn.dst], regs[insn.src] if use_x else None
@@ -650,15 +650,15 @@ class _Run:
                 hit = self.memo.get(key, _MISS)
                 if hit is _MISS:
                     hit = self.memo[key] = self.per_context(
-                        lambda tmp: _alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
+                        lambda tmp: alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
                 regs[insn.dst] = hit
             else:
-                regs[insn.dst] = _alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+                regs[insn.dst] = alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
             return [(pc + 1, state)]
         if cls == LDX:
             mode = insn.code & 0xE0
             base = regs[insn.src]
-            if mode != MODE_MEM or type(base) is not _Ptr or base.region != "ctx":
+            if mode != MODE_MEM or type(base) is not Ptr or base.region != "ctx":
                 self.fail(describe_insn(insn) + " (not a plain load from the context)")
             off, size = base.off + insn.off, SIZE_BYTES[insn.code & 0x18]
             if off < 0 or off + size > 12:
@@ -720,7 +720,7 @@ class _Run:
             taken = self.memo.get(key, _MISS)
             if taken is _MISS:
                 taken = self.memo[key] = self.per_context(
-                    lambda tmp: _condition(insn, cls == JMP32, tmp, self.scalar_of(tmp), self.fail), insn, a, b)
+                    lambda tmp: condition(insn, cls == JMP32, tmp, self.scalar_of(tmp), self.fail), insn, a, b)
             if type(taken) is not _Vec:
                 return [(taken_target if taken else pc + 1, state)]
             parts = state.parts
@@ -729,7 +729,7 @@ class _Run:
                 return [(taken_target if yes else pc + 1, state)]
             state.parts = {i: p for i, p in parts.items() if not taken[i]}
             return [(taken_target, _State(list(regs), {i: parts[i] for i in yes})), (pc + 1, state)]
-        taken = _condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+        taken = condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
         return [(taken_target if taken else pc + 1, state)]
 
     def per_context(self, fn: Callable[[list[Reg]], Any], insn: Insn, dst: Value, src: Value) -> Any:

@@ -63,7 +63,7 @@ def run(args, root, config) -> int:
     if has_control_character(bindir):
         raise UsageError(f"--bindir {bindir!r}: must be free of control characters (newline, tab, ...)")
     if not is_utf8(bindir):
-        from nvsymlinkd.cli import printable
+        from nvsymlinkd.text import printable
 
         raise UsageError(f"--bindir {printable(bindir)}: must be UTF-8 text (it goes into ExecStart=)")
     if args.drop_ins is not None:

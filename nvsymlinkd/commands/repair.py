@@ -65,8 +65,8 @@ def _config_error(args, error):
     says so; any other use of `repair` stops with the error (exit 2)."""
     if not args.before_reload:
         raise error
-    from nvsymlinkd.cli import printable
     from nvsymlinkd.config import Config
+    from nvsymlinkd.text import printable
 
     sys.stderr.write(f"nvsymlinkd: before a daemon-reload: {printable(str(error))}; going on with the default "
                      "settings\n")
@@ -77,8 +77,8 @@ def run(args, root, config) -> int:
     if not args.before_reload:
         return _run(args, root, config)
     # Nothing that goes wrong here may fail the package operation: said on stderr, status 0
-    from nvsymlinkd.cli import printable
     from nvsymlinkd.errors import NvsymlinkdError, UsageError
+    from nvsymlinkd.text import printable
 
     if args.containers or args.dry_run or args.json:
         raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
@@ -95,15 +95,9 @@ def run(args, root, config) -> int:
 def _run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import find
     from nvsymlinkd.journal import Journal
-    from nvsymlinkd.repair.apply import (
-        history_path,
-        load_history,
-        recover_frozen,
-        repair_all,
-        save_history,
-        thawed_line,
-    )
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.apply import history_path, load_history, repair_all, save_history
+    from nvsymlinkd.repair.freeze import recover_frozen, thawed_line
+    from nvsymlinkd.repair.model import RepairStatus
     from nvsymlinkd.verify import verifier
     from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
@@ -115,7 +109,7 @@ def _run(args, root, config) -> int:
         shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
     blind = _cannot_see(root)
     if blind:
-        from nvsymlinkd.cli import printable
+        from nvsymlinkd.text import printable
 
         sys.stderr.write(f"nvsymlinkd: {printable(blind)}\n")
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
@@ -171,7 +165,8 @@ def _run(args, root, config) -> int:
         ok = ok and not _unprotected(results)
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
                "denied": len([c for c in denied if c.id not in repaired])}
-    from nvsymlinkd.cli import printable, write_output
+    from nvsymlinkd.cli import write_output
+    from nvsymlinkd.text import printable
 
     if args.json:
         from nvsymlinkd.cli import JSON_SCHEMA_VERSION
@@ -258,10 +253,10 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary, 
     could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
     apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
     repair is journaled as well (repair-prevented, repair-failed, ...)."""
-    from nvsymlinkd.cli import printable
-    from nvsymlinkd.repair.apply import thawed_line
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.freeze import thawed_line
+    from nvsymlinkd.repair.model import RepairStatus
     from nvsymlinkd.summary import repair_line
+    from nvsymlinkd.text import printable
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
     unprotected = _unprotected(results)
@@ -299,8 +294,8 @@ def _bus_error_report(error: str, journal, before_reload: bool) -> None:
     writes for every transient scope and runtime property). Said, never silent: on stderr (amid apt's or
     dnf's output before a reload) and in the journal; what the files could not answer is reported per
     container as `cannot judge`."""
-    from nvsymlinkd.cli import printable
     from nvsymlinkd.journal import WARNING
+    from nvsymlinkd.text import printable
 
     what = "before a daemon-reload" if before_reload else "repair"
     line = (f"{what}: systemd did not answer on the system bus ({error}); the containers' scopes were judged "
@@ -315,7 +310,7 @@ def _unprotected(results) -> list:
     """Containers in a systemd scope with devices a reload would take and none that may be granted (each
     refused: expected by nothing trusted, e.g. a hook's grant with no baseline yet): "nothing to do" for
     `repair`, but for a package script about to reload, a container it leaves at risk."""
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.model import RepairStatus
 
     return [r for r in results if RepairStatus(r.status) == RepairStatus.NOTHING and r.plan.refused
             and r.request.scope]
@@ -333,7 +328,7 @@ def _unfixable_json(report) -> dict:
 
 
 def _summary(results) -> dict:
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.model import RepairStatus
 
     counts = {s.value: 0 for s in RepairStatus}
     for r in results:

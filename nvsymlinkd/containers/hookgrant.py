@@ -101,7 +101,7 @@ GO_TOML = "go-toml"
 BURNTSUSHI = "burntsushi"
 
 
-def _go_equal_fold(key: str, tag: str) -> bool:
+def go_equal_fold(key: str, tag: str) -> bool:
     """strings.EqualFold(key, tag) for an ASCII lower-case tag: Unicode simple folding adds only the Kelvin
     sign (U+212A ~ k) and the long s (U+017F ~ s) to the ASCII letters' orbits."""
     if len(key) != len(tag):
@@ -117,7 +117,7 @@ def _lookup(table: Mapping[str, Any], tag: str, dialect: str) -> tuple[bool, Any
             if key in table:
                 return True, table[key]
         return False, None
-    matches = [k for k in table if k == tag or _go_equal_fold(k, tag)]
+    matches = [k for k in table if k == tag or go_equal_fold(k, tag)]
     if not matches:
         return False, None
     values = [table[k] for k in matches]
