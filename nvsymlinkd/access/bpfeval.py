@@ -616,45 +616,58 @@ class _Run:
         return out
 
     def step(self, state: _State) -> list[tuple[int, _State]]:
+        """The instruction at self.pc on STATE: the (next pc, state) pairs it leads to."""
         self.steps += 1
         if self.steps > MAX_STATE_STEPS:
             self.fail(f"step limit: more than {MAX_STATE_STEPS} instructions over every path")
-        pc, insn, regs = self.pc, self.insns[self.pc], state.regs
+        insn = self.insns[self.pc]
         if insn.dst >= NREGS or insn.src >= NREGS:
             self.fail(f"register out of range in {describe_insn(insn)}")
         cls = insn.code & 7
-        use_x = bool(insn.code & SRC_X)
-        op = insn.code & 0xF0
         if cls in (ALU, ALU64):
-            if op == MOV and not use_x:   # a constant (what alu does; the producers' verdicts are these)
-                regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
-                return [(pc + 1, state)]
-            dst, src = regs[insn.dst], regs[insn.src] if use_x else None
-            if type(src) is _Sym:
-                if op == MOV and insn.off == 0:
-                    regs[insn.dst] = src      # mov and mov32 of a u32: the number itself
-                    return [(pc + 1, state)]
-                if not (op in (XOR, SUB) and insn.src == insn.dst):
-                    return self.again(self.known(state, src.field, f"{describe_insn(insn)} uses the device's "
-                                                                   f"{src.field}"))
-            if type(dst) is _Sym and op != MOV:
-                ones = M64 if cls == ALU64 else M32
-                if op == AND and not use_x and (insn.imm & ones) == ones:
-                    return [(pc + 1, state)]  # and with all ones: the number itself
-                if op in (XOR, SUB) and use_x and insn.src == insn.dst:
-                    regs[insn.dst] = 0
-                    return [(pc + 1, state)]
-                return self.again(self.known(state, dst.field, f"{describe_insn(insn)} on the device's {dst.field}"))
-            if type(dst) is _Vec or type(src) is _Vec:
-                key = (insn, dst, src)
-                hit = self.memo.get(key, _MISS)
-                if hit is _MISS:
-                    hit = self.memo[key] = self.per_context(
-                        lambda tmp: alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
-                regs[insn.dst] = hit
-            else:
-                regs[insn.dst] = alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+            return self.step_alu(state, insn, cls)
+        if cls in (LDX, LD):
+            return self.step_load(state, insn, cls)
+        if cls not in (JMP, JMP32):
+            self.fail(f"{describe_insn(insn)}: writes memory")
+        return self.step_jump(state, insn, cls)
+
+    def step_alu(self, state: _State, insn: Insn, cls: int) -> list[tuple[int, _State]]:
+        """Arithmetic: a number, a per-context vector, or (on the device's fields) a split first."""
+        pc, regs, use_x, op = self.pc, state.regs, bool(insn.code & SRC_X), insn.code & 0xF0
+        if op == MOV and not use_x:   # a constant (what alu does; the producers' verdicts are these)
+            regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
             return [(pc + 1, state)]
+        dst, src = regs[insn.dst], regs[insn.src] if use_x else None
+        if type(src) is _Sym:
+            if op == MOV and insn.off == 0:
+                regs[insn.dst] = src      # mov and mov32 of a u32: the number itself
+                return [(pc + 1, state)]
+            if not (op in (XOR, SUB) and insn.src == insn.dst):
+                return self.again(self.known(state, src.field, f"{describe_insn(insn)} uses the device's "
+                                                               f"{src.field}"))
+        if type(dst) is _Sym and op != MOV:
+            ones = M64 if cls == ALU64 else M32
+            if op == AND and not use_x and (insn.imm & ones) == ones:
+                return [(pc + 1, state)]  # and with all ones: the number itself
+            if op in (XOR, SUB) and use_x and insn.src == insn.dst:
+                regs[insn.dst] = 0
+                return [(pc + 1, state)]
+            return self.again(self.known(state, dst.field, f"{describe_insn(insn)} on the device's {dst.field}"))
+        if type(dst) is _Vec or type(src) is _Vec:
+            key = (insn, dst, src)
+            hit = self.memo.get(key, _MISS)
+            if hit is _MISS:
+                hit = self.memo[key] = self.per_context(
+                    lambda tmp: alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
+            regs[insn.dst] = hit
+        else:
+            regs[insn.dst] = alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+        return [(pc + 1, state)]
+
+    def step_load(self, state: _State, insn: Insn, cls: int) -> list[tuple[int, _State]]:
+        """A load from the 12-byte context (BPF_LDX) or a 64-bit constant (BPF_LD | BPF_IMM | BPF_DW)."""
+        pc, regs = self.pc, state.regs
         if cls == LDX:
             mode = insn.code & 0xE0
             base = regs[insn.src]
@@ -665,13 +678,15 @@ class _Run:
                 self.fail(f"BPF_LDX at context offset {off} size {size}, outside the 12-byte context")
             regs[insn.dst] = self.load(off, size)
             return [(pc + 1, state)]
-        if cls == LD:
-            if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= len(self.insns):
-                self.fail(describe_insn(insn))
-            regs[insn.dst] = (insn.imm & M32) | ((self.insns[pc + 1].imm & M32) << 32)
-            return [(pc + 2, state)]
-        if cls not in (JMP, JMP32):
-            self.fail(f"{describe_insn(insn)}: writes memory")
+        # BPF_LD
+        if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= len(self.insns):
+            self.fail(describe_insn(insn))
+        regs[insn.dst] = (insn.imm & M32) | ((self.insns[pc + 1].imm & M32) << 32)
+        return [(pc + 2, state)]
+
+    def step_jump(self, state: _State, insn: Insn, cls: int) -> list[tuple[int, _State]]:
+        """Exit (a leaf: the verdict), a jump, or a condition: both ways, or the contexts split between them."""
+        pc, regs, use_x, op = self.pc, state.regs, bool(insn.code & SRC_X), insn.code & 0xF0
         if op == EXIT:
             r0 = regs[0]
             if type(r0) is _Sym:
@@ -692,28 +707,7 @@ class _Run:
         if type(b) is _Sym and type(a) is not _Sym:
             return self.again(self.known(state, b.field, f"{describe_insn(insn)} compares with the device's {b.field}"))
         if type(a) is _Sym:
-            if op not in (JEQ, JNE):
-                return self.again(self.known(state, a.field, f"{describe_insn(insn)} on the device's {a.field}: "
-                                                             "only equality is understood"))
-            if use_x and type(b) is not int:
-                why = f"{describe_insn(insn)} compares the device's {a.field} with a non-constant"
-                if type(b) is _Sym:
-                    return self.again(self.known(state, b.field, why))
-                if type(b) is _Vec:
-                    return self.again(_per_context_states(state))
-                self.fail(why)
-            c = b if use_x else insn.imm & M64
-            if cls == JMP32:
-                c &= M32   # type: ignore[operator]
-            equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
-            other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
-            if equal_target <= pc or other_target <= pc:
-                self.fail(f"{describe_insn(insn)} jumps back (a loop)")
-            if c > M32:            # type: ignore[operator]
-                return [(other_target, state)]   # a u32 never equals it
-            equal = self.split(state, a.field, c)   # type: ignore[arg-type]
-            out = [(equal_target, equal)] if equal is not None else []
-            return out + ([(other_target, state)] if state.parts else [])
+            return self.jump_on_field(state, insn, cls, a, b)
         taken_target = pc + 1 + insn.off
         if type(a) is _Vec or type(b) is _Vec:
             key = (insn, a, b)
@@ -731,6 +725,32 @@ class _Run:
             return [(taken_target, _State(list(regs), {i: parts[i] for i in yes})), (pc + 1, state)]
         taken = condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
         return [(taken_target if taken else pc + 1, state)]
+
+    def jump_on_field(self, state: _State, insn: Insn, cls: int, a: _Sym, b: Value) -> list[tuple[int, _State]]:
+        """A condition on one of the device's fields: equality with a constant splits the state's parts."""
+        pc, use_x, op = self.pc, bool(insn.code & SRC_X), insn.code & 0xF0
+        if op not in (JEQ, JNE):
+            return self.again(self.known(state, a.field, f"{describe_insn(insn)} on the device's {a.field}: "
+                                                         "only equality is understood"))
+        if use_x and type(b) is not int:
+            why = f"{describe_insn(insn)} compares the device's {a.field} with a non-constant"
+            if type(b) is _Sym:
+                return self.again(self.known(state, b.field, why))
+            if type(b) is _Vec:
+                return self.again(_per_context_states(state))
+            self.fail(why)
+        c = b if use_x else insn.imm & M64
+        if cls == JMP32:
+            c &= M32   # type: ignore[operator]
+        equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
+        other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
+        if equal_target <= pc or other_target <= pc:
+            self.fail(f"{describe_insn(insn)} jumps back (a loop)")
+        if c > M32:            # type: ignore[operator]
+            return [(other_target, state)]   # a u32 never equals it
+        equal = self.split(state, a.field, c)   # type: ignore[arg-type]
+        out = [(equal_target, equal)] if equal is not None else []
+        return out + ([(other_target, state)] if state.parts else [])
 
     def per_context(self, fn: Callable[[list[Reg]], Any], insn: Insn, dst: Value, src: Value) -> Any:
         """fn on each context's values of the operands: one value when all agree, else a _Vec (the callers

@@ -52,7 +52,7 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd.render import DEFAULT_BINDIR, RenderOptions, render_all, render_drop_ins
+    from nvsymlinkd.systemd.render import DEFAULT_BINDIR, RenderOptions, render_all, render_drop_ins
 
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                                    create_nodes=args.create_nodes, resync_interval=args.resync_interval,

@@ -93,20 +93,14 @@ def run(args, root, config) -> int:
 
 
 def _run(args, root, config) -> int:
-    from nvsymlinkd.containers.discovery import find
     from nvsymlinkd.journal import Journal
-    from nvsymlinkd.repair.apply import history_path, load_history, repair_all, save_history
-    from nvsymlinkd.repair.freeze import recover_frozen, thawed_line
+    from nvsymlinkd.repair.apply import history_path, load_history, save_history
+    from nvsymlinkd.repair.freeze import recover_frozen
     from nvsymlinkd.repair.model import RepairStatus
     from nvsymlinkd.verify import verifier
-    from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
-    if args.before_reload:
-        if not os.path.isdir(root.path("/run/systemd/system")):
-            return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
-        from nvsymlinkd.systemd.client import shared
-
-        shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
+    if args.before_reload and not _reload_to_prevent(root):
+        return EXIT_OK
     blind = _cannot_see(root)
     if blind:
         from nvsymlinkd.text import printable
@@ -126,30 +120,9 @@ def _run(args, root, config) -> int:
     report = verifier.verify_all(root, config, with_host=False)
     if report.bus_error:
         _bus_error_report(report.bus_error, journal, args.before_reload)
-    late: list = []  # --before-reload: containers whose turn came after its time to start repairs
-    try:
-        if args.before_reload:
-            results, late = _repairs_in_time(root, config, report, history=history, journal=journal,
-                                             force=args.force, by_hand=True)
-        else:
-            results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                                 journal=journal, report=report, force=args.force, by_hand=True)
-    except KeyError as exc:
-        from nvsymlinkd.containers.discovery import no_such_container
-
-        raise no_such_container(exc.args[0])
-    # A container whose access cannot be judged has nothing to repair that we know of: say so, and
-    # never report such a host as fine (exit 1).
-    chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
+    results, late = _repairs(args, root, config, report, history, journal)
+    unknown, denied, unfixable = _unrepaired(args, report, results, late)
     repaired = {r.request.container_id for r in results}
-    unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
-    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
-    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
-    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
-    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
-    # `check` counts them, with their fix, never dropped
-    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown and c not in late
-                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
             save_history(root, config, history)
@@ -165,9 +138,67 @@ def _run(args, root, config) -> int:
         ok = ok and not _unprotected(results)
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
                "denied": len([c for c in denied if c.id not in repaired])}
+    _write_report(args, ok, results, thawed, (unknown, denied, unfixable), summary, journal, late)
+    return EXIT_OK if ok else EXIT_NOT_DESIRED
+
+
+def _reload_to_prevent(root) -> bool:
+    """--before-reload: whether systemd runs here (not in a chroot, an image build: no reload to prevent)."""
+    if not os.path.isdir(root.path("/run/systemd/system")):
+        return False
+    from nvsymlinkd.systemd.client import shared
+
+    shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
+    return True
+
+
+def _repairs(args, root, config, report, history, journal) -> tuple:
+    """(results, late): every chosen container's repair; late (--before-reload): the containers whose turn
+    came after its time to start repairs."""
+    from nvsymlinkd.repair.apply import repair_all
+
+    late: list = []
+    try:
+        if args.before_reload:
+            results, late = _repairs_in_time(root, config, report, history=history, journal=journal,
+                                             force=args.force, by_hand=True)
+        else:
+            results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
+                                 journal=journal, report=report, force=args.force, by_hand=True)
+    except KeyError as exc:
+        from nvsymlinkd.containers.discovery import no_such_container
+
+        raise no_such_container(exc.args[0])
+    return results, late
+
+
+def _unrepaired(args, report, results, late) -> tuple:
+    """(unknown, denied, unfixable): the chosen containers no repair fixed, each kind reported with its fix."""
+    from nvsymlinkd.containers.discovery import find
+    from nvsymlinkd.verify.kinds import FindingKind, Verdict
+
+    # A container whose access cannot be judged has nothing to repair that we know of: say so, and
+    # never report such a host as fine (exit 1).
+    chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
+    repaired = {r.request.container_id for r in results}
+    unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
+    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
+    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
+    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
+    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
+    # `check` counts them, with their fix, never dropped
+    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown and c not in late
+                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
+    return unknown, denied, unfixable
+
+
+def _write_report(args, ok, results, thawed, unrepaired, summary, journal, late) -> None:
+    """The report: JSON, --before-reload's words for apt's or dnf's output, or the terminal's lines."""
     from nvsymlinkd.cli import write_output
+    from nvsymlinkd.repair.freeze import thawed_line
     from nvsymlinkd.text import printable
 
+    unknown, denied, unfixable = unrepaired
     if args.json:
         from nvsymlinkd.cli import JSON_SCHEMA_VERSION
 
@@ -186,12 +217,11 @@ def _run(args, root, config) -> int:
             lines += r.human_lines()
             lines += [f"  step: {step}" for step in r.steps]
         lines += _unrepaired_lines(unknown, denied, unfixable)
-        from nvsymlinkd.summary import repair_line
+        from nvsymlinkd.devchar.summary import repair_line
 
         lines.append(repair_line(results, summary, args.dry_run))
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
-    return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 
 def _repairs_in_time(root, config, report, **kw) -> tuple:
@@ -253,9 +283,9 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary, 
     could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
     apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
     repair is journaled as well (repair-prevented, repair-failed, ...)."""
+    from nvsymlinkd.devchar.summary import repair_line
     from nvsymlinkd.repair.freeze import thawed_line
     from nvsymlinkd.repair.model import RepairStatus
-    from nvsymlinkd.summary import repair_line
     from nvsymlinkd.text import printable
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
