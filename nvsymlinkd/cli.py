@@ -111,7 +111,7 @@ COMPLETION_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]{0,512}")
 def _complete_containers(args, root, config) -> int:
     """The words `check` and `repair` take for CONTAINER, one per line: each GPU container's short id
     and its names. Discovery only (no verification, no bus): fast enough for a TAB, and quiet."""
-    from nvsymlinkd.containers.discovery import _names_of, discover
+    from nvsymlinkd.containers.discovery import discover, names_of
     from nvsymlinkd.containers.ocispec import gpu_signs
     from nvsymlinkd.devchar.snapshot import read_majors
 
@@ -123,7 +123,7 @@ def _complete_containers(args, root, config) -> int:
     for c in discover(root):
         if not gpu_signs(c.spec, c.state, majors):
             continue
-        for word in (c.short_id, *sorted(_names_of(c))):
+        for word in (c.short_id, *sorted(names_of(c))):
             if word not in words and COMPLETION_WORD.fullmatch(word):
                 words.append(word)
     sys.stdout.write("".join(w + "\n" for w in words))

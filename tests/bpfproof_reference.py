@@ -11,10 +11,10 @@ from typing import Iterable, NamedTuple, NoReturn, Optional, Sequence, Union
 
 from nvsymlinkd.access.bpfeval import (ALU, ALU64, AND, CALL, DEV_TYPES, EXIT, JA, JEQ, JMP, JMP32, JMP_NAMES,
                                        JNE, LD, LDX, M32, M64, MAX_STEPS, MODE_IMM, MODE_MEM, MOV, NREGS,
-                                       SIZE_BYTES, SIZE_DW, SRC_X, SUB, XOR, Distinguished, Fail, Insn, Reg, _alu,
-                                       _condition, _Ptr, describe_insn, evaluate, make_ctx)
+                                       SIZE_BYTES, SIZE_DW, SRC_X, SUB, XOR, Distinguished, Fail, Insn, Reg, alu,
+                                       condition, Ptr, describe_insn, evaluate, make_ctx)
 from nvsymlinkd.access.bpfgen import access_letters, access_mask
-from nvsymlinkd.access.bpfproof import ACCESS_MASKS, DeviceClass, Grant, Program, Proof, _fresh
+from nvsymlinkd.access.bpfproof import ACCESS_MASKS, DeviceClass, Grant, Program, Proof, fresh
 from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import TYPES, Device, Rule
 
@@ -49,8 +49,8 @@ def distinguished(insns: Sequence[Insn]) -> Distinguished:
         for access in ACCESS_SETS:
             # a path: (pc, registers, known numbers, numbers excluded), depth first
             start: list[Union[Reg, _Sym]] = [None] * NREGS
-            start[1] = _Ptr("ctx", 0)
-            start[10] = _Ptr("stack", 0)
+            start[1] = Ptr("ctx", 0)
+            start[10] = Ptr("stack", 0)
             todo: list[tuple[int, list[Union[Reg, _Sym]], dict[str, int], dict[str, frozenset[int]]]] = [
                 (0, start, {}, {MAJOR: frozenset(), MINOR: frozenset()})]
             while todo:
@@ -93,7 +93,7 @@ def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], 
         v = value(reg)
         if v is None:
             fail(f"r{reg} read before it is set")
-        if isinstance(v, _Ptr):
+        if isinstance(v, Ptr):
             fail(f"arithmetic on {v.region} pointer r{reg}")
         if isinstance(v, _Sym):
             fail(f"arithmetic on the device's {v.field}")
@@ -131,12 +131,12 @@ def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], 
                     pc += 1
                     continue
                 fail(f"{describe_insn(insn)} on the device's {dst.field}")
-            regs[insn.dst] = _alu(insn, cls == ALU64, concrete_regs(), scalar, fail)
+            regs[insn.dst] = alu(insn, cls == ALU64, concrete_regs(), scalar, fail)
             pc += 1
         elif cls == LDX:
             mode = insn.code & 0xE0
             base = value(insn.src)
-            if mode != MODE_MEM or not isinstance(base, _Ptr) or base.region != "ctx":
+            if mode != MODE_MEM or not isinstance(base, Ptr) or base.region != "ctx":
                 fail(describe_insn(insn) + " (not a plain load from the context)")
             off, size = base.off + insn.off, SIZE_BYTES[insn.code & 0x18]
             if off < 0 or off + size > 12:
@@ -194,7 +194,7 @@ def _run_symbolic(insns: Sequence[Insn], pc: int, regs: list[Union[Reg, _Sym]], 
                     ne_excluded[a.field] = excluded[a.field] | {c}
                     return [(equal_target, list(regs), eq_known, dict(excluded)),
                             (other_target, list(regs), dict(known), ne_excluded)]
-                taken = _condition(insn, cls == JMP32, concrete_regs(), scalar, fail)
+                taken = condition(insn, cls == JMP32, concrete_regs(), scalar, fail)
                 target = pc + 1 + insn.off if taken else pc + 1
             if target <= pc:
                 fail(f"{describe_insn(insn)} jumps back to insn {target} (a loop)")
@@ -219,13 +219,13 @@ def classes(programs: Sequence[Program], extra: Iterable[Device] = ()) -> list[D
     out: list[DeviceClass] = []
     for t in TYPES:
         every = minors[t].get(None, set())
-        other_major = _fresh(majors[t])
+        other_major = fresh(majors[t])
         for m in sorted(majors[t]):
             named = minors[t].get(m, set()) | every
             out += [DeviceClass(t, m, n, Device(t, m, n)) for n in sorted(named)]
-            out.append(DeviceClass(t, m, None, Device(t, m, _fresh(named))))
+            out.append(DeviceClass(t, m, None, Device(t, m, fresh(named))))
         out += [DeviceClass(t, None, n, Device(t, other_major, n)) for n in sorted(every)]
-        out.append(DeviceClass(t, None, None, Device(t, other_major, _fresh(every))))
+        out.append(DeviceClass(t, None, None, Device(t, other_major, fresh(every))))
     return out
 
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.conftest import IN_CI
 from tests.journalproto import PARSE_SOURCE
 

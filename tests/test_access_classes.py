@@ -16,7 +16,7 @@ from nvsymlinkd.access.cgroup import policy_of
 from nvsymlinkd.containers.expected import Expected
 from nvsymlinkd.host.devices import Access, Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
-from nvsymlinkd.verify.verifier import HostDevices, _read_live
+from nvsymlinkd.verify.evaluate import HostDevices, read_live
 
 MAJORS = (195, 509, 510)
 number = st.one_of(st.just("*"), st.integers(0, 6).map(str))
@@ -58,7 +58,7 @@ def test_the_verifier_reads_a_cgroup_as_checking_each_device_does(text, minors, 
                        + (NvidiaNode("/dev/nvidia0", "gpu", 195, 0),), frozenset({195, 509}), None)
     exp = Expected({Device.char(195, m): "rw" for m in expected})
     dev_nodes = [("/dev/nvidia-caps/nvidia-cap3", Device.char(509, 3)), ("/dev/other", Device.char(7, 1))]
-    assert _read_live(policy, exp, host, dev_nodes) == _read_live(_PerDevice(policy), exp, host, dev_nodes)
+    assert read_live(policy, exp, host, dev_nodes) == read_live(_PerDevice(policy), exp, host, dev_nodes)
 
 
 def test_bpf_programs_are_checked_device_by_device():

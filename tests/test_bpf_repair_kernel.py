@@ -261,8 +261,8 @@ def test_a_read_back_that_does_not_prove_puts_the_old_program_back(gpu, monkeypa
     the old program goes back and the repair fails: never a program nvsymlinkd could not prove."""
     from nvsymlinkd.errors import RepairError
     from nvsymlinkd.repair import bpfrepair
-    from nvsymlinkd.repair.plan import Grant as PlanGrant
-    from nvsymlinkd.repair.plan import RepairRequest
+    from nvsymlinkd.repair.model import Grant as PlanGrant
+    from nvsymlinkd.repair.model import RepairRequest
 
     g = gpu()
     g.runtime_program(LOST, flags=flags)

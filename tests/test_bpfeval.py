@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.bpfeval import Insn
 from nvsymlinkd.access.bpfprog import DeviceProgram
-from nvsymlinkd.access.cgroup import AccessPolicy, _Program, _V1Source, _V2Source
+from nvsymlinkd.access.cgroup import AccessPolicy, AttachedProgram, V1Source, V2Source
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.host.devices import Access, Device, Rule
 from tests import bpfasm
@@ -153,24 +153,24 @@ def test_decode_rejects_partial_instruction():
 
 
 def _v2(*programs):
-    infos = [_Program(DeviceProgram(i + 1, "", "00" * 8, 15, be.encode(p)), be.decode(be.encode(p)),
+    infos = [AttachedProgram(DeviceProgram(i + 1, "", "00" * 8, 15, be.encode(p)), be.decode(be.encode(p)),
                       "test") for i, p in enumerate(programs)]
-    return _V2Source("/x", "/sys/fs/cgroup/x", infos)
+    return V2Source("/x", "/sys/fs/cgroup/x", infos)
 
 
 def test_policy_is_the_and_of_all_sources():
     allow_all = bpfasm.runc_allow_all()
     deny_all = bpfasm.runc_program([], default_allow=False)
     call = [Insn(be.JMP | be.CALL, 0, 0, 0, 5), mov64(0, 1), exit_()]
-    v1_gpu = _V1Source("/l", rules=parse_devices_list("c 195:* rw\n", "/l"))
-    v1_none = _V1Source("/l", rules=[])
+    v1_gpu = V1Source("/l", rules=parse_devices_list("c 195:* rw\n", "/l"))
+    v1_none = V1Source("/l", rules=[])
     assert AccessPolicy([v1_gpu, _v2(allow_all)]).check(Device("c", 195, 0), "rw").state == "allow"
     assert AccessPolicy([v1_none, _v2(allow_all)]).check(Device("c", 195, 0), "rw").state == "deny"
     assert AccessPolicy([v1_gpu, _v2(allow_all, deny_all)]).check(Device("c", 195, 0), "r").state == "deny"
     v = AccessPolicy([v1_gpu, _v2(allow_all, call)]).check(Device("c", 195, 0), "r")
     assert v.state == "unknown" and "insn 0 (BPF_CALL" in v.reason
     assert AccessPolicy([v1_none, _v2(call)]).check(Device("c", 195, 0), "r").state == "deny"
-    assert AccessPolicy([_V1Source("/l", error="cannot read /l")]).check(Device("c", 1, 3), "r").state == "unknown"
+    assert AccessPolicy([V1Source("/l", error="cannot read /l")]).check(Device("c", 1, 3), "r").state == "unknown"
     assert AccessPolicy([]).check(Device("c", 1, 3), "r").state == "allow"
     with pytest.raises(ValueError):
         AccessPolicy([]).check(Device("a", 1, 3), "r")

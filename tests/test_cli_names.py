@@ -16,7 +16,8 @@ from nvsymlinkd import journal as journalmod
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.metrics import Metrics
-from nvsymlinkd.verify.verifier import journal_entries, verify_all
+from nvsymlinkd.verify.journaldiff import journal_entries
+from nvsymlinkd.verify.verifier import verify_all
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_rule
 
 K8S = "a" * 64

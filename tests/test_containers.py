@@ -17,7 +17,8 @@ from nvsymlinkd.containers.discovery import (
     proc_start_time,
     scope_of,
 )
-from nvsymlinkd.containers.ocispec import UnsafeFile, gpu_signs, parse_spec, read_bounded
+from nvsymlinkd.containers.ocispec import gpu_signs, parse_spec, read_bounded
+from nvsymlinkd.errors import UnsafeFile
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from tests.clirun import cli, no_traceback

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd import journal
+from nvsymlinkd.containers.runtimes import is_container_scope
 from nvsymlinkd.daemon.inotify import (
     IN_CREATE,
     IN_ISDIR,
@@ -23,7 +24,6 @@ from nvsymlinkd.daemon.inotify import (
 from nvsymlinkd.daemon.notify import Notifier, send_datagram
 from nvsymlinkd.daemon.udev import is_nvidia_event
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.systemd.bus import is_container_scope
 from tests.conftest import need_tool
 from tests.daemonproc import notify_socket
 from tests.fakehost import standard_host
@@ -314,10 +314,11 @@ def test_module_journal_kinds_are_in_the_one_table():
     # the verifier and repair name their journal kinds; journal.MESSAGE_IDS (and so the catalog) holds the IDs
     from nvsymlinkd import journal as journalmod
     from nvsymlinkd.repair import apply as repairer
-    from nvsymlinkd.verify import verifier
+    from nvsymlinkd.verify import evaluate
+    from nvsymlinkd.verify import kinds as findingkinds
 
-    for kind in (*verifier.JOURNAL_KINDS.values(), *repairer.JOURNAL_KINDS.values(), "repair-thawed"):
+    for kind in (*findingkinds.JOURNAL_KINDS.values(), *repairer.JOURNAL_KINDS.values(), "repair-thawed"):
         assert kind in journalmod.MESSAGE_IDS
-    assert set(verifier.JOURNAL_KINDS) == {verifier.OK, *verifier.KINDS}
+    assert set(findingkinds.JOURNAL_KINDS) == {evaluate.OK, *evaluate.KINDS}
     ids = list(journalmod.MESSAGE_IDS.values())
     assert len(ids) == len(set(ids))

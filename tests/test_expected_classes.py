@@ -19,8 +19,8 @@ from nvsymlinkd.containers.expected import (
     RUNTIME_STATE,
     SPEC,
     Expected,
-    _relevant,
     expected_access,
+    relevant,
     rules_access,
     usable,
 )
@@ -38,8 +38,8 @@ device = st.builds(Device, st.just("c"), st.sampled_from(MAJORS), st.integers(0,
 def per_device(candidates, spec, state, baseline) -> Expected:
     """expected_access as it was: every rule list asked about every device."""
     majors = {k.major for k in candidates}
-    spec_rules = _relevant(spec.rules, majors) if spec is not None else None
-    state_rules = _relevant(state.rules, majors) if state is not None and state.rules is not None else None
+    spec_rules = relevant(spec.rules, majors) if spec is not None else None
+    state_rules = relevant(state.rules, majors) if state is not None and state.rules is not None else None
     devices, declared, sources = {}, set(), {}
     for key in sorted(candidates):
         key = Device(*key)

@@ -486,9 +486,9 @@ def test_config_key_spelling_ambiguity_with_an_unknown_version():
     assert parse_toolkit_config(doc, "burntsushi").accept_envvar_unprivileged is False
     assert not parse_toolkit_config(doc, None).readable
     kelvin = {"\u212aeys": 1}  # strings.EqualFold folds the Kelvin sign to k
-    from nvsymlinkd.containers.hookgrant import _go_equal_fold
+    from nvsymlinkd.containers.hookgrant import go_equal_fold
 
-    assert _go_equal_fold(next(iter(kelvin)), "keys") and not _go_equal_fold("KEYS!", "keys")
+    assert go_equal_fold(next(iter(kelvin)), "keys") and not go_equal_fold("KEYS!", "keys")
 
 
 def test_lost_and_at_risk_findings_name_mig_devices_and_imex_channels_in_check_and_the_journal():
@@ -497,9 +497,9 @@ def test_lost_and_at_risk_findings_name_mig_devices_and_imex_channels_in_check_a
     from nvsymlinkd.containers.expected import Expected
     from nvsymlinkd.containers.hookgrant import RW, HookGrant, ImexGrant, MigGrant
     from nvsymlinkd.verify import evaluate
+    from nvsymlinkd.verify.evaluate import ContainerReport
     from nvsymlinkd.verify.journaldiff import journal_entries
     from nvsymlinkd.verify.kinds import FindingKind, verdict_of
-    from nvsymlinkd.verify.verifier import ContainerReport
 
     gpu, gi, ci, ch0, ch1 = (Device.char(195, 0), Device.char(241, 12), Device.char(241, 13), Device.char(242, 0),
                              Device.char(242, 1))

@@ -90,14 +90,14 @@ def test_a_long_nvidia_visible_devices_is_shown_bounded_and_decided_whole():
     from nvsymlinkd.containers.expected import Expected
     from nvsymlinkd.containers.hookgrant import HookGrant
     from nvsymlinkd.containers.ocispec import gpu_signs, parse_spec
-    from nvsymlinkd.verify.evaluate import _request_signs
+    from nvsymlinkd.verify.evaluate import request_signs
     from tests.fixtures.runtimes.layouts import oci_spec
 
     value = "GPU-" + "a" * 5000
     spec = parse_spec(oci_spec(env=[f"NVIDIA_VISIBLE_DEVICES={value}"]))
     assert spec.visible_devices == value
     c = Container("ctr", "runc", spec=spec)
-    (sign,) = _request_signs(c, Expected(hook=HookGrant(False, {}, "not reconstructed")))
+    (sign,) = request_signs(c, Expected(hook=HookGrant(False, {}, "not reconstructed")))
     assert len(sign) < 300 and sign.endswith("... (5004 characters)"), sign
     (sign,) = gpu_signs(spec, None, frozenset({195}))
     assert len(sign) < 300 and sign.endswith("... (5004 characters)"), sign

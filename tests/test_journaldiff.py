@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
+from nvsymlinkd.verify.evaluate import ContainerReport, Finding, Report
 from nvsymlinkd.verify.journaldiff import JournalState, journal_changes, repair_is_news
 from nvsymlinkd.verify.kinds import FindingKind, verdict_of
-from nvsymlinkd.verify.verifier import ContainerReport, Finding, Report
 
 CID = "a" * 64
 LOST = Finding(FindingKind.LOST, ("c 195:0",), "denied", "nvsymlinkd repair")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nvsymlinkd.repair.plan import MECHANISMS, TRUSTED_SOURCES, UNTRUSTED_SOURCES, RepairStatus
+from nvsymlinkd.repair.mechanisms import MECHANISMS
+from nvsymlinkd.repair.model import TRUSTED_SOURCES, UNTRUSTED_SOURCES, RepairStatus
 from nvsymlinkd.verify.kinds import FindingKind, Verdict
 from tests.conftest import IN_CI
 from tests.runcfixture import device_node, device_rule

@@ -20,8 +20,9 @@ from nvsymlinkd import journal, metrics
 from nvsymlinkd.cli import COMMANDS, HIDDEN_COMMANDS, build_parser
 from nvsymlinkd.config import KEYS
 from nvsymlinkd.repair import apply as repairer
-from nvsymlinkd.repair.plan import RepairStatus
-from nvsymlinkd.verify import verifier
+from nvsymlinkd.repair.model import RepairStatus
+from nvsymlinkd.verify import evaluate
+from nvsymlinkd.verify import kinds as findingkinds
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"
@@ -121,8 +122,8 @@ def test_every_metric_is_in_the_run_page():
 
 def test_every_finding_kind_and_repair_status_is_documented():
     check = read_page(page_of("check"))
-    missing = [k.value for k in (verifier.OK, *verifier.KINDS) if f"**{k.value}**" not in check
-               or journal.MESSAGE_IDS[verifier.JOURNAL_KINDS[k]] not in check]
+    missing = [k.value for k in (evaluate.OK, *evaluate.KINDS) if f"**{k.value}**" not in check
+               or journal.MESSAGE_IDS[findingkinds.JOURNAL_KINDS[k]] not in check]
     assert not missing, f"man/{page_of('check')}: add these under FINDING KINDS, with their MESSAGE_ID: {missing}"
     repair = read_page(page_of("repair"))
     missing = [s.value for s in RepairStatus if f"**{s.value}**" not in repair]

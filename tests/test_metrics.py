@@ -18,7 +18,7 @@ from nvsymlinkd import metrics as m
 from nvsymlinkd.config import Config, parse_config
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import Journal
-from nvsymlinkd.verify.verifier import ContainerReport, Report
+from nvsymlinkd.verify.evaluate import ContainerReport, Report
 from tests.fakehost import standard_host
 
 TEXTFILE = "/var/lib/node_exporter/textfile_collector/nvsymlinkd.prom"

@@ -178,8 +178,8 @@ def gpu0():
 
 def repair_entries(runc_host, monkeypatch) -> list:
     """Real repairs of real runc containers: reported, done, refused (rate limit), failed (parent denies)."""
-    from nvsymlinkd.repair.apply import repair_all, repair_container, requests_from_report
-    from nvsymlinkd.repair.plan import RepairHistory
+    from nvsymlinkd.repair.apply import repair_all, repair_container
+    from nvsymlinkd.repair.plan import RepairHistory, requests_from_report
     from nvsymlinkd.verify.verifier import verify_container
 
     monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)  # never the machine's own systemd
@@ -355,16 +355,15 @@ def test_prevented_and_forced_lines_fire_their_events():
     """The prevention's line (systemd driver) as the repairer words it, plain and forced."""
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import RepairResult
-    from nvsymlinkd.repair.plan import (
+    from nvsymlinkd.repair.model import (
         AT_RISK,
         LOST,
         Grant,
-        RepairHistory,
         RepairRequest,
         RepairStatus,
         ScopeFacts,
-        plan_repair,
     )
+    from nvsymlinkd.repair.plan import RepairHistory, plan_repair
 
     grant = Grant(Device.char(195, 0), "rw", "spec")
     for kind, status, reason in ((AT_RISK, RepairStatus.PREVENTED, "GPUDeviceAccessLossPrevented"),
@@ -426,7 +425,8 @@ def test_prevented_and_forced_stories_through_systemd(tmp_path, need_root, monke
     bus, SetUnitProperties) and a real cgroup2 directory: prevented, repaired, refused at the keyboard
     (no "automatically"), forced by hand. Each fires its event; no condition is set."""
     from nvsymlinkd.repair.apply import repair_container
-    from nvsymlinkd.repair.plan import RepairHistory, RepairRequest
+    from nvsymlinkd.repair.model import RepairRequest
+    from nvsymlinkd.repair.plan import RepairHistory
     from tests.privatebus import need_dbusmock
     from tests.test_repair_dbus import SystemdMock, gpu0, link_cgroups, v2_cgroup
 

@@ -21,7 +21,7 @@ import pytest
 
 import nvsymlinkd
 from nvsymlinkd.config import Config
-from nvsymlinkd.render import render_all
+from nvsymlinkd.systemd.render import render_all
 from tests.conftest import _skip_or_fail, need_tool
 from tests.debbuild import build_deb, copy_tree, run
 from tests.runcfixture import device_node, device_rule

@@ -10,7 +10,7 @@ import pytest
 
 from nvsymlinkd.config import Config, parse_config
 from nvsymlinkd.errors import NvsymlinkdError
-from nvsymlinkd.render import RULES, RenderOptions, render_all, systemd_word
+from nvsymlinkd.systemd.render import RULES, RenderOptions, render_all, systemd_word
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).parent.parent
@@ -185,7 +185,7 @@ def test_example_config_documents_every_key_with_its_default():
 
 
 def test_missing_template_is_a_one_line_error(tmp_path, monkeypatch):
-    import nvsymlinkd.render as render
+    import nvsymlinkd.systemd.render as render
     from nvsymlinkd.errors import NvsymlinkdError
 
     monkeypatch.setitem(render.TEMPLATES, "extra.rules", "no-such-template.j2")

@@ -30,7 +30,8 @@ import pytest
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest, plan_repair
+from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairRequest
+from nvsymlinkd.repair.plan import RepairHistory, plan_repair
 from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import IN_CI
 from tests.fakehost import FakeHost
@@ -470,7 +471,7 @@ def test_failed_prevention_does_not_block_the_repair_of_the_loss(systemd, fake):
     without its GPUs. A failed prevention now limits further preventions only (no loop), and the
     first repair of a real loss goes ahead."""
     from nvsymlinkd.repair.apply import repair_container
-    from nvsymlinkd.repair.plan import ScopeFacts
+    from nvsymlinkd.repair.model import ScopeFacts
 
     link_cgroups(fake)
     cgdir, cgpath = v2_cgroup()

@@ -11,7 +11,8 @@ from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import mechanisms
 from nvsymlinkd.repair.apply import repair_container
-from nvsymlinkd.repair.plan import Grant, RepairRequest, RepairStatus, plan_repair
+from nvsymlinkd.repair.model import Grant, RepairRequest, RepairStatus
+from nvsymlinkd.repair.plan import plan_repair
 
 
 def test_one_mechanism_per_row_of_the_matrix():

@@ -25,7 +25,8 @@ from nvsymlinkd.access import bpfprog, bpfproof
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.plan import AT_RISK, LOST, Grant, RepairHistory, RepairRequest
+from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairRequest
+from nvsymlinkd.repair.plan import RepairHistory
 from tests import bpfasm
 from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import _skip_or_fail

@@ -8,21 +8,9 @@ from hypothesis import strategies as st
 
 from nvsymlinkd.access.rules import parse_devices_list
 from nvsymlinkd.host.devices import Device
-from nvsymlinkd.repair.plan import (
-    AT_RISK,
-    BPF_PROGRAM,
-    DEVICES_ALLOW,
-    DEVICES_ALLOW_SYSTEMD,
-    LOST,
-    SYSTEMD,
-    TRUSTED_SOURCES,
-    Grant,
-    RepairHistory,
-    RepairRequest,
-    ScopeFacts,
-    plan_repair,
-    requests_from_report,
-)
+from nvsymlinkd.repair.mechanisms import BPF_PROGRAM, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, SYSTEMD
+from nvsymlinkd.repair.model import AT_RISK, LOST, TRUSTED_SOURCES, Grant, RepairRequest, ScopeFacts
+from nvsymlinkd.repair.plan import RepairHistory, plan_repair, requests_from_report
 
 
 def req(grants=None, v1="/docker/abc", v2=None, driver="cgroupfs", scope=None, kind=LOST, freezer=None):
@@ -178,7 +166,7 @@ def test_grants_are_always_exact_trusted_and_never_broader(grants):
 
 
 def test_adapter_from_verifier_findings():
-    from nvsymlinkd.verify.verifier import ContainerReport, Finding
+    from nvsymlinkd.verify.evaluate import ContainerReport, Finding
 
     report = ContainerReport(
         "abc", "docker", "moby", "running", "lost", "docker-abc.scope", 4242,

@@ -115,7 +115,7 @@ def test_mknod_grant_is_refused_even_when_passed_in(runc_host):
     """The planner's own guard, below the adapter: a container-dev grant on a real cgroup stays denied."""
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import repair_container
-    from nvsymlinkd.repair.plan import Grant, RepairRequest
+    from nvsymlinkd.repair.model import Grant, RepairRequest
 
     c = runc_host.run("gpu-guard", env=["NVIDIA_VISIBLE_DEVICES=all"])
     assert c.exec("mknod", "/dev/nvidia0", "c", "195", "0").returncode == 0
@@ -135,7 +135,8 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     from pathlib import Path
 
     from nvsymlinkd.host.devices import Device
-    from nvsymlinkd.repair.apply import repair_container, requests_from_report
+    from nvsymlinkd.repair.apply import repair_container
+    from nvsymlinkd.repair.plan import requests_from_report
     from nvsymlinkd.verify.verifier import verify_container
 
     c = runc_host.run("gpu-parent", **gpu0())

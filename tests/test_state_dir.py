@@ -85,8 +85,8 @@ def test_state_is_never_written_outside_the_root(lost_runc_host, tmp_path, link)
     from nvsymlinkd.config import Config
     from nvsymlinkd.errors import RepairError
     from nvsymlinkd.host.root import HostRoot
-    from nvsymlinkd.repair.apply import FreezeRecord, RepairLock
-    from nvsymlinkd.repair.plan import RepairRequest
+    from nvsymlinkd.repair.freeze import FreezeRecord, RepairLock
+    from nvsymlinkd.repair.model import RepairRequest
 
     hr = HostRoot(str(root))
     try:
@@ -118,7 +118,7 @@ HOLD_LOCK = """
 import sys, time
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.apply import RepairLock
+from nvsymlinkd.repair.freeze import RepairLock
 with RepairLock(HostRoot(sys.argv[1]), Config(), wait=5):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

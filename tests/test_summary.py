@@ -1,4 +1,4 @@
-"""nvsymlinkd/summary.py as tables: the summary lines and counts of a sync and a repair, in words that
+"""nvsymlinkd/devchar/summary.py as tables: the summary lines and counts of a sync and a repair, in words that
 match what happened (a failed action is counted as failed, never as done; a dry run says "would")."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from nvsymlinkd.devchar.summary import plural, repair_line, sync_counts, sync_line, sync_warnings
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.summary import plural, repair_line, sync_counts, sync_line, sync_warnings
 
 
 @pytest.mark.parametrize(("n", "noun", "many", "said"), [

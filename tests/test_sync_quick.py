@@ -122,7 +122,7 @@ def test_exact_links_are_settled_without_the_planner(example_base, monkeypatch):
     def refuse(*args):
         raise AssertionError("an exact link went to the planner")
 
-    monkeypatch.setattr(quick, "_link_action", refuse)
+    monkeypatch.setattr(quick, "link_action", refuse)
     snap, plan = observe_and_plan(root)
     assert [a.action for a in plan.actions] == ["keep"] * 6
     assert plan == plan_sync(observe(root, with_driver_info=False))

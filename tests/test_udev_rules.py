@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.render import RULES, render_all
+from nvsymlinkd.systemd.render import RULES, render_all
 from tests.conftest import need_tool
 
 UNRELATED = "loop"

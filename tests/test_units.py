@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.render import RenderOptions, render_all
+from nvsymlinkd.systemd.render import RenderOptions, render_all
 from tests.conftest import need_tool
 
 # Configs that change the units: defaults, driver container, odd paths, metrics over HTTP.
@@ -118,7 +118,7 @@ def test_state_dir_outside_run_gets_state_directory():
 @pytest.mark.parametrize("name", ["driver-container", "state-var-lib", "metrics-remote", "odd-paths"])
 def test_packaged_unit_plus_drop_in_verifies(tmp_path, name):
     """What `render --drop-ins` writes, on top of the packaged units, is accepted by systemd."""
-    from nvsymlinkd.render import render_drop_ins
+    from nvsymlinkd.systemd.render import render_drop_ins
 
     tool = need_tool("systemd-analyze")
     bindir = tmp_path / "bin"

@@ -116,13 +116,13 @@ class EvalResult:
     steps: int = 0
 
 
-class _Ptr(NamedTuple):
+class Ptr(NamedTuple):
     region: str   # "ctx" or "stack"
     off: int
 
 
 # a register: unset, a scalar, or a pointer into the context or the stack (typing's: evaluated at import)
-Reg = Union[None, int, _Ptr]
+Reg = Union[None, int, Ptr]
 Fail = Callable[[str], NoReturn]
 Scalar = Callable[[int], int]
 
@@ -167,8 +167,8 @@ def describe_insn(insn: Insn) -> str:
 def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
     """Run a decoded program on one context; allowed when r0's low bit is set (the kernel's test)."""
     regs: list[Reg] = [None] * NREGS
-    regs[1] = _Ptr("ctx", 0)
-    regs[10] = _Ptr("stack", 0)
+    regs[1] = Ptr("ctx", 0)
+    regs[10] = Ptr("stack", 0)
     pc = 0
     steps = 0
     n = len(insns)
@@ -180,7 +180,7 @@ def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
         v = regs[reg]
         if v is None:
             fail(f"r{reg} read before it is set")
-        if isinstance(v, _Ptr):
+        if isinstance(v, Ptr):
             fail(f"arithmetic on {v.region} pointer r{reg}")
         return v
 
@@ -196,7 +196,7 @@ def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
                 fail(f"register out of range in {describe_insn(insn)}")
             cls = insn.code & 7
             if cls in (ALU, ALU64):
-                regs[insn.dst] = _alu(insn, cls == ALU64, regs, scalar, fail)
+                regs[insn.dst] = alu(insn, cls == ALU64, regs, scalar, fail)
                 pc += 1
             elif cls == LDX:
                 regs[insn.dst] = _load(insn, regs, ctx, fail)
@@ -228,7 +228,7 @@ def evaluate(insns: Sequence[Insn], ctx: bytes) -> EvalResult:
                 else:
                     if op not in JMP_NAMES:
                         fail(describe_insn(insn))
-                    taken = _condition(insn, cls == JMP32, regs, scalar, fail)
+                    taken = condition(insn, cls == JMP32, regs, scalar, fail)
                     delta = insn.off
                 target = pc + 1 + delta if taken else pc + 1
                 if target <= pc:
@@ -246,7 +246,7 @@ def _load(insn: Insn, regs: list[Reg], ctx: bytes, fail: Fail) -> int:
     if mode not in (MODE_MEM, MODE_MEMSX):
         fail(describe_insn(insn))
     base = regs[insn.src]
-    if not isinstance(base, _Ptr) or base.region != "ctx":
+    if not isinstance(base, Ptr) or base.region != "ctx":
         fail(f"BPF_LDX from r{insn.src}, which is not the context pointer")
     off = base.off + insn.off
     if off < 0 or off + size > len(ctx):
@@ -257,7 +257,7 @@ def _load(insn: Insn, regs: list[Reg], ctx: bytes, fail: Fail) -> int:
     return value
 
 
-def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> int | _Ptr:
+def alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> int | Ptr:
     op = insn.code & 0xF0
     width = 64 if is64 else 32
     mask = M64 if is64 else M32
@@ -275,7 +275,7 @@ def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) ->
     if op == MOV:
         if use_x:
             src = regs[insn.src]
-            if isinstance(src, _Ptr):
+            if isinstance(src, Ptr):
                 if is64 and insn.off == 0:
                     return src  # pointer copy
                 fail(f"32-bit move of {src.region} pointer r{insn.src}")
@@ -291,12 +291,12 @@ def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) ->
         fail(f"{describe_insn(insn)} with offset {insn.off}")
 
     dst_val = regs[insn.dst]
-    if use_x and insn.src == insn.dst and op in (XOR, SUB) and not isinstance(dst_val, _Ptr):
+    if use_x and insn.src == insn.dst and op in (XOR, SUB) and not isinstance(dst_val, Ptr):
         return 0   # zeroing idiom; constant blinding (bpf_jit_harden) emits it for `mov r, 0`
-    if isinstance(dst_val, _Ptr):
+    if isinstance(dst_val, Ptr):
         # pointer arithmetic on the context pointer: only +/- constant (compilers emit it)
         if is64 and not use_x and op in (ADD, SUB):
-            return _Ptr(dst_val.region, dst_val.off + (insn.imm if op == ADD else -insn.imm))
+            return Ptr(dst_val.region, dst_val.off + (insn.imm if op == ADD else -insn.imm))
         fail(f"{describe_insn(insn)} on {dst_val.region} pointer r{insn.dst}")
     a = scalar(insn.dst) & mask
     if op == NEG:
@@ -336,7 +336,7 @@ def _alu(insn: Insn, is64: bool, regs: list[Reg], scalar: Scalar, fail: Fail) ->
     raise AssertionError("unreachable")
 
 
-def _condition(insn: Insn, is32: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> bool:
+def condition(insn: Insn, is32: bool, regs: list[Reg], scalar: Scalar, fail: Fail) -> bool:
     op = insn.code & 0xF0
     a = scalar(insn.dst)
     b = scalar(insn.src) if insn.code & SRC_X else insn.imm & M64
@@ -568,8 +568,8 @@ class _Run:
 
     def run(self) -> Decisions:
         regs: list[Value] = [None] * NREGS
-        regs[1] = _Ptr("ctx", 0)
-        regs[10] = _Ptr("stack", 0)
+        regs[1] = Ptr("ctx", 0)
+        regs[10] = Ptr("stack", 0)
         every = {i: _Parts({}, [(set(), set())]) for i in range(len(CONTEXTS))}
         n, step = len(self.insns), self.step
         pending: list[Optional[list[_State]]] = [None] * n    # the states waiting at each insn
@@ -602,7 +602,7 @@ class _Run:
             v = regs[reg]
             if v is None:
                 self.fail(f"r{reg} read before it is set")
-            if type(v) is _Ptr:
+            if type(v) is Ptr:
                 self.fail(f"arithmetic on {v.region} pointer r{reg}")
             if type(v) is _Sym:
                 self.fail(f"arithmetic on the device's {v.field}")
@@ -616,62 +616,77 @@ class _Run:
         return out
 
     def step(self, state: _State) -> list[tuple[int, _State]]:
+        """The instruction at self.pc on STATE: the (next pc, state) pairs it leads to."""
         self.steps += 1
         if self.steps > MAX_STATE_STEPS:
             self.fail(f"step limit: more than {MAX_STATE_STEPS} instructions over every path")
-        pc, insn, regs = self.pc, self.insns[self.pc], state.regs
+        insn = self.insns[self.pc]
         if insn.dst >= NREGS or insn.src >= NREGS:
             self.fail(f"register out of range in {describe_insn(insn)}")
         cls = insn.code & 7
-        use_x = bool(insn.code & SRC_X)
-        op = insn.code & 0xF0
         if cls in (ALU, ALU64):
-            if op == MOV and not use_x:   # a constant (what _alu does; the producers' verdicts are these)
-                regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
-                return [(pc + 1, state)]
-            dst, src = regs[insn.dst], regs[insn.src] if use_x else None
-            if type(src) is _Sym:
-                if op == MOV and insn.off == 0:
-                    regs[insn.dst] = src      # mov and mov32 of a u32: the number itself
-                    return [(pc + 1, state)]
-                if not (op in (XOR, SUB) and insn.src == insn.dst):
-                    return self.again(self.known(state, src.field, f"{describe_insn(insn)} uses the device's "
-                                                                   f"{src.field}"))
-            if type(dst) is _Sym and op != MOV:
-                ones = M64 if cls == ALU64 else M32
-                if op == AND and not use_x and (insn.imm & ones) == ones:
-                    return [(pc + 1, state)]  # and with all ones: the number itself
-                if op in (XOR, SUB) and use_x and insn.src == insn.dst:
-                    regs[insn.dst] = 0
-                    return [(pc + 1, state)]
-                return self.again(self.known(state, dst.field, f"{describe_insn(insn)} on the device's {dst.field}"))
-            if type(dst) is _Vec or type(src) is _Vec:
-                key = (insn, dst, src)
-                hit = self.memo.get(key, _MISS)
-                if hit is _MISS:
-                    hit = self.memo[key] = self.per_context(
-                        lambda tmp: _alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
-                regs[insn.dst] = hit
-            else:
-                regs[insn.dst] = _alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+            return self.step_alu(state, insn, cls)
+        if cls in (LDX, LD):
+            return self.step_load(state, insn, cls)
+        if cls not in (JMP, JMP32):
+            self.fail(f"{describe_insn(insn)}: writes memory")
+        return self.step_jump(state, insn, cls)
+
+    def step_alu(self, state: _State, insn: Insn, cls: int) -> list[tuple[int, _State]]:
+        """Arithmetic: a number, a per-context vector, or (on the device's fields) a split first."""
+        pc, regs, use_x, op = self.pc, state.regs, bool(insn.code & SRC_X), insn.code & 0xF0
+        if op == MOV and not use_x:   # a constant (what alu does; the producers' verdicts are these)
+            regs[insn.dst] = insn.imm & (M64 if cls == ALU64 else M32)
             return [(pc + 1, state)]
+        dst, src = regs[insn.dst], regs[insn.src] if use_x else None
+        if type(src) is _Sym:
+            if op == MOV and insn.off == 0:
+                regs[insn.dst] = src      # mov and mov32 of a u32: the number itself
+                return [(pc + 1, state)]
+            if not (op in (XOR, SUB) and insn.src == insn.dst):
+                return self.again(self.known(state, src.field, f"{describe_insn(insn)} uses the device's "
+                                                               f"{src.field}"))
+        if type(dst) is _Sym and op != MOV:
+            ones = M64 if cls == ALU64 else M32
+            if op == AND and not use_x and (insn.imm & ones) == ones:
+                return [(pc + 1, state)]  # and with all ones: the number itself
+            if op in (XOR, SUB) and use_x and insn.src == insn.dst:
+                regs[insn.dst] = 0
+                return [(pc + 1, state)]
+            return self.again(self.known(state, dst.field, f"{describe_insn(insn)} on the device's {dst.field}"))
+        if type(dst) is _Vec or type(src) is _Vec:
+            key = (insn, dst, src)
+            hit = self.memo.get(key, _MISS)
+            if hit is _MISS:
+                hit = self.memo[key] = self.per_context(
+                    lambda tmp: alu(insn, cls == ALU64, tmp, self.scalar_of(tmp), self.fail), insn, dst, src)
+            regs[insn.dst] = hit
+        else:
+            regs[insn.dst] = alu(insn, cls == ALU64, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+        return [(pc + 1, state)]
+
+    def step_load(self, state: _State, insn: Insn, cls: int) -> list[tuple[int, _State]]:
+        """A load from the 12-byte context (BPF_LDX) or a 64-bit constant (BPF_LD | BPF_IMM | BPF_DW)."""
+        pc, regs = self.pc, state.regs
         if cls == LDX:
             mode = insn.code & 0xE0
             base = regs[insn.src]
-            if mode != MODE_MEM or type(base) is not _Ptr or base.region != "ctx":
+            if mode != MODE_MEM or type(base) is not Ptr or base.region != "ctx":
                 self.fail(describe_insn(insn) + " (not a plain load from the context)")
             off, size = base.off + insn.off, SIZE_BYTES[insn.code & 0x18]
             if off < 0 or off + size > 12:
                 self.fail(f"BPF_LDX at context offset {off} size {size}, outside the 12-byte context")
             regs[insn.dst] = self.load(off, size)
             return [(pc + 1, state)]
-        if cls == LD:
-            if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= len(self.insns):
-                self.fail(describe_insn(insn))
-            regs[insn.dst] = (insn.imm & M32) | ((self.insns[pc + 1].imm & M32) << 32)
-            return [(pc + 2, state)]
-        if cls not in (JMP, JMP32):
-            self.fail(f"{describe_insn(insn)}: writes memory")
+        # BPF_LD
+        if insn.code != (LD | MODE_IMM | SIZE_DW) or insn.src != 0 or pc + 1 >= len(self.insns):
+            self.fail(describe_insn(insn))
+        regs[insn.dst] = (insn.imm & M32) | ((self.insns[pc + 1].imm & M32) << 32)
+        return [(pc + 2, state)]
+
+    def step_jump(self, state: _State, insn: Insn, cls: int) -> list[tuple[int, _State]]:
+        """Exit (a leaf: the verdict), a jump, or a condition: both ways, or the contexts split between them."""
+        pc, regs, use_x, op = self.pc, state.regs, bool(insn.code & SRC_X), insn.code & 0xF0
         if op == EXIT:
             r0 = regs[0]
             if type(r0) is _Sym:
@@ -692,35 +707,14 @@ class _Run:
         if type(b) is _Sym and type(a) is not _Sym:
             return self.again(self.known(state, b.field, f"{describe_insn(insn)} compares with the device's {b.field}"))
         if type(a) is _Sym:
-            if op not in (JEQ, JNE):
-                return self.again(self.known(state, a.field, f"{describe_insn(insn)} on the device's {a.field}: "
-                                                             "only equality is understood"))
-            if use_x and type(b) is not int:
-                why = f"{describe_insn(insn)} compares the device's {a.field} with a non-constant"
-                if type(b) is _Sym:
-                    return self.again(self.known(state, b.field, why))
-                if type(b) is _Vec:
-                    return self.again(_per_context_states(state))
-                self.fail(why)
-            c = b if use_x else insn.imm & M64
-            if cls == JMP32:
-                c &= M32   # type: ignore[operator]
-            equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
-            other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
-            if equal_target <= pc or other_target <= pc:
-                self.fail(f"{describe_insn(insn)} jumps back (a loop)")
-            if c > M32:            # type: ignore[operator]
-                return [(other_target, state)]   # a u32 never equals it
-            equal = self.split(state, a.field, c)   # type: ignore[arg-type]
-            out = [(equal_target, equal)] if equal is not None else []
-            return out + ([(other_target, state)] if state.parts else [])
+            return self.jump_on_field(state, insn, cls, a, b)
         taken_target = pc + 1 + insn.off
         if type(a) is _Vec or type(b) is _Vec:
             key = (insn, a, b)
             taken = self.memo.get(key, _MISS)
             if taken is _MISS:
                 taken = self.memo[key] = self.per_context(
-                    lambda tmp: _condition(insn, cls == JMP32, tmp, self.scalar_of(tmp), self.fail), insn, a, b)
+                    lambda tmp: condition(insn, cls == JMP32, tmp, self.scalar_of(tmp), self.fail), insn, a, b)
             if type(taken) is not _Vec:
                 return [(taken_target if taken else pc + 1, state)]
             parts = state.parts
@@ -729,8 +723,34 @@ class _Run:
                 return [(taken_target if yes else pc + 1, state)]
             state.parts = {i: p for i, p in parts.items() if not taken[i]}
             return [(taken_target, _State(list(regs), {i: parts[i] for i in yes})), (pc + 1, state)]
-        taken = _condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
+        taken = condition(insn, cls == JMP32, regs, self.scalar_of(regs), self.fail)  # type: ignore[arg-type]
         return [(taken_target if taken else pc + 1, state)]
+
+    def jump_on_field(self, state: _State, insn: Insn, cls: int, a: _Sym, b: Value) -> list[tuple[int, _State]]:
+        """A condition on one of the device's fields: equality with a constant splits the state's parts."""
+        pc, use_x, op = self.pc, bool(insn.code & SRC_X), insn.code & 0xF0
+        if op not in (JEQ, JNE):
+            return self.again(self.known(state, a.field, f"{describe_insn(insn)} on the device's {a.field}: "
+                                                         "only equality is understood"))
+        if use_x and type(b) is not int:
+            why = f"{describe_insn(insn)} compares the device's {a.field} with a non-constant"
+            if type(b) is _Sym:
+                return self.again(self.known(state, b.field, why))
+            if type(b) is _Vec:
+                return self.again(_per_context_states(state))
+            self.fail(why)
+        c = b if use_x else insn.imm & M64
+        if cls == JMP32:
+            c &= M32   # type: ignore[operator]
+        equal_target = pc + 1 + insn.off if op == JEQ else pc + 1
+        other_target = pc + 1 if op == JEQ else pc + 1 + insn.off
+        if equal_target <= pc or other_target <= pc:
+            self.fail(f"{describe_insn(insn)} jumps back (a loop)")
+        if c > M32:            # type: ignore[operator]
+            return [(other_target, state)]   # a u32 never equals it
+        equal = self.split(state, a.field, c)   # type: ignore[arg-type]
+        out = [(equal_target, equal)] if equal is not None else []
+        return out + ([(other_target, state)] if state.parts else [])
 
     def per_context(self, fn: Callable[[list[Reg]], Any], insn: Insn, dst: Value, src: Value) -> Any:
         """fn on each context's values of the operands: one value when all agree, else a _Vec (the callers

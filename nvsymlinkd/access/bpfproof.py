@@ -38,7 +38,7 @@ Program = Sequence[Insn]
 Grant = tuple[Device, Access]
 
 
-def _fresh(taken: Iterable[int]) -> int:
+def fresh(taken: Iterable[int]) -> int:
     """The smallest number not in `taken`: a member of the class of numbers no program names."""
     used = set(taken)
     n = 0
@@ -91,13 +91,13 @@ def _classes(decided: Sequence[be.Decisions], extra: Iterable[Device] = ()) -> l
     out: list[DeviceClass] = []
     for t in TYPES:
         every = minors[t].get(None, set())
-        other_major = _fresh(majors[t])
+        other_major = fresh(majors[t])
         for m in sorted(majors[t]):
             named = minors[t].get(m, set()) | every
             out += [DeviceClass(t, m, n, Device(t, m, n)) for n in sorted(named)]
-            out.append(DeviceClass(t, m, None, Device(t, m, _fresh(named))))
+            out.append(DeviceClass(t, m, None, Device(t, m, fresh(named))))
         out += [DeviceClass(t, None, n, Device(t, other_major, n)) for n in sorted(every)]
-        out.append(DeviceClass(t, None, None, Device(t, other_major, _fresh(every))))
+        out.append(DeviceClass(t, None, None, Device(t, other_major, fresh(every))))
     return out
 
 

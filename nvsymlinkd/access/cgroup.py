@@ -265,7 +265,7 @@ def _probe_v2(root: HostRoot) -> Optional[Mount]:
 # --- the sources of a policy -------------------------------------------------------------
 
 @dataclass
-class _V1Source:
+class V1Source:
     list_path: str                 # inside view of devices.list
     rules: Optional[list] = None
     error: Optional[str] = None
@@ -291,7 +291,7 @@ class _V1Source:
 
 
 @dataclass
-class _Program:
+class AttachedProgram:
     info: bpfprog.DeviceProgram
     insns: list
     producer: str
@@ -303,7 +303,7 @@ class _Program:
 
 
 @dataclass
-class _V2Source:
+class V2Source:
     cgroup: str                    # as in /proc/<pid>/cgroup
     cgroup_dir: Optional[str]      # inside view
     programs: list = field(default_factory=list)
@@ -360,7 +360,7 @@ class AccessPolicy:
         devices are checked one by one.
         """
         if self._minors is None:
-            if not all(type(s) is _V1Source and s.error is None for s in self.sources):
+            if not all(type(s) is V1Source and s.error is None for s in self.sources):
                 self._minors = frozenset({-1})  # the marker: never
             else:
                 self._minors = named_minors(r for s in self.sources for r in (s.rules or ()))
@@ -400,7 +400,7 @@ class AccessPolicy:
         for s in self.sources:
             if s.error is not None:
                 judges.append(lambda device, bits: UNKNOWN)
-            elif isinstance(s, _V1Source):
+            elif isinstance(s, V1Source):
                 judges.append(_v1_states(s.rules or []))
             else:
                 judges += [_program_states(p) for p in s.programs]
@@ -420,13 +420,13 @@ class AccessPolicy:
 
         out: list = []
         for s in self.sources:
-            if isinstance(s, _V1Source) and s.error is None:
+            if isinstance(s, V1Source) and s.error is None:
                 rules = s.rules or []
                 try:
                     out.append(bpfgen.allow_all() if any(r.is_allow_all for r in rules) else bpfgen.program(rules))
                 except ValueError:  # more rules than one program holds: their devices are not told apart
                     continue
-            elif isinstance(s, _V2Source) and s.error is None:
+            elif isinstance(s, V2Source) and s.error is None:
                 out += [p.insns for p in s.programs if p.insns]
         return out
 
@@ -455,8 +455,8 @@ def _v1_states(rules: list) -> Callable[[Device, int], str]:
     return state
 
 
-def _program_states(prog: _Program) -> Callable[[Device, int], str]:
-    """_V2Source.check's verdict of one program."""
+def _program_states(prog: AttachedProgram) -> Callable[[Device, int], str]:
+    """V2Source.check's verdict of one program."""
     if not prog.insns:
         return lambda device, bits: UNKNOWN
     try:
@@ -477,33 +477,33 @@ def _read_text(real_path: str, shown: str) -> str:
     return read_host_file(real_path, shown, MAX_CGROUP_FILE_BYTES)
 
 
-def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> _V1Source:
+def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> V1Source:
     mount = mounts.v1_devices or Mount("/", V1_DEVICES_FALLBACK, "cgroup", ("devices",))
     cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
-        return _V1Source("devices.list", error=f"v1 devices: {why}")
+        return V1Source("devices.list", error=f"v1 devices: {why}")
     list_path = cgdir + "/devices.list"
     try:
         text = _read_text(root.path(list_path), list_path)
     except OSError as e:
         gone = " (cgroup gone?)" if e.errno == errno.ENOENT else ""
         why = os.strerror(e.errno) if e.errno else e.strerror
-        return _V1Source(list_path, error=f"cannot read {list_path}: {why}{gone}")
+        return V1Source(list_path, error=f"cannot read {list_path}: {why}{gone}")
     try:
         if memo is None:
-            return _V1Source(list_path, rules=parse_devices_list(text, list_path), text=text)
+            return V1Source(list_path, rules=parse_devices_list(text, list_path), text=text)
         rules = memo.memo("v1", list_path, (text,), lambda: parse_devices_list(text, list_path))[0]
-        return _V1Source(list_path, rules=rules, text=text)
+        return V1Source(list_path, rules=rules, text=text)
     except HostFileError as e:
-        return _V1Source(list_path, error=str(e))
+        return V1Source(list_path, error=str(e))
 
 
-def _decoded(info: bpfprog.DeviceProgram) -> _Program:
+def _decoded(info: bpfprog.DeviceProgram) -> AttachedProgram:
     try:
         insns = bpfeval.decode(info.xlated)
     except ValueError:
         insns = []
-    return _Program(info, insns, bpfeval.guess_producer(info.name, insns))
+    return AttachedProgram(info, insns, bpfeval.guess_producer(info.name, insns))
 
 
 def _device_programs(cgroup_dir: str, memo) -> list:
@@ -521,27 +521,27 @@ def _device_programs(cgroup_dir: str, memo) -> list:
     return [memo.memo("prog", i, (), lambda i=i: _decoded(bpfprog.read_program(i)))[0] for i in ids]
 
 
-def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> _V2Source:
+def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> V2Source:
     mount = mounts.v2 or _probe_v2(root)
     if mount is None:
-        return _V2Source(cgroup, None, error="no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, "
+        return V2Source(cgroup, None, error="no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, "
                                              "/sys/fs/cgroup/unified or /sys/fs/cgroup")
     cgdir, why = cgroup_dir_on(mount, cgroup)
     if cgdir is None:
-        return _V2Source(cgroup, None, error=f"cgroup2: {why}")
+        return V2Source(cgroup, None, error=f"cgroup2: {why}")
     for attempt in range(3):
         try:
             programs = _device_programs(root.path(cgdir), memo)
             break
         except OSError as e:
             gone = " (cgroup gone?)" if e.errno == errno.ENOENT else ""
-            return _V2Source(cgroup, cgdir, error=f"cannot open {cgdir}: {os.strerror(e.errno or 0)}{gone}")
+            return V2Source(cgroup, cgdir, error=f"cannot open {cgdir}: {os.strerror(e.errno or 0)}{gone}")
         except bpfprog.BpfError as e:
             # ENOENT: a program was replaced between the query and reading it (runc update,
             # systemd re-apply): read the new set
             if e.errno != errno.ENOENT or attempt == 2:
-                return _V2Source(cgroup, cgdir, error=f"cannot read device programs: {e}")
-    return _V2Source(cgroup, cgdir, programs)
+                return V2Source(cgroup, cgdir, error=f"cannot read device programs: {e}")
+    return V2Source(cgroup, cgdir, programs)
 
 
 def policy_of(devices_list: Optional[str] = None, programs=(), where: str = "devices.list") -> AccessPolicy:
@@ -552,11 +552,11 @@ def policy_of(devices_list: Optional[str] = None, programs=(), where: str = "dev
     """
     sources: list = []
     if devices_list is not None:
-        sources.append(_V1Source(where, parse_devices_list(devices_list, where)))
+        sources.append(V1Source(where, parse_devices_list(devices_list, where)))
     if programs:
         info = [bpfprog.DeviceProgram(i + 1, "", "", bpfprog.BPF_PROG_TYPE_CGROUP_DEVICE, b"")
                 for i in range(len(programs))]
-        sources.append(_V2Source(where, None, [_Program(inf, list(p), "given") for inf, p in zip(info, programs)]))
+        sources.append(V2Source(where, None, [AttachedProgram(inf, list(p), "given") for inf, p in zip(info, programs)]))
     return AccessPolicy(sources)
 
 

@@ -38,7 +38,8 @@ def register(sub) -> None:
 
 def run(args, root, config) -> int:
     from nvsymlinkd.containers.discovery import no_such_container
-    from nvsymlinkd.verify.verifier import Report, verify_all, verify_container
+    from nvsymlinkd.verify.evaluate import Report
+    from nvsymlinkd.verify.verifier import verify_all, verify_container
 
     use_bus = False if args.no_bus else None
     if args.container:
@@ -141,8 +142,8 @@ def human_lines(report, width: int | None = None) -> list:
     The table's FIX is the fix in a few words (`nvsymlinkd repair ID`); each finding's own line below the
     table has its detail and the whole fix (why, and what else works), as the journal and --json do."""
     # in here: every command imports this module (see repair.py)
-    from nvsymlinkd.cli import printable
-    from nvsymlinkd.summary import plural
+    from nvsymlinkd.devchar.summary import plural
+    from nvsymlinkd.text import printable
     from nvsymlinkd.verify.kinds import Verdict
 
     rows: list[tuple[str, ...]] = [("CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX")]
@@ -194,7 +195,7 @@ def human_lines(report, width: int | None = None) -> list:
 
 def _fit(line: str, width: int | None, indent: int) -> list:
     # escaped first (untrusted names; main's printable), then wrapped: the widths are what is shown
-    from nvsymlinkd.cli import printable
+    from nvsymlinkd.text import printable
 
     line = printable(line)
     return [line] if width is None else _wrap(line, width, indent)

@@ -52,7 +52,7 @@ def register(sub) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd.render import DEFAULT_BINDIR, RenderOptions, render_all, render_drop_ins
+    from nvsymlinkd.systemd.render import DEFAULT_BINDIR, RenderOptions, render_all, render_drop_ins
 
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,
                                    create_nodes=args.create_nodes, resync_interval=args.resync_interval,
@@ -63,7 +63,7 @@ def run(args, root, config) -> int:
     if has_control_character(bindir):
         raise UsageError(f"--bindir {bindir!r}: must be free of control characters (newline, tab, ...)")
     if not is_utf8(bindir):
-        from nvsymlinkd.cli import printable
+        from nvsymlinkd.text import printable
 
         raise UsageError(f"--bindir {printable(bindir)}: must be UTF-8 text (it goes into ExecStart=)")
     if args.drop_ins is not None:

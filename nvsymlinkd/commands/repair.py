@@ -65,8 +65,8 @@ def _config_error(args, error):
     says so; any other use of `repair` stops with the error (exit 2)."""
     if not args.before_reload:
         raise error
-    from nvsymlinkd.cli import printable
     from nvsymlinkd.config import Config
+    from nvsymlinkd.text import printable
 
     sys.stderr.write(f"nvsymlinkd: before a daemon-reload: {printable(str(error))}; going on with the default "
                      "settings\n")
@@ -77,8 +77,8 @@ def run(args, root, config) -> int:
     if not args.before_reload:
         return _run(args, root, config)
     # Nothing that goes wrong here may fail the package operation: said on stderr, status 0
-    from nvsymlinkd.cli import printable
     from nvsymlinkd.errors import NvsymlinkdError, UsageError
+    from nvsymlinkd.text import printable
 
     if args.containers or args.dry_run or args.json:
         raise UsageError("--before-reload repairs every GPU container with findings, quietly: not with "
@@ -93,29 +93,17 @@ def run(args, root, config) -> int:
 
 
 def _run(args, root, config) -> int:
-    from nvsymlinkd.containers.discovery import find
     from nvsymlinkd.journal import Journal
-    from nvsymlinkd.repair.apply import (
-        history_path,
-        load_history,
-        recover_frozen,
-        repair_all,
-        save_history,
-        thawed_line,
-    )
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.apply import history_path, load_history, save_history
+    from nvsymlinkd.repair.freeze import recover_frozen
+    from nvsymlinkd.repair.model import RepairStatus
     from nvsymlinkd.verify import verifier
-    from nvsymlinkd.verify.kinds import FindingKind, Verdict
 
-    if args.before_reload:
-        if not os.path.isdir(root.path("/run/systemd/system")):
-            return EXIT_OK  # systemd does not run here (a chroot, an image build): no reload to prevent
-        from nvsymlinkd.systemd.client import shared
-
-        shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
+    if args.before_reload and not _reload_to_prevent(root):
+        return EXIT_OK
     blind = _cannot_see(root)
     if blind:
-        from nvsymlinkd.cli import printable
+        from nvsymlinkd.text import printable
 
         sys.stderr.write(f"nvsymlinkd: {printable(blind)}\n")
     # An explicit command is the operator's decision: the config's `repair` key governs the daemon.
@@ -132,30 +120,9 @@ def _run(args, root, config) -> int:
     report = verifier.verify_all(root, config, with_host=False)
     if report.bus_error:
         _bus_error_report(report.bus_error, journal, args.before_reload)
-    late: list = []  # --before-reload: containers whose turn came after its time to start repairs
-    try:
-        if args.before_reload:
-            results, late = _repairs_in_time(root, config, report, history=history, journal=journal,
-                                             force=args.force, by_hand=True)
-        else:
-            results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
-                                 journal=journal, report=report, force=args.force, by_hand=True)
-    except KeyError as exc:
-        from nvsymlinkd.containers.discovery import no_such_container
-
-        raise no_such_container(exc.args[0])
-    # A container whose access cannot be judged has nothing to repair that we know of: say so, and
-    # never report such a host as fine (exit 1).
-    chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
+    results, late = _repairs(args, root, config, report, history, journal)
+    unknown, denied, unfixable = _unrepaired(args, report, results, late)
     repaired = {r.request.container_id for r in results}
-    unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
-    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
-    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
-    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
-    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
-    # `check` counts them, with their fix, never dropped
-    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown and c not in late
-                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
     if not args.dry_run and any(r.steps for r in results):
         try:
             save_history(root, config, history)
@@ -171,8 +138,67 @@ def _run(args, root, config) -> int:
         ok = ok and not _unprotected(results)
     summary = {**_summary(results), "cannot-judge": len(unknown), "not-repairable": len(unfixable),
                "denied": len([c for c in denied if c.id not in repaired])}
-    from nvsymlinkd.cli import printable, write_output
+    _write_report(args, ok, results, thawed, (unknown, denied, unfixable), summary, journal, late)
+    return EXIT_OK if ok else EXIT_NOT_DESIRED
 
+
+def _reload_to_prevent(root) -> bool:
+    """--before-reload: whether systemd runs here (not in a chroot, an image build: no reload to prevent)."""
+    if not os.path.isdir(root.path("/run/systemd/system")):
+        return False
+    from nvsymlinkd.systemd.client import shared
+
+    shared().once_only()  # a hung bus costs one wait in all, not one per container (then the unit files)
+    return True
+
+
+def _repairs(args, root, config, report, history, journal) -> tuple:
+    """(results, late): every chosen container's repair; late (--before-reload): the containers whose turn
+    came after its time to start repairs."""
+    from nvsymlinkd.repair.apply import repair_all
+
+    late: list = []
+    try:
+        if args.before_reload:
+            results, late = _repairs_in_time(root, config, report, history=history, journal=journal,
+                                             force=args.force, by_hand=True)
+        else:
+            results = repair_all(root, config, args.containers, dry_run=args.dry_run, history=history,
+                                 journal=journal, report=report, force=args.force, by_hand=True)
+    except KeyError as exc:
+        from nvsymlinkd.containers.discovery import no_such_container
+
+        raise no_such_container(exc.args[0])
+    return results, late
+
+
+def _unrepaired(args, report, results, late) -> tuple:
+    """(unknown, denied, unfixable): the chosen containers no repair fixed, each kind reported with its fix."""
+    from nvsymlinkd.containers.discovery import find
+    from nvsymlinkd.verify.kinds import FindingKind, Verdict
+
+    # A container whose access cannot be judged has nothing to repair that we know of: say so, and
+    # never report such a host as fine (exit 1).
+    chosen = [find(report.containers, w) for w in args.containers] if args.containers else report.containers
+    repaired = {r.request.container_id for r in results}
+    unknown = [c for c in chosen if c is not None and c.verdict == Verdict.UNKNOWN and c.id not in repaired]
+    # Nodes it has or GPUs it asks for, denied, that nothing trusted granted: never "repaired" (that
+    # would grant what no one granted); reported with the fix, and never a fine host (exit 1)
+    denied = [c for c in chosen if c is not None and any(f.kind == FindingKind.DENIED for f in c.findings)]
+    # other findings no repair can fix (nvidia-uvm never granted: nothing trusted expects it): counted as
+    # `check` counts them, with their fix, never dropped
+    unfixable = [c for c in chosen if c is not None and c.id not in repaired and c not in unknown and c not in late
+                 and c not in denied and c.verdict in (Verdict.LOST, Verdict.AT_RISK)]
+    return unknown, denied, unfixable
+
+
+def _write_report(args, ok, results, thawed, unrepaired, summary, journal, late) -> None:
+    """The report: JSON, --before-reload's words for apt's or dnf's output, or the terminal's lines."""
+    from nvsymlinkd.cli import write_output
+    from nvsymlinkd.repair.freeze import thawed_line
+    from nvsymlinkd.text import printable
+
+    unknown, denied, unfixable = unrepaired
     if args.json:
         from nvsymlinkd.cli import JSON_SCHEMA_VERSION
 
@@ -191,12 +217,11 @@ def _run(args, root, config) -> int:
             lines += r.human_lines()
             lines += [f"  step: {step}" for step in r.steps]
         lines += _unrepaired_lines(unknown, denied, unfixable)
-        from nvsymlinkd.summary import repair_line
+        from nvsymlinkd.devchar.summary import repair_line
 
         lines.append(repair_line(results, summary, args.dry_run))
         # scope names and cgroup paths come from files a container can write: escaped for the terminal
         write_output("".join(printable(line) + "\n" for line in lines))
-    return EXIT_OK if ok else EXIT_NOT_DESIRED
 
 
 def _repairs_in_time(root, config, report, **kw) -> tuple:
@@ -258,10 +283,10 @@ def _before_reload_report(thawed, results, unknown, denied, unfixable, summary, 
     could not be (failed, refused, denied, not judged) on stderr, each line prefixed, since it lands amid
     apt's or dnf's output, and escaped like every report (names come from container-writable files). Each
     repair is journaled as well (repair-prevented, repair-failed, ...)."""
-    from nvsymlinkd.cli import printable
-    from nvsymlinkd.repair.apply import thawed_line
-    from nvsymlinkd.repair.plan import RepairStatus
-    from nvsymlinkd.summary import repair_line
+    from nvsymlinkd.devchar.summary import repair_line
+    from nvsymlinkd.repair.freeze import thawed_line
+    from nvsymlinkd.repair.model import RepairStatus
+    from nvsymlinkd.text import printable
 
     acted = [r for r in results if RepairStatus(r.status) != RepairStatus.NOTHING]
     unprotected = _unprotected(results)
@@ -299,8 +324,8 @@ def _bus_error_report(error: str, journal, before_reload: bool) -> None:
     writes for every transient scope and runtime property). Said, never silent: on stderr (amid apt's or
     dnf's output before a reload) and in the journal; what the files could not answer is reported per
     container as `cannot judge`."""
-    from nvsymlinkd.cli import printable
     from nvsymlinkd.journal import WARNING
+    from nvsymlinkd.text import printable
 
     what = "before a daemon-reload" if before_reload else "repair"
     line = (f"{what}: systemd did not answer on the system bus ({error}); the containers' scopes were judged "
@@ -315,7 +340,7 @@ def _unprotected(results) -> list:
     """Containers in a systemd scope with devices a reload would take and none that may be granted (each
     refused: expected by nothing trusted, e.g. a hook's grant with no baseline yet): "nothing to do" for
     `repair`, but for a package script about to reload, a container it leaves at risk."""
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.model import RepairStatus
 
     return [r for r in results if RepairStatus(r.status) == RepairStatus.NOTHING and r.plan.refused
             and r.request.scope]
@@ -333,7 +358,7 @@ def _unfixable_json(report) -> dict:
 
 
 def _summary(results) -> dict:
-    from nvsymlinkd.repair.plan import RepairStatus
+    from nvsymlinkd.repair.model import RepairStatus
 
     counts = {s.value: 0 for s in RepairStatus}
     for r in results:

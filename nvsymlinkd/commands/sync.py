@@ -93,7 +93,7 @@ def _load_kernel_modules(args) -> None:
 def run(args, root, config) -> int:
     from nvsymlinkd.cli import write_output
     from nvsymlinkd.devchar.reconcile import reconcile
-    from nvsymlinkd.summary import sync_warnings
+    from nvsymlinkd.devchar.summary import sync_warnings
 
     _load_kernel_modules(args)
     config = config.with_overrides(driver_root=args.driver_root, dev_char_path=args.dev_char_path,

@@ -30,7 +30,6 @@ from nvsymlinkd.containers.ocispec import (
     STATE_PARSERS,
     RuntimeState,
     SpecFacts,
-    UnsafeFile,
     load_json,
     parse_spec,
     read_bounded,
@@ -44,7 +43,7 @@ from nvsymlinkd.containers.runtimes import (
     managed_by,
     namespace_owner,
 )
-from nvsymlinkd.errors import UsageError
+from nvsymlinkd.errors import UnsafeFile, UsageError
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.hostview import host_view
 from nvsymlinkd.host.paths import normalize
@@ -462,7 +461,7 @@ def _attach_names(root: HostRoot, containers, load=load_json) -> None:
         c.container_name = lookups[source](c.id)
 
 
-def _names_of(c) -> set:
+def names_of(c) -> set:
     out = {x for x in (getattr(c, "container_name", None), getattr(c, "scope", None)) if x}
     ns, pod = getattr(c, "pod_namespace", None), getattr(c, "pod_name", None)
     if ns and pod:
@@ -479,13 +478,13 @@ def no_such_container(wanted: str) -> UsageError:
 
 
 def find(containers: list, wanted: str):
-    """A container (or ContainerReport) by full id, name (see _names_of), scope, or unique id prefix (>= 4 chars).
+    """A container (or ContainerReport) by full id, name (see names_of), scope, or unique id prefix (>= 4 chars).
 
     None when nothing matches; UsageError listing the candidates when several do.
     """
     hits = [c for c in containers if c.id == wanted]
     if not hits:
-        hits = [c for c in containers if wanted in _names_of(c)]
+        hits = [c for c in containers if wanted in names_of(c)]
     if not hits and len(wanted) >= 4:
         hits = [c for c in containers if c.id.startswith(wanted)]
     if len(hits) == 1:

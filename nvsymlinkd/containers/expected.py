@@ -75,7 +75,7 @@ def candidate_devices(host_devices, spec, state, baseline, nvidia_majors: frozen
     return {k for k in keys if k.major in nvidia_majors}
 
 
-def _relevant(rules, majors: set) -> tuple:
+def relevant(rules, majors: set) -> tuple:
     """Only rules that can match one of these char majors (runc's state lists ~12 unrelated defaults)."""
     return tuple(r for r in rules if r.type in ("a", "c") and (r.major is None or r.major in majors))
 
@@ -88,8 +88,8 @@ def expected_access(candidates, spec, state, baseline, hook=None) -> Expected:
     MIG host makes every one of its ~2,000 capability nodes a candidate of every container). The
     baseline is looked up per device."""
     majors = {k.major for k in candidates}
-    spec_rules = _relevant(spec.rules, majors) if spec is not None else None
-    state_rules = _relevant(state.rules, majors) if state is not None and state.rules is not None else None
+    spec_rules = relevant(spec.rules, majors) if spec is not None else None
+    state_rules = relevant(state.rules, majors) if state is not None and state.rules is not None else None
     named = named_minors((spec_rules or ()) + (state_rules or ()))
     by_class: dict = {}  # (type, major, named minor or None) -> (sources, access) from the rules
     devices: dict = {}

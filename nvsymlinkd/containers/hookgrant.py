@@ -101,7 +101,7 @@ GO_TOML = "go-toml"
 BURNTSUSHI = "burntsushi"
 
 
-def _go_equal_fold(key: str, tag: str) -> bool:
+def go_equal_fold(key: str, tag: str) -> bool:
     """strings.EqualFold(key, tag) for an ASCII lower-case tag: Unicode simple folding adds only the Kelvin
     sign (U+212A ~ k) and the long s (U+017F ~ s) to the ASCII letters' orbits."""
     if len(key) != len(tag):
@@ -117,7 +117,7 @@ def _lookup(table: Mapping[str, Any], tag: str, dialect: str) -> tuple[bool, Any
             if key in table:
                 return True, table[key]
         return False, None
-    matches = [k for k in table if k == tag or _go_equal_fold(k, tag)]
+    matches = [k for k in table if k == tag or go_equal_fold(k, tag)]
     if not matches:
         return False, None
     values = [table[k] for k in matches]
@@ -573,6 +573,14 @@ def reconstruct(request: HookRequest, inputs: HookInputs) -> HookGrant | None:
     imex_granted = _imex_grant(channels, config, driver)
     if isinstance(imex_granted, HookGrant):
         return imex_granted
+    return _grant(config, driver, devices, caps, gpus, migs, mig_global, global_caps, imex_granted)
+
+
+def _grant(config: ToolkitConfig, driver: DriverMap, devices: list[str], caps: frozenset[str], gpus: list[GpuEntry],
+           migs: dict[str, MigDevice], mig_global: tuple[str, ...], global_caps: tuple[Device, ...],
+           imex_granted: tuple[ImexGrant, ...]) -> HookGrant:
+    """What the hook's nvidia-container-cli grants once nothing refused: the control node, uvm and modeset by the
+    capabilities, the selected GPUs, their MIG instances' caps (or the global caps) and IMEX channels."""
     granted: dict[Device, Access] = {Device.char(FRONTEND_MAJOR, CTL_MINOR): RW}
     # libnvidia-container src/options.h container_opts: "compute" and "video" both set OPT_COMPUTE_LIBS, and
     # src/nvc_mount.c nvc_driver_mount grants the devices outside major 195 (uvm) only with it; the uvm nodes

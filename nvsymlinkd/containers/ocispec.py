@@ -17,7 +17,6 @@ import stat
 from dataclasses import dataclass, field
 
 from nvsymlinkd.containers.model import CDI_ANNOTATION
-from nvsymlinkd.errors import UnsafeFile  # noqa: F401  (discovery takes it from here)
 from nvsymlinkd.host.devices import RWM, Access, Device, Rule
 from nvsymlinkd.host.root import file_kind, read_at_most, unsafe
 from nvsymlinkd.text import bounded

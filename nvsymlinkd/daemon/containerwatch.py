@@ -27,7 +27,7 @@ from nvsymlinkd.verify.journaldiff import JournalState, finding_key, journal_cha
 from nvsymlinkd.verify.kinds import FindingKind
 
 if TYPE_CHECKING:  # imported when the first repair runs (the daemon starts without it)
-    from nvsymlinkd.repair.apply import RepairHistory
+    from nvsymlinkd.repair.plan import RepairHistory
 
 if TYPE_CHECKING:  # an annotation only: the daemon imports the verifier in its worker thread
     from nvsymlinkd.verify.cache import VerifyCache
@@ -342,7 +342,7 @@ class ContainerWatch(ContainerHook):
     def verify_and_repair(self, why: str, only: frozenset | None = None):
         """One verification of every container, or of those with the ids in `only` (blocking; runs in a
         worker thread)."""
-        from nvsymlinkd.repair.apply import recover_frozen
+        from nvsymlinkd.repair.freeze import recover_frozen
         from nvsymlinkd.verify import verifier
         from nvsymlinkd.verify.cache import VerifyCache
 
@@ -420,7 +420,8 @@ class ContainerWatch(ContainerHook):
                 self.journal.event(e.kind, e.priority, e.message, **e.fields)
 
     def _repair(self, config, report, only: frozenset | None = None) -> None:
-        from nvsymlinkd.repair.apply import RepairHistory, repair_all
+        from nvsymlinkd.repair.apply import repair_all
+        from nvsymlinkd.repair.plan import RepairHistory
 
         if self.history is None:
             self.history = RepairHistory()

@@ -33,10 +33,10 @@ from nvsymlinkd.daemon.sources.resync import ResyncSource
 from nvsymlinkd.daemon.sources.runtimes import RuntimeSource
 from nvsymlinkd.daemon.sources.systemd import SystemdSource
 from nvsymlinkd.daemon.sources.udev import UdevSource
+from nvsymlinkd.devchar.summary import plural
 from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.host import libc
 from nvsymlinkd.journal import ERR, INFO, NOTICE, WARNING, Journal
-from nvsymlinkd.summary import plural
 
 if TYPE_CHECKING:
     from nvsymlinkd.devchar.incremental import LinkState

@@ -56,10 +56,10 @@ class HostSnapshot:
 
     def real_path(self, path: str) -> str:
         """A node path under DRIVER_ROOT/dev with that directory's symlinks resolved."""
-        return _rebase(path, dev_dir(self.driver_root), self.dev_dir_real)
+        return rebase(path, dev_dir(self.driver_root), self.dev_dir_real)
 
 
-def _rebase(path: str, base: str, real: str) -> str:
+def rebase(path: str, base: str, real: str) -> str:
     if real and real != base and path.startswith(base + "/"):
         return real + path[len(base):]
     return path

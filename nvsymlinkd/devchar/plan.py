@@ -111,7 +111,7 @@ def snapshot_notes(snap: HostSnapshot) -> list[str]:
 
 def plan_links(snap: HostSnapshot, nodes: list[NvidiaNode]) -> list[Action]:
     """The link actions for `nodes` (one per device number), then the removals of our stale links."""
-    desired = _desired_links(nodes)
+    desired = desired_links(nodes)
     if snap.dev_char_state == "not-dir":
         dev_char, real_char = snap.dev_char_path, _real_char(snap)
         return [
@@ -119,7 +119,7 @@ def plan_links(snap: HostSnapshot, nodes: list[NvidiaNode]) -> list[Action]:
                    f"{dev_char} exists and is not a directory")
             for name, n in desired.items()
         ]
-    return [_link_action(snap, name, node) for name, node in desired.items()] + _stale_links(snap, desired)
+    return [link_action(snap, name, node) for name, node in desired.items()] + stale_links(snap, desired)
 
 
 def _real_char(snap: HostSnapshot) -> str:
@@ -128,7 +128,7 @@ def _real_char(snap: HostSnapshot) -> str:
     return snap.dev_char_real or snap.dev_char_path
 
 
-def _desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
+def desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
     """"M:m" -> the node its link should name, in device-number order (the canonical node of a shared rdev)."""
     by_rdev: dict[tuple[int, int], NvidiaNode] = {}
     get = by_rdev.get
@@ -140,7 +140,7 @@ def _desired_links(nodes: list[NvidiaNode]) -> dict[str, NvidiaNode]:
     return {f"{major}:{minor}": node for (major, minor), node in sorted(by_rdev.items())}  # keys unique
 
 
-def _link_action(snap: HostSnapshot, name: str, node: NvidiaNode) -> Action:
+def link_action(snap: HostSnapshot, name: str, node: NvidiaNode) -> Action:
     """What to do at one desired link: create, keep, replace ours, or leave someone else's alone."""
     link = f"{snap.dev_char_path}/{name}"
     want = link_target(f"{_real_char(snap)}/{name}", snap.real_path(node.path))
@@ -157,7 +157,7 @@ def _link_action(snap: HostSnapshot, name: str, node: NvidiaNode) -> Action:
     return Action(CONFLICT, link, want, node.device, f"foreign symlink to {entry.link_text} (not ours, left alone)")
 
 
-def _stale_links(snap: HostSnapshot, desired: dict[str, NvidiaNode]) -> list[Action]:
+def stale_links(snap: HostSnapshot, desired: dict[str, NvidiaNode]) -> list[Action]:
     """Our links at names no node wants: removed when broken or when their major is no NVIDIA one any more."""
     majors = snap.majors.nvidia_majors
     others = [(name, entry) for name, entry in snap.entries.items() if name not in desired]

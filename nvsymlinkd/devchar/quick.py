@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import os
 
-from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, rebase
 from nvsymlinkd.devchar.plan import (
     CREATE,
     KEEP,
     Action,
     Plan,
-    _desired_links,
-    _link_action,
-    _stale_links,
+    desired_links,
+    link_action,
     plan_links,
     snapshot_notes,
+    stale_links,
 )
-from nvsymlinkd.devchar.snapshot import _is_dangling, observe_name, read_majors, stale_temporaries
+from nvsymlinkd.devchar.snapshot import is_dangling, observe_name, read_majors, stale_temporaries
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import DriverInfo
 from nvsymlinkd.host.nodes import dev_dir
@@ -52,22 +52,22 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
     base = dev_dir(driver_root)
     dev_real = root.resolve_prefix(base)
     char_real = root.resolve_prefix(dev_char_path)
-    rebased = dev_real and dev_real != base  # else a node's real path is its path (_rebase)
+    rebased = dev_real and dev_real != base  # else a node's real path is its path (rebase)
     by_path: dict = {}
 
     def real_paths() -> dict:  # the observer's by_path, built for the first name not settled on the spot
         if nodes and not by_path:
-            by_path.update({_rebase(n.path, base, dev_real) if rebased else n.path: (n.major, n.minor)
+            by_path.update({rebase(n.path, base, dev_real) if rebased else n.path: (n.major, n.minor)
                             for n in nodes})
         return by_path
 
-    desired = _desired_links(nodes)
+    desired = desired_links(nodes)
     # name -> (wanted text, the node's real path, its rdev): only where the text provably names
     # that path (the planner's link_target read back by the observer's target_of)
     wanted: dict = {}
     dirs: dict = {}
     for name, (path, _, major, minor) in desired.items():  # NvidiaNode: path, kind, major, minor
-        real = _rebase(path, base, dev_real) if rebased else path
+        real = rebase(path, base, dev_real) if rebased else path
         parent, _, leaf = real.rpartition("/")
         prefix = dirs.get(parent, False)
         if prefix is False:
@@ -93,13 +93,13 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
             if text is not None:
                 append(new(Action, (KEEP, head + name, text, new(Device, ("c", node[2], node[3])),  # major, minor
                                     EXACT, None, None, None, None)))
-            elif name not in entries and name in wanted:  # _link_action's create, its text as wanted
+            elif name not in entries and name in wanted:  # link_action's create, its text as wanted
                 actions.append(_new(Action, (CREATE, head + name, wanted[name][0],
                                              _new(Device, ("c", node.major, node.minor)), f"no link for {node.path}",
                                              None, None, None, None)))
             else:
-                actions.append(_link_action(snap, name, node))
-        actions += _stale_links(snap, desired)
+                actions.append(link_action(snap, name, node))
+        actions += stale_links(snap, desired)
     return snap, Plan(tuple(actions), tuple(notes), tuple(path for path, _ in snap.stale_temps))
 
 
@@ -124,7 +124,7 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, real_p
     try:
         fd = root.open_dir(dev_char_path)
     except FileNotFoundError:
-        return ("not-dir" if _is_dangling(root, dev_char_path) else "missing"), {}, {}
+        return ("not-dir" if is_dangling(root, dev_char_path) else "missing"), {}, {}
     except OSError:
         return "not-dir", {}, {}
     entries: dict = {}

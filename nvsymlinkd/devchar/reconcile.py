@@ -9,8 +9,8 @@ from nvsymlinkd.devchar.model import HostSnapshot
 from nvsymlinkd.devchar.plan import CONFLICT, Plan, plan_sync
 from nvsymlinkd.devchar.quick import observe_and_plan
 from nvsymlinkd.devchar.snapshot import observe
+from nvsymlinkd.devchar.summary import sync_counts, sync_line
 from nvsymlinkd.record import dataclass
-from nvsymlinkd.summary import sync_counts, sync_line
 
 
 @dataclass(frozen=True)

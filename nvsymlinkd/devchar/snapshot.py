@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, _rebase, is_dev_char_name
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, is_dev_char_name, rebase
 from nvsymlinkd.errors import HostFileError
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.driverinfo import DriverInfo, read_driver_info
@@ -59,7 +59,7 @@ def observe(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/c
 def _real_paths(nodes: list, driver_root: str, dev_real: str) -> dict:
     """Resolved node path -> (major, minor): what a dev-char link text names lexically."""
     base = dev_dir(driver_root)
-    return {_rebase(n.path, base, dev_real): (n.major, n.minor) for n in nodes}
+    return {rebase(n.path, base, dev_real): (n.major, n.minor) for n in nodes}
 
 
 def stale_temporaries(paths: list):
@@ -92,7 +92,7 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, dev_char_real: str, by
         fd = root.open_dir(dev_char_path)
     except FileNotFoundError:
         # a symlink to a missing directory is in the way, not missing: never created through
-        return ("not-dir" if _is_dangling(root, dev_char_path) else "missing"), {}
+        return ("not-dir" if is_dangling(root, dev_char_path) else "missing"), {}
     except OSError:
         return "not-dir", {}
     entries: dict = {}
@@ -137,7 +137,7 @@ def _removable(dirfd: int, de: os.DirEntry) -> bool:
         os.close(fd)
 
 
-def _is_dangling(root: HostRoot, inside: str) -> bool:
+def is_dangling(root: HostRoot, inside: str) -> bool:
     parent, _, name = inside.rpartition("/")
     try:
         fd = root.open_dir(parent or "/")

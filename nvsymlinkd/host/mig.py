@@ -75,9 +75,6 @@ class MigMap:
     def find(self, gpu: int, gi: int, ci: int) -> Optional[MigDevice]:
         return next((d for d in self.devices if (d.gpu, d.gi, d.ci) == (gpu, gi, ci)), None)
 
-    def on_gpu(self, gpu: int) -> Tuple[MigDevice, ...]:
-        return tuple(d for d in self.devices if d.gpu == gpu)
-
     def caps(self, device: MigDevice) -> Tuple[Device, Device]:
         """The GPU instance's and the compute instance's capability nodes."""
         assert self.caps_major is not None

@@ -135,9 +135,9 @@ def _select(headers, path: str, names: tuple, where: str) -> tuple[list | None, 
     return found, where
 
 
-def _bdb_headers(fd: int):
-    """(instance, header blob) of each record of a Berkeley DB hash file in bdb_ro.c's order; ValueError for
-    anything it would refuse or a cap."""
+def _bdb_meta(fd: int) -> tuple:
+    """(byte order, page size, last page, max bucket, spares) from a Berkeley DB hash file's metadata page, as
+    bdb_ro.c checks them; ValueError for anything it would refuse."""
     size = os.fstat(fd).st_size
     meta = os.pread(fd, 512, 0)
     if len(meta) != 512:
@@ -157,6 +157,13 @@ def _bdb_headers(fd: int):
         raise ValueError(f"page size {pagesize}, last page {lastpage}, in {size} bytes")
     if maxbucket > lastpage:
         raise ValueError(f"{maxbucket} buckets in {lastpage} pages")
+    return e, pagesize, lastpage, maxbucket, spares
+
+
+def _bdb_headers(fd: int):
+    """(instance, header blob) of each record of a Berkeley DB hash file in bdb_ro.c's order; ValueError for
+    anything it would refuse or a cap."""
+    e, pagesize, lastpage, maxbucket, spares = _bdb_meta(fd)
 
     def page(pgno: int) -> bytes:
         if not 0 < pgno <= lastpage:

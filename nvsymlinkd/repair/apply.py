@@ -26,38 +26,21 @@ from nvsymlinkd.containers.model import display_name
 from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import keep
-from nvsymlinkd.repair.cgroupfiles import (  # noqa: F401 - the callers' names
+from nvsymlinkd.repair.cgroupfiles import (
     DEVICES_FALLBACK,
-    FREEZER_FALLBACK,
-    POLL,
     SETTLE_TIMEOUT,
     cgroup_dir,
     read_rules,
-    write_devices_allow,
 )
-from nvsymlinkd.repair.freeze import (  # noqa: F401 - the callers' names
-    FROZEN_DIR,
-    LOCK_FILE,
-    LOCK_WAIT,
-    MAX_RECORD_BYTES,
-    FreezeRecord,
-    Frozen,
-    RepairLock,
-    recover_frozen,
-    thawed_line,
-)
+from nvsymlinkd.repair.freeze import LOCK_WAIT
 from nvsymlinkd.repair.host import RepairHost, Saved
 from nvsymlinkd.repair.mechanisms import BY_NAME, SYSTEMD
+from nvsymlinkd.repair.model import AT_RISK, RepairPlan, RepairRequest, RepairStatus, ScopeFacts
 from nvsymlinkd.repair.plan import (
-    AT_RISK,
     DEFAULT_WINDOW_SECONDS,
     RepairHistory,
-    RepairPlan,
-    RepairRequest,
-    RepairStatus,
-    ScopeFacts,
     plan_repair,
-    requests_from_report,  # noqa: F401 - the planner's adapter, used here and by callers of this module
+    requests_from_report,
 )
 from nvsymlinkd.verify.kinds import FindingKind, Verdict
 

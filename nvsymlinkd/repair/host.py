@@ -37,7 +37,8 @@ class SystemdUnits:
 
     def set_device_allow(self, scope: str, entries: list) -> None:
         """SetUnitProperties(scope, runtime=true, DeviceAllow=entries): [(path, access)]."""
-        from nvsymlinkd.systemd.units import SystemdCallError, set_device_allow
+        from nvsymlinkd.systemd.client import SystemdCallError
+        from nvsymlinkd.systemd.units import set_device_allow
 
         try:
             set_device_allow(scope, entries, timeout=self.timeout)
@@ -46,7 +47,8 @@ class SystemdUnits:
 
     def unit_known(self, scope: str) -> None:
         """RepairError unless systemd knows the unit (asked before anything is frozen)."""
-        from nvsymlinkd.systemd.units import SystemdCallError, get_unit
+        from nvsymlinkd.systemd.client import SystemdCallError
+        from nvsymlinkd.systemd.units import get_unit
 
         try:
             get_unit(scope, timeout=self.timeout)
@@ -55,7 +57,8 @@ class SystemdUnits:
 
     def device_policy(self, scope: str) -> tuple:
         """(DevicePolicy, DeviceAllow [(path, access)]) of the scope as systemd holds them."""
-        from nvsymlinkd.systemd.units import SystemdCallError, get_device_policy
+        from nvsymlinkd.systemd.client import SystemdCallError
+        from nvsymlinkd.systemd.units import get_device_policy
 
         try:
             return get_device_policy(scope, timeout=self.timeout)
@@ -64,7 +67,8 @@ class SystemdUnits:
 
     def put_back_policy(self, scope: str, policy: str, entries: Sequence) -> None:
         """SetUnitProperties(scope, runtime=true, DevicePolicy=policy, DeviceAllow= reset, then the entries)."""
-        from nvsymlinkd.systemd.units import SystemdCallError, set_device_policy
+        from nvsymlinkd.systemd.client import SystemdCallError
+        from nvsymlinkd.systemd.units import set_device_policy
 
         try:
             set_device_policy(scope, policy, list(entries), timeout=self.timeout)
@@ -73,7 +77,8 @@ class SystemdUnits:
 
     def device_allow(self, scope: str) -> dict:
         """The scope's DeviceAllow as systemd holds it: {path: access}."""
-        from nvsymlinkd.systemd.units import SystemdCallError, get_device_allow
+        from nvsymlinkd.systemd.client import SystemdCallError
+        from nvsymlinkd.systemd.units import get_device_allow
 
         try:
             return dict(get_device_allow(scope, timeout=self.timeout))

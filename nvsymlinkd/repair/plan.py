@@ -27,24 +27,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from nvsymlinkd.host.devices import RW, Device, Rule
-from nvsymlinkd.repair.mechanisms import (  # noqa: F401 - the callers' names
-    BPF_PROGRAM,
-    DEVICES_ALLOW,
-    DEVICES_ALLOW_SYSTEMD,
-    MECHANISMS,
-    SYSTEMD,
-    choose,
-    not_own_cgroup,
-)
-from nvsymlinkd.repair.model import (  # noqa: F401 - the callers' names
+from nvsymlinkd.repair.mechanisms import choose
+from nvsymlinkd.repair.model import (
     AT_RISK,
     LOST,
     TRUSTED_SOURCES,
-    UNTRUSTED_SOURCES,
     Grant,
     RepairPlan,
     RepairRequest,
-    RepairStatus,
     ScopeFacts,
 )
 from nvsymlinkd.verify.kinds import FindingKind

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # dbus_next is imported when the watch starts (an optional de
     from dbus_next.aio import MessageBus
 
 from nvsymlinkd.containers.runtimes import is_container_scope  # the runtime table's scope names
-from nvsymlinkd.systemd.client import (  # noqa: F401 - close, quiet_dropped_writes: used by name elsewhere
+from nvsymlinkd.systemd.client import (
     DBUS,
     DBUS_PATH,
     MANAGER,
@@ -43,7 +43,6 @@ from nvsymlinkd.systemd.client import (  # noqa: F401 - close, quiet_dropped_wri
     SystemdCallError,
     bus_address,
     call,
-    close,
     disconnect,
     quiet_dropped_writes,
 )

@@ -15,10 +15,9 @@ connection for every call of a command, and for the daemon's worker threads.
 
 from __future__ import annotations
 
-from nvsymlinkd.systemd.client import (  # noqa: F401 - the names repair/ and tests import from here
+from nvsymlinkd.systemd.client import (
     CALL_TIMEOUT,
     SystemdCallError,
-    device_allow_property,
     shared,
 )
 

@@ -183,7 +183,7 @@ class _Live:
     together: set[Device] = field(default_factory=set)  # the Devices whose "rw" one check allowed
 
 
-def _read_live(policy: AccessPolicy, expected: Expected, host: HostDevices, dev_nodes: Iterable[DevNode]) -> _Live:
+def read_live(policy: AccessPolicy, expected: Expected, host: HostDevices, dev_nodes: Iterable[DevNode]) -> _Live:
     candidates = set(expected.devices) | host.devices
     candidates |= {d for _, d in dev_nodes if d.major in host.nvidia_majors}
     live = _Live()
@@ -316,7 +316,7 @@ def _not_in_spec_fix(c: Container, expected: Expected, devices: list[Device], wh
             f"nvsymlinkd repair {who} gives them back", "declare them in the spec, recreate")
 
 
-def _request_signs(c: Container, expected: Expected) -> list[str]:
+def request_signs(c: Container, expected: Expected) -> list[str]:
     """Why the container asks for GPUs in a way a runtime acts on (nodes are judged one by one).
 
     CDI annotations, or the legacy NVIDIA hook whose grant cannot be reconstructed. Not
@@ -362,7 +362,7 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy: Acces
     if denied:
         why = "its NVIDIA nodes are denied by the device cgroup"
     else:
-        asks = _request_signs(c, expected)
+        asks = request_signs(c, expected)
         can_open = any(k.major in host.nvidia_majors for k in live.granted)
         if asks and not have and not can_open and not expected.devices and not lost:
             ctl_gpu = [Device.char(n.major, n.minor) for n in host.nodes if n.kind in ("ctl", "gpu")]
@@ -493,7 +493,7 @@ def evaluate(c: Container, signs: Sequence[str], expected: Expected, policy: Acc
         findings.append(_no_policy_finding(expected, policy_error))
         report.verdict = _verdict(findings)
         return report
-    live = _read_live(policy, expected, host, dev_nodes)
+    live = read_live(policy, expected, host, dev_nodes)
     report.granted = dict(sorted(live.granted.items()))
     lost = _lost_devices(policy, expected, live)
     findings += _lost_finding(lost, expected, c.short_id)

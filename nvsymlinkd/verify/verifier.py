@@ -38,29 +38,15 @@ from nvsymlinkd.devchar.snapshot import observe, read_majors
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify.cache import Cache, NoCache, VerifyCache
-from nvsymlinkd.verify.evaluate import (  # noqa: F401 - the callers' names
-    AT_RISK_NOT_IN_SPEC,
-    AT_RISK_SCOPE,
-    AT_RISK_UVM,
-    DENIED,
-    KINDS,
-    LOST,
+from nvsymlinkd.verify.evaluate import (
     NOT_GPU,
-    NOT_RUNNING,
-    OK,
-    UNKNOWN,
-    VERDICTS,
     ContainerReport,
-    Finding,
     HostDevices,
     Report,
-    _read_live,
     baseline_devices,
     evaluate,
 )
 from nvsymlinkd.verify.hostcheck import check_host
-from nvsymlinkd.verify.journaldiff import journal_entries  # noqa: F401 - the callers' names
-from nvsymlinkd.verify.kinds import JOURNAL_KINDS  # noqa: F401 - the callers' names
 
 # A container being created: how long the daemon waits for the runtime's device policy to show on the
 # new scope (runc sends it right before the hooks; under qemu TCG 0.4-3 s after UnitNew), and how often
