@@ -36,3 +36,8 @@ def emit(figure: str, value: float, floor: float | None, unit: str = "ms", goal:
 def pct(values, p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+if __name__ == "__main__":
+    # a module of the benchmarks, not one: say so rather than do nothing (tests/test_suite_imports.py)
+    sys.exit("usage: benchmarks/run [--only NAME] (figures.py is the benchmarks' shared helper, not a benchmark)")
