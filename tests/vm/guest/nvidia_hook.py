@@ -1,8 +1,11 @@
 """The NVIDIA container hook's shape, for the guest (libnvidia-container's legacy mode).
 
     python3 nvidia_hook.py c:195:0:rw [...]     createRuntime hook: grant exactly these devices
-    python3 nvidia_hook.py prestart             prestart hook, as /usr/bin/nvidia-container-runtime-hook:
-                                                grant what NVIDIA_VISIBLE_DEVICES in the spec asks for
+    python3 nvidia_hook.py [-config FILE] prestart
+                                                prestart hook, as /usr/bin/nvidia-container-runtime-hook:
+                                                grant what NVIDIA_VISIBLE_DEVICES in the spec asks for,
+                                                unless the toolkit config the hook of that release reads
+                                                refuses it (below)
 
 The runtime passes the container state on stdin. The grant is the way libnvidia-container makes
 it: cgroup v2, allow blocks prepended to the device program the runtime attached to the
@@ -11,6 +14,17 @@ written to the container's devices.allow. In prestart mode the device nodes are 
 the container's /dev (before or after pivot_root: runc runs prestart hooks before it, crun may
 run them after). None of this is in the spec's rules or the scope's DeviceAllow, so a systemd
 reload takes it (failure 2), which is what the scenarios prove nvsymlinkd prevents.
+
+In prestart mode the hook reads its config.toml where the real hook of the toolkit release it plays
+($VMTEST_TOOLKIT_VERSION, set by its .real; default 1.17.8, stacks.install_nvidia_toolkit's) reads it,
+written here from the upstream hook, not from nvsymlinkd's reconstruction: -config FILE (required),
+else 1.18+ $NVIDIA_CTK_CONFIG_FILE_PATH (required), then $XDG_CONFIG_HOME or /etc
+(cmd/nvidia-container-runtime-hook/hook_config.go:39 getConfigFilePath, v1.18.0); up to 1.17
+/run/nvidia/driver/etc/... then /etc/... (hook_config.go:27 loadConfig, v1.17.8; first found; none:
+the defaults). `accept-nvidia-visible-devices-envvar-when-unprivileged = false` there refuses
+NVIDIA_VISIBLE_DEVICES from a container without CAP_SYS_ADMIN in its bounding set
+(internal/config/image/cuda_image.go:281 VisibleDevices, privileged.go:36 IsPrivileged, v1.18.0):
+nothing granted, no node made.
 """
 import ctypes
 import json
@@ -38,6 +52,10 @@ LOG = "/run/vmtest/nvidia-hook.log"
 # RELOAD_WAIT_S) for nvsymlinkd's drop-in of the scope, and logs how long that took.
 RELOAD_AFTER_GRANT = "VMTEST_RELOAD_AFTER_GRANT=1"
 RELOAD_WAIT_S = 5.0
+VERSION_ENV = "VMTEST_TOOLKIT_VERSION"
+DEFAULT_VERSION = "1.17.8"
+DRIVER_CONFIG = "/run/nvidia/driver/etc/nvidia-container-runtime/config.toml"
+ETC_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 
 def log(msg: str) -> None:
@@ -124,7 +142,55 @@ def make_nodes(pid: int, rootfs: str, nodes: list) -> None:
         os.chmod(target, 0o666)
 
 
-def prestart(state: dict) -> None:
+def hook_flags(argv: list) -> tuple:
+    """(-config's value, the positional arguments), as Go's flag package parses the hook's command line
+    (cmd/nvidia-container-runtime-hook/main.go: -config, -debug, -version; flags stop at the first
+    positional argument or `--`)."""
+    config, i = "", 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        name, eq, value = arg.lstrip("-").partition("=")
+        if name == "config":
+            if not eq:
+                i += 1
+                value = argv[i]
+            config = value
+        elif name not in ("debug", "version"):
+            raise SystemExit(f"flag provided but not defined: -{name}")
+        i += 1
+    return config, argv[i:]
+
+
+def toolkit_config(config_flag: str) -> tuple:
+    """(the path read or None, its keys) where the hook of this toolkit release looks (hook_config.go)."""
+    import tomllib  # novermin (the guest is Debian 12: Python 3.11)
+
+    version = tuple(int(x) for x in os.environ.get(VERSION_ENV, DEFAULT_VERSION).split("."))
+    if config_flag:
+        paths, required = [config_flag], True
+    elif version >= (1, 18, 0) and os.environ.get("NVIDIA_CTK_CONFIG_FILE_PATH"):
+        paths, required = [os.environ["NVIDIA_CTK_CONFIG_FILE_PATH"]], True
+    elif version >= (1, 18, 0):
+        paths, required = [os.path.join(os.environ.get("XDG_CONFIG_HOME") or "/etc",
+                                        "nvidia-container-runtime", "config.toml")], False
+    else:
+        paths, required = [DRIVER_CONFIG, ETC_CONFIG], False
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                return path, tomllib.load(f)
+        except FileNotFoundError:
+            if required:
+                raise SystemExit(f"the config {path} does not exist")
+    return None, {}
+
+
+def prestart(state: dict, config_flag: str = "") -> None:
     bundle = state["bundle"]
     with open(os.path.join(bundle, "config.json")) as f:
         spec = json.load(f)
@@ -132,6 +198,13 @@ def prestart(state: dict) -> None:
     if not paths:
         log(f"{state['id']}: no NVIDIA_VISIBLE_DEVICES: nothing to do")
         return
+    path, config = toolkit_config(config_flag)
+    privileged = "CAP_SYS_ADMIN" in ((spec.get("process") or {}).get("capabilities") or {}).get("bounding", [])
+    if not privileged and not config.get("accept-nvidia-visible-devices-envvar-when-unprivileged", True):
+        log(f"{state['id']}: REFUSED: NVIDIA_VISIBLE_DEVICES in an unprivileged container, config {path}: "
+            "nothing granted")
+        return
+    log(f"{state['id']}: config {path or 'none (the defaults)'}, privileged {privileged}")
     nodes = [(p, os.stat(p)) for p in paths]
     rules = [(Rule(True, "c", os.major(st.st_rdev), os.minor(st.st_rdev), "rw"), True) for _, st in nodes]
     grant(state["pid"], rules)
@@ -163,8 +236,10 @@ def main() -> None:
     state = json.load(sys.stdin)
     log(f"{state.get('id')}: hook started for pid {state.get('pid')}")
     try:
-        if sys.argv[1:] == ["prestart"]:
-            prestart(state)
+        if not re.fullmatch(r"[cb]:\d+:\d+:[rwm]+", (sys.argv[1:] or [""])[0]):
+            config_flag, positional = hook_flags(sys.argv[1:])
+            if positional[:1] == ["prestart"]:
+                prestart(state, config_flag)
             return
         rules = []
         for arg in sys.argv[1:]:
