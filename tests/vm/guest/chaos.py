@@ -77,10 +77,11 @@ PASS_SLACK_S = 20.0
 # the slot a new container (a new id) before such a drop.
 REPAIR_WINDOW_S = 600.0
 
-# CI runs these (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md "Chaos soak";
-# four, not issue 17's ten, to keep CI under 40 minutes: issue 27; seeds 1-4 still draw every kind of
-# step, tests/test_chaos.py checks it); NVSYMLINKD_VM_MATRIX=full adds the other 46 in s31.
-CI_SEEDS = tuple(range(1, 5))
+# CI runs these (one guest, 1.5-2 min a sequence under TCG on 2 cores alone, docs/vm.md "Chaos soak").
+# Two, not issue 17's ten, to keep CI under 35 minutes (issues 27, 37): seeds 1 and 4 together draw
+# every kind of step, as 1-4 did (2 and 3 add none; tests/test_chaos.py checks it), and both ran in
+# every CI soak since issue 27; NVSYMLINKD_VM_MATRIX=full runs the other 48 (2, 3, 5-50) in s31.
+CI_SEEDS = (1, 4)
 FULL_SEEDS = tuple(range(1, 51))
 STEPS_PER_SEQUENCE = 20
 

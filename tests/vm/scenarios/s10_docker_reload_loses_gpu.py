@@ -7,7 +7,7 @@ systemd's back (cgroup v2: allow blocks prepended to the BPF program), so `syste
 daemon-reload` takes it: gpupoll inside each container (open /dev/nvidia0 every 10 ms) records
 EPERM. A control that cannot fail proves nothing: this one fails if the loss stops happening.
 """
-# vm: nvsymlinkd=off timeout=420 hierarchies=v2,v1
+# vm: nvsymlinkd=off timeout=420 full=v1
 import os
 import time
 

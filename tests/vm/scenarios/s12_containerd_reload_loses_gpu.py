@@ -3,7 +3,7 @@
 system.slice:cri-containerd:<id>, nvidia-container-runtime as the runc binary (legacy mode: the
 prestart hook grants the GPU behind systemd's back). `systemctl daemon-reload` -> EPERM in gpupoll.
 """
-# vm: nvsymlinkd=off timeout=420 full=v1
+# vm: nvsymlinkd=off timeout=420 matrix=full hierarchies=v2,v1
 import time
 
 from tests.vm.guest.stacks import Containerd, install_nvidia_toolkit

@@ -9,7 +9,7 @@ hook (hooks.d, NVIDIA_VISIBLE_DEVICES=all) with crun and with runc, and CDI
   (on cgroup v1 with at most the short windows of systemd's deny-all-then-allow re-apply).
 The last two are facts pinned here: if a crun or systemd update changes them, this fails.
 """
-# vm: nvsymlinkd=off timeout=480 full=v1
+# vm: nvsymlinkd=off timeout=480 matrix=full hierarchies=v2,v1
 import os
 import time
 
