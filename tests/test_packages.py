@@ -500,6 +500,30 @@ def assert_dnf_repo(repo: Path, rpm: Path, python: str) -> None:
     assert ("python(abi)", python) in requires, requires
 
 
+def assert_dnf_reads_repo(repo: Path, rpm: Path, python: str, tmp: Path) -> None:
+    """Debian's dnf 4 on the repository alone (a throwaway install root, no other repository): it loads the
+    metadata, names the rpm with its release and Requires, and downloads it byte for byte (dnf checks the
+    package against the metadata's sha256). Installing needs the target's own repositories (see
+    docs/packaging.md)."""
+    root = tmp / "dnfroot"
+    root.mkdir()
+
+    def dnf(*args, cwd=None):
+        return run(["dnf", "-q", "-y", f"--installroot={root}", "--releasever=9", "--setopt=reposdir=/nonexistent",
+                    f"--setopt=cachedir={root / 'cache'}", "--disablerepo=*", f"--repofrompath=nvsymlinkd,file://{repo}",
+                    "--enablerepo=nvsymlinkd", "--setopt=nvsymlinkd.gpgcheck=0", *args], cwd=cwd)
+
+    listed = dnf("repoquery", "--qf", "%{name} %{version} %{release} %{arch} %{location}", "nvsymlinkd").stdout
+    release = rpm.name[len(f"nvsymlinkd-{VERSION}-"):-len(".noarch.rpm")]
+    assert listed.split("\n")[0].split() == ["nvsymlinkd", VERSION, release, "noarch", rpm.name], listed
+    requires = dnf("repoquery", "--requires", "nvsymlinkd").stdout.splitlines()
+    assert f"python(abi) = {python}" in requires and "systemd" in requires, requires
+    got = tmp / "dnf-download"
+    got.mkdir()
+    dnf("download", f"--destdir={got}", "nvsymlinkd")
+    assert (got / rpm.name).read_bytes() == rpm.read_bytes()
+
+
 def make_repos(*args, env=None):
     return subprocess.run([REPO / "scripts" / "make-repos", *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=120)
@@ -577,6 +601,8 @@ def test_dnf_repository_per_target_lists_the_rpm(rpm_build, tmp_path):
     dist = rpm_build["target"]  # el9, fc42: the dist tag of the rpm's release
     assert sorted(p.name for p in (repo / "rpm").iterdir()) == [dist]
     assert_dnf_repo(repo / "rpm" / dist, rpm_build["rpm"], rpm_build["python"])
+    need_tool("dnf")  # Debian's dnf and dnf-plugins-core (.ci/apt.d/packaging.txt)
+    assert_dnf_reads_repo(repo / "rpm" / dist, rpm_build["rpm"], rpm_build["python"], tmp_path)
 
 
 def test_make_repos_without_createrepo_c_says_so_and_leaves_the_rpms_out(tmp_path):

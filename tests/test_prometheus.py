@@ -38,7 +38,7 @@ MINUTES = 30  # each story; evaluated at EVAL
 EVAL = 25
 GPU_POD = {"container_id": "0123456789ab", "namespace": "ml-team", "pod": "trainer-0", "container": "cuda"}
 ALERTS = ("NvsymlinkdGPUContainerLostDevices", "NvsymlinkdRepairsFailing", "NvsymlinkdNotSyncing",
-          "NvsymlinkdTextfileStale", "NvsymlinkdAbsent", "NvsymlinkdDevCharLinksMissing",
+          "NvsymlinkdVerifierStuck", "NvsymlinkdTextfileStale", "NvsymlinkdAbsent", "NvsymlinkdDevCharLinksMissing",
           "NvsymlinkdReloadWithGPUContainersAtRisk")
 
 
@@ -64,14 +64,16 @@ def healthy() -> ContainerReport:
 class Story:
     """nvsymlinkd's metrics writer on a fixture host, one textfile a minute (what node-exporter serves)."""
 
-    def __init__(self, tmp_path: Path, host=None):
+    def __init__(self, tmp_path: Path, host=None, resync_interval: int = 60):
         self.host = host or standard_host(tmp_path / "root")
         self.host.path(os.path.dirname(TEXTFILE)).mkdir(parents=True)
         self.root = HostRoot(str(self.host.root))
         self.now = 0.0
-        self.metrics = m.Metrics(self.root, Config(metrics_textfile=TEXTFILE), clock=lambda: self.now)
+        config = Config(metrics_textfile=TEXTFILE, resync_interval=resync_interval)
+        self.metrics = m.Metrics(self.root, config, clock=lambda: self.now)
         self.files: list = []  # per minute: the textfile's text and mtime, or None (no file)
         self.running = True
+        self.verifying = True  # False: the verifier hangs; the syncs and the 30 s heartbeat go on
 
     def sync(self) -> None:
         from nvsymlinkd.devchar.reconcile import reconcile
@@ -81,7 +83,8 @@ class Story:
     def minute(self, containers=(), repairs_failed=0, reload=False, report=None) -> None:
         if self.running:
             self.sync()  # the resync every resync_interval
-            self.metrics.on_containers(report or Report([healthy(), *containers], []))
+            if self.verifying:
+                self.metrics.on_containers(report or Report([healthy(), *containers], []))
             for _ in range(repairs_failed):
                 self.metrics.on_repair(ok=False)
             if reload:
@@ -115,9 +118,18 @@ def series_name(name: str, labels: dict) -> str:
 
 def tell(tmp_path: Path, state: str) -> Story:
     """The daemon's textfile, minute by minute, in `state`."""
-    story = Story(tmp_path)
+    story = Story(tmp_path, resync_interval=0 if state == "events-only" else 60)
     for t in range(MINUTES + 1):
         if state == "healthy":
+            story.minute()
+        elif state == "verifier-stuck":  # the verification begun at minute 10 never returns
+            story.verifying = t < 10
+            story.minute()
+        elif state == "verifier-never":  # the first verification never returns
+            story.verifying = False
+            story.minute()
+        elif state == "events-only":  # resync_interval = 0: verified at start, then only on events
+            story.verifying = t == 0
             story.minute()
         elif state in ("lost", "denied"):
             story.minute([container(state)])
@@ -156,6 +168,9 @@ def expected(state: str) -> dict:
     lost = lambda status: {**GPU_POD, "status": status, **target, **crit}  # noqa: E731
     return {
         "healthy": {},
+        "events-only": {},
+        "verifier-stuck": {"NvsymlinkdVerifierStuck": [{**target, **warn}]},
+        "verifier-never": {"NvsymlinkdVerifierStuck": [{**target, **warn}]},
         "lost": {"NvsymlinkdGPUContainerLostDevices": [lost("lost")]},
         "denied": {"NvsymlinkdGPUContainerLostDevices": [lost("denied")]},
         "repair-failing": {"NvsymlinkdGPUContainerLostDevices": [lost("lost")],
@@ -197,7 +212,8 @@ def test_promtool_checks_the_rules():
     assert [r["alert"] for g in rules()["groups"] for r in g["rules"]] == list(ALERTS)
 
 
-STATES = ("healthy", "lost", "denied", "repair-failing", "links-missing", "reload-at-risk", "stopped", "absent")
+STATES = ("healthy", "lost", "denied", "repair-failing", "links-missing", "reload-at-risk", "stopped", "absent",
+          "verifier-stuck", "verifier-never", "events-only")
 
 
 @pytest.mark.parametrize("state", STATES)
@@ -207,8 +223,24 @@ def test_each_alert_fires_in_its_state_and_nothing_else(state, tmp_path, need_ro
     want = expected(state)
     checks = [{"eval_time": f"{at}m", "alertname": name,
                "exp_alerts": [{"exp_labels": labels} for labels in want.get(name, [])]} for name in ALERTS]
-    if state != "healthy":  # before the state began (or for elapsed) nothing fires
+    if state not in ("healthy", "events-only"):  # before the state began (or for elapsed) nothing fires
         checks += [{"eval_time": "0m", "alertname": name, "exp_alerts": []} for name in ALERTS]
+    out = run_promtool_test(tmp_path, rules_without_annotations(tmp_path),
+                            [{"interval": "1m", "input_series": story.series(), "alert_rule_test": checks}])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_verifier_alert_waits_for_two_resyncs_a_minute_and_its_for(tmp_path, need_root):
+    """The last verification began at minute 9: silent while it is younger than 2 x 60 s + 60 s, pending 5
+    minutes after (a slow verification that finishes is no alert), firing from then; the textfile stays
+    fresh all along (the heartbeat), so only the verification's own timestamp tells."""
+    story = tell(tmp_path, "verifier-stuck")
+    name = "NvsymlinkdVerifierStuck"
+    firing = [{"exp_labels": {**TARGET, "severity": "warning"}}]
+    checks = [{"eval_time": "12m", "alertname": name, "exp_alerts": []},
+              {"eval_time": "17m", "alertname": name, "exp_alerts": []},   # pending since 13m
+              {"eval_time": "18m", "alertname": name, "exp_alerts": firing},
+              {"eval_time": "18m", "alertname": "NvsymlinkdTextfileStale", "exp_alerts": []}]
     out = run_promtool_test(tmp_path, rules_without_annotations(tmp_path),
                             [{"interval": "1m", "input_series": story.series(), "alert_rule_test": checks}])
     assert out.returncode == 0, out.stdout + out.stderr

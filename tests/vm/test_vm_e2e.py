@@ -239,6 +239,28 @@ def test_packages_option_needs_the_deb(tmp_path, monkeypatch):
             vmhost.run_scenario(name, None, tmp_path, out_root=tmp_path / "runs")
 
 
+def test_upgrade_packages_come_as_a_repository_in_two_releases(tmp_path):
+    """'packages=upgrade' scenarios get the apt repository scripts/make-repos makes: the first release
+    with the .deb, the second with the higher version added next to it (s09 installs and upgrades
+    from them with apt-get)."""
+    need_tool("apt-ftparchive")
+    need_tool("dpkg-deb")
+    debs = []
+    for version in ("0.1.0", "0.1.1"):
+        tree = tmp_path / version / "DEBIAN"
+        tree.mkdir(parents=True)
+        (tree / "control").write_text(f"Package: nvsymlinkd\nVersion: {version}\nArchitecture: all\n"
+                                      "Maintainer: t <t@example.invalid>\nDescription: t\n")
+        debs.append(tmp_path / f"nvsymlinkd_{version}_all.deb")
+        subprocess.run(["dpkg-deb", "-b", str(tree.parent), str(debs[-1])], capture_output=True, check=True)
+    vmhost.package_repos(tmp_path / "repos", *debs)
+    for release, versions in (("first", ["0.1.0"]), ("second", ["0.1.0", "0.1.1"])):
+        deb = tmp_path / "repos" / release / "deb"
+        assert sorted(re.findall(r"^Version: (.*)$", (deb / "Packages").read_text(), re.M)) == versions
+        assert sorted(p.name for p in deb.glob("*.deb")) == [f"nvsymlinkd_{v}_all.deb" for v in versions]
+        assert (deb / "Release").is_file()
+
+
 # ---------------------------------------------------------------- base snapshots (no VM)
 
 def _fake_image(tmp_path, rootfs: bytes = b"\0" * 4096) -> vmhost.Image:

@@ -400,6 +400,18 @@ def build_package(version: Optional[str] = None) -> Package:
         return Package(final / deb.name, built=True, build_s=elapsed)
 
 
+def package_repos(top: Path, deb: Path, newer: Path) -> None:
+    """The apt repository a fleet installs from, as scripts/make-repos (the step of build-packages --repo)
+    makes it, in two releases: top/first/deb/ with deb, top/second/deb/ with newer added next to it."""
+    for name, debs in (("first", [deb]), ("second", [newer])):
+        if name == "second":
+            shutil.copytree(top / "first", top / name)
+        proc = subprocess.run([str(REPO / "scripts" / "make-repos"), str(top / name), *map(str, debs)],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise VmError(f"scripts/make-repos {top / name} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+
+
 # ---------------------------------------------------------------- the DaemonSet's image and YAML
 
 # The Dockerfile's build argument BASE in the guest: a bookworm minbase made here, imported there.
@@ -538,7 +550,8 @@ def scenario_options(name: str) -> Dict[str, str]:
     representative subset); full=v1: hierarchies added only with NVSYMLINKD_VM_MATRIX=full.
     packages=upgrade: the .deb and the same source rebuilt as a higher version are put, under their
     real file names, in /mnt/run/debs for the scenario to install itself (with nvsymlinkd=off);
-    upgrade_version()."""
+    upgrade_version(); and as apt repositories (package_repos) in /mnt/run/repos/first/deb (the .deb)
+    and /mnt/run/repos/second/deb (the higher version added next to it)."""
     opts = {"nvsymlinkd": "off", "timeout": "300", "hierarchies": "v2", "matrix": "default", "full": "",
             "pod": "no", "packages": ""}
     for line in scenario_path(name).read_text().splitlines()[:20]:
@@ -958,8 +971,10 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")
     if opts["packages"] == "upgrade":
         (run_dir / "debs").mkdir()
-        for package in (deb, build_package(upgrade_version()).deb):
+        newer = build_package(upgrade_version()).deb
+        for package in (deb, newer):
             shutil.copy(package, run_dir / "debs" / package.name)
+        package_repos(run_dir / "repos", deb, newer)
     (run_dir / "timeout").write_text(str(int(timeout)))
     (run_dir / "options.json").write_text(json.dumps(guest_options()))
     pod = stage_pod(run_dir) if opts["pod"] == "yes" else None

@@ -1,18 +1,21 @@
-"""Scenario 9: docs/install.md followed literally on a host that used nvidia-ctk (issue 15).
+"""Scenario 9: docs/install.md followed literally on a host that used nvidia-ctk (issues 15, 36).
 
 Before: nvidia-ctk's udev rule (/lib/udev/rules.d/71-nvidia-dev-char.rules, NVIDIA's workaround)
-and the absolute links it makes, a GPU container running. Then, as the guide says:
-- Install: `apt install ./nvsymlinkd_V_all.deb`, `systemctl status`, `nvsymlinkd check` (names the
-  other link keeper once, as info); nvidia-ctk's absolute links are kept, the daemon adds the rest.
+and the absolute links it makes, a GPU container running. Then, as the guide says, through apt-get
+from the apt repository scripts/make-repos made on the host (the step of build-packages --repo),
+as a fleet's configuration management would:
+- Install: the repository in sources.list.d, `apt-get update`, `apt-get install nvsymlinkd`,
+  `systemctl status`, `nvsymlinkd check` (names the other link keeper once, as info); nvidia-ctk's
+  absolute links are kept, the daemon adds the rest.
 - Coming from nvidia-ctk: delete the rule, `udevadm control --reload`; check no longer names it.
 - A config change the documented way: edit the toml, `render --drop-ins /etc/systemd/system`,
   daemon-reload, restart.
-- Upgrade: `apt install ./nvsymlinkd_V+1_all.deb` (the same source rebuilt as a higher version):
-  the daemon restarted on the new version, the operator's config and drop-in kept, /run state
-  kept, no duplicate units.
-- Uninstall: `apt remove` (conffile kept), the drop-ins removed as the guide says, `apt purge`:
-  nothing of the package left; the /dev/char links stay (the guide says why) and a daemon-reload
-  after the purge leaves the container its GPU.
+- Upgrade: V+1 (the same source rebuilt as a higher version) published next to V in the same
+  repository, `apt-get update`, `apt-get install nvsymlinkd`: the daemon restarted on the new
+  version, the operator's config and drop-in kept, /run state kept, no duplicate units.
+- Uninstall: `apt-get remove` (conffile kept), the drop-ins removed as the guide says, `apt-get
+  purge`: nothing of the package left; the /dev/char links stay (the guide says why) and a
+  daemon-reload after the purge leaves the container its GPU.
 """
 # vm: nvsymlinkd=off packages=upgrade timeout=400
 import glob
@@ -33,8 +36,12 @@ from tests.vm.guest.vmguest import (
     wait_for,
 )
 
-DEBS = "/mnt/run/debs"
-WORKDIR = "/root/nvsymlinkd-pkgs"   # where the operator copied the packages
+RELEASES = "/mnt/run/repos"   # vmhost.package_repos: first/deb (V), second/deb (V and V+1)
+MIRROR = "/srv/nvsymlinkd"     # the fleet's repository, as docs/packaging.md's example serves it
+# Unsigned ([trusted=yes], docs/packaging.md): apt's signature check is held on the host by
+# tests/test_packages.py (signed-by taken, refused after a re-index); what dpkg and systemd do is the same.
+SOURCE = "/etc/apt/sources.list.d/nvsymlinkd.list"
+SOURCE_LINE = f"deb [trusted=yes] file://{MIRROR}/deb ./\n"
 CTK_RULE = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
 CTK_RULE_TEXT = ('ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
                  'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
@@ -59,10 +66,41 @@ PACKAGED_UNITS = ["/lib/systemd/system/nvsymlinkd-sync.service", "/lib/systemd/s
 OPERATOR_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
 
 
-def apt(*argv):
-    """apt as the guide writes it (-y: no one to answer); the guest has no network."""
-    return sh("apt", "-y", *argv, check=False, timeout=300, cwd=WORKDIR,
-              env=dict(OPERATOR_ENV, DEBIAN_FRONTEND="noninteractive"))
+APT_SECONDS: dict = {}  # apt-get/apt-cache command -> seconds, summed (the scenario's timings)
+
+
+def apt_get(*argv, tool="apt-get"):
+    """apt-get as configuration management runs it (-y, noninteractive)."""
+    start = time.monotonic()
+    proc = sh(tool, *argv, check=False, timeout=300, env=dict(OPERATOR_ENV, DEBIAN_FRONTEND="noninteractive"))
+    key = f"{tool}_{argv[0]}"
+    APT_SECONDS[key] = APT_SECONDS.get(key, 0.0) + time.monotonic() - start
+    return proc
+
+
+def publish(release):
+    """The operator's repository gets a release: its .debs added next to the ones there, the indexes replaced."""
+    shutil.copytree(os.path.join(RELEASES, release, "deb"), os.path.join(MIRROR, "deb"), dirs_exist_ok=True)
+
+
+def apt_update():
+    """`apt-get update` of the nvsymlinkd source alone: the guest has no network, and the image's Debian
+    mirrors cannot be reached (a fleet's plain `apt-get update` reads this source the same way)."""
+    return apt_get("update", f"-oDir::Etc::SourceList={SOURCE}", "-oDir::Etc::SourceParts=-",
+                   "-oAPT::Get::List-Cleanup=0")
+
+
+def candidate():
+    """(installed, candidate, versions the repository offers) from apt-cache policy."""
+    out = apt_get("policy", "nvsymlinkd", tool="apt-cache").stdout
+    field = lambda name: (re.search(rf"^\s+{name}: (\S+)$", out, re.M) or [None, None])[1]  # noqa: E731
+    offered = re.findall(rf"^\s+(?:\*\*\* )?(\S+) \d+\n\s+\d+ file:{MIRROR}/deb \./ Packages$", out, re.M)
+    return field("Installed"), field("Candidate"), sorted(offered)
+
+
+def taken_from_repo(output, version):
+    """apt-get's own line for taking nvsymlinkd VERSION from the repository."""
+    return re.search(rf"^Get:\d+ file:{MIRROR}/deb \./ nvsymlinkd {re.escape(version)} ", output, re.M) is not None
 
 
 def cli(*argv):
@@ -101,7 +139,8 @@ def package_status():
 def ours(*roots):
     """Every path named *nvsymlinkd* under roots (the package's files, dpkg's and systemd's records)."""
     out = sh("find", *roots, "-xdev", "-name", "*nvsymlinkd*", check=False).stdout.split()
-    return sorted(p for p in out if not p.startswith("/run/vmtest"))
+    # the operator's: the repository's apt source and apt's lists of it (not the package's, left to them)
+    return sorted(p for p in out if not p.startswith(("/run/vmtest", SOURCE, "/var/lib/apt/lists/")))
 
 
 def unit_files():
@@ -119,13 +158,15 @@ def baselines():
 
 
 with Scenario() as sc:
-    os.makedirs(WORKDIR, exist_ok=True)
-    debs = sorted(os.listdir(DEBS), key=lambda n: [int(x) for x in re.findall(r"\d+", n.split("_")[1])])
-    for name in debs:
-        shutil.copy(os.path.join(DEBS, name), os.path.join(WORKDIR, name))
-    sc.check("two packages of the same source to install and upgrade to", len(debs) == 2, str(debs))
-    old_deb, new_deb = debs
-    old_version, new_version = old_deb.split("_")[1], new_deb.split("_")[1]
+    releases = {}
+    for release in ("first", "second"):
+        with open(os.path.join(RELEASES, release, "deb", "Packages")) as f:
+            releases[release] = sorted(re.findall(r"^Version: (\S+)$", f.read(), re.M),
+                                       key=lambda v: [int(x) for x in re.findall(r"\d+", v)])
+    sc.check("the repository's first release has one package, the second adds a higher version next to it",
+             len(releases["first"]) == 1 and len(releases["second"]) == 2
+             and releases["second"][0] == releases["first"][0], str(releases))
+    old_version, new_version = releases["second"]
 
     # ---- before: a GPU host running nvidia-ctk's workaround, a GPU container on it
     load_fake_driver()
@@ -146,9 +187,18 @@ with Scenario() as sc:
     # A GPU the rule never saw (nvidia-ctk runs once, at driver bind): nvsymlinkd links it.
     gpu1 = mknod("/dev/nvidia1", 195, 1)
 
-    # ---- Install
-    proc = apt("install", f"./{old_deb}")
-    sc.check(f"apt install ./{old_deb} exits 0", proc.returncode == 0, (proc.stdout + proc.stderr)[-800:])
+    # ---- Install, from the repository
+    publish("first")
+    with open(SOURCE, "w") as f:
+        f.write(SOURCE_LINE)
+    proc = apt_update()
+    sc.check("apt-get update reads the repository", proc.returncode == 0 and "Err:" not in proc.stdout
+             and "E:" not in proc.stderr, (proc.stdout + proc.stderr)[-800:])
+    sc.check(f"apt-cache policy: not installed, candidate {old_version} from the repository",
+             candidate() == ("(none)", old_version, [old_version]), str(candidate()))
+    proc = apt_get("install", "-y", "nvsymlinkd")
+    sc.check("apt-get install nvsymlinkd exits 0, the package taken from the repository",
+             proc.returncode == 0 and taken_from_repo(proc.stdout, old_version), (proc.stdout + proc.stderr)[-800:])
     sc.fact("apt_install_output", (proc.stdout + proc.stderr)[-3000:])
     sc.check(f"dpkg: install ok installed {old_version}", package_status() == f"install ok installed {old_version}",
              package_status())
@@ -206,11 +256,19 @@ with Scenario() as sc:
     pid_before = unit_property(UNIT, "MainPID")
     sc.check("restarted with the config change", pid_before not in ("0", first_pid), f"{first_pid} -> {pid_before}")
 
-    # ---- Upgrade
+    # ---- Upgrade: the next release published next to the first
+    publish("second")
+    proc = apt_update()
+    sc.check("apt-get update reads the repository's next release", proc.returncode == 0 and "Err:" not in proc.stdout
+             and "E:" not in proc.stderr, (proc.stdout + proc.stderr)[-800:])
+    sc.check(f"apt-cache policy: {old_version} installed, candidate {new_version}, both offered (a rollback stays "
+             "possible)", candidate() == (old_version, new_version, sorted([old_version, new_version])),
+             str(candidate()))
     before_upgrade = time.monotonic()
-    proc = apt("install", f"./{new_deb}")
+    proc = apt_get("install", "-y", "nvsymlinkd")
     sc.fact("apt_upgrade_output", (proc.stdout + proc.stderr)[-3000:])
-    sc.check(f"apt install ./{new_deb} exits 0 without a conffile question", proc.returncode == 0
+    sc.check(f"apt-get install nvsymlinkd upgrades to {new_version} from the repository, without a conffile "
+             "question", proc.returncode == 0 and taken_from_repo(proc.stdout, new_version)
              and "Configuration file" not in proc.stdout, (proc.stdout + proc.stderr)[-800:])
     sc.check(f"dpkg: install ok installed {new_version}", package_status() == f"install ok installed {new_version}",
              package_status())
@@ -240,9 +298,9 @@ with Scenario() as sc:
 
     # ---- Uninstall: remove, then the drop-ins as the guide says, then purge
     state_before = baselines()
-    proc = apt("remove", "nvsymlinkd")
+    proc = apt_get("remove", "-y", "nvsymlinkd")
     sc.fact("apt_remove_output", (proc.stdout + proc.stderr)[-2000:])
-    sc.check("apt remove nvsymlinkd exits 0", proc.returncode == 0, (proc.stdout + proc.stderr)[-800:])
+    sc.check("apt-get remove nvsymlinkd exits 0", proc.returncode == 0, (proc.stdout + proc.stderr)[-800:])
     sc.check("dpkg: removed, config files kept", package_status().startswith("deinstall ok config-files"),
              package_status())
     sc.check("the daemon stopped", unit_property(UNIT, "ActiveState") in ("inactive", ""),
@@ -262,9 +320,9 @@ with Scenario() as sc:
                  for p in left) and baselines() == state_before, f"{left} {baselines()}")
     proc = operator_sh(DROP_IN_RM)
     sc.check("the guide's removal of the drop-ins works", proc.returncode == 0, proc.stderr)
-    proc = apt("purge", "nvsymlinkd")
+    proc = apt_get("purge", "-y", "nvsymlinkd")
     sc.fact("apt_purge_output", (proc.stdout + proc.stderr)[-2000:])
-    sc.check("apt purge nvsymlinkd exits 0", proc.returncode == 0, (proc.stdout + proc.stderr)[-800:])
+    sc.check("apt-get purge nvsymlinkd exits 0", proc.returncode == 0, (proc.stdout + proc.stderr)[-800:])
     listed = sh("dpkg", "-l", "nvsymlinkd", check=False)
     sc.check("dpkg -l nvsymlinkd: no such package", listed.returncode != 0 and "no packages found" in listed.stderr,
              (listed.stdout + listed.stderr)[-300:])
@@ -275,4 +333,6 @@ with Scenario() as sc:
     sc.check("the /dev/char links stay after the purge (install.md: Uninstall)", links() == want, str(links()))
     daemon_reload()
     sc.expect_open(ctr, "/dev/nvidia0", "OK", "after the purge and a daemon-reload (links kept)")
+    for key, seconds in sorted(APT_SECONDS.items()):
+        sc.timing(key, seconds)
     ctr.delete()
