@@ -197,17 +197,22 @@ class RepairHost:
         from nvsymlinkd.repair import bpfrepair
 
         problems = []
+        systemd_put_back = False
         if saved.properties is not None:
             scope, policy, allow = saved.properties
             try:
                 self.systemd.put_back_policy(scope, policy, allow)
                 steps.append(f"SetUnitProperties {scope} DevicePolicy {policy} DeviceAllow reset to "
                              f"{len(allow)} entries (put back)")
+                systemd_put_back = True
             except RepairError as exc:
                 problems.append(f"{scope}'s DevicePolicy/DeviceAllow: {exc}")
         for held in saved.programs:
             try:
-                bpfrepair.put_back(self.root, held, steps)
+                # the systemd mechanism attached no program itself: what systemd freed stays freed, and the program
+                # its put-back re-apply attached holds the old policy now (bpfrepair.put_back); when that call
+                # failed the held programs come back as they were (never narrowed, even if systemd lost track)
+                bpfrepair.put_back(self.root, held, steps, attached_by_owners=systemd_put_back)
             except RepairError as exc:
                 problems.append(str(exc))
         if saved.devices is not None:
