@@ -246,6 +246,29 @@ def test_a_systemd_call_that_narrows_on_a_strict_scope_is_put_back_and_says_so(c
     assert c.kernel() == ALL_OPEN
 
 
+def test_the_judgment_waits_for_systemds_re_apply_which_comes_after_its_answer(container, systemd):
+    """systemd answers SetUnitProperties before it re-applies the scope (dbus-cgroup.c only invalidates the unit's
+    cgroup; the realize queue attaches the new program later). The mock here attaches it 0.3 s after its reply.
+    The repair waits until the scope's programs change before it judges, so the narrowing (the hook's uvm, which
+    nothing trusted names) is seen and put back; judged at once, it read the old programs, said `prevented`, and
+    the container lost uvm 0.3 s later."""
+    import time
+    from dataclasses import replace
+
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False)
+    c.runtime_program([C0, C255, c.uvm])
+    entries = [("/dev/char/195:255", "rw")]
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO, v2_delay=0.3)
+    request = replace(c.request([C0], kind=AT_RISK), runtime_rules=tuple(RUNC_DEFAULTS))
+    res = repair_container(c.root, Config(), request)
+    time.sleep(0.6)  # anything the mock still had to attach is attached now
+    assert c.kernel() == ALL_OPEN, (res.to_json(), c.kernel())
+    assert res.status == "failed" and res.error.startswith(f"narrowed, restored: the container could open {c.uvm} rw"), \
+        res.to_json()
+
+
 def test_a_put_back_keeps_the_program_systemd_holds_now_never_a_freed_one(container, systemd, monkeypatch):
     """Review finding: a strict scope whose only program is systemd's own (a partial loss: c 195:0 no longer among
     its entries). A systemd call that narrows (made to here: DeviceAllow reset without c 195:255) makes

@@ -22,6 +22,7 @@ interleave, and verifies afterwards through the verifier's normal path (read_acc
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +254,13 @@ def hold(root: HostRoot, cgroup: str) -> Held:
 
 def has_own_program(root: HostRoot, cgroup: str) -> bool | None:
     """Whether the cgroup has a device program of its own; None when that cannot be read."""
+    ids = own_ids(root, cgroup)
+    return None if ids is None else bool(ids)
+
+
+def own_ids(root: HostRoot, cgroup: str) -> list | None:
+    """The ids of the device programs attached to the cgroup itself (cgroup as /proc/<pid>/cgroup prints it);
+    None when they cannot be read (no cgroup v2 directory there, no BPF)."""
     inside, _ = v2_cgroup_dir(root, cgroup)
     if inside is None:
         return None
@@ -261,11 +269,25 @@ def has_own_program(root: HostRoot, cgroup: str) -> bool | None:
     except OSError:
         return None
     try:
-        return bool(bpfprog.query_device_programs(fd, effective=False)[0])
+        return list(bpfprog.query_device_programs(fd, effective=False)[0])
     except BpfError:
         return None
     finally:
         os.close(fd)
+
+
+def wait_attached(root: HostRoot, cgroup: str, before: list, timeout: float, poll: float = 0.002) -> bool:
+    """Wait until the cgroup's own programs are no longer `before`: systemd answers SetUnitProperties before it
+    re-applies the unit's cgroup (dbus-cgroup.c only calls unit_invalidate_cgroup(u, CGROUP_MASK_DEVICES); the
+    realize queue attaches the new program later, src/core/cgroup.c, v252). False when nothing changed in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = own_ids(root, cgroup)
+        if now is None or now != before:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
 
 
 def put_back(root: HostRoot, held: Held, steps: list, attached_by_owners: bool = False) -> None:

@@ -87,6 +87,7 @@ class Saved:
     less after the repair than before (RepairHost.put_back)."""
 
     properties: tuple | None = None  # (scope, DevicePolicy, ((path, access), ...))
+    scope_cgroup: str | None = None  # the scope's cgroup v2 path, where systemd's re-apply attaches its program
     programs: list = field(default_factory=list)  # [bpfrepair.Held], one per cgroup v2 directory
     devices: tuple | None = None  # (v1 devices directory, [Rule] of its devices.list)
 
@@ -169,12 +170,13 @@ class RepairHost:
 
     # -- what a repair puts back when it narrowed (a repair never narrows)
 
-    def save(self, properties: str | None = None, programs: Sequence[str] = (), devices: str | None = None) -> Saved:
+    def save(self, properties: str | None = None, programs: Sequence[str] = (), devices: str | None = None,
+             scope_cgroup: str | None = None) -> Saved:
         """Read what put_back needs: a scope's device properties, cgroup v2 directories' own programs (held
         open), a v1 devices.list. RepairError when any cannot be read (nothing is held then)."""
         from nvsymlinkd.repair import bpfrepair
 
-        saved = Saved()
+        saved = Saved(scope_cgroup=scope_cgroup)
         try:
             if properties is not None:
                 policy, allow = self.systemd.device_policy(properties)
@@ -201,9 +203,11 @@ class RepairHost:
         if saved.properties is not None:
             scope, policy, allow = saved.properties
             try:
+                ids = self.program_ids(saved.scope_cgroup)
                 self.systemd.put_back_policy(scope, policy, allow)
                 steps.append(f"SetUnitProperties {scope} DevicePolicy {policy} DeviceAllow reset to "
                              f"{len(allow)} entries (put back)")
+                self.wait_reapplied(saved.scope_cgroup, ids, steps)
                 systemd_put_back = True
             except RepairError as exc:
                 problems.append(f"{scope}'s DevicePolicy/DeviceAllow: {exc}")
@@ -228,6 +232,23 @@ class RepairHost:
 
         for held in saved.programs:
             bpfrepair.release(held)
+
+    def program_ids(self, cgroup: str | None) -> list | None:
+        """The ids of a cgroup v2 directory's own device programs; None when unknown or unreadable."""
+        from nvsymlinkd.repair import bpfrepair
+
+        return None if cgroup is None else bpfrepair.own_ids(self.root, cgroup)
+
+    def wait_reapplied(self, cgroup: str | None, before: list | None, steps: list) -> None:
+        """After a systemd call: wait until systemd's re-apply attached its program to the scope's cgroup (it
+        answers first, bpfrepair.wait_attached), so that what is judged next is what systemd applied."""
+        from nvsymlinkd.repair import bpfrepair
+
+        if cgroup is None or before is None:
+            return
+        if not bpfrepair.wait_attached(self.root, cgroup, before, self.timeout):
+            steps.append(f"{cgroup}: systemd attached no new device program within {self.timeout:g} s (judged as "
+                         "it is now)")
 
     def leaf_program(self, cgroup: str) -> bool | None:
         from nvsymlinkd.repair import bpfrepair
