@@ -95,9 +95,13 @@ cfg = cfgs.get(str(name))
 if cfg and cfg.get('fail'):
     raise dbus.exceptions.DBusException('Access denied', name='org.freedesktop.DBus.Error.AccessDenied')
 if cfg and cfg.get('v2'):
-    # cgroup v2: systemd's own program for the policy, on the scope's cgroup (tests/sdprogram.py)
-    subprocess.run([sys.executable, '-m', 'tests.sdprogram', cfg['v2'], policy, json.dumps(allow)], cwd=cfg['repo'],
-                   check=True)
+    # cgroup v2: systemd's own program for the policy, on the scope's cgroup (tests/sdprogram.py); with v2_delay
+    # after the reply, as systemd's realize queue does (dbus-cgroup.c only invalidates the unit's cgroup)
+    cmd = [sys.executable, '-m', 'tests.sdprogram', cfg['v2'], policy, json.dumps(allow)]
+    if cfg.get('v2_delay'):
+        subprocess.Popen(['sh', '-c', 'sleep "$0"; exec "$@"', str(cfg['v2_delay'])] + cmd, cwd=cfg['repo'])
+    else:
+        subprocess.run(cmd, cwd=cfg['repo'], check=True)
 if cfg:
     seen = {'freezer': open(cfg['freezer']).read().strip() if cfg.get('freezer') else None, 'dev_char': {}}
     for e in allow:

@@ -169,26 +169,149 @@ def test_at_risk_below_an_auto_scope_is_refused_and_nothing_changes(container, s
     assert systemd.calls() == [] and c.kernel() == ALL_OPEN
 
 
-def test_a_systemd_call_on_an_allow_list_scope_applies_the_scopes_own_policy(container, systemd):
-    """runc's systemd driver on cgroup v2: the scope is strict with its entries, runc's own program on the scope
-    allows what the container has (the hook's uvm too, which no trusted source expects, and no runtime rule
-    names). Preventing the loss of c 195:0 makes systemd apply its allow-list plus the grant: exactly what the
-    next daemon-reload applies anyway. What the scope's policy lacks (uvm, /dev/null, mknod here) is systemd's to
-    take, not the repair's narrowing, and nothing is put back: in the VM's chaos soak (s30) putting it back undid
-    every prevention of a Docker and a Podman container, which then lost their GPUs at the next reload."""
+def own_programs(real: str) -> list:
+    """The ids of the device programs attached to a cgroup v2 directory itself."""
+    fd = bpfprog.open_cgroup_dir(real)
+    try:
+        return bpfprog.query_device_program_ids(fd, effective=False)
+    finally:
+        os.close(fd)
+
+
+def test_a_systemd_call_that_narrows_on_a_strict_scope_is_put_back_and_says_so(container, systemd):
+    """runc's systemd driver on cgroup v2: the scope is strict with the entries runc could give systemd, runc's
+    own program on the scope allows what the container has: runc's rules (sent beside the grant: nothing of
+    them narrows) and the hook's uvm, which no trusted source expects and no runtime rule names. Preventing the
+    loss of c 195:0 re-applies systemd's allow-list, which lacks uvm: the container loses it at once. The repair
+    reads back every device, sees the narrowing, puts the scope's DevicePolicy/DeviceAllow back and detaches
+    the program systemd attached (runc had replaced systemd's own: none was there before), and fails as
+    `narrowed, restored`; the rate limit then leaves the container as it was. (Before: a strict scope was not
+    judged at all, and the container kept running without uvm.)"""
+    from dataclasses import replace
+
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False)
+    c.runtime_program([C0, C255, c.uvm])
+    runc_own = own_programs(c.scope_real)
+    entries = [("/dev/char/195:255", "rw")]
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO)
+    assert c.kernel() == ALL_OPEN
+    history = RepairHistory()
+    request = replace(c.request([C0], kind=AT_RISK), runtime_rules=tuple(RUNC_DEFAULTS) + (Rule(True, "c", 195, 255, "rw"),))
+    res = repair_container(c.root, Config(), request, history=history, clock=lambda: 1000.0)
+    assert c.kernel() == ALL_OPEN, (res.to_json(), c.kernel())
+    assert res.status == "failed" and res.error.startswith(f"narrowed, restored: the container could open {c.uvm} rw "
+                                                           "before the repair and not after"), res.to_json()
+    assert systemd.device_allow(c.scope) == entries  # the properties as they were
+    assert own_programs(c.scope_real) == runc_own  # systemd's put-back program detached: it was not there before
+    assert any("(put back)" in s for s in res.steps), res.steps
+    assert res.verification[c.uvm]["state"] == "allow" and "narrowed by the repair" in res.verification[c.uvm]["reason"]
+    # the rate limit holds further preventions back, and what it holds back is the container as it was
+    again = repair_container(c.root, Config(), request, history=history, clock=lambda: 1060.0)
+    assert again.status == "cannot-repair" and "rate limit" in again.plan.cannot
+    assert c.kernel() == ALL_OPEN
+
+
+def test_the_judgment_waits_for_systemds_re_apply_which_comes_after_its_answer(container, systemd):
+    """systemd answers SetUnitProperties before it re-applies the scope (dbus-cgroup.c only invalidates the unit's
+    cgroup; the realize queue attaches the new program later). The mock here attaches it 0.3 s after its reply.
+    The repair waits until the scope's programs change before it judges, so the narrowing (the hook's uvm, which
+    nothing trusted names) is seen and put back; judged at once, it read the old programs, said `prevented`, and
+    the container lost uvm 0.3 s later."""
+    import time
+    from dataclasses import replace
+
     from nvsymlinkd.repair.apply import repair_container
 
     c = container(leaf=False)
     c.runtime_program([C0, C255, c.uvm])
     entries = [("/dev/char/195:255", "rw")]
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO, v2_delay=0.3)
+    request = replace(c.request([C0], kind=AT_RISK), runtime_rules=tuple(RUNC_DEFAULTS))
+    res = repair_container(c.root, Config(), request)
+    time.sleep(0.6)  # anything the mock still had to attach is attached now
+    assert c.kernel() == ALL_OPEN, (res.to_json(), c.kernel())
+    assert res.status == "failed" and res.error.startswith(f"narrowed, restored: the container could open {c.uvm} rw"), \
+        res.to_json()
+
+
+def test_a_put_back_keeps_the_program_systemd_holds_now_never_a_freed_one(container, systemd, monkeypatch):
+    """Review finding: a strict scope whose only program is systemd's own (a partial loss: c 195:0 no longer among
+    its entries). A systemd call that narrows (made to here: DeviceAllow reset without c 195:255) makes
+    systemd attach a new program and free the one it had; the put-back's SetUnitProperties attaches one more
+    for the old policy. The put-back used to attach the freed program again and detach systemd's current one:
+    the scope then ran a program systemd no longer knows (no later re-apply would ever detach it, so no later
+    grant on the scope could pass it) while systemd's own was gone. Now the scope keeps the program systemd
+    attached for the policy put back, the freed one stays detached, and the kernel sees the container as before."""
+    import subprocess
+    import sys
+
+    from nvsymlinkd.repair import mechanisms
+    from nvsymlinkd.repair.apply import repair_container
+
+    c = container(leaf=False)
+    entries = [("/dev/char/195:255", "rw"), (f"/dev/char/{c.uvm.major}:0", "rw"), ("/dev/char/1:3", "rwm"),
+               ("char-*", "m")]
+    subprocess.run([sys.executable, "-m", "tests.sdprogram", c.scope_real, "strict", json.dumps(entries)], cwd=REPO,
+                   check=True)
     systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO)
-    assert c.kernel() == ALL_OPEN
-    res = repair_container(c.root, Config(), c.request([C0], kind=AT_RISK))
-    assert res.status == "prevented", res.to_json()
-    assert not any("(put back)" in s for s in res.steps), res.steps
-    assert systemd.device_allow(c.scope) == entries + [("/dev/char/195:0", "rw")]
-    # the scope's policy now, as after any reload: c 195:0 and c 195:255 kept, what it never listed gone
-    assert c.kernel()[:2] == ["allow", "allow"]
+    (systemds_before,) = own_programs(c.scope_real)
+    assert c.kernel() == ["deny", "allow", "allow", "allow", "allow"]
+
+    def narrowing(host, request, grants, steps):  # systemd taking c 195:255 with its re-apply
+        kept = [e for e in entries if e[0] != "/dev/char/195:255"] + [(g.device.dev_path, str(g.access)) for g in grants]
+        host.systemd.put_back_policy(request.scope, "strict", kept)
+        steps.append("SetUnitProperties (narrowing, made by the test)")
+
+    monkeypatch.setattr(mechanisms, "_set_device_allow", narrowing)
+    res = repair_container(c.root, Config(), c.request([C0]))
+    assert res.status == "failed" and res.error.startswith("narrowed, restored: the container could open c 195:255"), \
+        res.to_json()
+    assert c.kernel() == ["deny", "allow", "allow", "allow", "allow"]
+    assert systemd.device_allow(c.scope) == entries
+    (now,) = own_programs(c.scope_real)
+    assert now != systemds_before, res.steps  # main: the freed program attached again, systemd's own detached
+    assert bpfprog.read_program(now).name == "sd_devices"
+    assert any("freed by its owner, not attached again" in s for s in res.steps), res.steps
+
+
+def test_a_podman_runc_prevention_keeps_dev_net_tun_through_the_cli(container, systemd, nvsymlinkd_cli):
+    """The chaos soak's Docker and Podman preventions (s30): runc 1.1.5 records its default rules in state.json,
+    /dev/net/tun's c 10:200 rwm among them (libcontainer/specconv/spec_linux.go AllowedDevices, "tuntap"), and
+    programs all of them, but left 10:200 out of the scope ("skipping device /dev/char/10:200 for systemd: stat
+    /sys/dev/char/10:200", tun not loaded) and so the NVIDIA node whose /dev/char link was missing. A prevention
+    re-applies the scope: the runtime's rules from state.json go beside the grant, so systemd's new program
+    allows 10:200 too and nothing narrows (the s30 run that saw `narrowed, restored: ... c 10:200 rw` ran a
+    package built without the runtime's rules). Through `nvsymlinkd repair --json`, judged by the kernel from
+    the container's cgroup, with the put-back armed on the strict scope."""
+    from tests.fixtures.runtimes.layouts import RUNC_DEFAULT_RULES, Layouts
+    from tests.test_verify_cache import GPU_SPEC
+
+    c = container(leaf=False)
+    Layouts(c.host).storage(c.cid, GPU_SPEC, "libpod", runtime_root="/run/runc", cgroup=c.scope_cgroup)
+    runc_rules = [Rule(True, "c" if r["type"] == 99 else "b", None if r["major"] < 0 else r["major"],
+                       None if r["minor"] < 0 else r["minor"], r["permissions"]) for r in RUNC_DEFAULT_RULES]
+    c.programs.append(Program(c.real, runc_rules + [Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 255, "rw")]))
+    # what runc 1.1.5 gave systemd: its rules less 10:200 and c 195:0 (no /sys/dev/char link for either)
+    entries = [("char-*", "m"), ("block-*", "m"), ("/dev/char/1:3", "rwm"), ("/dev/char/1:8", "rwm"),
+               ("/dev/char/1:7", "rwm"), ("/dev/char/5:0", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:9", "rwm"),
+               ("char-136", "rwm"), ("/dev/char/5:2", "rwm"), ("/dev/char/195:255", "rw")]
+    systemd.add_scope(c.scope, entries, policy="strict", v2=c.scope_real, repo=REPO)
+    c.probes.append(("c", 10, 200, "rw"))
+    c.nodes.update(make_nodes(c.scratch, [("c", 10, 200)]))
+    before = ["allow", "allow", "deny", "allow", "allow", "allow"]  # the spec names no uvm
+    assert c.kernel() == before
+    proc = nvsymlinkd_cli("--root", c.root.root, "repair", "--json", c.cid)
+    doc = json.loads(proc.stdout) if proc.stdout.startswith("{") else None
+    assert doc is not None, proc.stdout + proc.stderr
+    (res,) = doc["containers"]
+    assert res["status"] == "prevented" and res["mechanism"] == "systemd", res
+    assert not any("(put back)" in s for s in res["steps"]), res["steps"]
+    assert c.kernel() == before, res  # 10:200 still opens: nothing narrowed
+    allow = systemd.device_allow(c.scope)
+    assert ("/dev/char/195:0", "rw") in allow and ("/dev/char/10:200", "rwm") in allow, allow
+    assert proc.returncode == 0
 
 
 def test_a_prevention_keeps_the_runtimes_rules_that_runc_left_out_of_the_scope(container, systemd):

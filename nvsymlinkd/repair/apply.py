@@ -34,7 +34,7 @@ from nvsymlinkd.repair.cgroupfiles import (
 )
 from nvsymlinkd.repair.freeze import LOCK_WAIT
 from nvsymlinkd.repair.host import RepairHost, Saved
-from nvsymlinkd.repair.mechanisms import BY_NAME, SYSTEMD
+from nvsymlinkd.repair.mechanisms import BY_NAME
 from nvsymlinkd.repair.model import AT_RISK, RepairPlan, RepairRequest, RepairStatus, ScopeFacts
 from nvsymlinkd.repair.plan import (
     DEFAULT_WINDOW_SECONDS,
@@ -237,9 +237,9 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             parent_rules = read_rules(root, parent)
         except (OSError, NvsymlinkdError):  # RepairError is one
             parent_rules = None  # unknown: the kernel's EPERM on write still tells
-    facts = scope_facts(RepairHost(root, config, timeout, journal, lock_wait), request)
     plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
-                       force=force, others_v2=others_v2, scope=facts)
+                       force=force, others_v2=others_v2,
+                       scope=scope_facts(RepairHost(root, config, timeout, journal, lock_wait), request))
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
@@ -277,13 +277,7 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
             # after an error too (a call that timed out may still have been carried out), but not when another
             # repair held the lock: nothing was done, so a narrowing seen now is someone else's (that repair's v1
             # deny-all window, systemd's re-apply) and putting back our saved state would undo their change
-            # systemd asked about a scope that already is an allow-list (strict, closed) applies what any reload
-            # applies, plus the grant and the runtime's own rules (mechanisms._set_device_allow): what its policy
-            # still lacks is systemd's to take at the next reload, not this repair's narrowing; the put-back
-            # there undid every prevention of a Docker and a Podman container in the VM's chaos soak (s30)
-            own_policy = (plan.mechanism == SYSTEMD and facts is not None and facts.policy in ("strict", "closed"))
-            narrowed, left = (_kept(root, host, request, plan, before, saved, result)
-                              if not busy and not own_policy else ([], []))
+            narrowed, left = _kept(root, host, request, plan, before, saved, result) if not busy else ([], [])
         finally:
             host.release(saved)
         # The rate limit is about losses that come back: a repaired loss counts, and so does any failed

@@ -22,6 +22,7 @@ interleave, and verifies afterwards through the verifier's normal path (read_acc
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +254,13 @@ def hold(root: HostRoot, cgroup: str) -> Held:
 
 def has_own_program(root: HostRoot, cgroup: str) -> bool | None:
     """Whether the cgroup has a device program of its own; None when that cannot be read."""
+    ids = own_ids(root, cgroup)
+    return None if ids is None else bool(ids)
+
+
+def own_ids(root: HostRoot, cgroup: str) -> list | None:
+    """The ids of the device programs attached to the cgroup itself (cgroup as /proc/<pid>/cgroup prints it);
+    None when they cannot be read (no cgroup v2 directory there, no BPF)."""
     inside, _ = v2_cgroup_dir(root, cgroup)
     if inside is None:
         return None
@@ -261,17 +269,39 @@ def has_own_program(root: HostRoot, cgroup: str) -> bool | None:
     except OSError:
         return None
     try:
-        return bool(bpfprog.query_device_programs(fd, effective=False)[0])
+        return list(bpfprog.query_device_programs(fd, effective=False)[0])
     except BpfError:
         return None
     finally:
         os.close(fd)
 
 
-def put_back(root: HostRoot, held: Held, steps: list) -> None:
+def wait_attached(root: HostRoot, cgroup: str, before: list, timeout: float, poll: float = 0.002) -> bool:
+    """Wait until the cgroup's own programs are no longer `before`: systemd answers SetUnitProperties before it
+    re-applies the unit's cgroup (dbus-cgroup.c only calls unit_invalidate_cgroup(u, CGROUP_MASK_DEVICES); the
+    realize queue attaches the new program later, src/core/cgroup.c, v252). False when nothing changed in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = own_ids(root, cgroup)
+        if now is None or now != before:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
+def put_back(root: HostRoot, held: Held, steps: list, attached_by_owners: bool = False) -> None:
     """Make the cgroup's own programs those it held again: each held one not attached now is attached (with
     BPF_F_ALLOW_MULTI, or in the one program's place with its old flags), then every other one detached. In
-    between the cgroup runs both, which allows only what both allow: never more than before."""
+    between the cgroup runs both, which allows only what both allow: never more than before.
+
+    attached_by_owners: the repair attached and detached nothing itself; every change of the cgroup's programs
+    was their owners' (the systemd mechanism: systemd attaches its new program and detaches the one it installed
+    before, src/core/bpf-devices.c bpf_devices_apply_policy, v252). A held program gone now was then freed by its
+    owner, whose put-back re-apply attached the program that holds that policy now: the freed one is not
+    attached again (its owner no longer knows it, so no later re-apply would ever detach it), and the owner's new
+    one stays. Only when no held program is gone (systemd's own program was not attached before: runc had
+    replaced it with BPF_F_REPLACE) is a program not held detached: it was not there before the repair."""
     inside = held.cgroup_dir
     try:
         cg_fd = bpfprog.open_cgroup_dir(root.path(inside))
@@ -280,6 +310,11 @@ def put_back(root: HostRoot, held: Held, steps: list) -> None:
     try:
         now, _ = bpfprog.query_device_programs(cg_fd, effective=False)
         if now == held.ids:
+            return
+        gone = [i for i in held.ids if i not in now]
+        if attached_by_owners and gone:
+            steps.append(f"{inside}: prog {', '.join(map(str, gone))} freed by its owner, not attached again; "
+                         f"prog {', '.join(str(i) for i in now if i not in held.ids) or 'none'} holds its place")
             return
         multi = bool(held.flags & bpfprog.BPF_F_ALLOW_MULTI)
         for prog_id, fd in zip(held.ids, held.fds):

@@ -92,6 +92,7 @@ class Saved:
     less after the repair than before (RepairHost.put_back)."""
 
     properties: tuple | None = None  # (scope, DevicePolicy, ((path, access), ...))
+    scope_cgroup: str | None = None  # the scope's cgroup v2 path, where systemd's re-apply attaches its program
     programs: list = field(default_factory=list)  # [bpfrepair.Held], one per cgroup v2 directory
     devices: tuple | None = None  # (v1 devices directory, [Rule] of its devices.list)
 
@@ -174,12 +175,13 @@ class RepairHost:
 
     # -- what a repair puts back when it narrowed (a repair never narrows)
 
-    def save(self, properties: str | None = None, programs: Sequence[str] = (), devices: str | None = None) -> Saved:
+    def save(self, properties: str | None = None, programs: Sequence[str] = (), devices: str | None = None,
+             scope_cgroup: str | None = None) -> Saved:
         """Read what put_back needs: a scope's device properties, cgroup v2 directories' own programs (held
         open), a v1 devices.list. RepairError when any cannot be read (nothing is held then)."""
         from nvsymlinkd.repair import bpfrepair
 
-        saved = Saved()
+        saved = Saved(scope_cgroup=scope_cgroup)
         try:
             if properties is not None:
                 policy, allow = self.systemd.device_policy(properties)
@@ -202,17 +204,24 @@ class RepairHost:
         from nvsymlinkd.repair import bpfrepair
 
         problems = []
+        systemd_put_back = False
         if saved.properties is not None:
             scope, policy, allow = saved.properties
             try:
+                ids = self.program_ids(saved.scope_cgroup)
                 self.systemd.put_back_policy(scope, policy, allow)
                 steps.append(f"SetUnitProperties {scope} DevicePolicy {policy} DeviceAllow reset to "
                              f"{len(allow)} entries (put back)")
+                self.wait_reapplied(saved.scope_cgroup, ids, steps)
+                systemd_put_back = True
             except RepairError as exc:
                 problems.append(f"{scope}'s DevicePolicy/DeviceAllow: {exc}")
         for held in saved.programs:
             try:
-                bpfrepair.put_back(self.root, held, steps)
+                # the systemd mechanism attached no program itself: what systemd freed stays freed, and the program
+                # its put-back re-apply attached holds the old policy now (bpfrepair.put_back); when that call
+                # failed the held programs come back as they were (never narrowed, even if systemd lost track)
+                bpfrepair.put_back(self.root, held, steps, attached_by_owners=systemd_put_back)
             except RepairError as exc:
                 problems.append(str(exc))
         if saved.devices is not None:
@@ -228,6 +237,23 @@ class RepairHost:
 
         for held in saved.programs:
             bpfrepair.release(held)
+
+    def program_ids(self, cgroup: str | None) -> list | None:
+        """The ids of a cgroup v2 directory's own device programs; None when unknown or unreadable."""
+        from nvsymlinkd.repair import bpfrepair
+
+        return None if cgroup is None else bpfrepair.own_ids(self.root, cgroup)
+
+    def wait_reapplied(self, cgroup: str | None, before: list | None, steps: list) -> None:
+        """After a systemd call: wait until systemd's re-apply attached its program to the scope's cgroup (it
+        answers first, bpfrepair.wait_attached), so that what is judged next is what systemd applied."""
+        from nvsymlinkd.repair import bpfrepair
+
+        if cgroup is None or before is None:
+            return
+        if not bpfrepair.wait_attached(self.root, cgroup, before, self.timeout):
+            steps.append(f"{cgroup}: systemd attached no new device program within {self.timeout:g} s (judged as "
+                         "it is now)")
 
     def leaf_program(self, cgroup: str) -> bool | None:
         from nvsymlinkd.repair import bpfrepair

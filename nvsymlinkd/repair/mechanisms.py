@@ -230,11 +230,14 @@ class Systemd(Mechanism):
         # attaches its new program before it detaches its old one, beside a runtime's (runc, crun)
         r = plan.request
         cgroups = [c for c in dict.fromkeys((scope_cgroup(r), r.v2_cgroup)) if c is not None]
-        return host.save(properties=needed(r.scope, "systemd unit"), programs=cgroups)
+        return host.save(properties=needed(r.scope, "systemd unit"), programs=cgroups, scope_cgroup=scope_cgroup(r))
 
     def apply(self, host: RepairHost, plan: RepairPlan, steps: list[str]) -> list[str] | None:
         host.ensure_dev_char_links(plan.grants, steps)  # systemd < 240 stats the DeviceAllow path
+        cgroup = scope_cgroup(plan.request)
+        ids = host.program_ids(cgroup)
         _set_device_allow(host, plan.request, plan.grants, steps)
+        host.wait_reapplied(cgroup, ids, steps)  # systemd answers before its re-apply attaches the program
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
