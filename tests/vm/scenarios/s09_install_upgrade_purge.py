@@ -41,7 +41,10 @@ MIRROR = "/srv/nvsymlinkd"     # the fleet's repository, as docs/packaging.md's 
 # Unsigned ([trusted=yes], docs/packaging.md): apt's signature check is held on the host by
 # tests/test_packages.py (signed-by taken, refused after a re-index); what dpkg and systemd do is the same.
 SOURCE = "/etc/apt/sources.list.d/nvsymlinkd.list"
-SOURCE_LINE = f"deb [trusted=yes] file://{MIRROR}/deb ./\n"
+# check-date=no: a guest restored from a base snapshot runs on the snapshot's clock, minutes behind the host
+# that dated the Release file, and apt refuses a Release "not valid yet" (sources.list(5), Check-Date). A
+# fleet's hosts keep their clocks by NTP; the first CI run on a fresh machine met this, the fresh boots did not.
+SOURCE_LINE = f"deb [trusted=yes check-date=no] file://{MIRROR}/deb ./\n"
 CTK_RULE = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
 CTK_RULE_TEXT = ('ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
                  'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
