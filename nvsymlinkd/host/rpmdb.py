@@ -124,15 +124,22 @@ def _select(headers, path: str, names: tuple, where: str) -> tuple[list | None, 
     found = []
     try:
         for _hnum, blob in headers:
-            name = parse_header(blob, frozenset({NAME})).get(NAME)
-            if name not in names:
-                continue
-            header = parse_header(blob)
-            if path in files(header):
-                found.append((name, header.get(VERSION, ""), header.get(RELEASE, "")))
+            listing = _listing(blob, path, names)
+            if listing is not None:
+                found.append(listing)
     except ValueError as exc:
         return None, f"{where}: {exc}"
     return found, where
+
+
+def _listing(blob: bytes, path: str, names: tuple) -> tuple | None:
+    """(name, version, release) of a header among `names` that lists `path`, else None; ValueError when the
+    header is malformed. Only the name is parsed of the packages that are not the toolkit's."""
+    name = parse_header(blob, frozenset({NAME})).get(NAME)
+    if name not in names:
+        return None
+    header = parse_header(blob)
+    return (name, header.get(VERSION, ""), header.get(RELEASE, "")) if path in files(header) else None
 
 
 def _bdb_meta(fd: int) -> tuple:
@@ -251,14 +258,11 @@ def _owners(fd: int, path: str, names: tuple) -> tuple[list | None, str]:
             if not isinstance(blob, bytes):
                 return None, f"{RPMDB_SQLITE}: package {hnum}'s header is not a blob"
             try:
-                name = parse_header(blob, frozenset({NAME})).get(NAME)
-                if name not in names:
-                    continue
-                header = parse_header(blob)
-                if path in files(header):
-                    found.append((name, header.get(VERSION, ""), header.get(RELEASE, "")))
+                listing = _listing(blob, path, names)
             except ValueError as exc:
                 return None, f"{RPMDB_SQLITE}: package {hnum}'s header: {exc}"
+            if listing is not None:
+                found.append(listing)
     except sqlite3.Error as exc:
         return None, f"{RPMDB_SQLITE}: {exc}"
     finally:
