@@ -32,7 +32,7 @@ use_tree()  # a script: the repository root, for tests.* (and benchmarks/run --t
 
 from prevent_latency import TimedDaemon  # noqa: E402
 
-from tests.privatebus import MANAGER, MOCK_IFACE  # noqa: E402
+from tests.privatebus import MOCK_IFACE  # noqa: E402
 from tests.runcfixture import RuncHost  # noqa: E402
 from tests.test_daemon_containers import being_created, new_unit, started  # noqa: E402
 from tests.test_hook_trust_runc import fake_driver  # noqa: E402
@@ -156,8 +156,7 @@ def main() -> int:
         mock = SystemdMock(Path(tmp) / "bus")
         try:
             mock.start()
-            mock.manager.AddMethods(MANAGER, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")],
-                                    dbus_interface=MOCK_IFACE)
+            mock.accept_subscribe()
             figures, lines = daemon_rounds(host, mock, args.count)
             base = floor(Path(tmp) / "floor", args.count)
         finally:

@@ -116,8 +116,7 @@ def main() -> int:
         mock = SystemdMock(Path(tmp) / "bus")
         try:
             mock.start()
-            mock.manager.AddMethods(MANAGER, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")],
-                                    dbus_interface=MOCK_IFACE)
+            mock.accept_subscribe()
             results = {}
             for mode in ("state watch", "timers only"):
                 results[mode] = one_mode(host, mock, mode, args.count)

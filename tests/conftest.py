@@ -174,15 +174,13 @@ def systemd(tmp_path, need_root, monkeypatch):
 @pytest.fixture
 def subscribing_systemd(tmp_path, need_root):
     """systemd_mock plus the Subscribe the daemon's watcher calls."""
-    from tests.privatebus import MANAGER, MOCK_IFACE
     from tests.test_repair_dbus import SystemdMock
 
     need_bus_parts()
     m = SystemdMock(tmp_path / "sdbus")
     try:
         m.start()
-        m.manager.AddMethods(MANAGER, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")],
-                             dbus_interface=MOCK_IFACE)
+        m.accept_subscribe()
         yield m
     finally:
         m.close()

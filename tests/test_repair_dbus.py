@@ -263,6 +263,12 @@ class SystemdMock:
         self.monitor.start()
         assert self.monitor.ready.wait(DEADLINE) and self.monitor.error is None, self.monitor.error
 
+    def accept_subscribe(self) -> None:
+        """Manager.Subscribe and Unsubscribe answered, as the daemon's bus watch calls them (systemd's signals
+        go only to subscribed clients)."""
+        self.manager.AddMethods(MANAGER, [("Subscribe", "", "", ""), ("Unsubscribe", "", "", "")],
+                                dbus_interface=MOCK_IFACE)
+
     def add_scope(self, unit: str, device_allow=(), policy: str = "strict", **cfg):
         import dbus
 
