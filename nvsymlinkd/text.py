@@ -31,3 +31,8 @@ def bounded(text: str, limit: int = 200) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit - 3]}... ({len(text)} characters)"
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """'1 container', '2 containers' ('1 sync pass', '2 sync passes' with many=)."""
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"

@@ -13,6 +13,7 @@ import pytest
 
 from nvsymlinkd import journal
 from nvsymlinkd.containers.runtimes import is_container_scope
+from nvsymlinkd.daemon.hook import ContainerHook
 from nvsymlinkd.daemon.inotify import (
     IN_CREATE,
     IN_ISDIR,
@@ -259,8 +260,11 @@ def test_journal_stderr_lines(tmp_path):
         assert f.read() == "nvsymlinkd: created link /dev/char/195:0 -> ../nvidia0 (c 195:0)\n"
 
 
-class RecordingHook:
+class RecordingHook(ContainerHook):
+    """The daemon calls its hook's methods directly: a hook is a ContainerHook (what it leaves alone does nothing)."""
+
     def __init__(self):
+        super().__init__(journal.Journal("stderr", stream=open(os.devnull, "w")))
         self.calls = []
         self.reloading = []  # systemd_reloading(bool): told at once, from the event loop, not awaited
 

@@ -7,8 +7,9 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from nvsymlinkd.devchar.summary import plural, repair_line, sync_counts, sync_line, sync_warnings
+from nvsymlinkd.devchar.summary import repair_line, sync_counts, sync_line, sync_warnings
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.text import plural
 
 
 @pytest.mark.parametrize(("n", "noun", "many", "said"), [

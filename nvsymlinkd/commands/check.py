@@ -142,8 +142,7 @@ def human_lines(report, width: int | None = None) -> list:
     The table's FIX is the fix in a few words (`nvsymlinkd repair ID`); each finding's own line below the
     table has its detail and the whole fix (why, and what else works), as the journal and --json do."""
     # in here: every command imports this module (see repair.py)
-    from nvsymlinkd.devchar.summary import plural
-    from nvsymlinkd.text import printable
+    from nvsymlinkd.text import plural, printable
     from nvsymlinkd.verify.kinds import Verdict
 
     rows: list[tuple[str, ...]] = [("CONTAINER", "NAME", "RUNTIME", "STATUS", "MISSING", "FIX")]

@@ -1,6 +1,6 @@
 """The daemon's container side: verify GPU containers on events, journal findings, repair.
 
-Plugged into nvsymlinkd.daemon.loop.Daemon as its ContainerHook. Every trigger
+Plugged into nvsymlinkd.daemon.loop.Daemon as its ContainerHook (daemon/hook.py). Every trigger
 (start, reload finished, a runtime's state file written, a new container
 scope, NVIDIA nodes changed, the periodic resync) asks for one verification
 of all containers; requests that arrive while one runs are folded into the
@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from nvsymlinkd import journal as journalmod
-from nvsymlinkd.daemon.loop import ContainerHook
+from nvsymlinkd.daemon.hook import ContainerHook
 from nvsymlinkd.verify.journaldiff import JournalState, finding_key, journal_changes, repair_is_news
 from nvsymlinkd.verify.kinds import FindingKind
 

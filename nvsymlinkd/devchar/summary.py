@@ -11,11 +11,7 @@ import os
 
 from nvsymlinkd.devchar.plan import ACTIONS, CONFLICT, CREATE, CREATE_NODE, KEEP, REMOVE, REPLACE
 from nvsymlinkd.host.procdevices import PROC_DEVICES
-
-
-def plural(n: int, noun: str, many: str | None = None) -> str:
-    """'1 container', '2 containers' ('1 sync pass', '2 sync passes' with many=)."""
-    return f"{n} {noun if n == 1 else (many or noun + 's')}"
+from nvsymlinkd.text import plural
 
 
 def sync_counts(result) -> dict:

@@ -12,7 +12,7 @@ import re
 
 from nvsymlinkd.containers.ocispec import read_bounded
 from nvsymlinkd.containers.runtimes import BY_NAME, PACKAGES, RUNTIMES, DriverConfig
-from nvsymlinkd.devchar.summary import plural
+from nvsymlinkd.text import plural
 from nvsymlinkd.verify.evaluate import HostFinding
 
 MAX_CONFIG_BYTES = 4 << 20

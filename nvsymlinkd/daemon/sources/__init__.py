@@ -1,7 +1,7 @@
 """The daemon's event sources, each one class behind one small interface.
 
-A source watches one thing and only *asks*: for a pass (`daemon.request(reason)`), or of the
-container hook (`daemon.spawn(daemon.call_hook(...))`). It never runs a pass itself. The loop
+A source watches one thing and only *asks*: for a pass (`daemon.request(Reason.X)`), or of the
+container hook (`daemon.spawn(daemon.guarded(daemon.hook.scope_appeared(unit)))`). It never runs a pass itself. The loop
 (daemon/loop.py) drives every source the same way, in the order of its SOURCES table:
 
     start()             before the first pass: open what it watches. A source that cannot says so
@@ -17,35 +17,44 @@ container hook (`daemon.spawn(daemon.call_hook(...))`). It never runs a pass its
 
 A new event source is one class here and one entry in loop.SOURCES.
 
-What a source may use of the daemon: root, config, journal, hook, metrics, loop, request(),
-spawn(), call_hook(), reload_pending, set_bus_state().
+What a source may use of the daemon is DaemonView: root, config, journal, hook, metrics, request(),
+spawn(), guarded(), reload_pending, set_bus_state().
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, ClassVar, Coroutine, Optional, Protocol
 
+from nvsymlinkd.daemon.reasons import Reason, Requests
 from nvsymlinkd.journal import NOTICE
 
+if TYPE_CHECKING:
+    import asyncio
 
-class Daemon(Protocol):
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.daemon.hook import ContainerHook
+    from nvsymlinkd.host.root import HostRoot
+    from nvsymlinkd.journal import Journal
+    from nvsymlinkd.metrics import Metrics
+
+
+class DaemonView(Protocol):
     """What a source may use of the daemon (daemon/loop.py's Daemon): the interface, not the loop's class,
     so that this package does not import the loop that imports it (no import circle)."""
 
-    root: Any
-    config: Any
-    journal: Any
-    hook: Any
-    metrics: Any
-    loop: Any
+    root: HostRoot
+    config: Config
+    journal: Journal
+    hook: ContainerHook
+    metrics: Metrics
     reload_pending: bool
 
-    def request(self, reason: str) -> None: ...
+    def request(self, reason: Reason, detail: Optional[str] = None) -> None: ...
 
-    def spawn(self, coro: Any) -> Any: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
-    def call_hook(self, name: str, *args: Any) -> Any: ...
+    def guarded(self, call: Awaitable[None]) -> Coroutine[Any, Any, None]: ...
 
     def set_bus_state(self, state: str) -> None: ...
 
@@ -54,7 +63,7 @@ class Daemon(Protocol):
 class Pending:
     """What the next pass is asked to answer, gathered right before it observes."""
 
-    reasons: dict                                   # reason -> how often it was asked for since the last pass
+    requests: Requests                              # what was asked since the last pass (reasons.py)
     nodes: set = field(default_factory=set)         # names under DRIVER_ROOT/dev that events were about
     links: set = field(default_factory=set)         # `M:m` names in DEV_CHAR_PATH that events were about
     full: bool = False                              # something only the whole picture answers (a directory
@@ -68,7 +77,7 @@ class Source:
     name: ClassVar[str] = "source"
     config_keys: ClassVar[tuple] = ()
 
-    def __init__(self, daemon: Daemon):
+    def __init__(self, daemon: DaemonView):
         self.daemon = daemon
         self.journal = daemon.journal
 
@@ -98,9 +107,9 @@ class WatchSource(Source):
     """A source over one daemon.inotify watch (LinkWatch, DevWatch): its fd, its reader, its close.
     Subclasses open `watch` in start() and say what a change means (changed_reason, changed())."""
 
-    changed_reason: ClassVar[str] = "watched files changed"
+    changed_reason: ClassVar[Reason]
 
-    def __init__(self, daemon: Daemon):
+    def __init__(self, daemon: DaemonView):
         super().__init__(daemon)
         self.watch: Any = None
 
@@ -131,7 +140,7 @@ class WatchSource(Source):
         if overflowed:
             self.journal.event("event-overflow", NOTICE, self.overflow_text())
             if request:
-                self.daemon.request("inotify overflow")
+                self.daemon.request(Reason.INOTIFY_OVERFLOW)
         elif changed:
             self.changed()
             if request:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nvsymlinkd.daemon.reasons import Reason
 from nvsymlinkd.daemon.sources import Pending, WatchSource
 
 if TYPE_CHECKING:  # imported when the source starts
@@ -15,7 +16,7 @@ class LinkSource(WatchSource):
 
     name = "links"
     config_keys = ("dev_char_path",)
-    changed_reason = "links changed"
+    changed_reason = Reason.LINKS
     watch: LinkWatch | None
 
     def start(self) -> None:
@@ -45,7 +46,7 @@ class LinkSource(WatchSource):
         if self._arm():
             # DEV_CHAR_PATH was (re)created, by this pass or someone else: what changed in it
             # before the watch was on is only seen by looking again
-            self.daemon.request("links directory watched")
+            self.daemon.request(Reason.LINKS_WATCHED)
 
     def _arm(self) -> bool:
         """(Re)add the watches on DEV_CHAR_PATH and its parent -> True when DEV_CHAR_PATH is newly watched."""

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import select
 
-from nvsymlinkd.daemon.sources import Source
+from nvsymlinkd.daemon.reasons import Reason
+from nvsymlinkd.daemon.sources import DaemonView, Source
 from nvsymlinkd.host.nodes import dev_dir
 from nvsymlinkd.host.paths import unescape_mount_field
 
@@ -34,7 +35,7 @@ class MountSource(Source):
     name = "mounts"
     config_keys = ("driver_root", "dev_char_path")
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         super().__init__(daemon)
         self.fd = -1
         self.poller: select.epoll | None = None
@@ -64,13 +65,13 @@ class MountSource(Source):
             now = self._mounts()
         except OSError as exc:
             self.journal.warning(f"reading {MOUNTINFO} failed ({exc.strerror}); resyncing")
-            self.daemon.request("mounts changed")
+            self.daemon.request(Reason.MOUNTS)
             return
         if now != self.seen:
             changed = sorted({point for _, point in now ^ self.seen})
             self.seen = now
             self.journal.info(f"mounts changed at {', '.join(map(self._shown, changed))}: resyncing")
-            self.daemon.request("mounts changed")
+            self.daemon.request(Reason.MOUNTS)
 
     def stop(self) -> None:
         if self.poller is not None:

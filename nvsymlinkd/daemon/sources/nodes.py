@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from nvsymlinkd.daemon.sources import Pending, WatchSource
+from nvsymlinkd.daemon.reasons import Reason
+from nvsymlinkd.daemon.sources import DaemonView, Pending, WatchSource
 
 if TYPE_CHECKING:  # imported when the source starts
     from nvsymlinkd.daemon.inotify import DevWatch
@@ -17,10 +18,10 @@ class NodeSource(WatchSource):
 
     name = "nodes"
     config_keys = ("driver_root",)
-    changed_reason = "device nodes changed"
+    changed_reason = Reason.NODES
     watch: DevWatch | None
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         super().__init__(daemon)
         self.event_at: float | None = None  # first node event not yet answered by a pass
 

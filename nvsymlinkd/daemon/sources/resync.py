@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from nvsymlinkd.daemon.sources import Source
+from nvsymlinkd.daemon.reasons import Reason
+from nvsymlinkd.daemon.sources import DaemonView, Source
 
 
 class ResyncSource(Source):
@@ -13,9 +14,9 @@ class ResyncSource(Source):
     name = "resync"
     config_keys = ("resync_interval",)
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         super().__init__(daemon)
-        self.task = None
+        self.task: asyncio.Task | None = None
 
     def started(self) -> None:
         interval = self.daemon.config.resync_interval
@@ -30,4 +31,4 @@ class ResyncSource(Source):
     async def _every(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            self.daemon.request("periodic resync")
+            self.daemon.request(Reason.PERIODIC)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nvsymlinkd.daemon.sources import Pending, Source
+from nvsymlinkd.daemon.reasons import Reason
+from nvsymlinkd.daemon.sources import DaemonView, Pending, Source
 from nvsymlinkd.journal import NOTICE
 
 if TYPE_CHECKING:  # imported when the source starts
@@ -17,7 +18,7 @@ class RuntimeSource(Source):
 
     name = "runtimes"
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         super().__init__(daemon)
         self.watch: RuntimeWatch | None = None
 
@@ -51,7 +52,7 @@ class RuntimeSource(Source):
             self._written(landed)
 
     def before_pass(self, pending: Pending) -> None:
-        if "periodic resync" in pending.reasons:
+        if Reason.PERIODIC in pending.requests:
             self._arm()  # a root that could not be watched before
 
     def stop(self) -> None:
@@ -73,7 +74,7 @@ class RuntimeSource(Source):
             self._written(landed)
 
     def _written(self, landed: set) -> None:
-        self.daemon.spawn(self.daemon.call_hook("runtime_state_written", sorted(landed)))
+        self.daemon.spawn(self.daemon.guarded(self.daemon.hook.runtime_state_written(sorted(landed))))
 
     def _limited(self, exc) -> None:
         assert self.watch is not None  # only called while the watch is there

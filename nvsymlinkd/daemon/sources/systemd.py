@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nvsymlinkd.daemon.sources import Source
+from nvsymlinkd.daemon.reasons import Reason
+from nvsymlinkd.daemon.sources import DaemonView, Source
 
 if TYPE_CHECKING:  # imported when the source starts
     from nvsymlinkd.systemd.bus import SystemdWatch
@@ -16,7 +17,7 @@ class SystemdSource(Source):
 
     name = "systemd"
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         super().__init__(daemon)
         self.watch: SystemdWatch | None = None
 
@@ -42,19 +43,19 @@ class SystemdSource(Source):
         d.metrics.on_reload()
         d.hook.systemd_reloading(False)
         d.reload_pending = True
-        d.request(why)
+        d.request(Reason.RELOADED, why)
 
     def on_reload_start(self) -> None:
         # Reloading(true) comes as systemd starts a reload: a pass now may still beat its
         # re-applying of device policies; Reloading(false) comes after it has applied them.
         self.daemon.hook.systemd_reloading(True)
-        self.daemon.request("systemd reload started")
+        self.daemon.request(Reason.RELOAD_STARTED)
 
     def on_scope(self, unit: str) -> None:
-        self.daemon.spawn(self.daemon.call_hook("scope_appeared", unit))
+        self.daemon.spawn(self.daemon.guarded(self.daemon.hook.scope_appeared(unit)))
 
     def on_scope_again(self, unit: str) -> None:
-        self.daemon.spawn(self.daemon.call_hook("scope_announced_again", unit))
+        self.daemon.spawn(self.daemon.guarded(self.daemon.hook.scope_announced_again(unit)))
 
     def on_scope_gone(self, unit: str) -> None:
         self.daemon.hook.scope_gone(unit)  # on the loop, before the next signal (a new scope of the name)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nvsymlinkd.daemon.sources import Source
+from nvsymlinkd.daemon.reasons import Reason
+from nvsymlinkd.daemon.sources import DaemonView, Source
 from nvsymlinkd.journal import NOTICE
 
 if TYPE_CHECKING:  # imported when the source starts
@@ -16,7 +17,7 @@ class UdevSource(Source):
 
     name = "udev"
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon: DaemonView) -> None:
         super().__init__(daemon)
         self.watch: UdevWatch | None = None
 
@@ -41,10 +42,10 @@ class UdevSource(Source):
             events, overflowed = ["unreadable uevent"], False
         if overflowed:
             self.journal.event("event-overflow", NOTICE, "udev monitor buffer overflowed (ENOBUFS): full resync")
-            self.daemon.request("udev overflow")
+            self.daemon.request(Reason.UDEV_OVERFLOW)
         for what in events:
             self.journal.info(f"udev: {what}: resyncing")
-            self.daemon.request(f"udev {what}")
+            self.daemon.request(Reason.UDEV, what)
 
     def stop(self) -> None:
         if self.watch is not None:

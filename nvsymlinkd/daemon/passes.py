@@ -1,0 +1,71 @@
+"""One link pass at a time: the whole picture (devchar.reconcile, in a thread) or, for node and link events
+alone, work for the names they were about (devchar.incremental), kept as the LinkState the next pass builds on.
+
+The daemon's worker (daemon/loop.py) decides when a pass runs and says what it did; this decides how.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nvsymlinkd.host import libc
+
+if TYPE_CHECKING:
+    from nvsymlinkd.daemon.reasons import Requests
+    from nvsymlinkd.daemon.sources import Pending
+    from nvsymlinkd.devchar.incremental import LinkState
+
+# An incremental pass for at most this many names runs on the loop itself, more in a thread.
+INLINE_NAMES = 64
+
+
+class LinkPasses:
+    def __init__(self, root):
+        self.root = root
+        self.state: LinkState | None = None  # of the last full pass, kept up to date per event
+        self._last_nodes = None
+
+    async def run(self, loop, config, requests: Requests, pending: Pending):
+        """One pass -> its Picture (`.full` says which kind ran). Raises what reconcile raises; a pass that
+        fails leaves no picture to build on."""
+        result = None
+        if not pending.full and self.state is not None and requests.incremental():
+            result = await self._incremental(loop, pending.nodes, pending.links, config)
+        if result is None:
+            result = await self._full(loop, config)
+        return result
+
+    async def _full(self, loop, config):
+        from nvsymlinkd.devchar.incremental import LinkState
+        from nvsymlinkd.devchar.reconcile import reconcile
+
+        if self.state is not None:  # what the incremental passes since the last full one made of the nodes
+            self._last_nodes = frozenset(self.state.nodes.values())
+        self.state = None  # a failed pass leaves no picture to build on
+        sync = await loop.run_in_executor(None, reconcile, self.root, config)
+        state = LinkState(self.root, sync)
+        nodes = frozenset(sync.snapshot.nodes)
+        state.nodes_changed = self._last_nodes is not None and nodes != self._last_nodes
+        self._last_nodes = nodes
+        self.state = state
+        outcomes = sync.outcomes
+        del sync, nodes
+        libc.malloc_compact()  # a full pass's thousands of short-lived objects: their pages go back
+        result = state.result(outcomes)
+        result.full = True
+        return result
+
+    async def _incremental(self, loop, node_names, link_names, config):
+        """Work for the names events were about -> the pass's Picture, or None (a full pass is needed)."""
+        state = self.state
+        assert state is not None  # run() asks for one only on a picture
+        if len(node_names) + len(link_names) <= INLINE_NAMES:
+            # a handful of syscalls: cheaper here than the hop to a thread and back
+            delta = state.update(node_names, link_names, config.create_nodes)
+        else:
+            delta = await loop.run_in_executor(None, state.update, node_names, link_names, config.create_nodes)
+        if delta is None:
+            return None
+        result = state.result(delta.outcomes)
+        result.full = False
+        return result
