@@ -96,7 +96,7 @@ class ContainerWatch(ContainerHook):
         self.passes = 0
         self.bus_error_said = False  # systemd's silence on the bus was journaled, and it has not answered since
         self.verify_cache: VerifyCache | None = None  # verify.cache.VerifyCache, made by the first pass (issue 16: reuse what did not change)
-        self._pending: set = set()
+        self._pending: dict = {}  # reason (the journal's text) -> whether runtime state events alone asked it
         self._pending_ids: set = set()  # the containers runtime state events named since the last pass
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -192,7 +192,7 @@ class ContainerWatch(ContainerHook):
         more = f" and {len(names) - REASON_NAMES} more" if len(names) > REASON_NAMES else ""
         # a name in parentheses ("(overflow)", "(unreadable events)") names no container: all are verified
         self._pending_ids.update(n if not n.startswith("(") else None for n in names)
-        self._request(f"{RUNTIME_REASON}: {', '.join(names[:REASON_NAMES])}{more}")
+        self._request(f"{RUNTIME_REASON}: {', '.join(names[:REASON_NAMES])}{more}", runtime=True)
 
     async def nodes_changed(self, result) -> None:
         # at most one verification per NODES_DELAY for node changes: one per event made every mknod's pass
@@ -307,8 +307,8 @@ class ContainerWatch(ContainerHook):
 
     # -- the worker -----------------------------------------------------------
 
-    def _request(self, reason: str) -> None:
-        self._pending.add(reason)
+    def _request(self, reason: str, runtime: bool = False) -> None:
+        self._pending[reason] = runtime
         self._wake.set()
         if self._task is None:
             self._task = asyncio.ensure_future(self._worker())
@@ -317,18 +317,19 @@ class ContainerWatch(ContainerHook):
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            runtime_only = all(r.startswith(RUNTIME_REASON) for r in self._pending)
+            runtime_only = all(self._pending.values())
             if runtime_only and self._last_runtime_only:
                 rest = self._last_end + RUNTIME_DUTY * self._last_seconds - loop.time()
                 if rest > 0:
                     await asyncio.sleep(rest)  # a burst of starts: what lands meanwhile joins this pass
             self._wake.clear()
-            reasons, self._pending = sorted(self._pending), set()
+            pending, self._pending = self._pending, {}
+            reasons = sorted(pending)
             ids, self._pending_ids = self._pending_ids, set()
             # runtime state events alone: only the containers they name (their hooks just ran: the
             # sooner they are judged, the sooner a hook's grant is protected from the next reload)
             # (asked again: another reason may have come while the burst's pass waited above)
-            runtime_only = all(r.startswith(RUNTIME_REASON) for r in reasons)
+            runtime_only = all(pending.values())
             only = frozenset(ids) if runtime_only and ids and None not in ids else None
             started = loop.time()
             try:
