@@ -246,10 +246,13 @@ def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, 
             continue
         if binary in listed:
             return _dpkg_version(root, package)
-    owned, where = rpmdb.owners(root, binary, TOOLKIT_PACKAGES)
+    try:
+        owned, where = rpmdb.owners(root, binary, TOOLKIT_PACKAGES)
+        rpm_why = ""
+    except rpmdb.RpmdbError as exc:  # the database cannot say: the binary's build info may, and this is said with it
+        owned, rpm_why = [], f"; {exc}"
     if owned:
         return _rpm_version(owned, where)
-    rpm_why = f"; {where}" if owned is None else ""
     try:
         fd = root.open_file(binary)
     except OSError as exc:

@@ -23,7 +23,7 @@ carries nothing is an error). Both files present (which one rpm uses is its %_db
 (Packages.db): "unknown", with that reason.
 
     parse_header(blob) -> dict          # {tag: str | tuple} for the tags above (pure); ValueError when malformed
-    owners(root, path, names) -> (list[(name, version, release)] | None, why)
+    owners(root, path, names) -> (list[(name, version, release)], where)   # RpmdbError: it cannot say
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import struct
 
+from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.host.root import HostRoot
 
 RPMDB_SQLITE = "/var/lib/rpm/rpmdb.sqlite"
@@ -92,35 +93,40 @@ def files(header: dict) -> set:
     return {dirs[i] + b for b, i in zip(base, index)}
 
 
+class RpmdbError(NvsymlinkdError):
+    """The rpm database is there but cannot say which package lists a file; the message names the file
+    and why (the toolkit's version is then read from the binary, and this said with it)."""
+
+
 def _nonempty(root: HostRoot, inside: str) -> bool:
     st = root.stat_resolved(inside)
     return st is not None and st.st_size > 0
 
 
-def owners(root: HostRoot, path: str, names: tuple) -> tuple[list | None, str]:
-    """([(name, version, release)] of the installed packages among `names` that list `path`, "where"), or
-    (None, why the database cannot say). ([], why) when there is no rpm database."""
+def owners(root: HostRoot, path: str, names: tuple) -> tuple[list, str]:
+    """([(name, version, release)] of the installed packages among `names` that list `path`, "where");
+    ([], why) when there is no rpm database. Raises RpmdbError when the database cannot say."""
     present = [p for p in (RPMDB_SQLITE, RPMDB_BDB, RPMDB_NDB) if root.stat_resolved(p) is not None]
     if not present:
         return [], f"no rpm database ({RPMDB_SQLITE}, {RPMDB_BDB})"
     if len(present) > 1 or present[0] == RPMDB_NDB:
-        return None, f"{' and '.join(present)}: which one rpm reads is its %_db_backend (an ndb one is not read)"
+        raise RpmdbError(f"{' and '.join(present)}: which one rpm reads is its %_db_backend (an ndb one is not read)")
     try:
         fd = root.open_file(present[0])
     except OSError as exc:
-        return None, f"{present[0]}: {exc.strerror or exc}"
+        raise RpmdbError(f"{present[0]}: {exc.strerror or exc}") from exc
     try:
         if present[0] == RPMDB_BDB:
             return _select(_bdb_headers(fd), path, names, RPMDB_BDB)
         if _nonempty(root, RPMDB_SQLITE + "-wal"):
-            return None, f"{RPMDB_SQLITE}-wal holds a transaction not checkpointed yet"
+            raise RpmdbError(f"{RPMDB_SQLITE}-wal holds a transaction not checkpointed yet")
         return _owners(fd, path, names)
     finally:
         os.close(fd)
 
 
-def _select(headers, path: str, names: tuple, where: str) -> tuple[list | None, str]:
-    """The packages among `names` listing `path`, from (instance, blob) pairs; a malformed one: (None, why)."""
+def _select(headers, path: str, names: tuple, where: str) -> tuple[list, str]:
+    """The packages among `names` listing `path`, from (instance, blob) pairs; a malformed one: RpmdbError."""
     found = []
     try:
         for _hnum, blob in headers:
@@ -128,7 +134,7 @@ def _select(headers, path: str, names: tuple, where: str) -> tuple[list | None, 
             if listing is not None:
                 found.append(listing)
     except ValueError as exc:
-        return None, f"{where}: {exc}"
+        raise RpmdbError(f"{where}: {exc}") from exc
     return found, where
 
 
@@ -233,38 +239,38 @@ def _bdb_headers(fd: int):
             pgno = struct.unpack_from(e + "I", p, 16)[0]
 
 
-def _owners(fd: int, path: str, names: tuple) -> tuple[list | None, str]:
+def _owners(fd: int, path: str, names: tuple) -> tuple[list, str]:
     import sqlite3
 
     try:
         db = sqlite3.connect(f"file:/proc/self/fd/{fd}?mode=ro&immutable=1", uri=True)
     except sqlite3.Error as exc:
-        return None, f"{RPMDB_SQLITE}: {exc}"
+        raise RpmdbError(f"{RPMDB_SQLITE}: {exc}") from exc
     found = []
     try:
         # the blob's length first: a huge one is refused before it is read
         rows = db.execute("SELECT hnum, length(blob) FROM Packages ORDER BY hnum LIMIT ?", (MAX_PACKAGES + 1,))
         sizes = rows.fetchall()
         if len(sizes) > MAX_PACKAGES:
-            return None, f"{RPMDB_SQLITE}: more than {MAX_PACKAGES} packages"
+            raise RpmdbError(f"{RPMDB_SQLITE}: more than {MAX_PACKAGES} packages")
         total = 0
         for hnum, size in sizes:
             if not isinstance(size, int) or size > MAX_BLOB_BYTES:
-                return None, f"{RPMDB_SQLITE}: package {hnum}'s header is {size} bytes"
+                raise RpmdbError(f"{RPMDB_SQLITE}: package {hnum}'s header is {size} bytes")
             total += size
             if total > MAX_DB_BYTES:
-                return None, f"{RPMDB_SQLITE}: its headers are more than {MAX_DB_BYTES} bytes"
+                raise RpmdbError(f"{RPMDB_SQLITE}: its headers are more than {MAX_DB_BYTES} bytes")
             (blob,) = db.execute("SELECT blob FROM Packages WHERE hnum = ?", (hnum,)).fetchone()
             if not isinstance(blob, bytes):
-                return None, f"{RPMDB_SQLITE}: package {hnum}'s header is not a blob"
+                raise RpmdbError(f"{RPMDB_SQLITE}: package {hnum}'s header is not a blob")
             try:
                 listing = _listing(blob, path, names)
             except ValueError as exc:
-                return None, f"{RPMDB_SQLITE}: package {hnum}'s header: {exc}"
+                raise RpmdbError(f"{RPMDB_SQLITE}: package {hnum}'s header: {exc}") from exc
             if listing is not None:
                 found.append(listing)
     except sqlite3.Error as exc:
-        return None, f"{RPMDB_SQLITE}: {exc}"
+        raise RpmdbError(f"{RPMDB_SQLITE}: {exc}") from exc
     finally:
         db.close()
     return found, RPMDB_SQLITE
