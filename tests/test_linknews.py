@@ -121,3 +121,22 @@ def test_a_reason_says_the_text_the_journal_always_said():
 ])
 def test_only_node_and_link_events_alone_may_be_answered_per_name(reasons, incremental):
     assert asked(*reasons).incremental() is incremental
+
+
+def test_a_failure_is_said_once_until_a_pass_succeeds():
+    news = LinkNews()
+    assert said(news.failed("/proc/devices: cannot read")) == [("sync-failed", 3,
+                                                                 "sync failed: /proc/devices: cannot read")]
+    assert news.failed("/proc/devices: cannot read") == []  # every event retries: not said each time
+    assert len(news.failed("something else")) == 1
+    news.after_pass([], (), {}, (), now=0.0)
+    assert len(news.failed("something else")) == 1  # failing again after a success is news
+
+
+def test_no_driver_is_said_once_and_its_end_too():
+    news = LinkNews()
+    assert [e.priority for e in news.driver(False)] == [4]
+    assert news.driver(False) == []
+    assert said(news.driver(True)) == [(None, 6, "NVIDIA driver loaded: linking its nodes")]
+    assert news.driver(True) == []
+    assert news.driver(False)[0].message.startswith("NVIDIA driver not loaded (no nvidia entry in /proc/devices)")

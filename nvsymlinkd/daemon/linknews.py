@@ -1,4 +1,5 @@
-"""What of a link pass is news for the journal (pure): a pass's outcomes, conflicts and notes -> entries.
+"""What of a link pass is news for the journal (pure): a pass's outcomes, conflicts and notes, a failed
+pass, the driver missing -> entries.
 
 The daemon runs a pass at every event, but an operator reading `journalctl -u nvsymlinkd` should see each
 change, each conflict and each note once: a conflict or a note again only when it is new, and a link that
@@ -11,7 +12,7 @@ daemon/loop.py writes the entries it returns, as daemon/containerwatch.py does v
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.text import plural
@@ -48,11 +49,33 @@ class LinkNews:
         self.conflicts: Set[Tuple[str, Device, str]] = set()  # (where, device, reason) said, still there
         self.notes: Set[str] = set()
         self.changes: Dict[FlapKey, List[float]] = {}  # key -> [when last said (monotonic), corrections since]
+        self.failure: Optional[str] = None  # the failure said last, until a pass succeeds
+        self.no_driver = False  # "NVIDIA driver not loaded" was said, and it has not been loaded since
+
+    def failed(self, message: str) -> List[Entry]:
+        """A pass failed: said once, not at every event (until a pass succeeds or the message changes)."""
+        if message == self.failure:
+            return []
+        self.failure = message
+        return [Entry("sync-failed", ERR, f"sync failed: {message}", {})]
+
+    def driver(self, loaded: bool) -> List[Entry]:
+        """After a pass, whether the NVIDIA driver is loaded: once, not at every pass, a daemon that links
+        nothing says why, and says when that ends."""
+        if not loaded and not self.no_driver:
+            self.no_driver = True
+            return [Entry(None, WARNING, "NVIDIA driver not loaded (no nvidia entry in /proc/devices): no nodes to "
+                          "link yet; linking as soon as the module loads (udev event or the next resync)", {})]
+        if loaded and self.no_driver:
+            self.no_driver = False
+            return [Entry(None, INFO, "NVIDIA driver loaded: linking its nodes", {})]
+        return []
 
     def after_pass(self, outcomes: Iterable[Outcome], conflicts: Iterable[Action],
                    foreign: Mapping[str, DevCharEntry], notes: Iterable[str], now: float) -> List[Entry]:
         """The entries for one pass, in the order they are written: per outcome (a raced or failed action, a
         change), the flapping links' counts, the new conflicts, the new notes."""
+        self.failure = None
         out: List[Entry] = []
         for outcome in outcomes:
             a = outcome.action

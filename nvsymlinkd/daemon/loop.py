@@ -80,9 +80,7 @@ class Daemon:
         self.reload_pending = False  # a reload or re-exec finished: reload_finished after the next pass
         self._ready = False
         self._pass_started: float | None = None
-        self._last_failure: str | None = None
         self._tasks: set = set()
-        self._said_no_driver = False  # "NVIDIA driver not loaded" is said once, again only after it was loaded
 
     @property
     def passes(self) -> int:
@@ -222,12 +220,10 @@ class Daemon:
         finally:
             self._pass_started = None
             self.status.passes += 1
-        self._last_failure = None
         state = self.links.state
         assert state is not None  # the pass that just succeeded left its picture
         for source in self.sources:
             source.after_pass(state)
-        self._driver_note(bool(state.nvidia_majors))
         self._report(result)
         self.metrics.on_reconcile(result)
         changes = any(o.action.changes for o in result.pass_outcomes)
@@ -243,22 +239,11 @@ class Daemon:
             state.nodes_changed = False
             await self.guarded(self.hook.nodes_changed(result))
 
-    def _driver_note(self, loaded: bool) -> None:
-        """Once, not at every pass: a daemon that links nothing should say why."""
-        if not loaded and not self._said_no_driver:
-            self._said_no_driver = True
-            self.journal.warning("NVIDIA driver not loaded (no nvidia entry in /proc/devices): no nodes to link "
-                                 "yet; linking as soon as the module loads (udev event or the next resync)")
-        elif loaded and self._said_no_driver:
-            self._said_no_driver = False
-            self.journal.info("NVIDIA driver loaded: linking its nodes")
-
     def _failed(self, message: str) -> None:
         self.status.last = f"last sync failed: {message}"
         self.status.soon()
-        if message != self._last_failure:  # say it once, not at every event
-            self._last_failure = message
-            self.journal.event("sync-failed", ERR, f"sync failed: {message}")
+        for e in self.news.failed(message):
+            self.journal.log(e.priority, e.message, e.kind, **e.fields)
 
     def _report(self, result=None) -> None:
         """Journal what of this pass is news (linknews.py decides); with no pass (stopping), the counts of
@@ -270,8 +255,9 @@ class Daemon:
             assert state is not None  # reported right after the pass that made it
             foreign = state.foreign()
             self.metrics.on_foreign_links(len(foreign))
-            entries = self.news.after_pass(result.pass_outcomes, state.conflicts.values(), foreign,
-                                           result.plan.notes, time.monotonic())
+            entries = self.news.driver(bool(state.nvidia_majors))
+            entries += self.news.after_pass(result.pass_outcomes, state.conflicts.values(), foreign,
+                                            result.plan.notes, time.monotonic())
         for e in entries:
             self.journal.log(e.priority, e.message, e.kind, **e.fields)
 
