@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvsymlinkd.containers.hookhost import read_toolkit_version
+from nvsymlinkd.containers.hookhost import VersionUnknown, read_toolkit_version
 from nvsymlinkd.host import rpmdb
 from nvsymlinkd.host.root import HostRoot
 from tests.conftest import need_tool
@@ -32,6 +32,14 @@ printf x > %{{buildroot}}{path}
 %files
 {path}
 """
+
+
+def version_or_why(root, binary):
+    """(version, where it was read) or (None, why not): what read_hook_inputs keeps of VersionUnknown."""
+    try:
+        return read_toolkit_version(root, binary)
+    except VersionUnknown as exc:
+        return None, str(exc)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +105,7 @@ def test_what_the_database_cannot_say_exactly(rpms, tmp_path):
     # a pre-release is not the release it precedes
     install(tmp_path / "rc", rpms[("nvidia-container-toolkit", "1.17.0~rc.1")])
     (tmp_path / "rc" / HOOK_PATH.lstrip("/")).write_bytes(hook)
-    version, why = read_toolkit_version(HostRoot(str(tmp_path / "rc")), HOOK_PATH)
+    version, why = version_or_why(HostRoot(str(tmp_path / "rc")), HOOK_PATH)
     assert version is None and "1.17.0~rc.1-1 is not a release version" in why
     # two installed packages list it with two versions; a package of another name listing it is not the toolkit
     install(tmp_path / "two", rpms[("nvidia-container-toolkit", "1.17.8")])
@@ -106,17 +114,22 @@ def test_what_the_database_cannot_say_exactly(rpms, tmp_path):
         [("nvidia-container-toolkit", "1.17.8", "1")]
     install(tmp_path / "two", rpms[("nvidia-container-toolkit-base", "1.18.0")], replace=True)
     (tmp_path / "two" / HOOK_PATH.lstrip("/")).write_bytes(hook)
-    version, why = read_toolkit_version(HostRoot(str(tmp_path / "two")), HOOK_PATH)
+    version, why = version_or_why(HostRoot(str(tmp_path / "two")), HOOK_PATH)
     assert version is None and "several installed packages list it" in why
     # a transaction not checkpointed: the main file may lack it
     install(tmp_path / "wal", rpms[("nvidia-container-toolkit", "1.17.8")])
     (tmp_path / "wal" / "var/lib/rpm/rpmdb.sqlite-wal").write_bytes(b"\0" * 32)
     (tmp_path / "wal" / HOOK_PATH.lstrip("/")).write_bytes(hook)
-    version, why = read_toolkit_version(HostRoot(str(tmp_path / "wal")), HOOK_PATH)
+    version, why = version_or_why(HostRoot(str(tmp_path / "wal")), HOOK_PATH)
     assert version is None and "rpmdb.sqlite-wal holds a transaction" in why
     # the build info still speaks for the binary itself
     (tmp_path / "wal" / HOOK_PATH.lstrip("/")).write_bytes(elf("1.17.8"))
     assert read_toolkit_version(HostRoot(str(tmp_path / "wal")), HOOK_PATH)[0] == (1, 17, 8)
+    (tmp_path / "wal" / HOOK_PATH.lstrip("/")).write_bytes(hook)
+    with pytest.raises(VersionUnknown, match="^/usr/bin/nvidia-container-runtime-hook: no dpkg or rpm package lists "
+                       "it; /var/lib/rpm/rpmdb.sqlite-wal holds a transaction not checkpointed yet; its build info "
+                       "names no release version$"):
+        read_toolkit_version(HostRoot(str(tmp_path / "wal")), HOOK_PATH)
     # a header rpm's own checks refuse
     install(tmp_path / "bad", rpms[("nvidia-container-toolkit", "1.17.8")])
     db = sqlite3.connect(tmp_path / "bad" / "var/lib/rpm/rpmdb.sqlite")
@@ -125,14 +138,14 @@ def test_what_the_database_cannot_say_exactly(rpms, tmp_path):
     db.commit()
     db.close()
     (tmp_path / "bad" / HOOK_PATH.lstrip("/")).write_bytes(hook)
-    version, why = read_toolkit_version(HostRoot(str(tmp_path / "bad")), HOOK_PATH)
+    version, why = version_or_why(HostRoot(str(tmp_path / "bad")), HOOK_PATH)
     assert version is None and "header of 1" not in why and "entries and" in why
     # a Packages file that is no Berkeley DB hash file, or beside rpmdb.sqlite (which one rpm reads is its config)
     (tmp_path / "bdb" / "var/lib/rpm").mkdir(parents=True)
     (tmp_path / "bdb" / "usr/bin").mkdir(parents=True)
     (tmp_path / "bdb" / "var/lib/rpm/Packages").write_bytes(b"\0" * 4096)
     (tmp_path / "bdb" / HOOK_PATH.lstrip("/")).write_bytes(hook)
-    version, why = read_toolkit_version(HostRoot(str(tmp_path / "bdb")), HOOK_PATH)
+    version, why = version_or_why(HostRoot(str(tmp_path / "bdb")), HOOK_PATH)
     assert version is None and "/var/lib/rpm/Packages: not a Berkeley DB hash file" in why
     (tmp_path / "two" / "var/lib/rpm/Packages").write_bytes(b"\0" * 4096)
     with pytest.raises(rpmdb.RpmdbError, match="^/var/lib/rpm/rpmdb.sqlite and /var/lib/rpm/Packages: which one "

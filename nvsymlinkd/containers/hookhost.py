@@ -48,7 +48,7 @@ from nvsymlinkd.containers.hookgrant import (
     toml_dialect,
     unreadable_config,
 )
-from nvsymlinkd.errors import HostFileError
+from nvsymlinkd.errors import HostFileError, NvsymlinkdError
 from nvsymlinkd.host import rpmdb
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
@@ -131,7 +131,13 @@ def read_hook_inputs(root: HostRoot, entry: HookEntry, host_nodes, driver: Drive
     driver = driver if driver is not None else read_driver_map(root, host_nodes, nodes_root)
     path = entry[1]
     wrapper, wrapper_why, binary = read_hook_executable(root, path)
-    version, version_why = read_toolkit_version(root, binary) if binary else (None, wrapper_why or "no binary")
+    version: Version | None = None
+    version_why = wrapper_why or "no binary"
+    if binary:
+        try:
+            version, version_why = read_toolkit_version(root, binary)
+        except VersionUnknown as exc:  # the boundary: the reason is kept with the inputs
+            version_why = str(exc)
     inv = invocation(entry, wrapper)
     if not inv.knowable or inv.command is None or wrapper_why:
         return HookInputs(ToolkitConfig(), driver, version, version_why, wrapper, wrapper_why)
@@ -212,6 +218,12 @@ def _elf_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str
     return got, "", got.target
 
 
+class VersionUnknown(NvsymlinkdError):
+    """The toolkit's version cannot be told from the host's files; the message names the file and why
+    (read_hook_inputs keeps it as the version's reason: the config is then looked for under every
+    release line)."""
+
+
 # read_toolkit_version's answers, by the files it read as they stood (root, path, dev, ino, size, mtime): the
 # daemon asks every pass, and the binary is megabytes
 _VERSIONS: dict = {}
@@ -222,9 +234,9 @@ def _stamp(root: HostRoot, inside: str) -> tuple | None:
     return None if st is None else (inside, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, str]:
-    """(version, where it came from) or (None, why unknown), never by running the binary; kept while the
-    binary, dpkg's status and the packages' file lists are unchanged."""
+def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version, str]:
+    """(version, where it came from), never by running the binary; VersionUnknown says why it cannot be
+    told. Kept while the binary, dpkg's status and the packages' file lists are unchanged."""
     key = (root.root, _stamp(root, binary), _stamp(root, DPKG_STATUS),
            *(_stamp(root, f"{DPKG_INFO}/{p}.list") for p in TOOLKIT_PACKAGES),
            *(_stamp(root, p) for p in (rpmdb.RPMDB_SQLITE, rpmdb.RPMDB_SQLITE + "-wal", rpmdb.RPMDB_BDB,
@@ -234,11 +246,17 @@ def read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, s
     if key not in _VERSIONS:
         if len(_VERSIONS) >= 16:
             _VERSIONS.clear()
-        _VERSIONS[key] = _read_toolkit_version(root, binary)
-    return _VERSIONS[key]
+        try:
+            _VERSIONS[key] = _read_toolkit_version(root, binary)
+        except VersionUnknown as exc:
+            _VERSIONS[key] = str(exc)  # the message, not the exception: raised anew, no traceback kept per pass
+    found = _VERSIONS[key]
+    if isinstance(found, str):
+        raise VersionUnknown(found)
+    return found
 
 
-def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, str]:
+def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version, str]:
     for package in TOOLKIT_PACKAGES:
         try:
             listed = root.read_confined(f"{DPKG_INFO}/{package}.list").split("\n")
@@ -256,11 +274,11 @@ def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, 
     try:
         fd = root.open_file(binary)
     except OSError as exc:
-        return None, f"{binary}: {exc.strerror or exc}"
+        raise VersionUnknown(f"{binary}: {exc.strerror or exc}") from exc
     try:
         data = read_at_most(fd, binary, MAX_BINARY_BYTES)
     except OSError as exc:
-        return None, f"{binary}: {exc}"
+        raise VersionUnknown(f"{binary}: {exc}") from exc
     finally:
         os.close(fd)
     # semver: X.Y.Z+build is the release, X.Y.Z-rc.1 (any `-` suffix) a pre-release of it, like dpkg's ~rc.1
@@ -271,29 +289,29 @@ def _read_toolkit_version(root: HostRoot, binary: str) -> tuple[Version | None, 
         major, minor, patch = (int(x) for x in found.pop())
         return (major, minor, patch), f"{binary}: its build info"
     if len(found) > 1:
-        return None, f"{binary}: its build info names several versions"
-    return None, f"{binary}: no dpkg or rpm package lists it{rpm_why}; its build info names no release version"
+        raise VersionUnknown(f"{binary}: its build info names several versions")
+    raise VersionUnknown(f"{binary}: no dpkg or rpm package lists it{rpm_why}; its build info names no release version")
 
 
-def _rpm_version(owned: list, where: str) -> tuple[Version | None, str]:
+def _rpm_version(owned: list, where: str) -> tuple[Version, str]:
     """The version of the rpm packages listing the binary: VERSION is X.Y.Z for a release (NVIDIA's pre-releases
     are X.Y.Z~rc.N, a snapshot X.Y.Z^...); two headers listing it (an upgrade's old and new, or both toolkit
     packages) must agree."""
     shown = ", ".join(f"{n} {v}-{r}" for n, v, r in owned)
     versions = {v for _, v, _ in owned}
     if len(versions) != 1:
-        return None, f"{where}: several installed packages list it ({shown[:120]})"
+        raise VersionUnknown(f"{where}: several installed packages list it ({shown[:120]})")
     m = _RPM_VERSION.fullmatch(versions.pop())
     if m is None:
-        return None, f"{where}: {shown[:120]} is not a release version"
+        raise VersionUnknown(f"{where}: {shown[:120]} is not a release version")
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))), f"{where}: {shown[:120]}"
 
 
-def _dpkg_version(root: HostRoot, package: str) -> tuple[Version | None, str]:
+def _dpkg_version(root: HostRoot, package: str) -> tuple[Version, str]:
     try:
         text = root.read_confined(DPKG_STATUS)
     except OSError as exc:
-        return None, f"{DPKG_STATUS}: {exc.strerror or exc}"
+        raise VersionUnknown(f"{DPKG_STATUS}: {exc.strerror or exc}") from exc
     for stanza in text.split("\n\n"):
         fields = parse_key_values(stanza)
         if fields.get("Package") != package or fields.get("Status") != "install ok installed":
@@ -301,9 +319,9 @@ def _dpkg_version(root: HostRoot, package: str) -> tuple[Version | None, str]:
         raw = fields.get("Version", "")
         m = _DEB_VERSION.fullmatch(raw)
         if m is None:  # a pre-release (1.17.0~rc.1, 1.17.0-rc.1-1) is not the release it precedes
-            return None, f"{DPKG_STATUS}: {package} version {raw[:40]!r} is not a release version"
+            raise VersionUnknown(f"{DPKG_STATUS}: {package} version {raw[:40]!r} is not a release version")
         return (int(m.group(1)), int(m.group(2)), int(m.group(3))), f"{DPKG_STATUS}: {package} {raw}"
-    return None, f"{DPKG_STATUS}: {package} is not installed"
+    raise VersionUnknown(f"{DPKG_STATUS}: {package} is not installed")
 
 
 def _list(root: HostRoot, inside: str) -> list | None:
