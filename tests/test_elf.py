@@ -84,8 +84,36 @@ def test_the_go_wrapper_runs_its_own_resolved_path_dot_real(tmp_path):
     d.mkdir(parents=True)
     (d / "nvidia-container-runtime-hook").write_bytes(go_wrapper(GO_WRAPPER_HOOK_JSON))
     (d / "nvidia-container-toolkit").symlink_to("nvidia-container-runtime-hook")
-    wrapper, why, binary = read_hook_executable(HostRoot(str(tmp_path)), f"{OPERATOR}/nvidia-container-toolkit")
-    assert why == "" and wrapper is not None
+    wrapper, binary = read_hook_executable(HostRoot(str(tmp_path)), f"{OPERATOR}/nvidia-container-toolkit")
+    assert wrapper is not None
     assert binary == wrapper.target == f"{OPERATOR}/nvidia-container-runtime-hook.real"
     assert dict(wrapper.env) == {"NVIDIA_CTK_CONFIG_FILE_PATH": OPERATOR_CFG, "PATH": f"{OPERATOR}:$PATH"}
     assert wrapper.args == ()
+
+
+@pytest.mark.parametrize("content,why", [
+    (None, "does not exist on this host: what it was when it ran is not known"),
+    ("dir", "is not a regular file"),
+    (b"MZ\x90\x00", "is neither an ELF binary nor the toolkit installer's wrapper"),
+    (b"\x7fELF\x02\x01\x01" + b"\0" * 9, "is an ELF file whose sections cannot be read ("),
+])
+def test_a_hook_path_that_cannot_be_known_raises_and_its_inputs_keep_why(tmp_path, content, why):
+    """read_hook_executable raises HookUntrusted (issue 37 item 5: readers raise); read_hook_inputs is the
+    boundary: the message is the inputs' wrapper_why, byte for byte, and no version is read."""
+    from nvsymlinkd.containers.hookgrant import DriverMap
+    from nvsymlinkd.containers.hookhost import HookUntrusted, read_hook_executable, read_hook_inputs
+    from nvsymlinkd.host.root import HostRoot
+
+    hook = tmp_path / "usr/bin/nvidia-container-runtime-hook"
+    hook.parent.mkdir(parents=True)
+    if content == "dir":
+        hook.mkdir()
+    elif content is not None:
+        hook.write_bytes(content)
+    root = HostRoot(str(tmp_path))
+    with pytest.raises(HookUntrusted) as raised:
+        read_hook_executable(root, "/usr/bin/nvidia-container-runtime-hook")
+    assert str(raised.value).startswith(why)
+    entry = ("prestart", "/usr/bin/nvidia-container-runtime-hook", ("nvidia-container-runtime-hook", "prestart"), ())
+    inputs = read_hook_inputs(root, entry, (), driver=DriverMap())
+    assert inputs.wrapper_why == str(raised.value) and inputs.version is None

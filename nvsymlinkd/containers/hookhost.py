@@ -130,7 +130,11 @@ def read_hook_inputs(root: HostRoot, entry: HookEntry, host_nodes, driver: Drive
     memo = {} if memo is None else memo
     driver = driver if driver is not None else read_driver_map(root, host_nodes, nodes_root)
     path = entry[1]
-    wrapper, wrapper_why, binary = read_hook_executable(root, path)
+    try:
+        wrapper, binary = read_hook_executable(root, path)
+        wrapper_why = ""
+    except HookUntrusted as exc:  # the boundary: the reason is kept with the inputs
+        wrapper, binary, wrapper_why = None, "", str(exc)
     version: Version | None = None
     version_why = wrapper_why or "no binary"
     if binary:
@@ -164,58 +168,64 @@ def _same_fields(a: ToolkitConfig, b: ToolkitConfig) -> bool:
     return replace(a, path="", present=False, digest="") == replace(b, path="", present=False, digest="")
 
 
-def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str]:
-    """(wrapper or None, why not trusted, the binary the version is read from) for the hook's path."""
+class HookUntrusted(NvsymlinkdError):
+    """What the hook's path runs cannot be known (not there, unreadable, or a wrapper not read exactly): the
+    message says why; read_hook_inputs keeps it as the inputs' wrapper_why (the hook's grant is not trusted)."""
+
+
+def read_hook_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str]:
+    """(wrapper or None, the binary the version is read from) for the hook's path; HookUntrusted says why
+    what the hook ran cannot be known."""
     try:
         fd = root.open_file(path)
-    except FileNotFoundError:
-        return None, "does not exist on this host: what it was when it ran is not known", ""
+    except FileNotFoundError as exc:
+        raise HookUntrusted("does not exist on this host: what it was when it ran is not known") from exc
     except OSError as exc:
-        return None, f"cannot be read: {exc.strerror or exc}", ""
+        raise HookUntrusted(f"cannot be read: {exc.strerror or exc}") from exc
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "is not a regular file", ""
+            raise HookUntrusted("is not a regular file")
         head = os.read(fd, MAX_SCRIPT_BYTES + 1)
     except OSError as exc:
-        return None, f"cannot be read: {exc.strerror or exc}", ""
+        raise HookUntrusted(f"cannot be read: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
     if head.startswith(b"\x7fELF"):
         return _elf_executable(root, path)
     if not head.startswith(b"#!") or len(head) > MAX_SCRIPT_BYTES:
-        return None, "is neither an ELF binary nor the toolkit installer's wrapper", ""
+        raise HookUntrusted("is neither an ELF binary nor the toolkit installer's wrapper")
     got = parse_wrapper(head.decode("utf-8", errors="replace"))
     if isinstance(got, str):
-        return None, got, ""
-    return got, "", got.target
+        raise HookUntrusted(got)
+    return got, got.target
 
 
-def _elf_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str, str]:
+def _elf_executable(root: HostRoot, path: str) -> tuple[Wrapper | None, str]:
     """An ELF hook path: the hook binary itself, or the installer's Go wrapper around it (hookgrant.parse_go_wrapper:
     a .nvctkiwc section), whose .real binary is the hook; a wrapper, or a section table, that cannot be read
     exactly is not trusted (the wrapper may point the hook at any config)."""
     try:
         fd = root.open_file(path)
     except OSError as exc:
-        return None, f"cannot be read: {exc.strerror or exc}", ""
+        raise HookUntrusted(f"cannot be read: {exc.strerror or exc}") from exc
     try:
         section = read_section(fd, GO_WRAPPER_SECTION)
     except (OSError, ValueError) as exc:
-        return None, f"is an ELF file whose sections cannot be read ({str(exc)[:80]}): it may be the installer's " \
-                     "Go wrapper", ""
+        raise HookUntrusted(f"is an ELF file whose sections cannot be read ({str(exc)[:80]}): it may be the "
+                            "installer's Go wrapper") from exc
     finally:
         os.close(fd)
     if section is None:
-        return None, "", path
+        return None, path
     resolved = root.resolve(path)
     if resolved is None:
-        return None, "is the installer's Go wrapper and its own path cannot be resolved", ""
+        raise HookUntrusted("is the installer's Go wrapper and its own path cannot be resolved")
     if section.sh_type != SHT_PROGBITS:
-        return None, f"is the installer's Go wrapper whose {GO_WRAPPER_SECTION} section holds no bytes", ""
+        raise HookUntrusted(f"is the installer's Go wrapper whose {GO_WRAPPER_SECTION} section holds no bytes")
     got = parse_go_wrapper(section.data, section.little, resolved)
     if isinstance(got, str):
-        return None, f"is the installer's Go wrapper (nvidia-container-toolkit a7b4038b) and {got}", ""
-    return got, "", got.target
+        raise HookUntrusted(f"is the installer's Go wrapper (nvidia-container-toolkit a7b4038b) and {got}")
+    return got, got.target
 
 
 class VersionUnknown(NvsymlinkdError):
