@@ -326,3 +326,22 @@ def test_module_journal_kinds_are_in_the_one_table():
     assert set(findingkinds.JOURNAL_KINDS) == {evaluate.OK, *evaluate.KINDS}
     ids = list(journalmod.MESSAGE_IDS.values())
     assert len(ids) == len(set(ids))
+
+
+def test_a_failing_hook_is_journaled_never_raised(tmp_path):
+    """The daemon calls its hook's methods directly, each through Daemon.guarded: what one raises is one ERR line
+    naming the method (the line the call by name wrote), and the link keeper goes on."""
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.daemon.loop import Daemon
+
+    class Failing(ContainerHook):
+        async def scope_appeared(self, unit):
+            raise RuntimeError(f"boom {unit}")
+
+    with open(tmp_path / "log", "w+") as logf:
+        j = journal.Journal("stderr", stream=logf)
+        daemon = Daemon(HostRoot(str(tmp_path)), Config(resync_interval=0, metrics_textfile=""), hook=Failing(j),
+                        journal=j, notifier=Notifier({}), use_udev=False, use_bus=False)
+        asyncio.run(daemon.guarded(daemon.hook.scope_appeared("docker-1.scope")))
+        logf.seek(0)
+        assert logf.read() == "nvsymlinkd: container hook scope_appeared failed: RuntimeError: boom docker-1.scope\n"

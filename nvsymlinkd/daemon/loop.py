@@ -178,7 +178,8 @@ class Daemon:
         try:
             await call
         except Exception as exc:  # noqa: BLE001 - the verifier must never take the link keeper down
-            self.journal.log(ERR, f"container hook {call.__name__} failed: {type(exc).__name__}: {exc}")
+            name = getattr(call, "__name__", type(call).__name__)  # a coroutine's is its method's
+            self.journal.log(ERR, f"container hook {name} failed: {type(exc).__name__}: {exc}")
 
     # -- the worker ---------------------------------------------------------
 
