@@ -56,7 +56,7 @@ class SystemdUnits:
             raise RepairError(str(exc))
 
     def device_policy(self, scope: str) -> tuple:
-        """(DevicePolicy, DeviceAllow [(path, access)]) of the scope as systemd holds them."""
+        """(DevicePolicy, [DeviceAllow]) of the scope as systemd holds them."""
         from nvsymlinkd.systemd.client import SystemdCallError
         from nvsymlinkd.systemd.units import get_device_policy
 
@@ -75,13 +75,13 @@ class SystemdUnits:
         except SystemdCallError as exc:
             raise RepairError(str(exc))
 
-    def device_allow(self, scope: str) -> dict:
-        """The scope's DeviceAllow as systemd holds it: {path: access}."""
+    def device_allow(self, scope: str) -> list:
+        """The scope's DeviceAllow as systemd holds it: [DeviceAllow]."""
         from nvsymlinkd.systemd.client import SystemdCallError
         from nvsymlinkd.systemd.units import get_device_allow
 
         try:
-            return dict(get_device_allow(scope, timeout=self.timeout))
+            return get_device_allow(scope, timeout=self.timeout)
         except SystemdCallError as exc:
             raise RepairError(str(exc))
 

@@ -28,6 +28,7 @@ import os
 import threading
 
 from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
@@ -112,10 +113,10 @@ async def call(bus, member: str, signature: str = "", body=(), *, destination: s
 
 
 def device_allow_property(entries) -> list:
-    """The a(sv) body element for DeviceAllow: entries are (path, access) pairs."""
+    """The a(sv) body element for DeviceAllow: entries are DeviceAllow (path, access) pairs."""
     from dbus_next import Variant
 
-    return ["DeviceAllow", Variant("a(ss)", [[str(path), str(access)] for path, access in entries])]
+    return ["DeviceAllow", Variant("a(ss)", [list(DeviceAllow.of_pair(entry)) for entry in entries])]
 
 
 async def get_unit(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str:
@@ -150,11 +151,11 @@ async def set_device_policy(bus, unit: str, policy: str, entries, timeout: float
 
 
 async def get_device_allow(bus, unit: str, timeout: float = CALL_TIMEOUT) -> list:
-    """The scope's current DeviceAllow entries as [(path, access)]."""
+    """The scope's current DeviceAllow entries: [DeviceAllow]."""
     obj = await get_unit(bus, unit, timeout)
     body = await call(bus, "Get", "ss", [SCOPE, "DeviceAllow"], path=obj, interface=PROPERTIES, timeout=timeout)
     value = body[0].value if body else []
-    return [(str(p), str(a)) for p, a in value]
+    return [DeviceAllow.of_pair(pair) for pair in value]
 
 
 async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:

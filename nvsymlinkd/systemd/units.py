@@ -20,6 +20,7 @@ from nvsymlinkd.systemd.client import (
     SystemdCallError,
     shared,
 )
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
 
 DEFAULT_TIMEOUT = CALL_TIMEOUT
 
@@ -35,19 +36,19 @@ def get_unit(unit: str, timeout: float = DEFAULT_TIMEOUT) -> str:
 
 
 def get_device_allow(unit: str, timeout: float = DEFAULT_TIMEOUT) -> list:
-    """The scope's current DeviceAllow entries as [(path, access)]."""
+    """The scope's current DeviceAllow entries: [DeviceAllow]."""
     return shared().get_device_allow(unit, timeout)
 
 
 def get_device_policy(unit: str, timeout: float = DEFAULT_TIMEOUT) -> tuple:
-    """(DevicePolicy, DeviceAllow [(path, access)]) of a scope; SystemdCallError, also for an unknown unit."""
+    """(DevicePolicy, [DeviceAllow]) of a scope; SystemdCallError, also for an unknown unit."""
     props = shared().scope_properties([unit], timeout).get(unit)
     if props is None:
         raise SystemdCallError(f"systemd does not know {unit}")
     policy, allow = props.get("DevicePolicy"), props.get("DeviceAllow")
     if policy is None or allow is None:
         raise SystemdCallError(f"{unit} has no DevicePolicy/DeviceAllow property")
-    return str(policy.value), [(str(p), str(a)) for p, a in allow.value]
+    return str(policy.value), [DeviceAllow.of_pair(pair) for pair in allow.value]
 
 
 def set_device_policy(unit: str, policy: str, entries, timeout: float = DEFAULT_TIMEOUT) -> None:
