@@ -46,7 +46,7 @@ def _run(address: str, code: str) -> subprocess.CompletedProcess:
 def test_scope_read_on_a_bus_that_drops_falls_back_without_a_traceback(dropping_bus):
     proc = _run(dropping_bus, """
         import gc
-        from nvsymlinkd.containers.scopes import read_scopes
+        from nvsymlinkd.systemd.scopes import read_scopes
         from nvsymlinkd.host.procdevices import Majors
         from nvsymlinkd.host.root import HostRoot
         got = read_scopes(HostRoot("/nonexistent-root"), ["docker-abc.scope"], Majors({}), use_bus=True)

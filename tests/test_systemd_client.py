@@ -73,8 +73,8 @@ def test_one_repairs_calls_share_one_connection(tmp_path, need_root, monkeypatch
     """The D-Bus calls of one systemd repair (the verifier's scope read, SetUnitProperties, the DeviceAllow
     read-back, the re-verification's scope read): one connection. Before this client: five (each call its
     own, the read-back two)."""
-    from nvsymlinkd.containers.scopes import read_scopes
     from nvsymlinkd.systemd import units
+    from nvsymlinkd.systemd.scopes import read_scopes
 
     with mock_systemd(tmp_path, monkeypatch):
         made = _count_connections(monkeypatch)
@@ -167,7 +167,7 @@ def test_before_reload_says_so_when_systemd_does_not_answer(tmp_path, monkeypatc
 
 
 def test_scopes_judged_from_files_when_systemd_does_not_answer(tmp_path, monkeypatch, fakehost):
-    from nvsymlinkd.containers.scopes import read_scopes
+    from nvsymlinkd.systemd.scopes import read_scopes
 
     fakehost.write("/run/systemd/transient/docker-s1.scope", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
     with mock_systemd(tmp_path, monkeypatch, hold=1.0):

@@ -47,12 +47,12 @@ import re
 import stat
 from collections.abc import Iterable
 
-from nvsymlinkd.containers.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
-from nvsymlinkd.containers.scopes import SCOPE_NAME, TRANSIENT_DIR
 from nvsymlinkd.host.atomicfile import write_atomic_at
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.systemd.deviceallow import DeviceAllow
+from nvsymlinkd.systemd.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
+from nvsymlinkd.systemd.scopes import SCOPE_NAME, TRANSIENT_DIR
 
 NAME = "90-nvsymlinkd-keep.conf"
 OWNER_PREFIX = "# nvsymlinkd-owner: "
