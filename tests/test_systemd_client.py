@@ -196,3 +196,22 @@ def test_daemon_journals_systemds_silence_once_per_spell():
         ContainerWatch._say_bus_error(watch, error)
     assert [m.split(" (")[0] for _, m in said] == ["systemd did not answer on the system bus"] * 2
     assert said[0][0] == 4 and "unit files" in said[0][1]
+
+
+def test_one_way_to_connect_to_the_bus():
+    """Issue 37: systemd.client.open_bus is the only place a dbus_next MessageBus is made (the client's
+    connections and the daemon's signal watch alike: one address rule, DBUS_SYSTEM_BUS_ADDRESS or the
+    standard socket)."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parent.parent / "nvsymlinkd"
+    made = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for function in functions:
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "MessageBus":
+                    made.append(f"{path.relative_to(package.parent)}:{function.name}")
+    assert sorted(set(made)) == ["nvsymlinkd/systemd/client.py:open_bus"]

@@ -66,16 +66,25 @@ def no_dbus_next(exc: ImportError) -> SystemdCallError:
                             "install python3-dbus-next (pip: dbus-next)")
 
 
+async def open_bus():
+    """The one way nvsymlinkd connects to the system bus (bus_address(): DBUS_SYSTEM_BUS_ADDRESS, else the
+    standard socket): a connected dbus_next MessageBus; ImportError without dbus_next, any other exception
+    for no bus. connect() below and the daemon's signal watch (systemd.bus) both come through here."""
+    from dbus_next.aio import MessageBus
+
+    return await MessageBus(bus_address=bus_address()).connect()
+
+
 async def connect(timeout: float = CALL_TIMEOUT):
     """A connection to the system bus (dbus_next MessageBus), or SystemdCallError."""
     try:
-        from dbus_next.aio import MessageBus
+        import dbus_next.aio  # noqa: F401 - absent: said as SystemdCallError, before any connection
     except ImportError as exc:
         raise no_dbus_next(exc)
 
     quiet_dropped_writes()
     try:
-        return await asyncio.wait_for(MessageBus(bus_address=bus_address()).connect(), timeout)
+        return await asyncio.wait_for(open_bus(), timeout)
     except asyncio.TimeoutError:
         raise SystemdCallError(f"system bus at {bus_address()}: no connection within {timeout:g} s")
     except Exception as exc:  # noqa: BLE001 - socket missing, auth refused, ...: all mean "no bus"
