@@ -11,9 +11,8 @@ Sources, best first:
 Neither -> None: the caller reports `unknown` for this check. A bus that could not be
 asked is an error the caller sees (ScopeReads.bus_error), never an empty answer.
 
-Entry forms (REFERENCE.md): `/dev/char/M:m` (parsed without stat by systemd
->= 240), `char-M` / `char-NAME` (NAME matched against /proc/devices),
-`char-*`, block equivalents, or a plain /dev path that systemd stats.
+Entry forms: systemd.deviceallow, which parses them and maps all but a plain /dev path (stat'ed
+here, under the root, as systemd stats it).
 """
 
 from __future__ import annotations
@@ -237,7 +236,7 @@ async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float, wak
                 return None, reads + 1
             raise
         reads += 1
-        entries = tuple((str(p), str(a)) for p, a in allow[0].value)
+        entries = tuple(map(DeviceAllow.of_pair, allow[0].value))
         sd = ScopeDevices(scope, "dbus", str(policy[0].value), entries, ())
         if sd.policy == "auto" and entries and not straddled:
             # runc's Set sends DevicePolicy=strict with its entries in one SetUnitProperties, which systemd
