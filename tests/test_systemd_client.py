@@ -73,15 +73,15 @@ def test_one_repairs_calls_share_one_connection(tmp_path, need_root, monkeypatch
     """The D-Bus calls of one systemd repair (the verifier's scope read, SetUnitProperties, the DeviceAllow
     read-back, the re-verification's scope read): one connection. Before this client: five (each call its
     own, the read-back two)."""
-    from nvsymlinkd.systemd import units
+    from nvsymlinkd.systemd.client import shared
     from nvsymlinkd.systemd.scopes import read_scopes
 
     with mock_systemd(tmp_path, monkeypatch):
         made = _count_connections(monkeypatch)
         root = HostRoot(str(fakehost.root))
         first = read_scopes(root, ["docker-s1.scope"], Majors({}), use_bus=True)
-        units.set_device_allow("docker-s1.scope", [("/dev/char/195:0", "rw")])
-        assert ("/dev/char/195:0", "rw") in units.get_device_allow("docker-s1.scope")
+        shared().set_device_allow("docker-s1.scope", [("/dev/char/195:0", "rw")])
+        assert ("/dev/char/195:0", "rw") in shared().get_device_allow("docker-s1.scope")
         again = read_scopes(root, ["docker-s1.scope"], Majors({}), use_bus=True)
         assert first["docker-s1.scope"].source == again["docker-s1.scope"].source == "dbus"
         assert first.bus_error is None and again.bus_error is None
@@ -215,3 +215,20 @@ def test_one_way_to_connect_to_the_bus():
                 if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "MessageBus":
                     made.append(f"{path.relative_to(package.parent)}:{function.name}")
     assert sorted(set(made)) == ["nvsymlinkd/systemd/client.py:open_bus"]
+
+
+def test_repair_reaches_systemd_through_one_seam(tmp_path, monkeypatch):
+    """Issue 37: systemd.units.SystemdUnits is repair's one way to systemd; every call fails as a RepairError
+    with systemd's (here: the bus's) own words, never as a SystemdCallError a mechanism does not expect."""
+    from nvsymlinkd.errors import RepairError
+    from nvsymlinkd.systemd.deviceallow import DeviceAllow
+    from nvsymlinkd.systemd.units import SystemdUnits
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus-here")
+    units = SystemdUnits(timeout=2)
+    entry = DeviceAllow("/dev/char/195:0", "rw")
+    for call in (lambda: units.unit_known("docker-s1.scope"), lambda: units.device_policy("docker-s1.scope"),
+                 lambda: units.device_allow("docker-s1.scope"), lambda: units.set_device_allow("docker-s1.scope", [entry]),
+                 lambda: units.put_back_policy("docker-s1.scope", "strict", [entry])):
+        with pytest.raises(RepairError, match="no-bus-here"):
+            call()
