@@ -13,23 +13,14 @@ import re
 import sys
 
 from nvsymlinkd import __version__
-from nvsymlinkd.errors import NvsymlinkdError, UsageError
+from nvsymlinkd.commands.output import JSON_SCHEMA_VERSION, stdout_gone
+from nvsymlinkd.commands.usage import SUMMARIES, CommandLineError, HelpFormatter, with_root
+from nvsymlinkd.errors import NvsymlinkdError
 from nvsymlinkd.text import printable
 
 # Each name is a module nvsymlinkd.commands.<name> with register(subparsers); its summary (the
-# subparser's help=) is here, so `nvsymlinkd --help` lists every command without importing them.
+# subparser's help=) is in commands.usage, so `nvsymlinkd --help` lists every command without importing them.
 COMMANDS = ("sync", "run", "render", "check", "repair")
-SUMMARIES = {
-    "sync": "create, fix and remove /dev/char/M:m links for NVIDIA nodes, once",
-    "run": "run the event daemon: keep /dev/char exact as nodes, modules and systemd change",
-    "render": "write (or print) the udev rule and systemd units for this config",
-    "check": "verify GPU containers' device access and the host (read-only)",
-    "repair": "re-grant NVIDIA devices GPU containers lost (or are about to lose)",
-}
-
-# Every --json document (and the JSON error document) starts with this; a change that is not purely
-# additive (a key renamed, removed or given another meaning) increments it. Added keys do not.
-JSON_SCHEMA_VERSION = 1
 
 EPILOG = """\
 examples:
@@ -39,50 +30,6 @@ examples:
   nvsymlinkd COMMAND --help
 
 reference: man nvsymlinkd, nvsymlinkd-COMMAND, nvsymlinkd.toml (config file)"""
-
-
-# An example in an epilog: its command, two or more spaces, its `# comment`
-_EXAMPLE = re.compile(r"(\s*)(\S.*?)\s{2,}(#.*)")
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter at the terminal's width (argparse asks shutil.get_terminal_size: COLUMNS, then
-    the terminal, then 80 for a pipe), with descriptions and epilogs as paragraphs: one of plain lines is
-    filled to the width; an indented block (the examples) keeps its lines, and one too long is wrapped
-    (an example's `# comment` that does not fit goes on the line below it)."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import textwrap
-
-        out = []
-        for para in text.strip("\n").split("\n\n"):
-            lines = para.splitlines()
-            if not any(line[:1].isspace() for line in lines):
-                out.append(textwrap.fill(" ".join(line.strip() for line in lines), width, initial_indent=indent,
-                                         subsequent_indent=indent, break_on_hyphens=False, break_long_words=False))
-                continue
-            block: list[str] = []
-            lead = "  "
-            for line in lines:
-                if line.strip() and not line.lstrip().startswith("#"):
-                    lead = line[:len(line) - len(line.lstrip())]
-                if len(indent + line) <= width:
-                    block.append(indent + line)
-                    continue
-                m = _EXAMPLE.fullmatch(line)
-                if m is not None:  # the command, then its comment below it
-                    block.append(indent + m.group(1) + m.group(2))
-                    line = m.group(3)
-                deeper = indent + lead + "    "
-                block += textwrap.wrap(line.strip(), width, initial_indent=deeper, subsequent_indent=deeper + "  ",
-                                       break_on_hyphens=False, break_long_words=False)
-            out.append("\n".join(block))
-        return "\n\n".join(out)
-
-
-class CommandLineError(UsageError):
-    """argparse's complaint, printed after the usage line as `nvsymlinkd: error: ...` (a command's own
-    check of its options raises it too)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -207,32 +154,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        _stdout_gone()
+        stdout_gone()
         return 0
-
-
-def write_output(text: str) -> None:
-    """Write a command's report to stdout; a reader that went away (`check | head -1`) ends it quietly.
-
-    The caller returns its own exit status after (what it found), never 0 for "the pipe closed": a
-    pipefail script must still see that the host is not as desired.
-    """
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _stdout_gone()
-
-
-def _stdout_gone() -> None:
-    import os
-
-    try:  # the interpreter flushes stdout at exit: into /dev/null, not a second BrokenPipeError
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 def _print_json_error(message: str, exit_code: int) -> None:
@@ -247,13 +170,3 @@ def _print_json_error(message: str, exit_code: int) -> None:
         pass
 
 
-_COMMAND_HINT = re.compile(r"\bnvsymlinkd (?=(?:sync|run|render|check|repair)\b)")
-
-
-def with_root(text: str, root) -> str:
-    """A fix hint that names an nvsymlinkd command, with this run's --root put in (so it can be pasted)."""
-    if not text or root.is_real_root:
-        return text
-    import shlex  # only with --root: not on every command's start
-
-    return _COMMAND_HINT.sub(f"nvsymlinkd --root {shlex.quote(root.root)} ", text)

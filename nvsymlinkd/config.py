@@ -207,9 +207,16 @@ def path_problem(key: str, path: str) -> str | None:
     return None
 
 
-def _is_listen(value: str) -> bool:
-    from nvsymlinkd.metrics import parse_listen
+def parse_listen(listen: str) -> tuple:
+    """"127.0.0.1:9402" / "[::1]:9402" / ":9402" (all addresses) -> (host or None, port)."""
+    m = re.fullmatch(r"(?:\[([0-9A-Fa-f:.]+)\]|([^\[\]:]*)):(\d{1,5})", listen)
+    if m is None or not 0 < int(m.group(3)) < 65536:
+        raise ValueError(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:9402, [::1]:9402)")
+    host = m.group(1) if m.group(1) is not None else m.group(2)
+    return (host or None), int(m.group(3))
 
+
+def _is_listen(value: str) -> bool:
     try:
         parse_listen(value)
     except ValueError:

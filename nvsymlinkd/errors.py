@@ -17,7 +17,7 @@ one line for the operator (the CLI prints it, the daemon journals it):
     BpfError              a bpf(2) call failed (command, errno)
     RepairError           one step of a repair failed
       RepairBusy          another repair holds the host's repair lock: nothing was tried
-    SystemdCallError      a D-Bus call to systemd failed (nvsymlinkd.systemd.units)
+    SystemdCallError      a D-Bus call to systemd failed (nvsymlinkd.systemd.client)
     CannotEvaluate        a BPF device program the interpreter cannot run (nvsymlinkd.access.bpfeval)
 
 (devchar.apply.ChangedUnderUs, the link keeper's compare-and-swap miss, is control flow inside one

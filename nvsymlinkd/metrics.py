@@ -307,6 +307,9 @@ class Metrics:
         server = None
         listen = getattr(self.config, "metrics_listen", "") if self.config is not None else ""
         if listen:
+            # not at the top: the probe imports nothing of the package but verify.kinds
+            from nvsymlinkd.config import parse_listen
+
             try:
                 server = await self.serve(*parse_listen(listen))
             except OSError as exc:
@@ -456,15 +459,6 @@ def format_value(value) -> str:
     if value.is_integer() and abs(value) < 1e15:
         return f"{value:.1f}"
     return repr(value)
-
-
-def parse_listen(listen: str) -> tuple:
-    """"127.0.0.1:9402" / "[::1]:9402" / ":9402" (all addresses) -> (host or None, port)."""
-    m = re.fullmatch(r"(?:\[([0-9A-Fa-f:.]+)\]|([^\[\]:]*)):(\d{1,5})", listen)
-    if m is None or not 0 < int(m.group(3)) < 65536:
-        raise ValueError(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:9402, [::1]:9402)")
-    host = m.group(1) if m.group(1) is not None else m.group(2)
-    return (host or None), int(m.group(3))
 
 
 # -- the probe --------------------------------------------------------------

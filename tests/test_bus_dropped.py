@@ -46,7 +46,7 @@ def _run(address: str, code: str) -> subprocess.CompletedProcess:
 def test_scope_read_on_a_bus_that_drops_falls_back_without_a_traceback(dropping_bus):
     proc = _run(dropping_bus, """
         import gc
-        from nvsymlinkd.containers.scopes import read_scopes
+        from nvsymlinkd.systemd.scopes import read_scopes
         from nvsymlinkd.host.procdevices import Majors
         from nvsymlinkd.host.root import HostRoot
         got = read_scopes(HostRoot("/nonexistent-root"), ["docker-abc.scope"], Majors({}), use_bus=True)
@@ -61,9 +61,9 @@ def test_scope_read_on_a_bus_that_drops_falls_back_without_a_traceback(dropping_
 def test_repair_call_on_a_bus_that_drops_is_one_clear_error(dropping_bus):
     proc = _run(dropping_bus, """
         import gc
-        from nvsymlinkd.systemd.units import SystemdCallError, set_device_allow
+        from nvsymlinkd.systemd.client import SystemdCallError, shared
         try:
-            set_device_allow("docker-abc.scope", [("/dev/char/195:0", "rw")], timeout=10)
+            shared().set_device_allow("docker-abc.scope", [("/dev/char/195:0", "rw")], timeout=10)
         except SystemdCallError as e:
             print("SystemdCallError:", e)
         gc.collect()

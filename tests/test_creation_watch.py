@@ -1,4 +1,4 @@
-"""The creation-time drop-in's wait (daemon.inotify.CreationWatch with containers.scopes.wait_for_scope):
+"""The creation-time drop-in's wait (daemon.inotify.CreationWatch with systemd.scopes.wait_for_scope):
 woken by systemd's transient drop-ins for the scope or the container's state file, never a poll (issue 38
 item 2). systemd's files only (use_bus=False); the daemon's bus path: tests/test_daemon_containers.py."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
-from nvsymlinkd.containers import scopes
 from nvsymlinkd.containers.early import runtime_policy_set
 from nvsymlinkd.daemon import inotify
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd import scopes
 
 SCOPE = "cri-containerd-" + "c7ea" * 16 + ".scope"
 STATE = "/run/containerd/runc/k8s.io/" + "c7ea" * 16

@@ -323,7 +323,8 @@ PURE = {"nvsymlinkd", "nvsymlinkd.errors", "nvsymlinkd.host", "nvsymlinkd.host.d
         "nvsymlinkd.repair", "nvsymlinkd.repair.plan", "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.repair.keep", "nvsymlinkd.devchar", "nvsymlinkd.devchar.model",
         "nvsymlinkd.devchar.plan", "nvsymlinkd.record", "nvsymlinkd.containers", "nvsymlinkd.containers.hookgrant",
         "nvsymlinkd.containers.early", "nvsymlinkd.containers.runtimes", "nvsymlinkd.host.mig", "nvsymlinkd.host.imex",
-        "nvsymlinkd.daemon", "nvsymlinkd.daemon.linknews", "nvsymlinkd.daemon.reasons"}
+        "nvsymlinkd.daemon", "nvsymlinkd.daemon.linknews", "nvsymlinkd.daemon.reasons",
+        "nvsymlinkd.systemd", "nvsymlinkd.systemd.deviceallow"}
 IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", "select"}
 
 
@@ -336,6 +337,7 @@ IO_STDLIB = {"ctypes", "socket", "asyncio", "fcntl", "subprocess", "threading", 
     "nvsymlinkd.repair.model", "nvsymlinkd.repair.mechanisms", "nvsymlinkd.containers.runtimes",
     "nvsymlinkd.record", "nvsymlinkd.repair.keep", "nvsymlinkd.errors", "nvsymlinkd.host.procdevices",
     "nvsymlinkd.host.mig", "nvsymlinkd.host.imex", "nvsymlinkd.daemon.linknews", "nvsymlinkd.daemon.reasons",
+    "nvsymlinkd.systemd.deviceallow",
 ])
 def test_pure_modules_import_no_io(module):
     code = (f"import sys; before = set(sys.modules); import {module}; new = set(sys.modules) - before; "

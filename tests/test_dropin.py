@@ -229,7 +229,7 @@ def test_a_new_scope_asks_systemd_again_once_its_reload_is_over(tmp_path, monkey
     import threading
     import time
 
-    from nvsymlinkd.containers import scopes
+    from nvsymlinkd.systemd import scopes
 
     watch, _ = watch_of(tmp_path)
     dropin.write(watch.root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from nvsymlinkd.containers.early import missing_entries, scope_of_cgroups_path
 from nvsymlinkd.containers.expected import Expected
-from nvsymlinkd.containers.scopes import ScopeDevices
 from nvsymlinkd.host.devices import Access, Device, Rule
+from nvsymlinkd.systemd.scopes import ScopeDevices
 
 
 def test_scope_of_cgroups_path_is_runcs_unit_name():

@@ -11,10 +11,10 @@ from nvsymlinkd.containers import baseline as baselinemod
 from nvsymlinkd.containers.discovery import Container
 from nvsymlinkd.containers.expected import candidate_devices, expected_access
 from nvsymlinkd.containers.ocispec import parse_spec
-from nvsymlinkd.containers.scopes import ScopeDevices
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.messageids import MESSAGE_IDS
+from nvsymlinkd.systemd.scopes import ScopeDevices
 from nvsymlinkd.verify.evaluate import HostDevices, evaluate
 from tests import bpfasm
 from tests.fixtures.runtimes.layouts import oci_spec, spec_node, spec_rule

@@ -275,9 +275,9 @@ def test_host_file_parsers_refuse_huge_numbers_cleanly(digits, rule, proc_line, 
 
 
 def test_scope_device_allow_of_thousands_of_digits_is_unmapped():
-    from nvsymlinkd.containers.scopes import ScopeDevices, map_entries
     from nvsymlinkd.host.procdevices import Majors
     from nvsymlinkd.host.root import HostRoot
+    from nvsymlinkd.systemd.scopes import ScopeDevices, map_entries
 
     entries = ((f"/dev/char/{HUGE}:0", "rw"), (f"char-{HUGE}", "rw"), ("/dev/char/195:0", "rw"))
     sd = map_entries(HostRoot("/"), ScopeDevices("docker-x.scope", "files", "strict", entries, ()), Majors({}))

@@ -1,8 +1,12 @@
-"""The package's import graph has no circle.
+"""The package's import graph has no circle, between modules nor between folders.
 
 Built from the AST of every module in nvsymlinkd/, counting every import: at the top, inside a function
-(a lazy import still ties the two modules together) and under `if TYPE_CHECKING:` (a circle of
-annotations is still a circle in the design). A circle is reported with its members, in order.
+(a lazy import still ties the two modules together), under `if TYPE_CHECKING:` (a circle of
+annotations is still a circle in the design) and `importlib.import_module("nvsymlinkd....")` with a
+literal name or an f-string's literal head (the command line loads its commands that way). The folder
+graph folds each module into its folder (nvsymlinkd/<folder>; a flat module is its own node): two
+folders that need each other are one room, whatever their modules do. A circle is reported with its
+members, in order.
 """
 
 from __future__ import annotations
@@ -47,11 +51,41 @@ def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
                 if node.level:
                     base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif (loaded := _import_module_target(node)) is not None:
+                targets = [loaded]
             else:
                 continue
             deps |= {m for m in (_known(t, modules) for t in targets) if m is not None and m != name}
         graph[name] = deps
     return graph
+
+
+def _import_module_target(node: ast.AST) -> str | None:
+    """The module `importlib.import_module(...)` names: a literal, or the literal head of an f-string up to
+    its last dot (f"nvsymlinkd.commands.{name}" -> nvsymlinkd.commands); None for anything else."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module" and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "importlib"):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rpartition(".")[0] or None
+    return None
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """folder -> the folders it imports: each module counted as its folder (nvsymlinkd.verify.cache ->
+    nvsymlinkd.verify); a flat module (nvsymlinkd.cli) and the package itself are their own nodes."""
+
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        out.setdefault(folder(module), set()).update(folder(d) for d in deps)
+    return {f: deps - {f} for f, deps in out.items()}
 
 
 def circles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
@@ -128,7 +162,36 @@ def test_circles_are_found(tmp_path):
     assert circles(graph) == [(["pkg.a", "pkg.sub.b", "pkg.sub.c"], ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"])]
 
 
+def test_folder_circles_and_importlib_are_found(tmp_path):
+    """Two folders importing each other through different modules are a circle; so is one closed by
+    importlib.import_module with a literal name or an f-string."""
+    pkg = tmp_path / "pkg"
+    for folder in ("x", "y", "cmds"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "x" / "a.py").write_text("from pkg.y import b\n")
+    (pkg / "y" / "c.py").write_text("import pkg.x.d\n")
+    (pkg / "x" / "d.py").write_text("")
+    (pkg / "y" / "b.py").write_text("")
+    (pkg / "cli.py").write_text("import importlib\ndef f(n):\n    importlib.import_module(f'pkg.cmds.{n}')\n"
+                                "    importlib.import_module('pkg.x.d')\n")
+    (pkg / "cmds" / "one.py").write_text("from pkg.cli import f\n")
+    graph = import_graph(pkg)
+    assert circles(graph) == []  # module by module there is none
+    assert graph["pkg.cli"] == {"pkg.cmds", "pkg.x.d"}
+    assert sorted(circles(folder_graph(graph))) == [(["pkg.cli", "pkg.cmds"], ["pkg.cli", "pkg.cmds", "pkg.cli"]),
+                                            (["pkg.x", "pkg.y"], ["pkg.x", "pkg.y", "pkg.x"])]
+
+
 def test_no_import_circle():
     found = circles(import_graph())
     assert not found, "import circles in nvsymlinkd: " + "; ".join(
+        f"{', '.join(members)} (e.g. {' -> '.join(circle)})" for members, circle in found)
+
+
+def test_no_folder_circle():
+    """Issue 37: no two folders (or a folder and a flat module) need each other."""
+    found = circles(folder_graph(import_graph()))
+    assert not found, "folder circles in nvsymlinkd: " + "; ".join(
         f"{', '.join(members)} (e.g. {' -> '.join(circle)})" for members, circle in found)

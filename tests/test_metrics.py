@@ -15,7 +15,7 @@ import prometheus_client.parser as parser  # test-only: python3-prometheus-clien
 import pytest
 
 from nvsymlinkd import metrics as m
-from nvsymlinkd.config import Config, parse_config
+from nvsymlinkd.config import Config, parse_config, parse_listen
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import Journal
 from nvsymlinkd.verify.evaluate import ContainerReport, Report
@@ -272,7 +272,7 @@ def test_config_keys():
 @pytest.mark.parametrize("text,want", [("127.0.0.1:9402", ("127.0.0.1", 9402)), ("[::1]:1", ("::1", 1)),
                                        (":9402", (None, 9402)), ("localhost:80", ("localhost", 80))])
 def test_parse_listen(text, want):
-    assert m.parse_listen(text) == want
+    assert parse_listen(text) == want
 
 
 # -- the HTTP responder (loopback only) --------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from nvsymlinkd import metrics as m
-from nvsymlinkd.config import Config
+from nvsymlinkd.config import Config, parse_listen
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify.evaluate import ContainerReport, Finding, Report
 from tests.conftest import need_tool
@@ -441,4 +441,4 @@ def test_the_operator_component_scrapes_the_daemonsets_pods_on_a_port_they_decla
     assert endpoint["honorLabels"] is True  # the findings' namespace/pod/container name the GPU workload
     (c,) = pod["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert m.parse_listen(":9402")[1] == ports[endpoint["port"]]  # the metrics_listen the docs tell to set
+    assert parse_listen(":9402")[1] == ports[endpoint["port"]]  # the metrics_listen the docs tell to set

@@ -73,15 +73,15 @@ def test_one_repairs_calls_share_one_connection(tmp_path, need_root, monkeypatch
     """The D-Bus calls of one systemd repair (the verifier's scope read, SetUnitProperties, the DeviceAllow
     read-back, the re-verification's scope read): one connection. Before this client: five (each call its
     own, the read-back two)."""
-    from nvsymlinkd.containers.scopes import read_scopes
-    from nvsymlinkd.systemd import units
+    from nvsymlinkd.systemd.client import shared
+    from nvsymlinkd.systemd.scopes import read_scopes
 
     with mock_systemd(tmp_path, monkeypatch):
         made = _count_connections(monkeypatch)
         root = HostRoot(str(fakehost.root))
         first = read_scopes(root, ["docker-s1.scope"], Majors({}), use_bus=True)
-        units.set_device_allow("docker-s1.scope", [("/dev/char/195:0", "rw")])
-        assert ("/dev/char/195:0", "rw") in units.get_device_allow("docker-s1.scope")
+        shared().set_device_allow("docker-s1.scope", [("/dev/char/195:0", "rw")])
+        assert ("/dev/char/195:0", "rw") in shared().get_device_allow("docker-s1.scope")
         again = read_scopes(root, ["docker-s1.scope"], Majors({}), use_bus=True)
         assert first["docker-s1.scope"].source == again["docker-s1.scope"].source == "dbus"
         assert first.bus_error is None and again.bus_error is None
@@ -167,7 +167,7 @@ def test_before_reload_says_so_when_systemd_does_not_answer(tmp_path, monkeypatc
 
 
 def test_scopes_judged_from_files_when_systemd_does_not_answer(tmp_path, monkeypatch, fakehost):
-    from nvsymlinkd.containers.scopes import read_scopes
+    from nvsymlinkd.systemd.scopes import read_scopes
 
     fakehost.write("/run/systemd/transient/docker-s1.scope", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
     with mock_systemd(tmp_path, monkeypatch, hold=1.0):
@@ -196,3 +196,39 @@ def test_daemon_journals_systemds_silence_once_per_spell():
         ContainerWatch._say_bus_error(watch, error)
     assert [m.split(" (")[0] for _, m in said] == ["systemd did not answer on the system bus"] * 2
     assert said[0][0] == 4 and "unit files" in said[0][1]
+
+
+def test_one_way_to_connect_to_the_bus():
+    """Issue 37: systemd.client.open_bus is the only place a dbus_next MessageBus is made (the client's
+    connections and the daemon's signal watch alike: one address rule, DBUS_SYSTEM_BUS_ADDRESS or the
+    standard socket)."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parent.parent / "nvsymlinkd"
+    made = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for function in functions:
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "MessageBus":
+                    made.append(f"{path.relative_to(package.parent)}:{function.name}")
+    assert sorted(set(made)) == ["nvsymlinkd/systemd/client.py:open_bus"]
+
+
+def test_repair_reaches_systemd_through_one_seam(tmp_path, monkeypatch):
+    """Issue 37: systemd.units.SystemdUnits is repair's one way to systemd; every call fails as a RepairError
+    with systemd's (here: the bus's) own words, never as a SystemdCallError a mechanism does not expect."""
+    from nvsymlinkd.errors import RepairError
+    from nvsymlinkd.systemd.deviceallow import DeviceAllow
+    from nvsymlinkd.systemd.units import SystemdUnits
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus-here")
+    units = SystemdUnits(timeout=2)
+    entry = DeviceAllow("/dev/char/195:0", "rw")
+    for call in (lambda: units.unit_known("docker-s1.scope"), lambda: units.device_policy("docker-s1.scope"),
+                 lambda: units.device_allow("docker-s1.scope"), lambda: units.set_device_allow("docker-s1.scope", [entry]),
+                 lambda: units.put_back_policy("docker-s1.scope", "strict", [entry])):
+        with pytest.raises(RepairError, match="no-bus-here"):
+            call()

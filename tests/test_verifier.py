@@ -12,14 +12,14 @@ import pytest
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
 from nvsymlinkd.containers.expected import rules_access
-from nvsymlinkd.containers.scopes import (
+from nvsymlinkd.host.devices import Device, Rule
+from nvsymlinkd.host.procdevices import Majors
+from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd.scopes import (
     map_entries,
     read_scope_files,
     unit_settings,
 )
-from nvsymlinkd.host.devices import Device, Rule
-from nvsymlinkd.host.procdevices import Majors
-from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.verify import hostcheck
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
@@ -203,7 +203,7 @@ def systemd_address(tmp_path, need_root, monkeypatch):
 
 
 def test_scopes_from_dbus_then_files(systemd_address, fakehost):
-    from nvsymlinkd.containers.scopes import bus_allowed, read_scopes
+    from nvsymlinkd.systemd.scopes import bus_allowed, read_scopes
 
     root = HostRoot(str(fakehost.root))
     assert bus_allowed(root)  # an explicit DBUS_SYSTEM_BUS_ADDRESS opts a --root run into the bus
@@ -219,7 +219,7 @@ def test_scopes_from_dbus_then_files(systemd_address, fakehost):
 
 
 def test_scopes_without_a_bus_fall_back_to_files(fakehost, tmp_path, monkeypatch):
-    from nvsymlinkd.containers.scopes import read_scopes
+    from nvsymlinkd.systemd.scopes import read_scopes
 
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-socket")
     fakehost.write("/run/systemd/transient/docker-abc.scope", "[Scope]\nDeviceAllow=/dev/char/195:7 rw\n")
@@ -231,7 +231,7 @@ def test_scope_files_read_a_transient_units_drop_ins_where_systemd_writes_them(f
     """SetUnitProperties on a transient scope (a container's) writes its drop-in to
     /run/systemd/transient/<scope>.d/, not /run/systemd/system.control/ (systemd's unit_drop_in_dir; seen in
     the VM, s03): without the bus, a prevented container's added entry must still count."""
-    from nvsymlinkd.containers.scopes import read_scopes
+    from nvsymlinkd.systemd.scopes import read_scopes
 
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/no-such-socket")
     fakehost.write("/run/systemd/transient/runc-p.scope", "[Scope]\nDevicePolicy=strict\n"
@@ -286,7 +286,7 @@ def many_scopes_bus(tmp_path, need_root, monkeypatch):
 
 
 def test_many_scopes_asked_at_once_each_get_their_own_answer(many_scopes_bus, fakehost):
-    from nvsymlinkd.containers import scopes as scopesmod
+    from nvsymlinkd.systemd import scopes as scopesmod
 
     n, asked = many_scopes_bus
     from nvsymlinkd.systemd.client import IN_FLIGHT

@@ -19,10 +19,10 @@ from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.cgroup import find_cgroup_mounts
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
-from nvsymlinkd.containers import scopes as scopesmod
 from nvsymlinkd.devchar.snapshot import read_majors
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd import scopes as scopesmod
 from nvsymlinkd.verify import cache as cachemod
 from nvsymlinkd.verify.cache import VerifyCache
 from nvsymlinkd.verify.verifier import verify_all

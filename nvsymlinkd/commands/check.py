@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nvsymlinkd.cli import SUMMARIES, HelpFormatter
+from nvsymlinkd.commands.usage import SUMMARIES, HelpFormatter
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
@@ -57,7 +57,7 @@ def run(args, root, config) -> int:
     else:
         report = verify_all(root, config, use_bus=use_bus, with_host=not args.no_host)
     _hints_with_root(report, root)
-    from nvsymlinkd.cli import write_output
+    from nvsymlinkd.commands.output import write_output
 
     if args.json:
         write_output(json.dumps(json_document(report), indent=2) + "\n")
@@ -110,7 +110,7 @@ def json_document(report) -> dict:
     """The report's JSON with its schema version, and the summary's counts also split into what
     they count: `verdicts` (GPU containers by verdict, adding up to `containers.gpu`) and
     `containers` (how many of each kind); the flat keys stay as they were."""
-    from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+    from nvsymlinkd.commands.output import JSON_SCHEMA_VERSION
 
     doc = {"schema_version": JSON_SCHEMA_VERSION, **report.to_json()}
     summary = doc["summary"]
@@ -126,7 +126,7 @@ def _hints_with_root(report, root) -> None:
     """Fix hints that name an nvsymlinkd command carry this run's --root, so they can be pasted."""
     from dataclasses import replace
 
-    from nvsymlinkd.cli import with_root
+    from nvsymlinkd.commands.usage import with_root
 
     if root.is_real_root:
         return

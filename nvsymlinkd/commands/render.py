@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nvsymlinkd.cli import SUMMARIES, HelpFormatter
+from nvsymlinkd.commands.usage import SUMMARIES, HelpFormatter
 from nvsymlinkd.config import has_control_character, is_utf8
 from nvsymlinkd.errors import EXIT_OK, NvsymlinkdError, UsageError
 

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from nvsymlinkd.cli import SUMMARIES, HelpFormatter
+from nvsymlinkd.commands.usage import SUMMARIES, HelpFormatter
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 # Every command (`sync` at boot too) imports every command module to build its parser: what only
@@ -194,13 +194,13 @@ def _unrepaired(args, report, results, late) -> tuple:
 
 def _write_report(args, ok, results, thawed, unrepaired, summary, journal, late) -> None:
     """The report: JSON, --before-reload's words for apt's or dnf's output, or the terminal's lines."""
-    from nvsymlinkd.cli import write_output
+    from nvsymlinkd.commands.output import write_output
     from nvsymlinkd.repair.freeze import thawed_line
     from nvsymlinkd.text import printable
 
     unknown, denied, unfixable = unrepaired
     if args.json:
-        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+        from nvsymlinkd.commands.output import JSON_SCHEMA_VERSION
 
         doc = {"schema_version": JSON_SCHEMA_VERSION, "dry_run": args.dry_run, "ok": ok,
                "containers": [r.to_json() for r in results],

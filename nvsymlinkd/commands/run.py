@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from nvsymlinkd.cli import SUMMARIES, HelpFormatter
 from nvsymlinkd.commands.sync import add_link_options
+from nvsymlinkd.commands.usage import SUMMARIES, HelpFormatter
 
 EPILOG = """\
 examples:

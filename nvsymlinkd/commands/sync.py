@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nvsymlinkd.cli import SUMMARIES, HelpFormatter
+from nvsymlinkd.commands.usage import SUMMARIES, HelpFormatter
 from nvsymlinkd.errors import EXIT_NOT_DESIRED, EXIT_OK
 
 EPILOG = """\
@@ -83,7 +83,7 @@ def _load_kernel_modules(args) -> None:
     if not args.load_kernel_modules:
         return
     if args.create_all:
-        from nvsymlinkd.cli import CommandLineError
+        from nvsymlinkd.commands.usage import CommandLineError
 
         raise CommandLineError(f"--load-kernel-modules: {NO_MODULE_LOADING}")
     sys.stderr.write("nvsymlinkd: warning: --load-kernel-modules is only applicable with --create-all (as for "
@@ -91,7 +91,7 @@ def _load_kernel_modules(args) -> None:
 
 
 def run(args, root, config) -> int:
-    from nvsymlinkd.cli import write_output
+    from nvsymlinkd.commands.output import write_output
     from nvsymlinkd.devchar.reconcile import reconcile
     from nvsymlinkd.devchar.summary import sync_warnings
 
@@ -107,7 +107,7 @@ def run(args, root, config) -> int:
     if args.json:
         import json  # only for --json: sync's start stays light
 
-        from nvsymlinkd.cli import JSON_SCHEMA_VERSION
+        from nvsymlinkd.commands.output import JSON_SCHEMA_VERSION
 
         doc = {"schema_version": JSON_SCHEMA_VERSION, **result.to_json()}
         doc["warnings"] = warnings

@@ -1,3 +1,3 @@
 """GPU containers and what they should have: discovery (runtime state, cgroups, PIDs), the OCI spec
-reader (bounded, never trusted), the expected device set, the baselines kept across restarts and the
-systemd scopes' DeviceAllow. The observe side of check and repair; verify/ decides over it."""
+reader (bounded, never trusted), the expected device set, the baselines kept across restarts (a
+scope's DeviceAllow: systemd/scopes). The observe side of check and repair; verify/ decides over it."""

@@ -161,8 +161,8 @@ class ContainerWatch(ContainerHook):
         scope's transient unit file. systemd is asked once it has finished reloading (for a new scope at
         once, then after the reload: after a daemon restart every scope's first UnitNew looks new, and one
         may come during a reload). Blocking (a worker thread). True when one was removed."""
-        from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
+        from nvsymlinkd.systemd.scopes import scope_invocation
 
         found = dropin.owner(self.root, unit)
         if found is None:
@@ -231,9 +231,9 @@ class ContainerWatch(ContainerHook):
         SetUnitProperties now makes systemd swap its device program under runc's and the hook's
         BPF_F_REPLACE, and the container fails to start (docs/daemon.md). Blocking (a worker thread).
         Returns the (Device, Access) entries written; None when nothing was written."""
-        from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.daemon.inotify import CreationWatch
         from nvsymlinkd.systemd import dropin
+        from nvsymlinkd.systemd.scopes import scope_invocation
         from nvsymlinkd.verify import verifier
 
         # asked now, before runc sends its Set: a scope's InvocationID is made when systemd starts it and
@@ -288,8 +288,8 @@ class ContainerWatch(ContainerHook):
         """The drop-ins of ours whose scope systemd no longer has (systemd.dropin), or whose scope is
         another one now (the name was reused while no daemon listened: its InvocationID differs, or,
         where one is not known, the drop-in is older than the scope's transient unit file)."""
-        from nvsymlinkd.containers.scopes import scope_invocation
         from nvsymlinkd.systemd import dropin
+        from nvsymlinkd.systemd.scopes import scope_invocation
 
         stale = set(dropin.stale_dropins(self.root))
         for scope in dropin.ours_dropins(self.root):

@@ -458,7 +458,7 @@ CREATION_MASK = (IN_CREATE | IN_CLOSE_WRITE | IN_DELETE | IN_MOVED_FROM | IN_MOV
 
 
 class CreationWatch(_Watch):
-    """What the creation-time drop-in waits on (containers.scopes.wait_for_scope): a file written, renamed
+    """What the creation-time drop-in waits on (systemd.scopes.wait_for_scope): a file written, renamed
     or removed in the scope's TRANSIENT_DIR/<scope>.d (systemd storing runc's Set) or in the container's
     state directory (its state file landing: creation is over). The directories are watched before the
     first read, so a change between that read and the wait wakes the wait; a directory not there yet is

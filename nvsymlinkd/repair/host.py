@@ -1,8 +1,8 @@
 """What the repair mechanisms (repair/mechanisms.py, pure) do to the host through: one RepairHost per
 repair, bound to --root, the config and the repair's timeouts. Every write of a repair goes through it:
 the cgroup v1 files (repair/cgroupfiles.py), the lock and the freeze (repair/freeze.py), the
-/dev/char links, the device programs (repair/bpfrepair.py), and systemd (SystemdUnits: the one seam to
-nvsymlinkd.systemd.units, so a change of how repair reaches systemd is made here).
+/dev/char links, the device programs (repair/bpfrepair.py), and systemd (systemd.units.SystemdUnits, the
+one seam there).
 """
 
 from __future__ import annotations
@@ -27,63 +27,7 @@ from nvsymlinkd.repair.model import Grant, RepairRequest
 
 if TYPE_CHECKING:
     from nvsymlinkd.repair.bpfrepair import Prepared
-
-
-class SystemdUnits:
-    """The unit calls a repair makes, each failing as a RepairError with systemd's own words."""
-
-    def __init__(self, timeout: float = SETTLE_TIMEOUT):
-        self.timeout = timeout
-
-    def set_device_allow(self, scope: str, entries: list) -> None:
-        """SetUnitProperties(scope, runtime=true, DeviceAllow=entries): [(path, access)]."""
-        from nvsymlinkd.systemd.client import SystemdCallError
-        from nvsymlinkd.systemd.units import set_device_allow
-
-        try:
-            set_device_allow(scope, entries, timeout=self.timeout)
-        except SystemdCallError as exc:
-            raise RepairError(str(exc))
-
-    def unit_known(self, scope: str) -> None:
-        """RepairError unless systemd knows the unit (asked before anything is frozen)."""
-        from nvsymlinkd.systemd.client import SystemdCallError
-        from nvsymlinkd.systemd.units import get_unit
-
-        try:
-            get_unit(scope, timeout=self.timeout)
-        except SystemdCallError as exc:
-            raise RepairError(str(exc))
-
-    def device_policy(self, scope: str) -> tuple:
-        """(DevicePolicy, DeviceAllow [(path, access)]) of the scope as systemd holds them."""
-        from nvsymlinkd.systemd.client import SystemdCallError
-        from nvsymlinkd.systemd.units import get_device_policy
-
-        try:
-            return get_device_policy(scope, timeout=self.timeout)
-        except SystemdCallError as exc:
-            raise RepairError(str(exc))
-
-    def put_back_policy(self, scope: str, policy: str, entries: Sequence) -> None:
-        """SetUnitProperties(scope, runtime=true, DevicePolicy=policy, DeviceAllow= reset, then the entries)."""
-        from nvsymlinkd.systemd.client import SystemdCallError
-        from nvsymlinkd.systemd.units import set_device_policy
-
-        try:
-            set_device_policy(scope, policy, list(entries), timeout=self.timeout)
-        except SystemdCallError as exc:
-            raise RepairError(str(exc))
-
-    def device_allow(self, scope: str) -> dict:
-        """The scope's DeviceAllow as systemd holds it: {path: access}."""
-        from nvsymlinkd.systemd.client import SystemdCallError
-        from nvsymlinkd.systemd.units import get_device_allow
-
-        try:
-            return dict(get_device_allow(scope, timeout=self.timeout))
-        except SystemdCallError as exc:
-            raise RepairError(str(exc))
+    from nvsymlinkd.systemd.units import SystemdUnits
 
 
 @dataclass
@@ -105,7 +49,11 @@ class RepairHost:
         self.timeout = timeout
         self.journal = journal
         self.lock_wait = lock_wait
-        self.systemd = systemd if systemd is not None else SystemdUnits(timeout)
+        if systemd is None:  # the systemd client's module only when a repair runs
+            from nvsymlinkd.systemd.units import SystemdUnits
+
+            systemd = SystemdUnits(timeout)
+        self.systemd = systemd
 
     # -- cgroup v1 files
 

@@ -25,6 +25,7 @@ from nvsymlinkd.repair.model import (
     ScopeFacts,
     needed,
 )
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
 
 if TYPE_CHECKING:
     from nvsymlinkd.host.devices import Device, Rule
@@ -129,29 +130,16 @@ def not_own_cgroup(request: RepairRequest, others_v2: Iterable[str | None] = ())
     return None
 
 
-def device_allow_entry(rule: Rule) -> tuple[str, str] | None:
-    """A runtime's allow rule as runc's systemd driver writes it (libcontainer/cgroups/devices/systemd.go,
-    v1.1.5: M:m -> /dev/char/M:m, M:* -> char-M, *:* -> char-*; block likewise); None for type `a`."""
-    if rule.type not in ("c", "b"):
-        return None
-    kind = "char" if rule.type == "c" else "block"
-    if rule.major is None:
-        return f"{kind}-*", str(rule.access)
-    if rule.minor is None:
-        return f"{kind}-{rule.major}", str(rule.access)
-    return f"/dev/{kind}/{rule.major}:{rule.minor}", str(rule.access)
-
-
 def _set_device_allow(host: RepairHost, request: RepairRequest, grants: Sequence[Grant], steps: list[str]) -> None:
     """The grants, and the runtime's own rules beside them: SetUnitProperties makes systemd re-apply the whole
     scope, and a rule runc left out of it (runc 1.1.3-1.1.6 skips a /dev/char/M:m with no /sys/dev/char/M:m,
     e.g. /dev/net/tun's 10:200 while tun is not loaded) would otherwise be taken now: a repair never narrows.
     Same-path entries update in place (REFERENCE.md: SetUnitProperties DeviceAllow appends)."""
     scope = needed(request.scope, "systemd unit")
-    entries = [(g.device.dev_path, str(g.access)) for g in grants]
-    named = {p for p, _ in entries}
-    kept = [e for e in dict.fromkeys(filter(None, map(device_allow_entry, request.runtime_rules)))
-            if e[0] not in named]
+    entries = [DeviceAllow.of_device(g.device, g.access) for g in grants]
+    named = {e.path for e in entries}
+    kept = [e for e in dict.fromkeys(filter(None, map(DeviceAllow.of_rule, request.runtime_rules)))
+            if e.path not in named]
     host.systemd.set_device_allow(scope, entries + kept)
     steps.append("SetUnitProperties " + scope + " DeviceAllow " + " ".join(f"{p}:{a}" for p, a in entries)
                  + (f" (and the runtime's own {len(kept)} rules, kept)" if kept else ""))
@@ -169,10 +157,9 @@ def _scope_holds(host: RepairHost, request: RepairRequest, grants: Sequence[Gran
                 verification[g.device] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
         return
     for g in grants:
-        path = g.device.dev_path
-        if not all(letter in entries.get(path, "") for letter in g.access):  # systemd's own text, unparsed
+        if not any(entry.holds(g.device, g.access) for entry in entries):
             verification[g.device] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
-                                           f"{path} {g.access} after SetUnitProperties"}
+                                           f"{DeviceAllow.of_device(g.device, g.access)} after SetUnitProperties"}
 
 
 def scope_cgroup(request: RepairRequest) -> str | None:

@@ -44,6 +44,7 @@ from nvsymlinkd.systemd.client import (
     bus_address,
     call,
     disconnect,
+    open_bus,
     quiet_dropped_writes,
 )
 
@@ -97,14 +98,13 @@ class SystemdWatch:
         self._tasks: set = set()
 
     async def run(self) -> None:
-        from dbus_next import BusType
-        from dbus_next.aio import MessageBus
+        import dbus_next.aio  # noqa: F401 - absent: the watch fails here, at once, not in the retry loop
 
         quiet_dropped_writes()  # the loop's, once: every connection below lives on it
         delay = self.backoff_start
         while True:
             try:
-                bus = await asyncio.wait_for(MessageBus(bus_type=BusType.SYSTEM).connect(), self.connect_timeout)
+                bus = await asyncio.wait_for(open_bus(), self.connect_timeout)  # the client's one way in
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure to connect means "no bus now"

@@ -28,6 +28,7 @@ import os
 import threading
 
 from nvsymlinkd.errors import NvsymlinkdError
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
 
 SYSTEMD = "org.freedesktop.systemd1"
 SYSTEMD_PATH = "/org/freedesktop/systemd1"
@@ -65,16 +66,25 @@ def no_dbus_next(exc: ImportError) -> SystemdCallError:
                             "install python3-dbus-next (pip: dbus-next)")
 
 
+async def open_bus():
+    """The one way nvsymlinkd connects to the system bus (bus_address(): DBUS_SYSTEM_BUS_ADDRESS, else the
+    standard socket): a connected dbus_next MessageBus; ImportError without dbus_next, any other exception
+    for no bus. connect() below and the daemon's signal watch (systemd.bus) both come through here."""
+    from dbus_next.aio import MessageBus
+
+    return await MessageBus(bus_address=bus_address()).connect()
+
+
 async def connect(timeout: float = CALL_TIMEOUT):
     """A connection to the system bus (dbus_next MessageBus), or SystemdCallError."""
     try:
-        from dbus_next.aio import MessageBus
+        import dbus_next.aio  # noqa: F401 - absent: said as SystemdCallError, before any connection
     except ImportError as exc:
         raise no_dbus_next(exc)
 
     quiet_dropped_writes()
     try:
-        return await asyncio.wait_for(MessageBus(bus_address=bus_address()).connect(), timeout)
+        return await asyncio.wait_for(open_bus(), timeout)
     except asyncio.TimeoutError:
         raise SystemdCallError(f"system bus at {bus_address()}: no connection within {timeout:g} s")
     except Exception as exc:  # noqa: BLE001 - socket missing, auth refused, ...: all mean "no bus"
@@ -112,10 +122,10 @@ async def call(bus, member: str, signature: str = "", body=(), *, destination: s
 
 
 def device_allow_property(entries) -> list:
-    """The a(sv) body element for DeviceAllow: entries are (path, access) pairs."""
+    """The a(sv) body element for DeviceAllow: entries are DeviceAllow (path, access) pairs."""
     from dbus_next import Variant
 
-    return ["DeviceAllow", Variant("a(ss)", [[str(path), str(access)] for path, access in entries])]
+    return ["DeviceAllow", Variant("a(ss)", [list(DeviceAllow.of_pair(entry)) for entry in entries])]
 
 
 async def get_unit(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str:
@@ -150,11 +160,11 @@ async def set_device_policy(bus, unit: str, policy: str, entries, timeout: float
 
 
 async def get_device_allow(bus, unit: str, timeout: float = CALL_TIMEOUT) -> list:
-    """The scope's current DeviceAllow entries as [(path, access)]."""
+    """The scope's current DeviceAllow entries: [DeviceAllow]."""
     obj = await get_unit(bus, unit, timeout)
     body = await call(bus, "Get", "ss", [SCOPE, "DeviceAllow"], path=obj, interface=PROPERTIES, timeout=timeout)
     value = body[0].value if body else []
-    return [(str(p), str(a)) for p, a in value]
+    return [DeviceAllow.of_pair(pair) for pair in value]
 
 
 async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:

@@ -47,11 +47,12 @@ import re
 import stat
 from collections.abc import Iterable
 
-from nvsymlinkd.containers.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
-from nvsymlinkd.containers.scopes import SCOPE_NAME, TRANSIENT_DIR
 from nvsymlinkd.host.atomicfile import write_atomic_at
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
+from nvsymlinkd.systemd.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
+from nvsymlinkd.systemd.scopes import SCOPE_NAME, TRANSIENT_DIR
 
 NAME = "90-nvsymlinkd-keep.conf"
 OWNER_PREFIX = "# nvsymlinkd-owner: "
@@ -87,7 +88,7 @@ def dropin_text(container_id: str, invocation_id: str, entries: Iterable[tuple[D
     ]
     if not OWNER_LINE.fullmatch(lines[0]):
         raise ValueError(f"not a container id: {container_id!r}")
-    lines += [f"DeviceAllow={device.dev_path} {access}" for device, access in sorted(entries)]
+    lines += [f"DeviceAllow={DeviceAllow.of_device(device, access)}" for device, access in sorted(entries)]
     return "\n".join(lines) + "\n"
 
 

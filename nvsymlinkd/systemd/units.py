@@ -1,4 +1,5 @@
-"""Changing a unit's device policy through systemd's D-Bus API, for repair/ and the daemon's prevention.
+"""The one seam between repair/ and systemd: the unit calls a repair makes (SystemdUnits), each failing as a
+RepairError with systemd's own words; a change of how repair reaches systemd is made here.
 
     org.freedesktop.systemd1.Manager.SetUnitProperties(s name, b runtime, a(sv) properties)
 
@@ -10,47 +11,64 @@ container scope, beside it: /run/systemd/transient/<unit>.d/50-DeviceAllow.conf)
 at reboot and with the unit.
 
 Blocking calls on the process's one systemd client (systemd.client.shared()): one
-connection for every call of a command, and for the daemon's worker threads.
+connection for every call of a command, and for the daemon's worker threads. Entries are
+systemd.deviceallow.DeviceAllow.
 """
 
 from __future__ import annotations
 
-from nvsymlinkd.systemd.client import (
-    CALL_TIMEOUT,
-    SystemdCallError,
-    shared,
-)
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
-DEFAULT_TIMEOUT = CALL_TIMEOUT
-
-
-def set_device_allow(unit: str, entries, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """SetUnitProperties(unit, runtime=true, [DeviceAllow=entries]); raises SystemdCallError."""
-    shared().set_device_allow(unit, entries, timeout)
+from nvsymlinkd.errors import RepairError
+from nvsymlinkd.systemd.client import SystemdCallError, shared
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
 
 
-def get_unit(unit: str, timeout: float = DEFAULT_TIMEOUT) -> str:
-    """The unit's object path (org.freedesktop.systemd1.NoSuchUnit as SystemdCallError)."""
-    return shared().get_unit(unit, timeout)
+@contextmanager
+def _said_as_repair_error() -> Iterator[None]:
+    try:
+        yield
+    except SystemdCallError as exc:
+        raise RepairError(str(exc))
 
 
-def get_device_allow(unit: str, timeout: float = DEFAULT_TIMEOUT) -> list:
-    """The scope's current DeviceAllow entries as [(path, access)]."""
-    return shared().get_device_allow(unit, timeout)
+class SystemdUnits:
+    """The unit calls a repair makes, each failing as a RepairError with systemd's own words; `timeout`: the
+    repair's, for each call."""
 
+    def __init__(self, timeout: float):
+        self.timeout = timeout
 
-def get_device_policy(unit: str, timeout: float = DEFAULT_TIMEOUT) -> tuple:
-    """(DevicePolicy, DeviceAllow [(path, access)]) of a scope; SystemdCallError, also for an unknown unit."""
-    props = shared().scope_properties([unit], timeout).get(unit)
-    if props is None:
-        raise SystemdCallError(f"systemd does not know {unit}")
-    policy, allow = props.get("DevicePolicy"), props.get("DeviceAllow")
-    if policy is None or allow is None:
-        raise SystemdCallError(f"{unit} has no DevicePolicy/DeviceAllow property")
-    return str(policy.value), [(str(p), str(a)) for p, a in allow.value]
+    def set_device_allow(self, scope: str, entries: Sequence[DeviceAllow]) -> None:
+        """SetUnitProperties(scope, runtime=true, DeviceAllow=entries)."""
+        with _said_as_repair_error():
+            shared().set_device_allow(scope, entries, self.timeout)
 
+    def unit_known(self, scope: str) -> None:
+        """RepairError unless systemd knows the unit (asked before anything is frozen)."""
+        with _said_as_repair_error():
+            shared().get_unit(scope, self.timeout)
 
-def set_device_policy(unit: str, policy: str, entries, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """SetUnitProperties(unit, runtime=true, [DevicePolicy, DeviceAllow=[] (reset), DeviceAllow=entries]):
-    a scope's device properties put back as they were; raises SystemdCallError."""
-    shared().set_device_policy(unit, policy, entries, timeout)
+    def device_policy(self, scope: str) -> tuple:
+        """(DevicePolicy, [DeviceAllow]) of the scope as systemd holds them; RepairError also for a unit systemd
+        does not know."""
+        with _said_as_repair_error():
+            props = shared().scope_properties([scope], self.timeout).get(scope)
+        if props is None:
+            raise RepairError(f"systemd does not know {scope}")
+        policy, allow = props.get("DevicePolicy"), props.get("DeviceAllow")
+        if policy is None or allow is None:
+            raise RepairError(f"{scope} has no DevicePolicy/DeviceAllow property")
+        return str(policy.value), [DeviceAllow.of_pair(pair) for pair in allow.value]
+
+    def put_back_policy(self, scope: str, policy: str, entries: Sequence[DeviceAllow]) -> None:
+        """SetUnitProperties(scope, runtime=true, DevicePolicy=policy, DeviceAllow= reset, then the entries): a
+        scope's device properties put back as they were."""
+        with _said_as_repair_error():
+            shared().set_device_policy(scope, policy, list(entries), self.timeout)
+
+    def device_allow(self, scope: str) -> list:
+        """The scope's DeviceAllow as systemd holds it: [DeviceAllow]."""
+        with _said_as_repair_error():
+            return shared().get_device_allow(scope, self.timeout)  # type: ignore[no-any-return]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the facts' types; their modules read the host, this one onl
     from nvsymlinkd.access.cgroup import AccessPolicy
     from nvsymlinkd.containers.discovery import Container
     from nvsymlinkd.containers.expected import Expected
-    from nvsymlinkd.containers.scopes import ScopeDevices
+    from nvsymlinkd.systemd.scopes import ScopeDevices
 
 # A node in the container's own /dev: (path, its char Device), untrusted (typing's: evaluated at import).
 DevNode = Tuple[str, Device]

@@ -33,10 +33,10 @@ from nvsymlinkd.containers.expected import (
 )
 from nvsymlinkd.containers.hookgrant import HookGrant, HookRequest, legacy_hook, reconstruct
 from nvsymlinkd.containers.ocispec import gpu_signs
-from nvsymlinkd.containers.scopes import ScopeDevices, map_entries, read_scopes, wait_for_scope
 from nvsymlinkd.devchar.snapshot import observe, read_majors
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd.scopes import ScopeDevices, map_entries, read_scopes, wait_for_scope
 from nvsymlinkd.verify.cache import Cache, NoCache, VerifyCache
 from nvsymlinkd.verify.evaluate import (
     NOT_GPU,

@@ -11,15 +11,13 @@ Sources, best first:
 Neither -> None: the caller reports `unknown` for this check. A bus that could not be
 asked is an error the caller sees (ScopeReads.bus_error), never an empty answer.
 
-Entry forms (REFERENCE.md): `/dev/char/M:m` (parsed without stat by systemd
->= 240), `char-M` / `char-NAME` (NAME matched against /proc/devices),
-`char-*`, block equivalents, or a plain /dev path that systemd stats.
+Entry forms: systemd.deviceallow, which parses them and maps all but a plain /dev path (stat'ed
+here, under the root, as systemd stats it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import os
 import re
 import stat
@@ -27,9 +25,9 @@ import time
 from dataclasses import dataclass
 
 from nvsymlinkd.containers.ocispec import MAX_SMALL_BYTES, read_bounded
-from nvsymlinkd.host.devices import LETTERS, RWM, Access, Device, Rule
-from nvsymlinkd.host.procdevices import decimal
+from nvsymlinkd.host.devices import Access, Device, Rule
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd.deviceallow import DeviceAllow
 
 TRANSIENT_DIR = "/run/systemd/transient"
 CONTROL_DIR = "/run/systemd/system.control"
@@ -38,7 +36,6 @@ CONTROL_DIR = "/run/systemd/system.control"
 # (systemd.dropin)
 RUNTIME_UNIT_DIR = "/run/systemd/system"
 UNIT_DIRS = ("/etc/systemd/system", RUNTIME_UNIT_DIR)
-DEV_NUMBER_PATH = re.compile(r"/dev/(char|block)/(\d+):(\d+)")
 SCOPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,250}\.scope")
 
 
@@ -47,7 +44,7 @@ class ScopeDevices:
     scope: str
     source: str  # "dbus" or "files"
     policy: str  # auto, closed, strict
-    entries: tuple  # (specifier, access) as systemd holds them
+    entries: tuple  # DeviceAllow (path, access) as systemd holds them
     rules: tuple  # Rule (allow) for the entries we could map to numbers
     unmapped: tuple = ()  # entries we could not map (plain paths that do not resolve, ...)
 
@@ -60,7 +57,7 @@ class ScopeDevices:
 
 def unit_settings(text: str) -> tuple:
     """The DevicePolicy=/DeviceAllow= settings of one unit file or drop-in, in order: ("policy", value),
-    ("allow", (spec, access)), or ("allow", None) for an empty DeviceAllow= (which resets the list)."""
+    ("allow", DeviceAllow), or ("allow", None) for an empty DeviceAllow= (which resets the list)."""
     out: list = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -75,11 +72,7 @@ def unit_settings(text: str) -> tuple:
         if key == "DevicePolicy":
             out.append(("policy", value or "auto"))
         elif key == "DeviceAllow":
-            if not value:
-                out.append(("allow", None))
-                continue
-            spec, _, access = value.partition(" ")
-            out.append(("allow", (spec, access.strip() or RWM)))
+            out.append(("allow", DeviceAllow.parse(value)))
     return tuple(out)
 
 
@@ -153,42 +146,24 @@ def _dropins(root: HostRoot, scope: str, files) -> list:
 def map_entries(root: HostRoot, sd: ScopeDevices, majors) -> ScopeDevices:
     """Turn systemd's device specifiers into numeric allow rules."""
     rules, unmapped = [], []
-    for spec, access in sd.entries:
-        access = Access("".join(c for c in access if c in LETTERS))  # letters beyond rwm grant nothing
-        rule = _map_one(root, spec, access, majors)
+    for entry in map(DeviceAllow.of_pair, sd.entries):
+        rule = _map_one(root, entry, majors)
         if rule is None:
-            unmapped.append(f"{spec} {access}")
+            unmapped.append(f"{entry.path} {entry.letters}")
         else:
             rules.extend(rule)
     return ScopeDevices(sd.scope, sd.source, sd.policy, sd.entries, tuple(rules), tuple(unmapped))
 
 
-def _map_one(root: HostRoot, spec: str, access: Access, majors) -> list | None:
-    m = DEV_NUMBER_PATH.fullmatch(spec)
-    if m:
-        # the kernel's ranges (12-bit major, 20-bit minor); beyond them no device, and no int() of 5,000 digits
-        major, minor = decimal(m.group(2), (1 << 12) - 1), decimal(m.group(3), (1 << 20) - 1)
-        if major is None or minor is None:
-            return None
-        return [Rule(True, "c" if m.group(1) == "char" else "b", major, minor, access)]
-    for prefix, dev_type in (("char-", "c"), ("block-", "b")):
-        if spec.startswith(prefix):
-            name = spec[len(prefix):]
-            if name == "*":
-                return [Rule(True, dev_type, None, None, access)]
-            if name.isdigit():
-                major = decimal(name, (1 << 12) - 1)
-                return None if major is None else [Rule(True, dev_type, major, None, access)]
-            if dev_type == "b":
-                return []  # not an NVIDIA device either way
-            hits = sorted({m for n, m in majors.pairs if fnmatch.fnmatchcase(n, name)})
-            return [Rule(True, "c", major, None, access) for major in hits]
-    if spec.startswith("/dev/"):
-        st = root.stat_resolved(spec)  # systemd stats these at apply time
+def _map_one(root: HostRoot, entry: DeviceAllow, majors) -> list | None:
+    if entry.by_number:
+        return entry.rules(majors.pairs)
+    if entry.path.startswith("/dev/"):
+        st = root.stat_resolved(entry.path)  # systemd stats these at apply time
         if st is None or not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
             return None
         dev_type = "c" if stat.S_ISCHR(st.st_mode) else "b"
-        return [Rule(True, dev_type, os.major(st.st_rdev), os.minor(st.st_rdev), access)]
+        return [Rule(True, dev_type, os.major(st.st_rdev), os.minor(st.st_rdev), entry.letters)]
     return None
 
 
@@ -223,7 +198,7 @@ def _scope_devices(scope: str, props) -> ScopeDevices | None:
     policy = props.get("DevicePolicy")
     if allow is None:
         return None
-    entries = tuple((str(p), str(a)) for p, a in allow.value)
+    entries = tuple(map(DeviceAllow.of_pair, allow.value))
     return ScopeDevices(scope, "dbus", str(policy.value) if policy is not None else "auto", entries, ())
 
 
@@ -261,7 +236,7 @@ async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float, wak
                 return None, reads + 1
             raise
         reads += 1
-        entries = tuple((str(p), str(a)) for p, a in allow[0].value)
+        entries = tuple(map(DeviceAllow.of_pair, allow[0].value))
         sd = ScopeDevices(scope, "dbus", str(policy[0].value), entries, ())
         if sd.policy == "auto" and entries and not straddled:
             # runc's Set sends DevicePolicy=strict with its entries in one SetUnitProperties, which systemd
@@ -345,7 +320,7 @@ def scope_invocation(root: HostRoot, scope: str, use_bus: bool | None = None) ->
 
 def _by_number(sd: ScopeDevices) -> bool:
     """Every entry maps without looking at the host (/dev/char/M:m, char-*, char-NAME by /proc/devices)."""
-    return all(DEV_NUMBER_PATH.fullmatch(spec) or spec.startswith(("char-", "block-")) for spec, _ in sd.entries)
+    return all(DeviceAllow.of_pair(entry).by_number for entry in sd.entries)
 
 
 def _in_running_loop() -> bool:
