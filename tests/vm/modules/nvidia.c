@@ -7,9 +7,10 @@
  * Inside a container, open() returning 0 means the device cgroup allowed it; EPERM means
  * it did not. The kernel is the judge.
  * caps=1 also registers a dynamic major named "nvidia-caps", as the real nvidia.ko does for the
- * MIG capability nodes /dev/nvidia-caps/nvidia-capN (open-gpu-kernel-modules kernel-open/nvidia/
- * nv-caps.c nv_caps_root_init: alloc_chrdev_region(..., "nvidia-caps")); off by default, so every
- * other scenario's /proc/devices stays as it was.
+ * MIG capability nodes /dev/nvidia-caps/nvidia-capN (open-gpu-kernel-modules 595.45.04
+ * kernel-open/nvidia/nv-caps.c:811-826 nv_cap_drv_init: alloc_chrdev_region(..., "nvidia-caps"),
+ * called from nv.c:714 at module load); off by default, so every other scenario's /proc/devices
+ * stays as it was.
  */
 #include <linux/fs.h>
 #include <linux/module.h>
