@@ -52,7 +52,7 @@ def publish_mig_layout(layout: dict, nvml: dict, caps_major: int) -> dict:
     for gpu in layout:
         _write(f"{FAKE_PROC_DRIVER}/nvidia/gpus/0000:00:{5 + gpu:02x}.0/information",
                f"Model: \t\t Fake H100 80GB HBM3\nGPU UUID: \t {GPU_UUID[:-1]}{gpu}\nDevice Minor: \t {gpu}\n")
-    # nv-caps.c:242-246 nv_cap_procfs_show: "%s %d\n" per slot
+    # nv-caps.c:222-246 nv_procfs_read_mig_minors (595.45.04): "NAME MINOR" per slot, config/monitor first
     _write(f"{FAKE_PROC_DRIVER}/nvidia-caps/mig-minors", "".join(f"{n} {m}\n" for n, m in table.items()))
     _write(f"{CAPS}/mig/config", access_text(1, 0o400))
     _write(f"{CAPS}/mig/monitor", access_text(2, 0o444))
