@@ -47,6 +47,9 @@ REPAIR_RESULTS = ("ok", "failed")
 # Per-container series only for containers with findings, and at most this many: the label set stays
 # bounded however many containers a node runs (a healthy node has none).
 MAX_LABELLED_CONTAINERS = 100
+# MIG devices and IMEX channels named: 8 GPUs x 7 MIG devices fit many times; a container asking for
+# every IMEX channel (2048) does not, and is cut here rather than bloat every scrape
+MAX_NAMED_DEVICES = 200
 HEARTBEAT_SECONDS = 30.0  # the textfile is rewritten at least this often (liveness)
 MIN_WRITE_GAP = 0.5  # coalesce bursts: at most two writes a second
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -78,7 +81,8 @@ class Metrics:
         self.last_success: float | None = None
         self.containers = {s: 0 for s in CONTAINER_STATUSES}
         self.container_findings: list = []  # label dicts, one per GPU container with findings
-        # when the verification the two above come from began (None: none yet): the heartbeat rewrites
+        self.container_devices: list = []  # label dicts, one per MIG device / IMEX channel a GPU container holds
+        # when the verification the container gauges above come from began (None: none yet): the heartbeat rewrites
         # them as they were, and a reader tells their age from this, not from the file's
         self.last_verification: float | None = None
         self.repairs = {r: 0 for r in REPAIR_RESULTS}
@@ -167,10 +171,12 @@ class Metrics:
                 continue
             counts[verdict if verdict in counts else Verdict.UNKNOWN.value] += 1
         labelled = _finding_labels(report.containers)
+        named = _device_labels(report.containers)
         began = self.clock() - max(0.0, float(report.seconds or 0.0))
         with self._lock:
             self.containers = counts
             self.container_findings = labelled
+            self.container_devices = named
             self.last_verification = began
         self._changed()
 
@@ -228,6 +234,11 @@ class Metrics:
                   "1 per GPU container with findings (lost, at-risk, unknown), named for alerts; "
                   f"at most {MAX_LABELLED_CONTAINERS}.",
                   [(labels, 1) for labels in self.container_findings])
+        fam.gauge("nvsymlinkd_gpu_container_devices",
+                  "1 per MIG device and IMEX channel the NVIDIA hook granted a running GPU container, named as "
+                  "check names them (kind mig: device the MIG UUID, index g:m, mig_instance gpuN/giG/ciC; kind "
+                  f"imex: device the channel's node, index its number); at most {MAX_NAMED_DEVICES}.",
+                  [(labels, 1) for labels in self.container_devices])
         fam.counter("nvsymlinkd_repairs_total", "Container device-access repairs, by result.",
                     [({"result": r}, n) for r, n in self.repairs.items()])
         fam.counter("nvsymlinkd_systemd_reloads_total", "systemd daemon-reloads and re-execs seen.",
@@ -385,6 +396,26 @@ def _finding_labels(reports: list[ContainerReport]) -> list:
         if len(out) >= MAX_LABELLED_CONTAINERS:
             break
     return out
+
+
+def _device_labels(reports: list[ContainerReport]) -> list:
+    """Labels of the MIG devices and IMEX channels in each counted container's reconstructed hook grant
+    (containers.hookgrant's mig_devices / imex_channels: only a trusted grant names them), containers with
+    findings first, so that an alert's container is named within the bound."""
+    out: list = []
+    for c in sorted(reports, key=lambda c: not c.findings):
+        hook = c.nvidia_hook or {}
+        if str(c.verdict) in NOT_COUNTED or not hook:
+            continue
+        pod = {"container_id": c.short_id, "namespace": c.pod_namespace or "", "pod": c.pod_name or "",
+               "container": c.container_name or ""}
+        for mig in hook.get("mig_devices") or ():
+            out.append({**pod, "kind": "mig", "device": mig["uuid"], "index": mig.get("index") or "",
+                        "mig_instance": mig["instance"]})
+        for imex in hook.get("imex_channels") or ():
+            out.append({**pod, "kind": "imex", "device": imex["path"], "index": str(imex["channel"]),
+                        "mig_instance": ""})
+    return out[:MAX_NAMED_DEVICES]
 
 
 def _in_loop(loop) -> bool:

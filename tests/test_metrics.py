@@ -465,3 +465,27 @@ def test_container_verdicts_and_repairs_from_real_runc_containers(runc_host):
     assert sample(text, "nvsymlinkd_repairs_total", result="failed") == 1
     assert sample(text, "nvsymlinkd_gpu_containers", status="lost") == 1
     assert sample(text, "nvsymlinkd_gpu_containers", status="ok") == 1
+
+
+def test_named_devices_are_bounded_with_the_containers_with_findings_first():
+    """nvsymlinkd_gpu_container_devices: one series per MIG device / IMEX channel of a counted container's hook
+    grant, cut at MAX_NAMED_DEVICES with the containers that have findings first (so an alert's container is
+    named), nothing for containers not counted."""
+    from nvsymlinkd.verify.evaluate import Finding
+
+    def hook(n: int) -> dict:
+        return {"mig_devices": [], "imex_channels": [
+            {"channel": i, "path": f"/dev/nvidia-caps-imex-channels/channel{i}", "device": f"c 242:{i}"}
+            for i in range(n)]}
+
+    many = ContainerReport("a" * 64, "runc", "", "running", "ok", nvidia_hook=hook(m.MAX_NAMED_DEVICES))
+    lost = ContainerReport("b" * 64, "runc", "", "running", "lost", findings=[Finding("lost", (), "t", "t")],
+                           nvidia_hook=hook(1))
+    stopped = ContainerReport("c" * 64, "runc", "", "stopped", "not-running", nvidia_hook=hook(1))
+    metrics = m.Metrics()
+    metrics.on_containers(Report([many, lost, stopped], []))
+    got = [s.labels for s in families(metrics.render())["nvsymlinkd_gpu_container_devices"].samples]
+    assert len(got) == m.MAX_NAMED_DEVICES
+    assert got[0] == {"container_id": "b" * 12, "namespace": "", "pod": "", "container": "", "kind": "imex",
+                      "device": "/dev/nvidia-caps-imex-channels/channel0", "index": "0", "mig_instance": ""}
+    assert {g["container_id"] for g in got[1:]} == {"a" * 12}

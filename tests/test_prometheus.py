@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -306,6 +307,87 @@ def test_the_lost_alert_fires_on_the_textfile_of_a_real_runc_container_that_lost
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def tell_mig(runc_host, tmp_path: Path, monkeypatch) -> tuple:
+    """The story with a MIG container (issue 35): on tests/migfixture.py's H100 (GPU 0's instances gi1 and gi2,
+    NVML's UUIDs from its stand-in pynvml), a real runc container the NVIDIA hook gave MIG device MIG_A
+    (gpu0/gi1/ci0: its GPU, GI and CI access caps) and IMEX channel 0 (NVIDIA_IMEX_CHANNELS=0), named as a pod;
+    its GI and CI caps denied at minute 5 (the kernel says EPERM), the verifier's reports fed to the writer
+    each minute as the daemon does. Returns (story, container id)."""
+    import importlib.util
+
+    from nvsymlinkd.verify.verifier import verify_all
+    from tests.migfixture import CAPS_MAJOR, IMEX_MAJOR
+    from tests.runcfixture import device_node
+    from tests.test_hook_trust_runc import fake_hook
+    from tests.test_mig_runc import A_CI, A_GI, MIG_A, MIG_B, mig_host
+
+    mig_host(runc_host, monkeypatch, [(MIG_A, 0, 1, 0), (MIG_B, 0, 2, 0)])
+    # the verifier runs in this process: the stand-in pynvml mig_host wrote, put back out of sys.modules after
+    spec = importlib.util.spec_from_file_location("pynvml", runc_host.base / "pynvml-mig" / "pynvml.py")
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    runc_host.fake.node("/dev/nvidia-caps-imex-channels/channel0", IMEX_MAJOR, 0)
+    cid = "prommig" + uuid.uuid4().hex[:8]
+    allow = ("c 195:255 rw", "c 195:0 rw", f"c {CAPS_MAJOR}:{A_GI} rw", f"c {CAPS_MAJOR}:{A_CI} rw",
+             f"c {IMEX_MAJOR}:0 rw")
+    hooks = {"prestart": [{"path": str(fake_hook(runc_host)), "args": ["nvidia-container-runtime-hook", "prestart"],
+                           "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{runc_host.parent}/{cid}",
+                                   "TEST_ALLOW=" + ";".join(allow)]}]}
+    annotations = {"io.kubernetes.cri.sandbox-namespace": GPU_POD["namespace"],
+                   "io.kubernetes.cri.sandbox-name": GPU_POD["pod"],
+                   "io.kubernetes.cri.container-name": GPU_POD["container"]}
+    c = runc_host.run(cid, nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidiactl", 195, 255)],
+                      env=[f"NVIDIA_VISIBLE_DEVICES={MIG_A}", "NVIDIA_IMEX_CHANNELS=0"], hooks=hooks,
+                      annotations=annotations)
+    c.exec("mknod", f"/dev/nvidia-cap{A_GI}", "c", str(CAPS_MAJOR), str(A_GI))
+    story = Story(tmp_path, host=runc_host.fake)
+    for t in range(MINUTES + 1):
+        if t == 5:
+            for m in (A_GI, A_CI):
+                c.deny(f"c {CAPS_MAJOR}:{m} rw")
+            assert c.open_error(f"/dev/nvidia-cap{A_GI}") == "EPERM"  # the kernel says so
+        story.minute(report=verify_all(story.root, Config(), use_bus=False))
+    return story, cid
+
+
+def test_the_lost_alert_names_the_mig_device_and_imex_channel_of_a_real_runc_container(runc_host, tmp_path,
+                                                                                       monkeypatch):
+    """nvsymlinkd_gpu_container_devices names the MIG device (UUID, instance, g:m index) and the IMEX channel the
+    hook granted, from the textfile as promtool reads it; the lost alert's description lists them (a query on
+    that family by container_id and instance); the exposition passes promtool's lint."""
+    from tests.test_mig_runc import MIG_A
+
+    story, cid = tell_mig(runc_host, tmp_path, monkeypatch)
+    text = story.files[-1][0]
+    devices = [s for f in parser.text_string_to_metric_families(text) for s in f.samples
+               if s.name == "nvsymlinkd_gpu_container_devices"]
+    pod = {**GPU_POD, "container_id": cid}
+    assert sorted((s.labels for s in devices), key=lambda d: d["kind"]) == [
+        {**pod, "kind": "imex", "device": "/dev/nvidia-caps-imex-channels/channel0", "index": "0", "mig_instance": ""},
+        {**pod, "kind": "mig", "device": MIG_A, "index": "0:0", "mig_instance": "gpu0/gi1/ci0"}], text
+    out = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), out.stdout + out.stderr
+
+    doc = rules()
+    for rule in doc["groups"][0]["rules"]:
+        if rule["alert"] == "NvsymlinkdGPUContainerLostDevices":
+            rule["annotations"] = {"description": rule["annotations"]["description"]}
+    rule_file = tmp_path / "rules.yml"
+    rule_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    description = (
+        "nvsymlinkd found the container's device access lost for 2 minutes and did not repair it (repair failed "
+        f"or refused, or repair is not \"auto\"). `nvsymlinkd check {cid}` on the node says why; `nvsymlinkd "
+        f"repair {cid}` or recreating the pod restores it. Its MIG devices and IMEX channels: "
+        f"/dev/nvidia-caps-imex-channels/channel0, {MIG_A} (gpu0/gi1/ci0, index 0:0).")
+    name = "NvsymlinkdGPUContainerLostDevices"
+    out = run_promtool_test(tmp_path, rule_file, [{"interval": "1m", "input_series": story.series(), "alert_rule_test": [
+        {"eval_time": f"{EVAL}m", "alertname": name, "exp_alerts": [
+            {"exp_labels": {**pod, "status": "lost", **TARGET, "severity": "critical"},
+             "exp_annotations": {"description": description}}]}]}])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_repairs_failing_fires_on_the_textfile_of_real_repairs_the_rate_limit_refuses(runc_host, tmp_path):
     """Real repairs of a real runc container (cgroup v1): the first loss repaired, the next ones within the
     rate limit's window refused (counted as failed), as the daemon feeds its writer."""
@@ -366,9 +448,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_real_node_exporter_serves_every_documented_family_from_the_textfile(tmp_path, need_root):
+def test_a_real_node_exporter_serves_every_documented_family_from_the_textfile(runc_host, tmp_path, monkeypatch):
     exporter = need_tool("prometheus-node-exporter")  # Debian's prometheus-node-exporter (.ci/apt.d/cluster.txt)
-    story = tell(tmp_path, "repair-failing")  # every family, the histogram and the findings included
+    # every family, the histogram, the findings and the MIG device and IMEX channel included
+    story, cid = tell_mig(runc_host, tmp_path, monkeypatch)
+    story.metrics.on_repair(ok=False)
     story.metrics.on_event_latency(0.004)
     assert story.metrics.flush()
     directory = story.host.path(os.path.dirname(TEXTFILE))
@@ -400,7 +484,8 @@ def test_a_real_node_exporter_serves_every_documented_family_from_the_textfile(t
     errors = [s.value for s in fams["node_textfile_scrape_error"].samples]
     assert errors == [0.0], text
     (finding,) = fams["nvsymlinkd_gpu_container_findings"].samples
-    assert finding.labels == {**GPU_POD, "status": "lost"}
+    assert finding.labels == {**GPU_POD, "container_id": cid, "status": "lost"}
+    assert len(fams["nvsymlinkd_gpu_container_devices"].samples) == 2
 
 
 # -- the Prometheus Operator's objects ----------------------------------------------------------

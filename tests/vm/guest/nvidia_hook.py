@@ -3,7 +3,8 @@
     python3 nvidia_hook.py c:195:0:rw [...]     createRuntime hook: grant exactly these devices
     python3 nvidia_hook.py [-config FILE] prestart
                                                 prestart hook, as /usr/bin/nvidia-container-runtime-hook:
-                                                grant what NVIDIA_VISIBLE_DEVICES in the spec asks for,
+                                                grant what NVIDIA_VISIBLE_DEVICES in the spec asks for
+                                                (all, GPU indexes, MIG-<uuid>: its GPU and both caps),
                                                 unless the toolkit config the hook of that release reads
                                                 refuses it (below)
 
@@ -56,6 +57,7 @@ VERSION_ENV = "VMTEST_TOOLKIT_VERSION"
 DEFAULT_VERSION = "1.17.8"
 DRIVER_CONFIG = "/run/nvidia/driver/etc/nvidia-container-runtime/config.toml"
 ETC_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+MIG_NVML = "/run/vmtest/nvml-mig.json"  # NVML's MIG UUID -> [GPU minor, GI, CI], for MIG-<uuid> requests
 
 
 def log(msg: str) -> None:
@@ -118,11 +120,44 @@ def requested_nodes(env: list) -> list:
             value = item.split("=", 1)[1]
     if value is None or value in ("", "none", "void"):
         return []
+    caps = []
     if value == "all":
         gpus = sorted((n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)), key=lambda n: int(n[6:]))
     else:
-        gpus = [f"nvidia{i.strip()}" for i in value.split(",") if i.strip().isdigit()]
-    return [f"/dev/{n}" for n in gpus if os.path.exists(f"/dev/{n}")] + [p for p in CONTROL_NODES if os.path.exists(p)]
+        items = [i.strip() for i in value.split(",") if i.strip()]
+        gpus = [f"nvidia{i}" for i in items if i.isdigit()]
+        for i in items:
+            if i[:4].lower() == "mig-":
+                gpu, mig_caps = mig_device(i)
+                gpus.append(f"nvidia{gpu}")
+                caps += mig_caps
+    return ([f"/dev/{n}" for n in gpus if os.path.exists(f"/dev/{n}")] + caps
+            + [p for p in CONTROL_NODES if os.path.exists(p)])
+
+
+def mig_device(uuid: str) -> tuple:
+    """(parent GPU minor, [GI cap node, CI cap node]) of a MIG UUID, as libnvidia-container resolves it: NVML
+    names the UUID's GPU, GPU instance and compute instance (src/cli/common.c select_mig_device, strcasecmp);
+    NVML is played by MIG_NVML (migdriver.publish_mig_layout writes it: no NVML in the VM); the caps' minors
+    come from the driver's access files (src/nvc_mount.c nvc_mig_device_access_caps_mount -> cap_device_mount
+    -> nvc_nvcaps_device_from_proc_path: DeviceFileMinor of capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access).
+    An unknown UUID fails the hook, as the cli's "unknown device" does."""
+    try:
+        with open(MIG_NVML) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {}
+    hit = [v for k, v in table.items() if k.lower() == uuid.lower()]
+    if len(hit) != 1:
+        raise SystemExit(f"nvidia-container-cli: device error: {uuid}: unknown device")
+    gpu, gi, ci = hit[0]
+    base = f"/proc/driver/nvidia/capabilities/gpu{gpu}/mig/gi{gi}"
+    caps = []
+    for access in (f"{base}/access", f"{base}/ci{ci}/access"):
+        with open(access) as f:
+            minor = int(re.search(r"^DeviceFileMinor: (\d+)$", f.read(), re.M).group(1))
+        caps.append(f"/dev/nvidia-caps/nvidia-cap{minor}")
+    return gpu, caps
 
 
 def make_nodes(pid: int, rootfs: str, nodes: list) -> None:
@@ -138,6 +173,7 @@ def make_nodes(pid: int, rootfs: str, nodes: list) -> None:
         target = os.path.join(base, path.lstrip("/"))
         if os.path.lexists(target):
             continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)  # /dev/nvidia-caps for MIG capabilities
         os.mknod(target, 0o666 | stat.S_IFCHR, st.st_rdev)
         os.chmod(target, 0o666)
 

@@ -89,11 +89,11 @@ def without_prevention(deb: str) -> str:
 class Polled(Container):
     """A runc container in runc-<name>.scope whose PID 1 is gpupoll (its log read from its own rootfs).
     nodes: in the spec (linux.devices and the rules); hook_grants: none of that, the legacy NVIDIA prestart
-    hook makes and grants them (NVIDIA_VISIBLE_DEVICES=all), never the spec."""
+    hook makes and grants them (NVIDIA_VISIBLE_DEVICES=visible), never the spec; args: its process (gpupoll's)."""
 
     shape = "runc"
 
-    def __init__(self, name: str, nodes=(), hook_grants=()):
+    def __init__(self, name: str, nodes=(), hook_grants=(), visible: str = "all", args=POLL_ARGV):
         bundle = os.path.join(BUNDLES, name)  # not under /run: noexec
         rootfs = os.path.join(bundle, "rootfs")
         os.makedirs(rootfs, exist_ok=True)
@@ -104,7 +104,7 @@ class Polled(Container):
             spec = json.load(f)
         spec["root"] = {"path": rootfs, "readonly": False}
         spec["process"]["terminal"] = False
-        spec["process"]["args"] = list(POLL_ARGV)
+        spec["process"]["args"] = list(args)
         linux = spec["linux"]
         linux["cgroupsPath"] = f"system.slice:runc:{name}"
         linux["devices"] = [_device_spec(n) for n in nodes]  # the hook makes its own nodes
@@ -115,7 +115,7 @@ class Polled(Container):
             # NVIDIA_VISIBLE_DEVICES asks for (stacks.install_nvidia_toolkit puts it at HOOK)
             from tests.vm.guest.stacks import HOOK
 
-            spec["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=all")
+            spec["process"]["env"].append(f"NVIDIA_VISIBLE_DEVICES={visible}")
             spec.setdefault("hooks", {})["prestart"] = [{"path": HOOK, "args": [HOOK, "prestart"]}]
             self.shape = "runc+hook"
         with open(os.path.join(bundle, "config.json"), "w") as f:
