@@ -6,6 +6,7 @@ import stat
 import pytest
 
 from nvsymlinkd.host import libc
+from nvsymlinkd.host import root as root_module
 from nvsymlinkd.host.paths import link_target, normalize, target_of
 from nvsymlinkd.host.root import HostRoot
 
@@ -109,3 +110,30 @@ def test_resolve_prefix_appends_what_is_missing(tmp_path):
     assert r.resolve_prefix("/abs/char/x") == f"{tmp_path}/outside/dev/char/x"
     assert r.resolve_prefix("/rel") == "/outside/dev"
     assert r.resolve_prefix("/nope/a") == "/nope/a"
+
+
+def test_resolve_of_a_path_without_links_is_one_kernel_walk(tmp_path, monkeypatch):
+    """A link-free path is resolved by one openat2(RESOLVE_NO_SYMLINKS), not an lstat per component (the
+    daemon's verify pass under --root resolved ~3,500 paths of 6-8 components per 1,000 containers):
+    the answers stay those of the walk by hand, links, missing and non-directory components included."""
+    r = confined_tree(tmp_path)
+    (tmp_path / "root/real/dev/char/a/b/c").mkdir(parents=True)
+    try:
+        os.close(libc.openat2(-100, "/", os.O_PATH, libc.RESOLVE_NO_SYMLINKS))
+    except OSError as exc:
+        pytest.skip(f"no openat2 here: {exc}")
+    probes = PROBES + ["/real/dev/char/a/b/c", "/real/dev/file/x", "/real/dev/../dev/char", "/hop/char/a/b",
+                       "/real/nope/a/b", "/nope/x/y", "/real/dev/file/x/y", "/abs/nope/x", "/dangling/x"]
+    fast = {p: r.resolve(p) for p in probes}
+    fast_prefix = {p: r.resolve_prefix(p + "/missing/x") for p in probes}
+    calls = []
+    real_lstat = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda *a, **k: calls.append(a[0]) or real_lstat(*a, **k))
+    assert r.resolve("/real/dev/char/a/b/c") == "/real/dev/char/a/b/c"
+    assert r.real_resolved("/real/dev/char/a/b/c/config.json") == f"{r.root}/real/dev/char/a/b/c/config.json"
+    assert r.resolve_prefix("/real/nope/a/b") == "/real/nope/a/b"
+    assert calls == [r.path("/real"), r.path("/real/nope")]  # not a walk from the top per missing level
+    monkeypatch.setattr(libc, "_openat2_missing", True)  # the walk by hand: the answers before the fast path
+    monkeypatch.setattr(root_module, "no_links_before_missing", lambda real_root, inside: False)
+    assert fast == {p: r.resolve(p) for p in probes}
+    assert fast_prefix == {p: r.resolve_prefix(p + "/missing/x") for p in probes}

@@ -143,7 +143,8 @@ def cgroup_dir_on(mount: Mount, cgroup: str) -> tuple:
     rel, why = mount_relative(cgroup, mount.root, mount.ns_base)
     if rel is None:
         return None, why
-    return normalize(mount.mountpoint + "/" + rel), ""
+    # rel starts with "/": joined without a second one, normalize's fast path (normpath per container before)
+    return normalize(mount.mountpoint.rstrip("/") + rel if rel != "/" else mount.mountpoint), ""
 
 
 def _own_cgroups() -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import struct
 
@@ -58,18 +59,31 @@ def syscall(nr: int, *args) -> int:
     return lib().syscall(ctypes.c_long(nr), *args)
 
 
+@functools.cache
+def _openat2_nr() -> int | None:
+    """The syscall number for this machine, asked of uname once (a syscall per openat2 before)."""
+    return SYS_OPENAT2_BY_MACHINE.get(os.uname().machine)  # not platform: sync's start-up stays light
+
+
+@functools.lru_cache(maxsize=64)
+def _open_how(nr: int, flags: int, mode: int, resolve: int) -> tuple:
+    """syscall()'s number, struct open_how and its size as ctypes arguments, made once per kind of open
+    (a resolve() asks thousands of times a pass); the buffer lives in the cache beside its address."""
+    how = ctypes.create_string_buffer(OPEN_HOW.pack(flags, mode, resolve), OPEN_HOW.size)
+    return ctypes.c_long(nr), ctypes.c_void_p(ctypes.addressof(how)), ctypes.c_size_t(OPEN_HOW.size), how
+
+
 def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
     """openat2(2). Raises OSError; ENOSYS where the kernel (< 5.6) or a seccomp
     profile lacks it, which callers answer with their own confined walk."""
     global _openat2_missing
-    nr = SYS_OPENAT2_BY_MACHINE.get(os.uname().machine)  # not platform: sync's start-up stays light
+    nr = _openat2_nr()
     if nr is None or _openat2_missing:
         raise OSError(errno.ENOSYS, "openat2 unavailable")
-    how = ctypes.create_string_buffer(OPEN_HOW.pack(flags | os.O_CLOEXEC, mode, resolve), OPEN_HOW.size)
+    args = _open_how(nr, flags | os.O_CLOEXEC, mode, resolve)
     raw = os.fsencode(path)
     for _ in range(MAX_EAGAIN):
-        fd = syscall(nr, ctypes.c_long(dirfd), ctypes.c_char_p(raw), ctypes.c_void_p(ctypes.addressof(how)),
-                     ctypes.c_size_t(OPEN_HOW.size))
+        fd = lib().syscall(args[0], ctypes.c_long(dirfd), ctypes.c_char_p(raw), args[1], args[2])
         if fd >= 0:
             return fd
         err = ctypes.get_errno()
