@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+from nvsymlinkd.access.cgroup import AccessDecision
 from nvsymlinkd.config import Config
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
@@ -47,7 +48,7 @@ class _Stamp(mechanisms.Mechanism):
 
     def post_check(self, host, request, grants, verification):
         self.calls.append("post_check")
-        verification.update({g.device: {"state": "allow", "reason": "stamped"} for g in grants})
+        return {g.device: AccessDecision("allow", "stamped") for g in grants}
 
 
 def _request(cid="abc"):
@@ -67,6 +68,6 @@ def test_a_new_mechanism_is_one_class_and_one_table_entry(monkeypatch, tmp_path)
     done = repair_container(root, Config(), _request())
     assert done.status == RepairStatus.REPAIRED and done.steps == ["stamp c 195:0 rw"], done.to_json()
     assert stamp.calls == ["saves", ("apply", root), "post_check"]
-    assert done.verification == {Device.char(195, 0): {"state": "allow", "reason": "stamped"}}
+    assert done.verification == {Device.char(195, 0): AccessDecision("allow", "stamped")}
     would = repair_container(root, Config(), _request(), dry_run=True)
     assert would.status == RepairStatus.WOULD and would.program == ["stamp would c 195:0 rw"]

@@ -149,7 +149,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     res = repair_container(root, Config(), req)
     assert res.status == "failed"
     assert "parent cgroup does not allow it" in res.error and "EPERM" in res.error
-    assert res.verification[Device.char(195, 0)]["state"] == "deny"
+    assert res.verification[Device.char(195, 0)].state == "deny"
     assert c.open_error("/dev/nvidia0") == "EPERM"
 
 

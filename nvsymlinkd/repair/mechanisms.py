@@ -12,8 +12,9 @@ a new kind of I/O adds a RepairHost method for it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterable, Mapping, Sequence
 
+from nvsymlinkd.access.cgroup import ALLOW, DENY, UNKNOWN, AccessDecision
 from nvsymlinkd.access.rules import decide
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.repair.model import (
@@ -73,10 +74,10 @@ class Mechanism:
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[Device, dict[str, str]]) -> None:
-        """After a successful apply and the kernel's view: mark in `verification` (Device -> state and
-        reason) what this mechanism's own side does not show."""
-        return None
+                   verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
+        """After a successful apply, given the kernel's view (`verification`, read only): the verdicts that
+        this mechanism's own side changes (what it does not show), which repair.apply lays over that view."""
+        return {}
 
 
 def _parent_refusal(grant: Grant, parent_rules: Sequence[Rule] | None) -> str | None:
@@ -158,21 +159,18 @@ def _set_device_allow(host: RepairHost, request: RepairRequest, grants: Sequence
 
 
 def _scope_holds(host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                 verification: dict[Device, dict[str, str]]) -> None:
+                 verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
     """The systemd-side view: the scope's DeviceAllow must now hold every grant."""
     scope = needed(request.scope, "systemd unit")
     try:
         entries = host.systemd.device_allow(scope)
     except RepairError as exc:
-        for g in grants:
-            if verification.get(g.device, {}).get("state") == "allow":
-                verification[g.device] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
-        return
-    for g in grants:
-        path = g.device.dev_path
-        if not all(letter in entries.get(path, "") for letter in g.access):  # systemd's own text, unparsed
-            verification[g.device] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
-                                           f"{path} {g.access} after SetUnitProperties"}
+        return {g.device: AccessDecision(UNKNOWN, f"cannot read DeviceAllow: {exc}") for g in grants
+                if g.device in verification and verification[g.device].state == ALLOW}
+    return {g.device: AccessDecision(DENY, f"{request.scope} DeviceAllow lacks {g.device.dev_path} {g.access} "
+                                           "after SetUnitProperties")
+            for g in grants  # systemd's own text, unparsed
+            if not all(letter in entries.get(g.device.dev_path, "") for letter in g.access)}
 
 
 def scope_cgroup(request: RepairRequest) -> str | None:
@@ -241,8 +239,8 @@ class Systemd(Mechanism):
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[Device, dict[str, str]]) -> None:
-        _scope_holds(host, request, grants, verification)
+                   verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
+        return _scope_holds(host, request, grants, verification)
 
 
 class DevicesAllow(Mechanism):
@@ -306,8 +304,8 @@ class DevicesAllowSystemd(Mechanism):
         return host.save(devices=host.devices_dir(plan.request))
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[Device, dict[str, str]]) -> None:
-        _scope_holds(host, request, grants, verification)
+                   verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
+        return _scope_holds(host, request, grants, verification)
 
 
 class BpfProgram(Mechanism):
