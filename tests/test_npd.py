@@ -359,6 +359,7 @@ def test_prevented_and_forced_lines_fire_their_events():
         AT_RISK,
         LOST,
         Grant,
+        MechanismFacts,
         RepairRequest,
         RepairStatus,
         ScopeFacts,
@@ -373,7 +374,7 @@ def test_prevented_and_forced_lines_fire_their_events():
         history = RepairHistory({"0123456789ab": 990.0})
         for force in (False, True):
             plan = plan_repair(req, now=1000.0 + (0 if force else 700), history=history, force=force,
-                               scope=ScopeFacts("strict", (), leaf_program=False))  # runc's: an allow-list
+                               facts=MechanismFacts(scope=ScopeFacts("strict", (), leaf_program=False)))  # runc's: an allow-list
             assert plan.forced is force
             line = "container " + RepairResult(plan, status).human_lines()[0]
             assert NPD(load()).push(line) == [reason], line

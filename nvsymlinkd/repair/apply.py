@@ -36,7 +36,14 @@ from nvsymlinkd.repair.cgroupfiles import (
 from nvsymlinkd.repair.freeze import LOCK_WAIT
 from nvsymlinkd.repair.host import RepairHost, Saved
 from nvsymlinkd.repair.mechanisms import BY_NAME, Mechanism
-from nvsymlinkd.repair.model import AT_RISK, RepairPlan, RepairRequest, RepairStatus, ScopeFacts
+from nvsymlinkd.repair.model import (
+    AT_RISK,
+    MechanismFacts,
+    RepairPlan,
+    RepairRequest,
+    RepairStatus,
+    ScopeFacts,
+)
 from nvsymlinkd.repair.plan import (
     DEFAULT_WINDOW_SECONDS,
     RepairHistory,
@@ -208,13 +215,28 @@ def _refused(plan: RepairPlan, why: str, dry_run: bool) -> RepairResult:
 
 def _dry_run(root: HostRoot, config, plan: RepairPlan) -> RepairResult:
     """would-repair, with what the mechanism previews: for bpf-program the program it would attach (read and
-    proven, nothing changed)."""
+    proven, nothing changed); where it refuses, the next candidate's."""
     result = RepairResult(plan, WOULD, dry_run=True)
     try:
         result.program = BY_NAME[plan.mechanism or ""].preview(RepairHost(root, config), plan)
     except RepairError as exc:  # RepairRefused, or the cgroup could not be read: it would not repair
-        return _refused(plan, str(exc), True)
+        return _dry_run(root, config, _next(plan, str(exc))) if plan.then else _refused(plan, str(exc), True)
     return result
+
+
+def _next(plan: RepairPlan, why: str) -> RepairPlan:
+    """The plan with its next candidate (mechanisms.choose's order), after the current one refused having
+    changed nothing; its notes say why."""
+    following = plan.then[0]
+    return dataclasses.replace(plan, mechanism=following.mechanism, then=plan.then[1:],
+                               notes=(f"not via {plan.mechanism}: {why}", *following.notes))
+
+
+def mechanism_facts(root: HostRoot, host: RepairHost, request: RepairRequest, others_v2=()) -> MechanismFacts:
+    """What the mechanisms decide on (model.MechanismFacts), read before the plan: a mechanism that needs a
+    new fact has it read here."""
+    parent = _parent_rules(root, request)
+    return MechanismFacts(tuple(parent) if parent is not None else None, tuple(others_v2), scope_facts(host, request))
 
 
 def _parent_rules(root: HostRoot, request: RepairRequest) -> list | None:
@@ -243,9 +265,8 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
     others_v2: the other containers' cgroup v2 paths (a bpf-program repair never touches theirs).
     """
-    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=_parent_rules(root, request),
-                       force=force, others_v2=others_v2,
-                       scope=scope_facts(RepairHost(root, config, timeout, journal, lock_wait), request))
+    facts = mechanism_facts(root, RepairHost(root, config, timeout, journal, lock_wait), request, others_v2)
+    plan = plan_repair(request, now=clock(), history=history, window=window, facts=facts, force=force)
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
@@ -278,12 +299,15 @@ def _repaired(root: HostRoot, host: RepairHost, plan: RepairPlan, history: Repai
     try:
         saved = mechanism.saves(host, plan)
     except RepairError as exc:  # nothing held, nothing changed: a repair that could not be undone is not made
-        return _refused(plan, f"cannot read what the repair would change, to put it back if it narrowed: {exc}", False)
+        why = f"cannot read what the repair would change, to put it back if it narrowed: {exc}"
+        return _repaired(root, host, _next(plan, why), history, clock, reverify) if plan.then else \
+            _refused(plan, why, False)
     result = RepairResult(plan, FAILED)
     try:
         applied = _applied(root, host, mechanism, plan, before, saved, result)
-    except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
-        return _refused(plan, str(exc), False)
+    except RepairRefused as exc:  # nothing was changed: the next candidate, else cannot-repair like the planner's
+        return _repaired(root, host, _next(plan, str(exc)), history, clock, reverify) if plan.then else \
+            _refused(plan, str(exc), False)
     # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
     # attempt (no loops); a successful prevention does not, so a later loss still gets repaired, and a
     # failed one limits only further preventions (the loss it could not prevent still gets repaired).

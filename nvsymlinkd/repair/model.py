@@ -121,6 +121,25 @@ class ScopeFacts:
 
 
 @dataclass(frozen=True)
+class MechanismFacts:
+    """What the mechanisms decide on besides the request and its grants, read before the plan (repair.apply's
+    mechanism_facts): one record, so that a mechanism needing a new fact adds a field here and its reading
+    there, never a wider `refusal()` (repair/mechanisms.py)."""
+
+    parent_rules: tuple[Rule, ...] | None = None  # cgroup v1: the parent cgroup's devices.list; None: not v1, unread
+    others_v2: tuple[str | None, ...] = ()  # the host's other containers' cgroup v2 paths (never theirs)
+    scope: ScopeFacts | None = None  # cgroup v2, systemd driver: the scope's device properties; None: not read
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A mechanism that may repair a request (repair.mechanisms.choose), with what a plan using it says."""
+
+    mechanism: str  # one of mechanisms.MECHANISMS
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RepairPlan:
     request: RepairRequest
     mechanism: str | None = None  # one of mechanisms.MECHANISMS, None when nothing is done
@@ -130,6 +149,9 @@ class RepairPlan:
     notes: tuple[str, ...] = ()
     rate_limited: bool = False  # `cannot` is the rate limit (a person may say --force)
     forced: bool = False  # the rate limit was bypassed by hand (repair --force)
+    # the next candidates, in choose()'s order: repair.apply tries them where `mechanism` refuses at apply time
+    # having changed nothing (not in the JSON: the plan says the mechanism it will use first)
+    then: tuple[Candidate, ...] = ()
 
     @property
     def action(self) -> str:
