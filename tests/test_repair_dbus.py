@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd.config import Config
+from nvsymlinkd.containers.expected import Grant
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairRequest
+from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest
 from nvsymlinkd.repair.plan import RepairHistory, plan_repair
 from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import IN_CI

@@ -8,12 +8,13 @@ import itertools
 
 from nvsymlinkd.access.cgroup import AccessDecision
 from nvsymlinkd.config import Config
+from nvsymlinkd.containers.expected import Grant
 from nvsymlinkd.errors import RepairRefused
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import mechanisms
 from nvsymlinkd.repair.apply import repair_container
-from nvsymlinkd.repair.model import Grant, MechanismFacts, RepairRequest, RepairStatus
+from nvsymlinkd.repair.model import MechanismFacts, RepairRequest, RepairStatus
 from nvsymlinkd.repair.plan import plan_repair
 
 

@@ -23,9 +23,10 @@ import pytest
 
 from nvsymlinkd.access import bpfprog, bpfproof
 from nvsymlinkd.config import Config
+from nvsymlinkd.containers.expected import Grant
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairRequest
+from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest
 from nvsymlinkd.repair.plan import RepairHistory
 from tests import bpfasm
 from tests.bpfasm import kernel_probe, make_nodes

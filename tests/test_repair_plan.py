@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvsymlinkd.access.rules import parse_devices_list
+from nvsymlinkd.containers.expected import Grant
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.repair.mechanisms import BPF_PROGRAM, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, SYSTEMD
 from nvsymlinkd.repair.model import (
     AT_RISK,
     LOST,
     TRUSTED_SOURCES,
-    Grant,
     MechanismFacts,
     RepairRequest,
     ScopeFacts,
@@ -182,12 +182,15 @@ def test_adapter_from_verifier_findings():
                   Finding("at-risk-scope", (Device.char(195, 255),), "", ""),
                   Finding("at-risk-not-in-spec", (Device.char(195, 3), Device.char(195, 4)), "", ""),
                   Finding("at-risk-uvm-missing", (Device.char(509, 0),), "", "")],
-        expected={Device.char(195, 0): {"access": "rw", "sources": ["spec", "runtime-state"]},
-                  Device.char(195, 255): {"access": "rw", "sources": ["spec"]},
-                  Device.char(195, 4): {"access": "rw", "sources": ["baseline"]}},
+        expected={Device.char(195, 0): Grant(Device.char(195, 0), "rw", "spec", None, ("spec", "runtime-state")),
+                  Device.char(195, 255): Grant(Device.char(195, 255), "rw", "spec", None, ("spec",)),
+                  Device.char(195, 4): Grant(Device.char(195, 4), "rw", "baseline", None, ("baseline",))},
         untrusted_nodes=("/dev/nvidia7 (c 195:7)",),
         cgroup={"devices": None, "unified": "/system.slice/docker-abc.scope"})
     r = requests_from_report(report)
+    # one record from verify to repair: the report's own Grant, its sources said in check's JSON
+    assert r.grants[0] is report.expected[Device.char(195, 0)]
+    assert report.to_json()["expected"]["c 195:0"] == {"access": "rw", "sources": ["spec", "runtime-state"]}
     assert r.kind == LOST and r.cgroup_driver == "systemd" and r.scope == "docker-abc.scope"
     assert [(str(g.device), g.source) for g in r.grants] == [
         ("c 195:0", "spec"), ("c 195:255", "spec"), ("c 195:3", "unexpected"), ("c 195:4", "baseline")]

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, ClassVar, Iterable, Mapping, Sequence
 
 from nvsymlinkd.access.cgroup import ALLOW, DENY, UNKNOWN, AccessDecision
 from nvsymlinkd.access.rules import decide
+from nvsymlinkd.containers.expected import Grant
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.repair.model import (
     AT_RISK,
     LOST,
     Candidate,
-    Grant,
     MechanismFacts,
     RepairPlan,
     RepairRequest,

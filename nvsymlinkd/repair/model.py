@@ -1,6 +1,7 @@
-"""The words and records of a repair (pure): where a grant comes from, what a request asks, what a plan
-says, how a repair ended. repair/plan.py decides over them, repair/mechanisms.py carries them out,
-repair/apply.py reports them; plan.py re-exports every name for its callers.
+"""The words and records of a repair (pure): which sources are grounds to grant, what a request asks, what
+the mechanisms decide on, what a plan says, how a repair ended (a grant is the verifier's own record,
+containers.expected.Grant). repair/plan.py decides over them, repair/mechanisms.py carries them out,
+repair/apply.py reports them.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from nvsymlinkd.containers.expected import Grant
 from nvsymlinkd.errors import RepairError
-from nvsymlinkd.host.devices import Access, Device, Rule
+from nvsymlinkd.host.devices import Rule
 from nvsymlinkd.verify.kinds import Verdict
 
 # Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
@@ -39,35 +41,6 @@ class RepairStatus(str, Enum):
     def ok(self) -> bool:
         """The first three count as success."""
         return self in (RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING)
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One device a container should be able to open, and where that expectation comes from.
-
-    `access` is the original rule's letters (canonical order; a repeated or unknown letter is a
-    ValueError here, so a malformed access never reaches the planner).
-    """
-
-    device: Device  # a wildcard number (None) or a non-char type is refused by the planner
-    access: Access  # e.g. "rw" or "rwm"
-    source: str  # one of TRUSTED_SOURCES or UNTRUSTED_SOURCES
-    path: str | None = None  # the node path in the container, for messages
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
-            raise ValueError(f"access {self.access!r} is not a subset of rwm")
-        object.__setattr__(self, "access", Access(self.access))
-
-    @property
-    def rule(self) -> Rule:
-        """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
-        return Rule.exact(self.device, self.access)
-
-    def to_json(self) -> dict[str, Any]:
-        d = self.device
-        return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
-                "source": self.source, "path": self.path}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
+from nvsymlinkd.containers.expected import UNEXPECTED, Grant
 from nvsymlinkd.host.devices import RW, Device
 from nvsymlinkd.repair.mechanisms import choose
 from nvsymlinkd.repair.model import (
@@ -34,7 +35,6 @@ from nvsymlinkd.repair.model import (
     LOST,
     TRUSTED_SOURCES,
     Candidate,
-    Grant,
     MechanismFacts,
     RepairPlan,
     RepairRequest,
@@ -112,7 +112,7 @@ def refusal(grant: Grant) -> str | None:
         if grant.source == "container-dev":
             return ("seen only as a node in the container's own /dev: a container that can mknod can make any "
                     "node, so that is no ground to grant it")
-        if grant.source == "unexpected":
+        if grant.source == UNEXPECTED:
             return ("allowed or wanted now, but expected by no trusted source (spec, runtime state, NVIDIA hook "
                     "grant, baseline)")
         return f"untrusted source {grant.source!r}"
@@ -229,13 +229,12 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
         return None
     grants = []
     for device in wanted:
-        exp = report.expected.get(device)
-        if not exp:
+        grant = report.expected.get(device)
+        if grant is None:
             # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
-            grants.append(Grant(device, RW, "unexpected", None))
-            continue
-        sources = list(exp.get("sources") or ())
-        grants.append(Grant(device, exp.get("access") or RW, sources[0] if sources else "unexpected", None))
+            grants.append(Grant(device, RW, UNEXPECTED))
+        else:  # the verifier's own record, its access read as rw where it lists none
+            grants.append(grant if grant.access else dataclasses.replace(grant, access=RW))
     if cgroup_driver is None:
         cgroup_driver = "systemd" if report.scope else "cgroupfs"
     if freezer is None:
