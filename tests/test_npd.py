@@ -353,7 +353,7 @@ def test_stories_set_conditions_that_clear(runc_host, monkeypatch, tmp_path):
 
 def test_prevented_and_forced_lines_fire_their_events():
     """The prevention's line (systemd driver) as the repairer words it, plain and forced."""
-    from nvsymlinkd.containers.expected import Grant
+    from nvsymlinkd.containers.model import Grant
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import RepairResult
     from nvsymlinkd.repair.model import (

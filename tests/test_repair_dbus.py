@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd.config import Config
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest

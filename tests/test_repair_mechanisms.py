@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 
-from nvsymlinkd.access.cgroup import AccessDecision
+from nvsymlinkd.access.rules import AccessDecision
 from nvsymlinkd.config import Config
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairRefused
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.host.devices import Access, Device, Rule
 from nvsymlinkd.repair.model import (

@@ -23,7 +23,7 @@ import pytest
 
 from nvsymlinkd.access import bpfprog, bpfproof
 from nvsymlinkd.config import Config
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvsymlinkd.access.rules import parse_devices_list
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.repair.mechanisms import BPF_PROGRAM, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, SYSTEMD
 from nvsymlinkd.repair.model import (

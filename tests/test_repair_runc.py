@@ -113,7 +113,7 @@ def test_node_made_inside_the_container_is_never_granted(runc_host, nvsymlinkd_c
 
 def test_mknod_grant_is_refused_even_when_passed_in(runc_host):
     """The planner's own guard, below the adapter: a container-dev grant on a real cgroup stays denied."""
-    from nvsymlinkd.containers.expected import Grant
+    from nvsymlinkd.containers.model import Grant
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import repair_container
     from nvsymlinkd.repair.model import RepairRequest

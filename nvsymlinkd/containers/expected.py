@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvsymlinkd.containers.model import UNEXPECTED, Grant
 from nvsymlinkd.containers.ocispec import FRONTEND_MAJOR
-from nvsymlinkd.host.devices import Access, Device, Rule, named_minors, rule_class
+from nvsymlinkd.host.devices import Access, Device, named_minors, rule_class
 
 SPEC = "spec"
 RUNTIME_STATE = "runtime-state"
 BASELINE = "baseline"
 HOOK = "nvidia-hook"  # containers.hookgrant.SOURCE
-UNEXPECTED = "unexpected"  # allowed or wanted now, expected by no trusted source: never ground to grant
 
 
 def rules_access(rules, device: Device) -> Access:
@@ -42,42 +42,6 @@ def rules_access(rules, device: Device) -> Access:
 def usable(access: str) -> Access:
     """The letters an open() needs checked (mknod is not use)."""
     return Access(access).usable
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One device a container should be able to open, and where that expectation comes from: the verifier's
-    report holds one per expected device, the repair planner decides over the same record.
-
-    `access` is the original rule's letters (canonical order; a repeated or unknown letter is a
-    ValueError here, so a malformed access never reaches the planner).
-    """
-
-    device: Device  # a wildcard number (None) or a non-char type is refused by the planner
-    access: Access  # e.g. "rw" or "rwm"
-    source: str  # the one a repair names: the first of `sources`, else repair.model's UNTRUSTED_SOURCES/UNEXPECTED
-    path: str | None = None  # the node path in the container, for messages
-    sources: tuple[str, ...] = ()  # every source that expects it (SPEC, RUNTIME_STATE, HOOK, BASELINE)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
-            raise ValueError(f"access {self.access!r} is not a subset of rwm")
-        object.__setattr__(self, "access", Access(self.access))
-
-    @property
-    def rule(self) -> Rule:
-        """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
-        return Rule.exact(self.device, self.access)
-
-    def to_json(self) -> dict[str, Any]:
-        """As a repair's JSON names it."""
-        d = self.device
-        return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
-                "source": self.source, "path": self.path}
-
-    def expected_json(self) -> dict[str, Any]:
-        """As `check --json` lists it under a container's `expected`."""
-        return {"access": self.access, "sources": list(self.sources)}
 
 
 @dataclass(frozen=True)

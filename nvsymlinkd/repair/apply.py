@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
-from nvsymlinkd.access.cgroup import ALLOW, DENY, UNKNOWN, AccessDecision, read_access
+from nvsymlinkd.access.cgroup import read_access
+from nvsymlinkd.access.rules import ALLOW, DENY, UNKNOWN, AccessDecision
 from nvsymlinkd.containers.model import display_name
 from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
 from nvsymlinkd.host.devices import Device

@@ -28,7 +28,7 @@ from typing import Any
 
 from nvsymlinkd.access import bpfeval, bpfgen, bpfprog, bpfproof
 from nvsymlinkd.access.cgroup import v2_cgroup_dir
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import BpfError, CannotEvaluate, RepairError, RepairRefused
 from nvsymlinkd.host.devices import Rule
 from nvsymlinkd.host.root import HostRoot

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import NvsymlinkdError, RepairError
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import cgroupfiles

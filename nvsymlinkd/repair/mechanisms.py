@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Iterable, Mapping, Sequence
 
-from nvsymlinkd.access.cgroup import ALLOW, DENY, UNKNOWN, AccessDecision
-from nvsymlinkd.access.rules import decide
-from nvsymlinkd.containers.expected import Grant
+from nvsymlinkd.access.rules import ALLOW, DENY, UNKNOWN, AccessDecision, decide
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.repair.model import (
     AT_RISK,

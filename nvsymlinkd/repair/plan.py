@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
-from nvsymlinkd.containers.expected import UNEXPECTED, Grant
+from nvsymlinkd.containers.model import UNEXPECTED, Grant
 from nvsymlinkd.host.devices import RW, Device
 from nvsymlinkd.repair.mechanisms import choose
 from nvsymlinkd.repair.model import (

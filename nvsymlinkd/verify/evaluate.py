@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Sequence, Tuple
 
-from nvsymlinkd.containers.model import CDI_ANNOTATION, display_name, exec_fifo_path
+from nvsymlinkd.containers.model import CDI_ANNOTATION, Grant, display_name, exec_fifo_path
 from nvsymlinkd.host.devices import RW, Access, Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.messageids import MESSAGE_IDS
@@ -27,7 +27,7 @@ from nvsymlinkd.verify.kinds import GPU_VERDICTS, JOURNAL_KINDS, FindingKind, Ve
 if TYPE_CHECKING:  # the facts' types; their modules read the host, this one only reads their values
     from nvsymlinkd.access.cgroup import AccessPolicy
     from nvsymlinkd.containers.discovery import Container
-    from nvsymlinkd.containers.expected import Expected, Grant
+    from nvsymlinkd.containers.expected import Expected
     from nvsymlinkd.containers.scopes import ScopeDevices
 
 # A node in the container's own /dev: (path, its char Device), untrusted (typing's: evaluated at import).
