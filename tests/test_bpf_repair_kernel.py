@@ -259,9 +259,9 @@ def test_a_program_not_fully_decoded_is_refused_and_left_alone(gpu, nvsymlinkd_c
 def test_a_read_back_that_does_not_prove_puts_the_old_program_back(gpu, monkeypatch, flags):
     """After the swap the kernel's own view is proven again; when it does not prove (here: made to fail),
     the old program goes back and the repair fails: never a program nvsymlinkd could not prove."""
+    from nvsymlinkd.containers.model import Grant as PlanGrant
     from nvsymlinkd.errors import RepairError
     from nvsymlinkd.repair import bpfrepair
-    from nvsymlinkd.repair.model import Grant as PlanGrant
     from nvsymlinkd.repair.model import RepairRequest
 
     g = gpu()

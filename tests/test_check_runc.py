@@ -75,7 +75,7 @@ def test_ok_container(runc_host_any):
     assert report.status == "running"
     assert report.init_pid == c.pid
     assert c.cgroups_path in (report.cgroup["devices"], report.cgroup["unified"])
-    assert report.expected[Device.char(195, 0)] == {"access": "rw", "sources": ["spec", "runtime-state"]}
+    assert report.expected[Device.char(195, 0)].expected_json() == {"access": "rw", "sources": ["spec", "runtime-state"]}
     assert report.granted == {Device.char(195, 0): "rw"}
     assert report.verdict == "ok", report.findings
     assert c.open_error("/dev/nvidia0") == "ENXIO"  # ground truth: the cgroup lets it through
@@ -148,7 +148,7 @@ def test_baseline_makes_a_hook_grant_expected(need_v1, runc_host_any):
     report = verify(runc_host_any, "gpu-base")
     assert report.verdict == "lost"
     assert kinds(report)["lost"] == ("c 195:1",)
-    assert report.expected[Device.char(195, 1)]["sources"] == ["baseline"]
+    assert report.expected[Device.char(195, 1)].sources == ("baseline",)
     assert c.open_error("/dev/nvidia1") == "EPERM"
 
 

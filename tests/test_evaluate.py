@@ -144,7 +144,7 @@ def test_untrusted_nodes_are_reported_not_expected():
 def test_baseline_only_device_is_lost_when_denied():
     base = baselinemod.Baseline("c1", 1, {Device("c", 195, 1): "rw"})
     r = run(GPU0, v1({(195, 0): "rw", (195, 255): "rw"}), base=base)
-    assert kinds(r) == {"lost": ("c 195:1",)} and r.expected[Device.char(195, 1)]["sources"] == ["baseline"]
+    assert kinds(r) == {"lost": ("c 195:1",)} and r.expected[Device.char(195, 1)].sources == ("baseline",)
 
 
 def test_no_spec_and_no_state_is_unknown_not_at_risk():

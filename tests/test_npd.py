@@ -353,12 +353,13 @@ def test_stories_set_conditions_that_clear(runc_host, monkeypatch, tmp_path):
 
 def test_prevented_and_forced_lines_fire_their_events():
     """The prevention's line (systemd driver) as the repairer words it, plain and forced."""
+    from nvsymlinkd.containers.model import Grant
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import RepairResult
     from nvsymlinkd.repair.model import (
         AT_RISK,
         LOST,
-        Grant,
+        MechanismFacts,
         RepairRequest,
         RepairStatus,
         ScopeFacts,
@@ -373,7 +374,7 @@ def test_prevented_and_forced_lines_fire_their_events():
         history = RepairHistory({"0123456789ab": 990.0})
         for force in (False, True):
             plan = plan_repair(req, now=1000.0 + (0 if force else 700), history=history, force=force,
-                               scope=ScopeFacts("strict", (), leaf_program=False))  # runc's: an allow-list
+                               facts=MechanismFacts(scope=ScopeFacts("strict", (), leaf_program=False)))  # runc's: an allow-list
             assert plan.forced is force
             line = "container " + RepairResult(plan, status).human_lines()[0]
             assert NPD(load()).push(line) == [reason], line

@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from nvsymlinkd.config import Config
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairRequest
+from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest
 from nvsymlinkd.repair.plan import RepairHistory, plan_repair
 from tests.bpfasm import kernel_probe, make_nodes
 from tests.conftest import IN_CI
@@ -481,7 +482,7 @@ def test_failed_prevention_does_not_block_the_repair_of_the_loss(systemd, fake):
     without its GPUs. A failed prevention now limits further preventions only (no loop), and the
     first repair of a real loss goes ahead."""
     from nvsymlinkd.repair.apply import repair_container
-    from nvsymlinkd.repair.model import ScopeFacts
+    from nvsymlinkd.repair.model import MechanismFacts, ScopeFacts
 
     link_cgroups(fake)
     cgdir, cgpath = v2_cgroup()
@@ -497,12 +498,12 @@ def test_failed_prevention_does_not_block_the_repair_of_the_loss(systemd, fake):
     now[0] += 6
     lost = RepairRequest("ghost", "docker", "docker-ghost.scope", None, cgpath, None, "systemd", gpu0(), LOST)
     scope = ScopeFacts("strict", (("/dev/null", "rwm"),), leaf_program=False)
-    plan = plan_repair(lost, now=now[0], history=history, scope=scope)
+    plan = plan_repair(lost, now=now[0], history=history, facts=MechanismFacts(scope=scope))
     assert plan.action == "repair", plan.cannot
-    again = plan_repair(at_risk, now=now[0], history=history, scope=scope)
+    again = plan_repair(at_risk, now=now[0], history=history, facts=MechanismFacts(scope=scope))
     assert again.action == "cannot" and "rate limit" in again.cannot
     history.record("ghost", now[0])   # the loss repaired: that one limits both
-    assert plan_repair(lost, now=now[0] + 1, history=history, scope=scope).action == "cannot"
+    assert plan_repair(lost, now=now[0] + 1, history=history, facts=MechanismFacts(scope=scope)).action == "cannot"
 
 
 # ---------------------------------------------------------------------------

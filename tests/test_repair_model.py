@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.host.devices import Access, Device, Rule
 from nvsymlinkd.repair.model import (
@@ -14,7 +15,6 @@ from nvsymlinkd.repair.model import (
     LOST,
     TRUSTED_SOURCES,
     UNTRUSTED_SOURCES,
-    Grant,
     RepairPlan,
     RepairRequest,
     RepairStatus,

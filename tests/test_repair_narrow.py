@@ -23,9 +23,10 @@ import pytest
 
 from nvsymlinkd.access import bpfprog, bpfproof
 from nvsymlinkd.config import Config
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.model import AT_RISK, LOST, Grant, RepairRequest
+from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest
 from nvsymlinkd.repair.plan import RepairHistory
 from tests import bpfasm
 from tests.bpfasm import kernel_probe, make_nodes
@@ -206,7 +207,7 @@ def test_a_systemd_call_that_narrows_on_a_strict_scope_is_put_back_and_says_so(c
     assert systemd.device_allow(c.scope) == entries  # the properties as they were
     assert own_programs(c.scope_real) == runc_own  # systemd's put-back program detached: it was not there before
     assert any("(put back)" in s for s in res.steps), res.steps
-    assert res.verification[c.uvm]["state"] == "allow" and "narrowed by the repair" in res.verification[c.uvm]["reason"]
+    assert res.verification[c.uvm].state == "allow" and "narrowed by the repair" in res.verification[c.uvm].reason
     # the rate limit holds further preventions back, and what it holds back is the container as it was
     again = repair_container(c.root, Config(), request, history=history, clock=lambda: 1060.0)
     assert again.status == "cannot-repair" and "rate limit" in again.plan.cannot

@@ -7,9 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvsymlinkd.access.rules import parse_devices_list
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.repair.mechanisms import BPF_PROGRAM, DEVICES_ALLOW, DEVICES_ALLOW_SYSTEMD, SYSTEMD
-from nvsymlinkd.repair.model import AT_RISK, LOST, TRUSTED_SOURCES, Grant, RepairRequest, ScopeFacts
+from nvsymlinkd.repair.model import (
+    AT_RISK,
+    LOST,
+    TRUSTED_SOURCES,
+    MechanismFacts,
+    RepairRequest,
+    ScopeFacts,
+)
 from nvsymlinkd.repair.plan import RepairHistory, plan_repair, requests_from_report
 
 
@@ -39,7 +47,7 @@ STRICT = ScopeFacts("strict", (("/dev/char/195:255", "rw"),), leaf_program=True)
     (dict(v1=None, v2="/kubepods/pod1/crio-abc", driver="cgroupfs"), BPF_PROGRAM),  # CRI-O's cgroupfs leaf
 ])
 def test_mechanism_by_host_kind(kwargs, mechanism):
-    plan = plan_repair(req(**kwargs), now=0, scope=STRICT)
+    plan = plan_repair(req(**kwargs), now=0, facts=MechanismFacts(scope=STRICT))
     assert plan.action == "repair" and plan.mechanism == mechanism
     assert [str(g.rule) for g in plan.grants] == ["c 195:0 rw"]
 
@@ -106,11 +114,11 @@ def test_one_device_from_two_sources_keeps_the_narrower_access():
 
 def test_parent_that_does_not_allow_it():
     parent = parse_devices_list("c 1:3 rwm\nc 195:1 rw\n", "/sys/fs/cgroup/devices/docker/devices.list")
-    plan = plan_repair(req(), now=0, parent_rules=parent)
+    plan = plan_repair(req(), now=0, facts=MechanismFacts(parent_rules=tuple(parent)))
     assert plan.action == "cannot"
     assert "parent" in plan.cannot and "c 195:0" in plan.cannot
     for ok in ("a *:* rwm\n", "c 195:* rwm\n", "c 195:0 rw\n"):
-        assert plan_repair(req(), now=0, parent_rules=parse_devices_list(ok, "x")).action == "repair"
+        assert plan_repair(req(), now=0, facts=MechanismFacts(parent_rules=tuple(parse_devices_list(ok, "x")))).action == "repair"
 
 
 def test_rate_limit_with_an_injected_clock():
@@ -174,16 +182,19 @@ def test_adapter_from_verifier_findings():
                   Finding("at-risk-scope", (Device.char(195, 255),), "", ""),
                   Finding("at-risk-not-in-spec", (Device.char(195, 3), Device.char(195, 4)), "", ""),
                   Finding("at-risk-uvm-missing", (Device.char(509, 0),), "", "")],
-        expected={Device.char(195, 0): {"access": "rw", "sources": ["spec", "runtime-state"]},
-                  Device.char(195, 255): {"access": "rw", "sources": ["spec"]},
-                  Device.char(195, 4): {"access": "rw", "sources": ["baseline"]}},
+        expected={Device.char(195, 0): Grant(Device.char(195, 0), "rw", "spec", None, ("spec", "runtime-state")),
+                  Device.char(195, 255): Grant(Device.char(195, 255), "rw", "spec", None, ("spec",)),
+                  Device.char(195, 4): Grant(Device.char(195, 4), "rw", "baseline", None, ("baseline",))},
         untrusted_nodes=("/dev/nvidia7 (c 195:7)",),
         cgroup={"devices": None, "unified": "/system.slice/docker-abc.scope"})
     r = requests_from_report(report)
+    # one record from verify to repair: the report's own Grant, its sources said in check's JSON
+    assert r.grants[0] is report.expected[Device.char(195, 0)]
+    assert report.to_json()["expected"]["c 195:0"] == {"access": "rw", "sources": ["spec", "runtime-state"]}
     assert r.kind == LOST and r.cgroup_driver == "systemd" and r.scope == "docker-abc.scope"
     assert [(str(g.device), g.source) for g in r.grants] == [
         ("c 195:0", "spec"), ("c 195:255", "spec"), ("c 195:3", "unexpected"), ("c 195:4", "baseline")]
-    plan = plan_repair(r, now=0, scope=STRICT)
+    plan = plan_repair(r, now=0, facts=MechanismFacts(scope=STRICT))
     assert plan.mechanism == SYSTEMD
     assert [str(g.device) for g in plan.grants] == ["c 195:0", "c 195:4", "c 195:255"]
     assert [str(g.device) for g, _ in plan.refused] == ["c 195:3"]  # granted now, expected by nothing trusted
@@ -194,10 +205,10 @@ def test_adapter_from_verifier_findings():
 def test_bpf_program_never_for_a_cgroup_another_container_shares():
     # the init of `abc` sits in a cgroup that holds (or is above) another container's
     for other in ("/docker/abc", "/docker/abc/nested-xyz"):
-        plan = plan_repair(req(v1=None, v2="/docker/abc"), now=0, others_v2=[None, other])
+        plan = plan_repair(req(v1=None, v2="/docker/abc"), now=0, facts=MechanismFacts(others_v2=(None, other)))
         assert plan.action == "cannot" and "also holds another container" in plan.cannot
     # a sibling, or one above it, changes nothing
-    plan = plan_repair(req(v1=None, v2="/docker/abc"), now=0, others_v2=["/docker/abd", "/docker"])
+    plan = plan_repair(req(v1=None, v2="/docker/abc"), now=0, facts=MechanismFacts(others_v2=("/docker/abd", "/docker")))
     assert plan.mechanism == BPF_PROGRAM
 
 
@@ -236,7 +247,7 @@ AUTO = ScopeFacts("auto", (), leaf_program=True)
     (SCOPE, LOST, ScopeFacts("closed", (), leaf_program=False), SYSTEMD, None),
 ])
 def test_systemd_only_where_an_entry_more_cannot_narrow(kwargs, kind, scope, mechanism, words):
-    plan = plan_repair(req(kind=kind, **kwargs), now=0, scope=scope)
+    plan = plan_repair(req(kind=kind, **kwargs), now=0, facts=MechanismFacts(scope=scope))
     assert plan.action == "repair" and plan.mechanism == mechanism, plan.cannot
     if words:
         assert plan.notes[0].startswith("not via systemd:") and words in plan.notes[0], plan.notes
@@ -252,5 +263,5 @@ def test_systemd_only_where_an_entry_more_cannot_narrow(kwargs, kind, scope, mec
     (dict(CRUN, v2="/machine.slice/libpod-abc.scope/other"), LOST, AUTO, "does not name the container id"),
 ])
 def test_systemd_refused_where_it_could_narrow(kwargs, kind, scope, words):
-    plan = plan_repair(req(kind=kind, **kwargs), now=0, scope=scope)
+    plan = plan_repair(req(kind=kind, **kwargs), now=0, facts=MechanismFacts(scope=scope))
     assert plan.action == "cannot" and words in plan.cannot, plan.cannot

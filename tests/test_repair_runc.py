@@ -113,9 +113,10 @@ def test_node_made_inside_the_container_is_never_granted(runc_host, nvsymlinkd_c
 
 def test_mknod_grant_is_refused_even_when_passed_in(runc_host):
     """The planner's own guard, below the adapter: a container-dev grant on a real cgroup stays denied."""
+    from nvsymlinkd.containers.model import Grant
     from nvsymlinkd.host.devices import Device
     from nvsymlinkd.repair.apply import repair_container
-    from nvsymlinkd.repair.model import Grant, RepairRequest
+    from nvsymlinkd.repair.model import RepairRequest
 
     c = runc_host.run("gpu-guard", env=["NVIDIA_VISIBLE_DEVICES=all"])
     assert c.exec("mknod", "/dev/nvidia0", "c", "195", "0").returncode == 0
@@ -149,7 +150,7 @@ def test_parent_that_denies_is_a_failure_naming_the_parent(runc_host):
     res = repair_container(root, Config(), req)
     assert res.status == "failed"
     assert "parent cgroup does not allow it" in res.error and "EPERM" in res.error
-    assert res.verification[Device.char(195, 0)]["state"] == "deny"
+    assert res.verification[Device.char(195, 0)].state == "deny"
     assert c.open_error("/dev/nvidia0") == "EPERM"
 
 

@@ -476,7 +476,7 @@ def test_the_pass_that_records_a_baseline_judges_as_the_next_one_will(fakehost, 
     first = verify_all(root, config, update_baseline=True, use_bus=False, with_host=False, cache=cache)
     (c,) = first.containers
     assert c.baseline == "recorded"
-    assert c.expected[Device.char(195, 1)]["sources"] == ["baseline"], c.expected
+    assert c.expected[Device.char(195, 1)].sources == ("baseline",), c.expected
     later = verify_all(root, config, update_baseline=True, use_bus=False, with_host=False, cache=cache)
     (d,) = later.containers
     assert d.baseline == "loaded"

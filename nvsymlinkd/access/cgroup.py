@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from nvsymlinkd.access import bpfeval, bpfprog
-from nvsymlinkd.access.rules import decide, parse_devices_list
+from nvsymlinkd.access.rules import ALLOW, DENY, UNKNOWN, AccessDecision, decide, parse_devices_list
 from nvsymlinkd.errors import CannotEvaluate, HostFileError
 from nvsymlinkd.host.devices import TYPES, Access, Device, named_minors, rule_class
 from nvsymlinkd.host.paths import normalize, unescape_mount_field
@@ -37,18 +37,6 @@ MAX_PROCS_BYTES = 32 << 20  # cgroup.procs: up to PID_MAX_LIMIT (4M) pids of 8 b
 V1_DEVICES_FALLBACK = "/sys/fs/cgroup/devices"
 V2_FALLBACKS = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")   # hybrid first, then pure v2
 MAX_NS_SEARCH = 100_000  # cgroup directories looked at to find this process's namespace root
-
-ALLOW, DENY, UNKNOWN = "allow", "deny", "unknown"
-
-
-@dataclass(frozen=True)
-class AccessDecision:
-    """What a cgroup's device access answers for one device and access (verify.kinds.Verdict is a
-    container's verdict, made from many of these)."""
-
-    state: str        # "allow" | "deny" | "unknown"
-    reason: str       # one line
-
 
 # --- where the cgroup hierarchies are mounted --------------------------------------------
 

@@ -62,6 +62,19 @@ def parse_devices_list(text: str, path: str) -> list[Rule]:
     return rules
 
 
+ALLOW, DENY, UNKNOWN = "allow", "deny", "unknown"
+
+
+@dataclass(frozen=True)
+class AccessDecision:
+    """What a cgroup's device access answers for one device and access (access.cgroup's AccessPolicy.check;
+    verify.kinds.Verdict is a container's verdict, made from many of these; a repair's verification holds
+    one per device). Here, beside RuleDecision, so that the pure modules can say one."""
+
+    state: str        # "allow" | "deny" | "unknown"
+    reason: str       # one line
+
+
 @dataclass(frozen=True)
 class RuleDecision:
     allowed: bool

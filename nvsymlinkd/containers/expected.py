@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvsymlinkd.containers.model import UNEXPECTED, Grant
 from nvsymlinkd.containers.ocispec import FRONTEND_MAJOR
 from nvsymlinkd.host.devices import Access, Device, named_minors, rule_class
 
@@ -49,6 +50,14 @@ class Expected:
     declared: frozenset[Device] = frozenset()  # Devices the spec/runtime state allows (not baseline-only)
     sources: dict[Device, tuple[str, ...]] = field(default_factory=dict)  # SPEC/RUNTIME_STATE/HOOK/BASELINE
     hook: Any = None  # the hookgrant.HookGrant reconstructed for the container, None without an NVIDIA hook
+
+    def grants(self) -> dict[Device, Grant]:
+        """One Grant per expected device, in device order, naming its first source."""
+        out = {}
+        for k, access in sorted(self.devices.items()):
+            sources = tuple(self.sources.get(k, ()))
+            out[k] = Grant(k, access, sources[0] if sources else UNEXPECTED, None, sources)
+        return out
 
 
 def nvidia_majors_of(majors) -> frozenset:

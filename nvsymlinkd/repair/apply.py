@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 
 from nvsymlinkd import journal as journalmod
 from nvsymlinkd.access.cgroup import read_access
+from nvsymlinkd.access.rules import ALLOW, DENY, UNKNOWN, AccessDecision
 from nvsymlinkd.containers.model import display_name
 from nvsymlinkd.errors import NvsymlinkdError, RepairBusy, RepairError, RepairRefused
+from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import keep
 from nvsymlinkd.repair.cgroupfiles import (
@@ -34,8 +36,15 @@ from nvsymlinkd.repair.cgroupfiles import (
 )
 from nvsymlinkd.repair.freeze import LOCK_WAIT
 from nvsymlinkd.repair.host import RepairHost, Saved
-from nvsymlinkd.repair.mechanisms import BY_NAME
-from nvsymlinkd.repair.model import AT_RISK, RepairPlan, RepairRequest, RepairStatus, ScopeFacts
+from nvsymlinkd.repair.mechanisms import BY_NAME, Mechanism
+from nvsymlinkd.repair.model import (
+    AT_RISK,
+    MechanismFacts,
+    RepairPlan,
+    RepairRequest,
+    RepairStatus,
+    ScopeFacts,
+)
 from nvsymlinkd.repair.plan import (
     DEFAULT_WINDOW_SECONDS,
     RepairHistory,
@@ -63,7 +72,7 @@ class RepairResult:
     plan: RepairPlan
     status: RepairStatus
     steps: list = field(default_factory=list)  # what was done, in order ("devices.allow c 195:0 rw", ...)
-    verification: dict = field(default_factory=dict)  # Device -> {"state", "reason"}
+    verification: dict[Device, AccessDecision] = field(default_factory=dict)  # built once by _verification
     error: str | None = None
     dry_run: bool = False
     program: list | None = None  # bpf-program: the new program's rules ("allow c 195:0 rw", ...)
@@ -82,7 +91,7 @@ class RepairResult:
         return {"container": r.container_id, "runtime": r.runtime, "unit": r.scope, "kind": Verdict(r.kind).value,
                 "finding": r.reason, "status": RepairStatus(self.status).value, "dry_run": self.dry_run,
                 **self.plan.to_json(), "steps": list(self.steps),
-                "verification": {str(d): v for d, v in self.verification.items()},
+                "verification": {str(d): {"state": v.state, "reason": v.reason} for d, v in self.verification.items()},
                 "error": self.error, "pod_namespace": r.pod_namespace, "pod_name": r.pod_name,
                 "container_name": r.container_name, "program": self.program}
 
@@ -120,8 +129,8 @@ class RepairResult:
         for rule in self.program or ():
             lines.append(f"  program: {rule}")
         for dev, v in _by_text(self.verification):
-            if v["state"] != "allow":
-                lines.append(f"  {dev}: {v['state']}: {v['reason']}")
+            if v.state != ALLOW:
+                lines.append(f"  {dev}: {v.state}: {v.reason}")
         return lines
 
 
@@ -170,13 +179,13 @@ def _kept(root: HostRoot, host: RepairHost, request: RepairRequest, plan: Repair
     return narrowed, left
 
 
-def check_access(root: HostRoot, request: RepairRequest, grants) -> dict:
+def check_access(root: HostRoot, request: RepairRequest, grants) -> dict[Device, AccessDecision]:
     """The kernel-side view after a repair: each grant's verdict from the cgroup's effective access."""
     policy = read_access(root, request.v1_devices, request.v2_cgroup)
     out = {}
     for g in grants:
         v = policy.check(g.device, g.access)
-        out[g.device] = {"state": v.state, "reason": v.reason}
+        out[g.device] = AccessDecision(v.state, v.reason)
     return out
 
 
@@ -190,7 +199,7 @@ def _journal(journal, result: RepairResult) -> None:
     r = result.request
     fields = dict(container_id=r.container_id, unit=r.scope, mechanism=result.plan.mechanism,
                   devices=" ".join(f"{g.device}:{g.access}" for g in result.plan.grants) or None,
-                  verification="; ".join(f"{d}={v['state']}" for d, v in _by_text(result.verification))
+                  verification="; ".join(f"{d}={v.state}" for d, v in _by_text(result.verification))
                   or None, finding=r.kind, pod_namespace=r.pod_namespace, pod_name=r.pod_name,
                   container_name=r.container_name, forced=1 if result.plan.forced else None)
     kind = JOURNAL_KINDS.get(result.status)
@@ -207,13 +216,40 @@ def _refused(plan: RepairPlan, why: str, dry_run: bool) -> RepairResult:
 
 def _dry_run(root: HostRoot, config, plan: RepairPlan) -> RepairResult:
     """would-repair, with what the mechanism previews: for bpf-program the program it would attach (read and
-    proven, nothing changed)."""
+    proven, nothing changed); where it refuses, the next candidate's."""
     result = RepairResult(plan, WOULD, dry_run=True)
     try:
         result.program = BY_NAME[plan.mechanism or ""].preview(RepairHost(root, config), plan)
     except RepairError as exc:  # RepairRefused, or the cgroup could not be read: it would not repair
-        return _refused(plan, str(exc), True)
+        return _dry_run(root, config, _next(plan, str(exc))) if plan.then else _refused(plan, str(exc), True)
     return result
+
+
+def _next(plan: RepairPlan, why: str) -> RepairPlan:
+    """The plan with its next candidate (mechanisms.choose's order), after the current one refused having
+    changed nothing; its notes say why."""
+    following = plan.then[0]
+    return dataclasses.replace(plan, mechanism=following.mechanism, then=plan.then[1:],
+                               notes=(f"not via {plan.mechanism}: {why}", *following.notes))
+
+
+def mechanism_facts(root: HostRoot, host: RepairHost, request: RepairRequest, others_v2=()) -> MechanismFacts:
+    """What the mechanisms decide on (model.MechanismFacts), read before the plan: a mechanism that needs a
+    new fact has it read here."""
+    parent = _parent_rules(root, request)
+    return MechanismFacts(tuple(parent) if parent is not None else None, tuple(others_v2), scope_facts(host, request))
+
+
+def _parent_rules(root: HostRoot, request: RepairRequest) -> list | None:
+    """cgroup v1: the parent cgroup's devices.list (a child never gets what its parent denies); None when not
+    v1 or unreadable (unknown: the kernel's EPERM on write still tells)."""
+    if request.v1_devices is None or request.v1_devices in ("", "/"):
+        return None
+    try:
+        parent = cgroup_dir(root, "devices", request.v1_devices, DEVICES_FALLBACK).rsplit("/", 1)[0]
+        return read_rules(root, parent)
+    except (OSError, NvsymlinkdError):  # RepairError is one
+        return None
 
 
 def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run: bool = False,
@@ -226,20 +262,12 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
     force: bypass the rate limit (a person's `repair --force`; journaled as forced). by_hand: the
     result's words are for a typed command, not the daemon's.
 
-    reverify: optional (request, grants) -> {Device: {"state", "reason"}} run after the kernel
+    reverify: optional (request, grants) -> {Device: AccessDecision} run after the kernel
     check (repair_all passes a re-run of the verifier); a non-"allow" state fails the repair.
     others_v2: the other containers' cgroup v2 paths (a bpf-program repair never touches theirs).
     """
-    parent_rules = None
-    if request.v1_devices is not None and request.v1_devices not in ("", "/"):
-        try:
-            parent = cgroup_dir(root, "devices", request.v1_devices, DEVICES_FALLBACK).rsplit("/", 1)[0]
-            parent_rules = read_rules(root, parent)
-        except (OSError, NvsymlinkdError):  # RepairError is one
-            parent_rules = None  # unknown: the kernel's EPERM on write still tells
-    plan = plan_repair(request, now=clock(), history=history, window=window, parent_rules=parent_rules,
-                       force=force, others_v2=others_v2,
-                       scope=scope_facts(RepairHost(root, config, timeout, journal, lock_wait), request))
+    facts = mechanism_facts(root, RepairHost(root, config, timeout, journal, lock_wait), request, others_v2)
+    plan = plan_repair(request, now=clock(), history=history, window=window, facts=facts, force=force)
     if plan.action == "cannot":
         result = RepairResult(plan, CANNOT, dry_run=dry_run)
     elif plan.action == "nothing":
@@ -247,70 +275,102 @@ def repair_container(root: HostRoot, config, request: RepairRequest, *, dry_run:
     elif dry_run:
         result = _dry_run(root, config, plan)
     else:
-        result = RepairResult(plan, FAILED)
-        busy = False
-        host = RepairHost(root, config, timeout, journal, lock_wait)
-        mechanism = BY_NAME[plan.mechanism or ""]
-        before = read_access(root, request.v1_devices, request.v2_cgroup)
-        try:
-            saved = mechanism.saves(host, plan)
-        except RepairError as exc:  # nothing held, nothing changed: a repair that could not be undone is not made
-            result = _refused(plan, f"cannot read what the repair would change, to put it back if it narrowed: "
-                                    f"{exc}", False)
-            result.by_hand = by_hand
-            _journal(journal, result)
-            return result
-        try:
-            try:
-                result.program = mechanism.apply(host, plan, result.steps)
-            except RepairRefused as exc:  # nothing was changed: cannot-repair, like a planner's refusal
-                result = _refused(plan, str(exc), False)
-                result.by_hand = by_hand
-                _journal(journal, result)
-                return result
-            except RepairBusy as exc:
-                result.error, busy = str(exc), True
-            except RepairError as exc:
-                result.error = str(exc)
-            except OSError as exc:
-                result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
-            # after an error too (a call that timed out may still have been carried out), but not when another
-            # repair held the lock: nothing was done, so a narrowing seen now is someone else's (that repair's v1
-            # deny-all window, systemd's re-apply) and putting back our saved state would undo their change
-            narrowed, left = _kept(root, host, request, plan, before, saved, result) if not busy else ([], [])
-        finally:
-            host.release(saved)
-        # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
-        # attempt (no loops); a successful prevention does not, so a later loss still gets repaired, and a
-        # failed one limits only further preventions (the loss it could not prevent still gets repaired).
-        # Waiting in vain on another repair's lock is no attempt: the next pass tries again, and so it does
-        # after a narrowing that could not be put back: the limit never leaves a container narrowed.
-        record_attempt = history is not None and not busy and not left
-        result.verification = check_access(root, request, plan.grants)
-        final = read_access(root, request.v1_devices, request.v2_cgroup) if narrowed else None
-        for n in narrowed:
-            state, reason = keep.judged(final, n) if final is not None else ("unknown", "not read")
-            result.verification[n.device] = {"state": state,
-                                             "reason": f"narrowed by the repair: {n} ({n.state}: {n.reason}); "
-                                                       f"after putting back: {reason}"}
-        if result.error is None:
-            mechanism.post_check(host, request, plan.grants, result.verification)
-        if reverify is not None and result.error is None:
-            for dev, v in reverify(request, plan.grants).items():
-                if v["state"] != "allow" or dev not in result.verification:
-                    result.verification[dev] = v
-        if result.error is None:
-            bad = {d: v for d, v in result.verification.items() if v["state"] != "allow"}
-            if bad:
-                d, v = _by_text(bad)[0]
-                result.error = f"the repair did not take: {d} is {v['state']} ({v['reason']})"
-            else:
-                result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
-        if history is not None and record_attempt and result.status != PREVENTED:
-            history.record(request.container_id, clock(), prevention=request.kind == AT_RISK)
+        result = _repaired(root, RepairHost(root, config, timeout, journal, lock_wait), plan, history, clock, reverify)
     result.by_hand = by_hand
     _journal(journal, result)
     return result
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """How an apply went, for what follows it: `busy` (another repair held the lock: nothing was tried),
+    what narrowed and what is still narrowed after putting back (repair/keep.py)."""
+
+    busy: bool
+    narrowed: list
+    left: list
+
+
+def _repaired(root: HostRoot, host: RepairHost, plan: RepairPlan, history: RepairHistory | None, clock,
+              reverify) -> RepairResult:
+    """Save, apply, keep (a repair never narrows), verify, and count the attempt for the rate limit."""
+    request = plan.request
+    mechanism = BY_NAME[plan.mechanism or ""]
+    before = read_access(root, request.v1_devices, request.v2_cgroup)
+    try:
+        saved = mechanism.saves(host, plan)
+    except RepairError as exc:  # nothing held, nothing changed: a repair that could not be undone is not made
+        why = f"cannot read what the repair would change, to put it back if it narrowed: {exc}"
+        return _repaired(root, host, _next(plan, why), history, clock, reverify) if plan.then else \
+            _refused(plan, why, False)
+    result = RepairResult(plan, FAILED)
+    try:
+        applied = _applied(root, host, mechanism, plan, before, saved, result)
+    except RepairRefused as exc:  # nothing was changed: the next candidate, else cannot-repair like the planner's
+        return _repaired(root, host, _next(plan, str(exc)), history, clock, reverify) if plan.then else \
+            _refused(plan, str(exc), False)
+    # The rate limit is about losses that come back: a repaired loss counts, and so does any failed
+    # attempt (no loops); a successful prevention does not, so a later loss still gets repaired, and a
+    # failed one limits only further preventions (the loss it could not prevent still gets repaired).
+    # Waiting in vain on another repair's lock is no attempt: the next pass tries again, and so it does
+    # after a narrowing that could not be put back: the limit never leaves a container narrowed.
+    record_attempt = history is not None and not applied.busy and not applied.left
+    result.verification = _verification(root, host, mechanism, plan, applied.narrowed, result.error, reverify)
+    if result.error is None:
+        bad = {d: v for d, v in result.verification.items() if v.state != ALLOW}
+        if bad:
+            d, v = _by_text(bad)[0]
+            result.error = f"the repair did not take: {d} is {v.state} ({v.reason})"
+        else:
+            result.status = PREVENTED if request.kind == AT_RISK else REPAIRED
+    if history is not None and record_attempt and result.status != PREVENTED:
+        history.record(request.container_id, clock(), prevention=request.kind == AT_RISK)
+    return result
+
+
+def _applied(root: HostRoot, host: RepairHost, mechanism: Mechanism, plan: RepairPlan, before, saved: Saved,
+             result: RepairResult) -> _Applied:
+    """The mechanism's apply, its error in result.error, then the narrowing check (repair/keep.py); what
+    it holds (`saved`) is released whatever happens. RepairRefused passes through: nothing was changed."""
+    busy = False
+    try:
+        try:
+            result.program = mechanism.apply(host, plan, result.steps)
+        except RepairRefused:
+            raise
+        except RepairBusy as exc:
+            result.error, busy = str(exc), True
+        except RepairError as exc:
+            result.error = str(exc)
+        except OSError as exc:
+            result.error = f"{exc.filename or 'cgroup file'}: {exc.strerror}"
+        # after an error too (a call that timed out may still have been carried out), but not when another
+        # repair held the lock: nothing was done, so a narrowing seen now is someone else's (that repair's v1
+        # deny-all window, systemd's re-apply) and putting back our saved state would undo their change
+        narrowed, left = _kept(root, host, plan.request, plan, before, saved, result) if not busy else ([], [])
+    finally:
+        host.release(saved)
+    return _Applied(busy, list(narrowed), list(left))
+
+
+def _verification(root: HostRoot, host: RepairHost, mechanism: Mechanism, plan: RepairPlan, narrowed: list,
+                  error: str | None, reverify) -> dict[Device, AccessDecision]:
+    """Each device's verdict after the repair, built once: the kernel's view of the grants, what narrowed
+    (after putting back), then, when the apply raised nothing, the mechanism's own check and the verifier's
+    re-run (each overrides what it says is not allowed)."""
+    request = plan.request
+    out = check_access(root, request, plan.grants)
+    final = read_access(root, request.v1_devices, request.v2_cgroup) if narrowed else None
+    for n in narrowed:
+        state, reason = keep.judged(final, n) if final is not None else ("unknown", "not read")
+        out[n.device] = AccessDecision(state, f"narrowed by the repair: {n} ({n.state}: {n.reason}); "
+                                              f"after putting back: {reason}")
+    if error is None:
+        out.update(mechanism.post_check(host, request, plan.grants, out))
+    if reverify is not None and error is None:
+        out.update({dev: v for dev, v in reverify(request, plan.grants).items()
+                    if v.state != ALLOW or dev not in out})
+    return out
 
 
 def history_path(config) -> str:
@@ -367,14 +427,14 @@ def repair_all(root: HostRoot, config, container_ids=(), *, dry_run: bool = Fals
         fresh = verifier.verify_container(root, config, request.container_id, use_bus=use_bus)
         out = {}
         if fresh is None:
-            return {g.device: {"state": "unknown", "reason": "the container is gone"} for g in grants}
+            return {g.device: AccessDecision(UNKNOWN, "the container is gone") for g in grants}
         granting = {g.device for g in grants}
         for f in fresh.findings:
             if f.kind in (FindingKind.LOST, FindingKind.AT_RISK_SCOPE, FindingKind.UNKNOWN):
                 for dev in f.devices:
                     if dev in granting:
-                        out[dev] = {"state": "deny" if f.kind != FindingKind.UNKNOWN else "unknown",
-                                    "reason": f"verifier still finds {f.kind}: {f.detail}"}
+                        out[dev] = AccessDecision(DENY if f.kind != FindingKind.UNKNOWN else UNKNOWN,
+                                                  f"verifier still finds {f.kind}: {f.detail}")
         return out
 
     results = []

@@ -28,10 +28,11 @@ from typing import Any
 
 from nvsymlinkd.access import bpfeval, bpfgen, bpfprog, bpfproof
 from nvsymlinkd.access.cgroup import v2_cgroup_dir
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import BpfError, CannotEvaluate, RepairError, RepairRefused
 from nvsymlinkd.host.devices import Rule
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.model import Grant, RepairRequest
+from nvsymlinkd.repair.model import RepairRequest
 
 PROGRAM_NAME = "nvsymlinkd"  # BPF program name (15 characters at most): who attached it, for bpftool and us
 

@@ -13,9 +13,9 @@ import time
 
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.access.rules import decide, parse_devices_list
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.repair.model import Grant
 
 FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
 DEVICES_FALLBACK = "/sys/fs/cgroup/devices"

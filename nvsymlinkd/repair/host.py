@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import NvsymlinkdError, RepairError
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair import cgroupfiles
@@ -23,7 +24,7 @@ from nvsymlinkd.repair.cgroupfiles import (
     cgroup_dir,
 )
 from nvsymlinkd.repair.freeze import LOCK_WAIT, RepairLock, freeze_unless_created, thawed_line
-from nvsymlinkd.repair.model import Grant, RepairRequest
+from nvsymlinkd.repair.model import RepairRequest
 
 if TYPE_CHECKING:
     from nvsymlinkd.repair.bpfrepair import Prepared

@@ -2,24 +2,28 @@
 to the host goes through the repair.host.RepairHost it is given).
 
 Each says when it applies (`cgroup`: the device controller that decides, v1 or v2; `driver`: the
-runtime's cgroup driver), what it needs and when it cannot help (`refusal`), how long its grant lasts
+runtime's cgroup driver; `stands_in`: for another row whose mechanisms all refuse), what it needs and when
+it cannot help (`refusal`, over the request and one model.MechanismFacts), how long its grant lasts
 (`notes`), and does its part: `apply` (the change), `preview` (what --dry-run shows beyond the plan) and
-`post_check` (its own check, after repair_container's kernel-side one). The planner picks the one whose
-row matches (`choose`), repair.apply carries it out (`BY_NAME`). A new mechanism is one class here and
-one entry in TABLE (with its row in docs/repair.md, the schema's enum and the man page); one that needs
-a new kind of I/O adds a RepairHost method for it.
+`post_check` (its own check, after repair_container's kernel-side one). The planner takes the candidates
+in TABLE order (`choose`), repair.apply carries out the first and, where it refuses at apply time having
+changed nothing, the next (`BY_NAME`). A new mechanism is one class here and one entry in TABLE (with its
+row in docs/repair.md, the schema's enum and the man page); one that needs a new fact adds a
+MechanismFacts field and its reading (repair.apply.mechanism_facts); a new kind of I/O, a RepairHost method.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Iterable, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterable, Mapping, Sequence
 
-from nvsymlinkd.access.rules import decide
+from nvsymlinkd.access.rules import ALLOW, DENY, UNKNOWN, AccessDecision, decide
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairError
 from nvsymlinkd.repair.model import (
     AT_RISK,
     LOST,
-    Grant,
+    Candidate,
+    MechanismFacts,
     RepairPlan,
     RepairRequest,
     ScopeFacts,
@@ -51,11 +55,16 @@ class Mechanism:
     driver: ClassVar[str]  # "systemd" or "cgroupfs": the runtime's cgroup driver
     notes: ClassVar[tuple[str, ...]] = ()  # said with every plan that uses it
 
-    def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
-        """Why this mechanism cannot help this request (nothing is done then), or None. `scope`: the systemd
-        scope's device properties and the container cgroup's own program (systemd driver on cgroup v2)."""
+    stand_in: ClassVar[str] = ""  # what it is called where it stands in for another row's refused mechanism
+    stand_in_notes: ClassVar[tuple[str, ...]] = ()  # said with a plan where it stands in
+
+    def refusal(self, request: RepairRequest, grants: Sequence[Grant], facts: MechanismFacts) -> str | None:
+        """Why this mechanism cannot help this request (nothing is done then), or None."""
         return None
+
+    def stands_in(self, request: RepairRequest, facts: MechanismFacts) -> bool:
+        """Whether it may repair a request of another row whose own mechanisms all refuse (`choose`)."""
+        return False
 
     def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
         """Read, before apply, everything this mechanism changes, so that repair.apply can put it back when
@@ -74,10 +83,10 @@ class Mechanism:
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[Device, dict[str, str]]) -> None:
-        """After a successful apply and the kernel's view: mark in `verification` (Device -> state and
-        reason) what this mechanism's own side does not show."""
-        return None
+                   verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
+        """After a successful apply, given the kernel's view (`verification`, read only): the verdicts that
+        this mechanism's own side changes (what it does not show), which repair.apply lays over that view."""
+        return {}
 
 
 def _parent_refusal(grant: Grant, parent_rules: Sequence[Rule] | None) -> str | None:
@@ -146,20 +155,17 @@ def _set_device_allow(host: RepairHost, request: RepairRequest, grants: Sequence
 
 
 def _scope_holds(host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                 verification: dict[Device, dict[str, str]]) -> None:
+                 verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
     """The systemd-side view: the scope's DeviceAllow must now hold every grant."""
     scope = needed(request.scope, "systemd unit")
     try:
         entries = host.systemd.device_allow(scope)
     except RepairError as exc:
-        for g in grants:
-            if verification.get(g.device, {}).get("state") == "allow":
-                verification[g.device] = {"state": "unknown", "reason": f"cannot read DeviceAllow: {exc}"}
-        return
-    for g in grants:
-        if not any(entry.holds(g.device, g.access) for entry in entries):
-            verification[g.device] = {"state": "deny", "reason": f"{request.scope} DeviceAllow lacks "
-                                           f"{DeviceAllow.of_device(g.device, g.access)} after SetUnitProperties"}
+        return {g.device: AccessDecision(UNKNOWN, f"cannot read DeviceAllow: {exc}") for g in grants
+                if g.device in verification and verification[g.device].state == ALLOW}
+    return {g.device: AccessDecision(DENY, f"{request.scope} DeviceAllow lacks "
+                                           f"{DeviceAllow.of_device(g.device, g.access)} after SetUnitProperties")
+            for g in grants if not any(entry.holds(g.device, g.access) for entry in entries)}
 
 
 def scope_cgroup(request: RepairRequest) -> str | None:
@@ -208,9 +214,8 @@ class Systemd(Mechanism):
 
     name, cgroup, driver = SYSTEMD, "v2", "systemd"
 
-    def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
-        return _systemd_refusal(request, scope)
+    def refusal(self, request: RepairRequest, grants: Sequence[Grant], facts: MechanismFacts) -> str | None:
+        return _systemd_refusal(request, facts.scope)
 
     def saves(self, host: RepairHost, plan: RepairPlan) -> Saved:
         # the properties, and the programs of the scope's cgroup and of the container's own below it: systemd
@@ -228,8 +233,8 @@ class Systemd(Mechanism):
         return None
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[Device, dict[str, str]]) -> None:
-        _scope_holds(host, request, grants, verification)
+                   verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
+        return _scope_holds(host, request, grants, verification)
 
 
 class DevicesAllow(Mechanism):
@@ -239,9 +244,8 @@ class DevicesAllow(Mechanism):
     notes = ("cgroupfs driver: lasts until the runtime rewrites the cgroup (`runc update`) from a spec that lacks "
              "the device",)
 
-    def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
-        why = _v1_refusal(request, grants, parent_rules)
+    def refusal(self, request: RepairRequest, grants: Sequence[Grant], facts: MechanismFacts) -> str | None:
+        why = _v1_refusal(request, grants, facts.parent_rules)
         if why is None and request.kind == AT_RISK:
             why = ("with the cgroupfs driver on cgroup v1 the only device policy is the cgroup's own, which runc "
                    "rewrites from the spec on `runc update`; nothing can make a device outside the spec stick "
@@ -263,9 +267,8 @@ class DevicesAllowSystemd(Mechanism):
 
     name, cgroup, driver = DEVICES_ALLOW_SYSTEMD, "v1", "systemd"
 
-    def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
-        return _v1_refusal(request, grants, parent_rules)
+    def refusal(self, request: RepairRequest, grants: Sequence[Grant], facts: MechanismFacts) -> str | None:
+        return _v1_refusal(request, grants, facts.parent_rules)
 
     def apply(self, host: RepairHost, plan: RepairPlan, steps: list[str]) -> list[str] | None:
         r, grants = plan.request, plan.grants
@@ -293,8 +296,8 @@ class DevicesAllowSystemd(Mechanism):
         return host.save(devices=host.devices_dir(plan.request))
 
     def post_check(self, host: RepairHost, request: RepairRequest, grants: Sequence[Grant],
-                   verification: dict[Device, dict[str, str]]) -> None:
-        _scope_holds(host, request, grants, verification)
+                   verification: Mapping[Device, AccessDecision]) -> dict[Device, AccessDecision]:
+        return _scope_holds(host, request, grants, verification)
 
 
 class BpfProgram(Mechanism):
@@ -304,14 +307,25 @@ class BpfProgram(Mechanism):
     notes = ("cgroupfs driver on cgroup v2: lasts until the runtime attaches a program of its own again (the "
              "daemon's next pass sees the loss and repairs it within the rate limit)",)
 
-    def refusal(self, request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-                others_v2: Iterable[str | None], scope: ScopeFacts | None = None) -> str | None:
+    stand_in = "a new program for the container's own cgroup"
+    stand_in_notes = ("the scope's DeviceAllow= cannot grant past the device program of the container's own cgroup: "
+                      "that program is replaced (bpf-program); it lasts until the runtime attaches a program of its "
+                      "own again",)
+
+    def refusal(self, request: RepairRequest, grants: Sequence[Grant], facts: MechanismFacts) -> str | None:
         if request.kind == AT_RISK:
             return ("with the cgroupfs driver on cgroup v2 the only device policy is the cgroup's BPF program, which "
                     "the runtime replaces from the spec when it re-applies its rules; nothing can make a device "
                     "outside the spec stick (recreate the container with the device in its spec, e.g. the device "
                     "plugin's PASS_DEVICE_SPECS)")
-        return not_own_cgroup(request, others_v2)
+        return not_own_cgroup(request, facts.others_v2)
+
+    def stands_in(self, request: RepairRequest, facts: MechanismFacts) -> bool:
+        # systemd's row, a lost device whose denial sits in the container's own cgroup's program (the scope
+        # restricts nothing, or crun's program below it): the mechanism that acts on the leaf
+        scope = facts.scope
+        return (row(request) == ("v2", "systemd") and request.kind == LOST and scope is not None
+                and bool(scope.leaf_program) and (scope.restricts_nothing or below_scope(request)))
 
     def apply(self, host: RepairHost, plan: RepairPlan, steps: list[str]) -> list[str] | None:
         # under the lock: two repairs (the CLI and the daemon) never prove against programs the other replaces
@@ -345,31 +359,28 @@ def row(request: RepairRequest) -> tuple[str, str] | None:
     return cgroup, "systemd" if request.cgroup_driver == "systemd" else "cgroupfs"
 
 
-LEAF_NOTE = ("the scope's DeviceAllow= cannot grant past the device program of the container's own cgroup: that "
-             "program is replaced (bpf-program); it lasts until the runtime attaches a program of its own again")
+def choose(request: RepairRequest, grants: Sequence[Grant], facts: MechanismFacts
+           ) -> tuple[tuple[Candidate, ...], str | None]:
+    """The mechanisms that may repair this request, in TABLE order (repair.apply tries the next where one
+    refuses at apply time, having changed nothing), or ((), why none can).
 
-
-def choose(request: RepairRequest, grants: Sequence[Grant], parent_rules: Sequence[Rule] | None,
-           others_v2: Iterable[str | None] = (), scope: ScopeFacts | None = None
-           ) -> tuple[str | None, tuple[str, ...], str | None]:
-    """(mechanism name, its notes, None), or (None, (), why it cannot be repaired automatically).
-
-    A lost device on cgroup v2 with the systemd driver whose denial sits in the container's own cgroup's
-    program (the scope restricts nothing, or crun's program below it) gets that cgroup's program replaced:
-    the mechanism that acts on the leaf, never a scope property that can only narrow."""
+    Those of the request's row that do not refuse; where all refuse, those that stand in for them
+    (`stands_in`): a lost device on cgroup v2 with the systemd driver whose denial sits in the container's own
+    cgroup's program gets that program replaced, never a scope property that can only narrow."""
     found = row(request)
-    mechanism = next((m for m in TABLE if (m.cgroup, m.driver) == found), None)
-    if mechanism is None:
-        return None, (), NO_CGROUP
-    others_v2 = list(others_v2)
-    why = mechanism.refusal(request, grants, parent_rules, others_v2, scope)
-    if why is None:
-        return mechanism.name, mechanism.notes, None
-    if (mechanism.name == SYSTEMD and request.kind == LOST and scope is not None and scope.leaf_program
-            and (scope.restricts_nothing or below_scope(request))):
-        leaf = BY_NAME[BPF_PROGRAM]
-        leaf_why = leaf.refusal(request, grants, parent_rules, others_v2, scope)
-        if leaf_why is None:
-            return leaf.name, (f"not via systemd: {why}", LEAF_NOTE), None
-        why += f"; nor by a new program for the container's own cgroup: {leaf_why}"
-    return None, (), why
+    own = [m for m in TABLE if (m.cgroup, m.driver) == found]
+    if not own:
+        return (), NO_CGROUP
+    whys = {m: m.refusal(request, grants, facts) for m in own}
+    chosen = [Candidate(m.name, m.notes) for m in own if whys[m] is None]
+    if chosen:
+        return tuple(chosen), None
+    why = "; ".join(w for w in whys.values() if w)
+    for m in TABLE:
+        if m not in own and m.stands_in(request, facts):
+            stand_in_why = m.refusal(request, grants, facts)
+            if stand_in_why is None:
+                chosen.append(Candidate(m.name, (f"not via {own[0].name}: {why}", *m.stand_in_notes)))
+            else:
+                why += f"; nor by {m.stand_in}: {stand_in_why}"
+    return tuple(chosen), None if chosen else why

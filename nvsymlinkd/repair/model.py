@@ -1,6 +1,7 @@
-"""The words and records of a repair (pure): where a grant comes from, what a request asks, what a plan
-says, how a repair ended. repair/plan.py decides over them, repair/mechanisms.py carries them out,
-repair/apply.py reports them; plan.py re-exports every name for its callers.
+"""The words and records of a repair (pure): which sources are grounds to grant, what a request asks, what
+the mechanisms decide on, what a plan says, how a repair ended (a grant is the verifier's own record,
+containers.expected.Grant). repair/plan.py decides over them, repair/mechanisms.py carries them out,
+repair/apply.py reports them.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from nvsymlinkd.containers.model import Grant
 from nvsymlinkd.errors import RepairError
-from nvsymlinkd.host.devices import Access, Device, Rule
+from nvsymlinkd.host.devices import Rule
 from nvsymlinkd.verify.kinds import Verdict
 
 # Where a grant's device comes from. Only these are grounds to grant ("nvidia-hook": the NVIDIA hook's
@@ -39,35 +41,6 @@ class RepairStatus(str, Enum):
     def ok(self) -> bool:
         """The first three count as success."""
         return self in (RepairStatus.REPAIRED, RepairStatus.PREVENTED, RepairStatus.NOTHING)
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One device a container should be able to open, and where that expectation comes from.
-
-    `access` is the original rule's letters (canonical order; a repeated or unknown letter is a
-    ValueError here, so a malformed access never reaches the planner).
-    """
-
-    device: Device  # a wildcard number (None) or a non-char type is refused by the planner
-    access: Access  # e.g. "rw" or "rwm"
-    source: str  # one of TRUSTED_SOURCES or UNTRUSTED_SOURCES
-    path: str | None = None  # the node path in the container, for messages
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.access, str) or len(set(self.access)) != len(self.access):
-            raise ValueError(f"access {self.access!r} is not a subset of rwm")
-        object.__setattr__(self, "access", Access(self.access))
-
-    @property
-    def rule(self) -> Rule:
-        """The cgroup v1 rule: str() is the devices.allow line `c 195:0 rw`."""
-        return Rule.exact(self.device, self.access)
-
-    def to_json(self) -> dict[str, Any]:
-        d = self.device
-        return {"type": d.type, "major": d.major, "minor": d.minor, "access": str(self.access),
-                "source": self.source, "path": self.path}
 
 
 @dataclass(frozen=True)
@@ -121,6 +94,25 @@ class ScopeFacts:
 
 
 @dataclass(frozen=True)
+class MechanismFacts:
+    """What the mechanisms decide on besides the request and its grants, read before the plan (repair.apply's
+    mechanism_facts): one record, so that a mechanism needing a new fact adds a field here and its reading
+    there, never a wider `refusal()` (repair/mechanisms.py)."""
+
+    parent_rules: tuple[Rule, ...] | None = None  # cgroup v1: the parent cgroup's devices.list; None: not v1, unread
+    others_v2: tuple[str | None, ...] = ()  # the host's other containers' cgroup v2 paths (never theirs)
+    scope: ScopeFacts | None = None  # cgroup v2, systemd driver: the scope's device properties; None: not read
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A mechanism that may repair a request (repair.mechanisms.choose), with what a plan using it says."""
+
+    mechanism: str  # one of mechanisms.MECHANISMS
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RepairPlan:
     request: RepairRequest
     mechanism: str | None = None  # one of mechanisms.MECHANISMS, None when nothing is done
@@ -130,6 +122,9 @@ class RepairPlan:
     notes: tuple[str, ...] = ()
     rate_limited: bool = False  # `cannot` is the rate limit (a person may say --force)
     forced: bool = False  # the rate limit was bypassed by hand (repair --force)
+    # the next candidates, in choose()'s order: repair.apply tries them where `mechanism` refuses at apply time
+    # having changed nothing (not in the JSON: the plan says the mechanism it will use first)
+    then: tuple[Candidate, ...] = ()
 
     @property
     def action(self) -> str:

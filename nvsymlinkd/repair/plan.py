@@ -21,21 +21,23 @@ Safety rules, enforced here whatever the caller passes in:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable
 
-from nvsymlinkd.host.devices import RW, Device, Rule
+from nvsymlinkd.containers.model import UNEXPECTED, Grant
+from nvsymlinkd.host.devices import RW, Device
 from nvsymlinkd.repair.mechanisms import choose
 from nvsymlinkd.repair.model import (
     AT_RISK,
     LOST,
     TRUSTED_SOURCES,
-    Grant,
+    Candidate,
+    MechanismFacts,
     RepairPlan,
     RepairRequest,
-    ScopeFacts,
 )
 from nvsymlinkd.verify.kinds import FindingKind
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:  # the verifier does I/O; the planner only reads its report
     from nvsymlinkd.verify.evaluate import ContainerReport
 
 DEFAULT_WINDOW_SECONDS = 600.0
+NO_FACTS = MechanismFacts()  # nothing read: systemd is never asked (a repair never narrows), v1 parents unknown
 
 
 @dataclass
@@ -109,7 +112,7 @@ def refusal(grant: Grant) -> str | None:
         if grant.source == "container-dev":
             return ("seen only as a node in the container's own /dev: a container that can mknod can make any "
                     "node, so that is no ground to grant it")
-        if grant.source == "unexpected":
+        if grant.source == UNEXPECTED:
             return ("allowed or wanted now, but expected by no trusted source (spec, runtime state, NVIDIA hook "
                     "grant, baseline)")
         return f"untrusted source {grant.source!r}"
@@ -171,36 +174,35 @@ def _wrong_unit(request: RepairRequest) -> str | None:
 
 
 def plan_repair(request: RepairRequest, *, now: float, history: RepairHistory | None = None,
-                window: float = DEFAULT_WINDOW_SECONDS, parent_rules: Sequence[Rule] | None = None,
-                others_v2: Iterable[str | None] = (), force: bool = False,
-                scope: ScopeFacts | None = None) -> RepairPlan:
+                window: float = DEFAULT_WINDOW_SECONDS, facts: MechanismFacts = NO_FACTS,
+                force: bool = False) -> RepairPlan:
     """The plan for one container: the grants that pass `refusal`, then the first reason not to
-    repair (wrong unit, no mechanism, then the rate limit), else the mechanism.
+    repair (wrong unit, no mechanism, then the rate limit), else the mechanisms that may (the first
+    one's name in `mechanism`, the others in `then`).
 
     The rate limit speaks last: only when a repair could be done and is refused for it, never in
     place of a reason that no repair can help. `force` (a person's `repair --force`) bypasses it.
-    `parent_rules`: the parsed devices.list of the v1 parent cgroup (host.devices.Rule),
-    None when unknown or not v1. `now` and `history` implement the rate limit. `others_v2`: the
-    cgroup v2 paths of the host's other containers (a BPF_PROGRAM repair never touches theirs).
-    `scope`: the systemd scope's DevicePolicy/DeviceAllow and whether the container's own cgroup has a device
-    program (cgroup v2, systemd driver; None: not read, and then systemd is never asked: a repair never narrows).
+    `now` and `history` implement the rate limit. `facts`: what the mechanisms decide on (the v1 parent's
+    rules, the other containers' cgroups, the systemd scope's properties; model.MechanismFacts).
     """
     grants, refused = _accepted(request.grants)
     if not grants:
         return RepairPlan(request, None, (), tuple(refused))
     cannot = _wrong_unit(request)
-    mechanism: str | None = None
-    notes: tuple[str, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
     if cannot is None:
-        mechanism, notes, cannot = choose(request, grants, parent_rules, others_v2, scope)
-    if cannot is not None:
+        candidates, cannot = choose(request, grants, facts)
+    if cannot is not None or not candidates:
         return RepairPlan(request, None, (), tuple(refused), cannot)
     limited = _rate_limited(request, now, history, window)
     if limited is not None and not force:
         return RepairPlan(request, None, (), tuple(refused), limited, rate_limited=True)
-    if limited is not None:
-        notes = (*notes, f"forced: {limited.split(';')[0]}")
-    return RepairPlan(request, mechanism, tuple(grants), tuple(refused), None, tuple(notes), forced=limited is not None)
+    if limited is not None:  # every candidate says it
+        forced = f"forced: {limited.split(';')[0]}"
+        candidates = tuple(dataclasses.replace(c, notes=(*c.notes, forced)) for c in candidates)
+    first, *then = candidates
+    return RepairPlan(request, first.mechanism, tuple(grants), tuple(refused), None, first.notes,
+                      forced=limited is not None, then=tuple(then))
 
 
 def requests_from_report(report: ContainerReport, cgroup_driver: str | None = None,
@@ -227,13 +229,12 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
         return None
     grants = []
     for device in wanted:
-        exp = report.expected.get(device)
-        if not exp:
+        grant = report.expected.get(device)
+        if grant is None:
             # granted now but expected by nothing trusted (a hook without a baseline yet): not ours to grant
-            grants.append(Grant(device, RW, "unexpected", None))
-            continue
-        sources = list(exp.get("sources") or ())
-        grants.append(Grant(device, exp.get("access") or RW, sources[0] if sources else "unexpected", None))
+            grants.append(Grant(device, RW, UNEXPECTED))
+        else:  # the verifier's own record, its access read as rw where it lists none
+            grants.append(grant if grant.access else dataclasses.replace(grant, access=RW))
     if cgroup_driver is None:
         cgroup_driver = "systemd" if report.scope else "cgroupfs"
     if freezer is None:

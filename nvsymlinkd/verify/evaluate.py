@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Sequence, Tuple
 
-from nvsymlinkd.containers.model import CDI_ANNOTATION, display_name, exec_fifo_path
+from nvsymlinkd.containers.model import CDI_ANNOTATION, Grant, display_name, exec_fifo_path
 from nvsymlinkd.host.devices import RW, Access, Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.messageids import MESSAGE_IDS
@@ -102,7 +102,7 @@ class ContainerReport:
     init_pid: int | None = None
     gpu_signs: tuple[str, ...] = ()
     findings: list[Finding] = field(default_factory=list)
-    expected: dict[Device, dict[str, Any]] = field(default_factory=dict)  # -> {"access", "sources"}
+    expected: dict[Device, Grant] = field(default_factory=dict)  # the same records a repair grants
     granted: dict[Device, Access] = field(default_factory=dict)  # -> access the cgroup allows now
     untrusted_nodes: tuple[str, ...] = ()  # NVIDIA nodes seen in the container's own /dev (reported, never trusted)
     nvidia_hook: dict[str, Any] | None = None  # hookgrant.HookGrant.to_json() when the spec has the legacy NVIDIA hook
@@ -132,7 +132,7 @@ class ContainerReport:
             "id": self.id, "runtime": self.runtime, "namespace": self.namespace, "status": self.status,
             "verdict": Verdict(self.verdict).value, "scope": self.scope, "init_pid": self.init_pid,
             "gpu_signs": list(self.gpu_signs), "findings": [f.to_json() for f in self.findings],
-            "expected": {str(d): e for d, e in self.expected.items()},
+            "expected": {str(d): g.expected_json() for d, g in self.expected.items()},
             "granted": {str(d): a for d, a in self.granted.items()}, "untrusted_nodes": list(self.untrusted_nodes),
             "nvidia_hook": self.nvidia_hook,
             "cgroup": self.cgroup, "problems": list(self.problems), "baseline": self.baseline,
@@ -442,8 +442,7 @@ def _new_report(c: Container, signs: Sequence[str], expected: Expected, host: Ho
     declared = _declared_nodes(c)
     return ContainerReport(
         c.id, c.runtime, c.namespace, c.status, OK, c.scope, c.init_pid, tuple(signs),
-        expected={k: {"access": a, "sources": list(expected.sources.get(k, ()))}
-                  for k, a in sorted(expected.devices.items())},
+        expected=expected.grants(),
         untrusted_nodes=tuple(f"{p} ({d})" for p, d in dev_nodes if d.major in host.nvidia_majors and d not in declared),
         cgroup={"devices": c.cgroup_v1_devices, "unified": c.cgroup_v2, "freezer": c.cgroup_v1_freezer},
         problems=tuple(c.problems), pod_namespace=c.pod_namespace, pod_name=c.pod_name,
