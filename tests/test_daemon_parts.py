@@ -345,3 +345,34 @@ def test_a_failing_hook_is_journaled_never_raised(tmp_path):
         asyncio.run(daemon.guarded(daemon.hook.scope_appeared("docker-1.scope")))
         logf.seek(0)
         assert logf.read() == "nvsymlinkd: container hook scope_appeared failed: RuntimeError: boom docker-1.scope\n"
+
+
+def test_shutdown_cancels_again_a_task_that_lost_its_cancel(tmp_path):
+    """asyncio.wait_for before Python 3.12 can lose a cancel that lands as its inner future finishes (CPython
+    gh-86296): the bus watch then went on to its retry sleep and a SIGTERM never stopped the daemon (1 run in 8
+    of test_daemon_journal's). A task that swallows its first cancel must still end at shutdown."""
+    from nvsymlinkd.config import Config
+    from nvsymlinkd.daemon.loop import Daemon
+
+    with open(tmp_path / "log", "w") as logf:
+        j = journal.Journal("stderr", stream=logf)
+        daemon = Daemon(HostRoot(str(tmp_path)), Config(resync_interval=0, metrics_textfile=""), hook=ContainerHook(j),
+                        journal=j, notifier=Notifier({}), use_udev=False, use_bus=False)
+        swallowed = []
+
+        async def retrying():
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    if swallowed:
+                        raise
+                    swallowed.append(1)  # what the lost cancel looks like from inside
+
+        async def scenario():
+            daemon.spawn(retrying())
+            await asyncio.sleep(0)
+            await asyncio.wait_for(daemon._shutdown(), 10)
+
+        asyncio.run(scenario())
+    assert swallowed == [1] and not daemon._tasks

@@ -55,6 +55,8 @@ SOURCES = (NodeSource, LinkSource, RuntimeSource, UdevSource, MountSource, Syste
 # what is already readable). Coalescing comes from "one pass at a time, requests
 # made meanwhile fold into the next"; a delay here only adds latency (measured).
 SETTLE_SECONDS = 0.0
+# At shutdown, a background task still running this long after its cancel is cancelled again.
+SHUTDOWN_RECANCEL_SECONDS = 0.2
 
 
 class Daemon:
@@ -156,9 +158,14 @@ class Daemon:
             pass
         for source in reversed(self.sources):
             self._close(source)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            # Asked again while one is still running: asyncio.wait_for before Python 3.12 loses a cancel that
+            # lands as its inner future finishes (CPython gh-86296), and the bus watch's retry loop then
+            # sleeps on, so a SIGTERM during the first connection attempt never stopped the daemon.
+            _, pending = await asyncio.wait(pending, timeout=SHUTDOWN_RECANCEL_SECONDS)
 
     def spawn(self, coro):
         task = asyncio.ensure_future(coro)
