@@ -208,6 +208,9 @@ class Daemon:
 
     async def _pass(self, requests: Requests) -> None:
         pending = Pending(requests)
+        left, self.links.leftover = self.links.leftover, None
+        if left is not None:  # names the last pass took but left for this one
+            pending.nodes, pending.links, pending.full = left.nodes, left.links, True
         for source in self.sources:
             # what their queues hold now: this pass answers it (without this, an event not read yet
             # when the pass starts would be answered by it and then wake another one for nothing)
@@ -215,7 +218,7 @@ class Daemon:
         self._pass_started = time.monotonic()
         event_at = pending.event_at
         try:
-            result = await self.links.run(self.loop, self.config, requests, pending)
+            result = await self.links.run(self.loop, self.config, requests, pending, self._more)
         except NvsymlinkdError as exc:
             self.metrics.on_sync_failed()
             self._failed(str(exc))
@@ -228,6 +231,8 @@ class Daemon:
         finally:
             self._pass_started = None
             self.status.passes += 1
+        if self.links.leftover is not None:
+            self.request(Reason.NODES)  # its run() sees the leftover and runs a full pass
         state = self.links.state
         assert state is not None  # the pass that just succeeded left its picture
         for source in self.sources:
@@ -246,6 +251,19 @@ class Daemon:
         if state.nodes_changed:
             state.nodes_changed = False
             await self.guarded(self.hook.nodes_changed(result))
+
+    def _more(self) -> Pending | None:
+        """The names events brought while an incremental pass worked (that pass takes them), or None. The
+        requests their reads made meanwhile are answered by it too: they wake no pass of their own."""
+        if not any(source.waiting() for source in self.sources):
+            return None
+        if self._requests.incremental():  # NODES and LINKS, from reads made meanwhile: what we take now
+            self._requests = Requests()
+            self._wake.clear()
+        more = Pending(Requests())
+        for source in self.sources:
+            source.before_pass(more)
+        return more
 
     def _failed(self, message: str) -> None:
         self.status.last = f"last sync failed: {message}"

@@ -1,12 +1,14 @@
 """One link pass at a time: the whole picture (devchar.reconcile, in a thread) or, for node and link events
 alone, work for the names they were about (devchar.incremental), kept as the LinkState the next pass builds on.
+An incremental pass takes, before it returns, the names that arrived while it worked (a burst of mknods is
+one pass, not one per batch that arrived meanwhile).
 
 The daemon's worker (daemon/loop.py) decides when a pass runs and says what it did; this decides how.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Optional
 
 from nvsymlinkd.host import libc
 
@@ -24,13 +26,16 @@ class LinkPasses:
         self.root = root
         self.state: LinkState | None = None  # of the last full pass, kept up to date per event
         self._last_nodes = None
+        self.leftover: Pending | None = None  # a batch the last pass took but left for a full pass
 
-    async def run(self, loop, config, requests: Requests, pending: Pending):
+    async def run(self, loop, config, requests: Requests, pending: Pending,
+                  more: Optional[Callable[[], Optional[Pending]]] = None):
         """One pass -> its Picture (`.full` says which kind ran). Raises what reconcile raises; a pass that
-        fails leaves no picture to build on."""
+        fails leaves no picture to build on. `more()`: the names that arrived since, or None when none did;
+        an incremental pass asks it until None."""
         result = None
         if not pending.full and self.state is not None and requests.incremental():
-            result = await self._incremental(loop, pending.nodes, pending.links, config)
+            result = await self._incremental(loop, pending, config, more)
         if result is None:
             result = await self._full(loop, config)
         return result
@@ -55,17 +60,33 @@ class LinkPasses:
         result.full = True
         return result
 
-    async def _incremental(self, loop, node_names, link_names, config):
-        """Work for the names events were about -> the pass's Picture, or None (a full pass is needed)."""
+    async def _incremental(self, loop, pending: Pending, config, more):
+        """Work for the names events were about, and for those that arrive meanwhile -> the pass's Picture, or
+        None (a full pass is needed). A later batch that needs the whole picture ends the pass with what it did
+        so far and is left in `leftover` for the next pass (which then runs a full one)."""
         state = self.state
         assert state is not None  # run() asks for one only on a picture
-        if len(node_names) + len(link_names) <= INLINE_NAMES:
-            # a handful of syscalls: cheaper here than the hop to a thread and back
-            delta = state.update(node_names, link_names, config.create_nodes)
-        else:
-            delta = await loop.run_in_executor(None, state.update, node_names, link_names, config.create_nodes)
-        if delta is None:
-            return None
-        result = state.result(delta.outcomes)
+        outcomes: tuple = ()
+        first = True
+        while True:
+            delta = None if pending.full else await self._update(loop, state, pending, config)
+            if delta is None:  # update() changed nothing before saying so
+                if first:
+                    return None
+                self.leftover = pending
+                break
+            first = False
+            outcomes += delta.outcomes
+            later = more() if more is not None else None
+            if later is None:
+                break
+            pending = later
+        result = state.result(outcomes)
         result.full = False
         return result
+
+    async def _update(self, loop, state: LinkState, pending: Pending, config):
+        if len(pending.nodes) + len(pending.links) <= INLINE_NAMES:
+            # a handful of syscalls: cheaper here than the hop to a thread and back
+            return state.update(pending.nodes, pending.links, config.create_nodes)
+        return await loop.run_in_executor(None, state.update, pending.nodes, pending.links, config.create_nodes)

@@ -10,7 +10,9 @@ container hook (`daemon.spawn(daemon.guarded(daemon.hook.scope_appeared(unit)))`
     handle()            that fd is readable: drain it, ask for what it means (never blocks)
     started()           after READY=1 (the first full pass is done): start tasks, timers
     before_pass(p)      right before a pass observes: drain quietly (that pass answers what is
-                        queued), re-add watches, put the names it saw into `p` (a Pending)
+                        queued), re-add watches, put the names it saw into `p` (a Pending); again
+                        during an incremental pass while some source's waiting() is true
+    waiting()           events queued or read and not taken yet (one poll(2), no read)
     after_pass(state)   after a pass succeeded, with the picture it left (devchar.incremental.LinkState)
     stop()              close; the loop removes the reader first
     config_keys         the config keys it is built from: a SIGHUP that changes one restarts it
@@ -23,6 +25,7 @@ spawn(), guarded(), reload_pending, set_bus_state().
 
 from __future__ import annotations
 
+import select
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, ClassVar, Coroutine, Optional, Protocol
 
@@ -96,6 +99,9 @@ class Source:
     def before_pass(self, pending: Pending) -> None:
         pass
 
+    def waiting(self) -> bool:
+        return False
+
     def after_pass(self, state) -> None:
         pass
 
@@ -118,6 +124,14 @@ class WatchSource(Source):
 
     def handle(self) -> None:
         self._read(request=True)
+
+    def waiting(self) -> bool:
+        watch = self.watch
+        if watch is None:
+            return False
+        if watch.names or watch.full:  # handle() read them while a pass ran in its thread
+            return True
+        return bool(select.select([watch.fileno()], [], [], 0)[0])
 
     def stop(self) -> None:
         if self.watch is not None:
