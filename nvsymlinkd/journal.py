@@ -57,23 +57,35 @@ class Journal:
 
     def log(self, priority: int, message: str, kind: str | None = None, **fields) -> None:
         """Write one entry. `fields` become NVSYMLINKD_<NAME>, or a PLAIN_FIELDS name (None values are left out)."""
-        if priority > self.max_priority:
+        self.log_all(((priority, message, kind, fields),))
+
+    def log_all(self, entries) -> None:
+        """Write entries, each (priority, message, kind, fields) as log() takes them, one journal entry each with
+        its fields. To stderr in one write(2): a burst of 2,000 created links is one write, not 2,000."""
+        lines = []
+        code = None
+        for priority, message, kind, fields in entries:
+            if priority > self.max_priority:
+                continue
+            if self._send is not None:
+                extra = {PLAIN_FIELDS.get(k) or f"NVSYMLINKD_{k.upper()}": str(v)
+                         for k, v in fields.items() if v is not None}
+                if kind is not None:
+                    extra["MESSAGE_ID"] = MESSAGE_IDS[kind]
+                code_file, code_line, code_func = code = code or _caller()  # one caller for the whole batch
+                try:
+                    self._send(message, PRIORITY=str(priority), SYSLOG_IDENTIFIER=IDENTIFIER, CODE_FILE=code_file,
+                               CODE_LINE=code_line, CODE_FUNC=code_func, **extra)
+                    continue
+                except OSError:
+                    pass  # journald restarting: fall through to stderr, lose nothing
+            # names from container-writable files: one line, no terminal escapes
+            prefix = f"<{priority}>" if self.prefix_priority else ""
+            lines.append(f"{prefix}{IDENTIFIER}: {printable(message)}\n")
+        if not lines:
             return
-        extra = {PLAIN_FIELDS.get(k) or f"NVSYMLINKD_{k.upper()}": str(v) for k, v in fields.items() if v is not None}
-        if self._send is not None:
-            if kind is not None:
-                extra["MESSAGE_ID"] = MESSAGE_IDS[kind]
-            code_file, code_line, code_func = _caller()
-            try:
-                self._send(message, PRIORITY=str(priority), SYSLOG_IDENTIFIER=IDENTIFIER, CODE_FILE=code_file,
-                           CODE_LINE=code_line, CODE_FUNC=code_func, **extra)
-                return
-            except OSError:
-                pass  # journald restarting: fall through to stderr, lose nothing
-        # names from container-writable files: one line, no terminal escapes
-        prefix = f"<{priority}>" if self.prefix_priority else ""
         try:
-            self.stream.write(f"{prefix}{IDENTIFIER}: {printable(message)}\n")
+            self.stream.write("".join(lines))
             self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr closed: nowhere left to complain

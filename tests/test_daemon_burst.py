@@ -23,6 +23,26 @@ from tests.fakehost import standard_host
 CAPS = 509
 
 
+class _Writes:
+    """A stream that keeps each write() call's text."""
+
+    def __init__(self, f):
+        self.f, self.writes = f, []
+
+    def write(self, text):
+        self.writes.append(text)
+        return self.f.write(text)
+
+    def flush(self):
+        self.f.flush()
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self.f.fileno()
+
+
 def _burst(tmp_path, monkeypatch, during):
     """Start a daemon, mknod cap0 and, inside the pass's first update, call during(caps) -> (the links in
     DEV_CHAR_PATH after it, the journal text with each pass's debug line)."""
@@ -45,8 +65,9 @@ def _burst(tmp_path, monkeypatch, during):
     monkeypatch.setenv("NVSYMLINKD_DEBUG", "1")  # each pass says why it ran and which kind it was
     log = tmp_path / "log"
     with open(log, "w") as logf:
+        stream = _Writes(logf)
         daemon = Daemon(HostRoot(str(host.root)), Config(resync_interval=0, metrics_textfile=""),
-                        journal=journal.Journal("stderr", stream=logf), notifier=Notifier({}),
+                        journal=journal.Journal("stderr", stream=stream), notifier=Notifier({}),
                         use_udev=False, use_bus=False, sources=(NodeSource, LinkSource))
 
         async def scenario():
@@ -65,7 +86,7 @@ def _burst(tmp_path, monkeypatch, during):
             assert await asyncio.wait_for(task, 30) == 0
 
         asyncio.run(scenario())
-    return set(os.listdir(dev_char)), log.read_text()
+    return set(os.listdir(dev_char)), log.read_text(), stream.writes
 
 
 def _working(log) -> list:
@@ -80,10 +101,12 @@ def _make(caps, first, count):
 
 
 def test_names_arriving_during_a_pass_are_that_pass(tmp_path, monkeypatch, need_root):
-    names, log = _burst(tmp_path, monkeypatch, lambda caps: _make(caps, 1, 100))
+    names, log, writes = _burst(tmp_path, monkeypatch, lambda caps: _make(caps, 1, 100))
     assert {f"{CAPS}:{i}" for i in range(101)} <= names
     assert _working(log) == [(101, True)], log  # one pass made them all (it was 1, then 100)
-    assert log.count("created link") >= 101  # one journal entry per link, as before
+    made = f"created link /dev/char/{CAPS}:"
+    assert log.count(made) == 101  # one journal entry per link, as before...
+    assert [w.count(made) for w in writes if made in w] == [101]  # ...in one write(2)
 
 
 def test_a_batch_needing_the_whole_picture_goes_to_a_full_pass(tmp_path, monkeypatch, need_root):
@@ -92,7 +115,7 @@ def test_a_batch_needing_the_whole_picture_goes_to_a_full_pass(tmp_path, monkeyp
         # a new subdirectory of nodes under DRIVER_ROOT/dev: only the full pass answers it
         os.mkdir(caps.parent / "nvidia-caps-imex-channels")
 
-    names, log = _burst(tmp_path, monkeypatch, during)
+    names, log, writes = _burst(tmp_path, monkeypatch, during)
     assert {f"{CAPS}:{i}" for i in range(101)} <= names
     # the incremental pass for cap0, the full one for what came during it
     assert _working(log) == [(1, True), (100, False)], log

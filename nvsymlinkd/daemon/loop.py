@@ -284,8 +284,7 @@ class Daemon:
             entries = self.news.driver(bool(state.nvidia_majors))
             entries += self.news.after_pass(result.pass_outcomes, state.conflicts.values(), foreign,
                                             result.plan.notes, time.monotonic())
-        for e in entries:
-            self.journal.log(e.priority, e.message, e.kind, **e.fields)
+        self.journal.log_all((e.priority, e.message, e.kind, e.fields) for e in entries)
 
     # -- timers and signals ------------------------------------------------------
 
