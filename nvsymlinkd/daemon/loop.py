@@ -6,9 +6,10 @@ someone removed or rewrote is back within milliseconds), the mount table (a
 driver root mounted after start), udev module/PCI events, systemd on the system
 bus (reload started, reload finished, re-exec), a periodic resync. Every source only *requests* a reconcile; a single worker runs
 `reconcile()` (observe + plan + apply, always the whole picture) in a
-thread, so a burst of 50 mknods costs a handful of passes: the first event
-starts a pass at once (a single node gets its link in about a millisecond on
-a small host), everything arriving while it runs is folded into the next one.
+thread: the first event starts a pass at once (a single node gets its link in about
+a millisecond on a small host), everything arriving while it runs is folded into
+the next one, except node and link names an incremental pass takes before it returns
+(_more: a burst of mknods is one pass, not one per batch that arrived meanwhile).
 
 The container verifier plugs in through ContainerHook (daemon/hook.py): after a reload has
 been followed by a link resync, when a container scope appears, when a
