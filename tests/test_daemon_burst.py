@@ -119,3 +119,12 @@ def test_a_batch_needing_the_whole_picture_goes_to_a_full_pass(tmp_path, monkeyp
     assert {f"{CAPS}:{i}" for i in range(101)} <= names
     # the incremental pass for cap0, the full one for what came during it
     assert _working(log) == [(1, True), (100, False)], log
+
+
+def test_a_pass_takes_more_names_a_bounded_number_of_times(tmp_path, monkeypatch, need_root):
+    from nvsymlinkd.daemon import passes
+
+    monkeypatch.setattr(passes, "MORE_ROUNDS", 1)  # a writer that never stops cannot keep one pass going
+    names, log, _ = _burst(tmp_path, monkeypatch, lambda caps: _make(caps, 1, 100))
+    assert {f"{CAPS}:{i}" for i in range(101)} <= names
+    assert _working(log) == [(1, True), (100, True)], log  # the rest: the next pass, still incremental

@@ -256,11 +256,12 @@ class Daemon:
     def _more(self) -> Pending | None:
         """The names events brought while an incremental pass worked (that pass takes them), or None. The
         requests their reads made meanwhile are answered by it too: they wake no pass of their own."""
+        if not self._requests.incremental():
+            return None  # something asked meanwhile needs a full pass (a reload, a resync): it goes next
         if not any(source.waiting() for source in self.sources):
             return None
-        if self._requests.incremental():  # NODES and LINKS, from reads made meanwhile: what we take now
-            self._requests = Requests()
-            self._wake.clear()
+        self._requests = Requests()  # NODES and LINKS, from reads made meanwhile: what we take now
+        self._wake.clear()
         more = Pending(Requests())
         for source in self.sources:
             source.before_pass(more)

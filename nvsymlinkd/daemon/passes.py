@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 # An incremental pass for at most this many names runs on the loop itself, more in a thread.
 INLINE_NAMES = 64
+# An incremental pass takes names that arrived while it worked at most this many times: a writer that
+# never stops (links made and removed in a loop) cannot keep one pass going, and the watchdog fed.
+MORE_ROUNDS = 64
 
 
 class LinkPasses:
@@ -68,7 +71,7 @@ class LinkPasses:
         assert state is not None  # run() asks for one only on a picture
         outcomes: tuple = ()
         first = True
-        while True:
+        for round_ in range(MORE_ROUNDS):
             delta = None if pending.full else await self._update(loop, state, pending, config)
             if delta is None:  # update() changed nothing before saying so
                 if first:
@@ -77,7 +80,8 @@ class LinkPasses:
                 break
             first = False
             outcomes += delta.outcomes
-            later = more() if more is not None else None
+            # the last round takes no more: what is waiting then stays queued, and asks for the next pass
+            later = more() if more is not None and round_ < MORE_ROUNDS - 1 else None
             if later is None:
                 break
             pending = later
