@@ -301,11 +301,54 @@ def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: 
             wake.wait(left)
 
 
-def scope_invocation(root: HostRoot, scope: str, use_bus: bool | None = None) -> str | None:
-    """The scope's InvocationID (32 hex digits) as systemd says it now, or None: systemd does not know
-    the scope, or cannot be asked (no bus, a failed call, a caller on an event loop's thread)."""
+# systemd (the system manager) exports a started unit's InvocationID as the target of a symlink, made
+# when the unit starts and removed when it stops (src/core/unit.c at v252: unit_export_invocation_id,
+# unit_unlink_state_files); journald reads it there (src/journal/journald-context.c,
+# client_context_read_invocation_id). systemd answers no bus call during a daemon-reload: under a storm of
+# reloads the bus never said a new scope's id in time and its container got no drop-in (s29).
+INVOCATION_DIR = ("run", "systemd", "units")
+INVOCATION_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def exported_invocation(root: HostRoot, scope: str) -> str | None:
+    """The InvocationID systemd exported for the unit (/run/systemd/units/invocation:UNIT), or None: not
+    started, or anything on the way not systemd's (a symlink for a directory, a directory or the link
+    not root's, a directory others may write: never followed, never trusted)."""
     if not SCOPE_NAME.fullmatch(scope):
         return None
+    try:
+        fd = os.open(root.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for name in INVOCATION_DIR:
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            st = os.fstat(fd)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                return None
+        link = f"invocation:{scope}"
+        st = os.lstat(link, dir_fd=fd)
+        if not stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
+            return None
+        target = os.readlink(link, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return target if INVOCATION_ID.fullmatch(target) else None
+
+
+def scope_invocation(root: HostRoot, scope: str, use_bus: bool | None = None) -> str | None:
+    """The scope's InvocationID (32 hex digits): as systemd exported it (exported_invocation), else as it
+    says it on the bus now; None: systemd does not know the scope, or cannot be asked (no bus, a failed
+    call, a caller on an event loop's thread)."""
+    if not SCOPE_NAME.fullmatch(scope):
+        return None
+    exported = exported_invocation(root, scope)
+    if exported is not None:
+        return exported
     if use_bus is None:
         use_bus = bus_allowed(root)
     if not use_bus or _in_running_loop():

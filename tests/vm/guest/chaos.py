@@ -56,16 +56,13 @@ DROP_STREAM = 0x5EED_0000       # the second generator's seed offset (any consta
 # a grant for a device that does not exist, so it gets the issue's 1 s.
 BUDGET_S: Dict[str, float] = {"uvm-reload": 1.0}
 DEFAULT_BUDGET_S = 0.0
-# A container created and a daemon-reload at once (container-recreate=SLOT/reload) has no budget (issue
-# 24): while runc creates the container the daemon writes the NVIDIA hook's reconstructed grant to a
-# drop-in of the scope (systemd.dropin), which the reload reads, so no reload after that can take the
-# grant; the scope's live policy is never touched then (a SetUnitProperties made systemd swap its device
-# program under runc's BPF_F_REPLACE and the container failed to start: docs/daemon.md). Except where the
-# daemon cannot see the container being created: Podman keeps its bundle in its graphroot, found only
-# through runc's state.json (docs/daemon.md), so for its hook-granted slot the pass that state.json
-# triggers is the first, and a reload before its SetUnitProperties is the old race (repaired: 0.33 s).
-EARLY_UNSEEN = frozenset({"podman-hook"})
-RACE_BUDGET_S = 1.0
+# A container created and a daemon-reload at once (container-recreate=SLOT/reload) has no budget for any
+# runtime (issue 24, issue 34 item 7): while runc creates the container the daemon writes the NVIDIA hook's
+# reconstructed grant to a drop-in of the scope (systemd.dropin), which the reload reads, so no reload after
+# that can take the grant; the scope's live policy is never touched then (a SetUnitProperties made systemd
+# swap its device program under runc's BPF_F_REPLACE and the container failed to start: docs/daemon.md).
+# Podman with runc included: its bundle (in its graphroot) is the cwd of the runc creating it
+# (containers/runtimeproc.py), seen before state.json like plain runc's.
 # cgroupfs-drop is a loss nothing announces (no event says a cgroup got a new device program): the
 # daemon repairs it by the bpf-program mechanism at its next pass, the periodic resync at the latest
 # (resync_interval: 60 s by default, 5/20/60 s after the soak's sighup steps); with /reload the
@@ -96,8 +93,6 @@ class Step:
 
     @property
     def budget_s(self) -> float:
-        if self.kind == "container-recreate" and "reload" in self.args and self.args[0] in EARLY_UNSEEN:
-            return RACE_BUDGET_S
         return BUDGET_S.get(self.kind, DEFAULT_BUDGET_S)
 
     def drop_budget_s(self, resync_s: float) -> float:
