@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from nvsymlinkd.containers import scopes
+from nvsymlinkd.systemd import scopes
 from nvsymlinkd.host.root import HostRoot
 
 SCOPE = "libpod-0123abcd.scope"
