@@ -192,8 +192,8 @@ def test_pod_scenarios_default_and_full():
 def test_the_full_matrix_reaches_the_guest(tmp_path, monkeypatch):
     """NVSYMLINKD_VM_MATRIX=full goes to the guest through options.json (a restored guest keeps the
     base's kernel command line), where it picks the full counts of reloads, re-execs and updates;
-    the default run's counts still have every kind of event, each update value twice and reloads
-    after the re-execs (for the container started after them)."""
+    the default run's counts still have every kind of event, each update value once (each followed
+    by a reload) and a reload after the re-execs (for the container started after them)."""
     from tests.vm.guest import stacks, vmguest
 
     monkeypatch.setenv("VM_RUN", str(tmp_path))

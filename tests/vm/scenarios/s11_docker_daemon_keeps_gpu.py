@@ -4,7 +4,7 @@ Same stack as s10 (systemd cgroup driver, `--gpus all` and `--runtime=nvidia`, t
 the prestart hook behind systemd's back). nvsymlinkd sees each container, journals
 repair-prevented, and `check --json` lists it ok as runtime docker with its docker-<id>.scope.
 Then 20 daemon-reloads, 2 daemon-reexecs, 10 `docker update --cpuset-cpus` (the full matrix's
-counts; the default run 6, 2 and 4: stacks.event_counts), a restart of dockerd (live-restore) and of
+counts; the default run 3, 2 and 2: stacks.event_counts), a restart of dockerd (live-restore) and of
 containerd: gpupoll in each container (open every 10 ms) sees zero
 denied opens. A plain (non-GPU) container beside them is not listed as a GPU one; `repair` and
 `check` take the Docker name, an id prefix and the scope; the journal says at risk, prevented,

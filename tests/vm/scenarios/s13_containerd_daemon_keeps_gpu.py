@@ -1,7 +1,7 @@
 """Scenario 13: containerd 1.6 as the CRI plugin drives it (s12's stack), with the .deb installed
 and nvsymlinkd running: the container is prevented, `check --json` lists it ok as runtime
 containerd in cri-containerd-<id>.scope, and through 20 daemon-reloads, 2 daemon-reexecs, 10
-task updates (kubelet CPU manager's path; the default run 6, 2 and 4: stacks.event_counts) and a
+task updates (kubelet CPU manager's path; the default run 3, 2 and 2: stacks.event_counts) and a
 containerd restart gpupoll sees zero denied opens.
 The containers carry the CRI plugin's annotations (sandbox namespace/name, container name) and
 64-hex ids: `repair` and `check` take namespace/pod/container, namespace/pod, an id prefix and the

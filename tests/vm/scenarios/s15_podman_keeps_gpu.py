@@ -1,7 +1,7 @@
 """Scenario 15: Podman 4.3 (s14's containers: the NVIDIA OCI hook with crun and with runc, and
 CDI) with the .deb installed and nvsymlinkd running: each GPU container is prevented or ok from
 the start, `check --json` lists it ok as runtime podman in libpod-<id>.scope, and through 20
-daemon-reloads, 2 daemon-reexecs and 10 `podman update --cpuset-cpus` (the default run 6, 2 and 4:
+daemon-reloads, 2 daemon-reexecs and 10 `podman update --cpuset-cpus` (the default run 3, 2 and 2:
 stacks.event_counts) gpupoll sees zero denied
 opens (Podman has no daemon to restart). A plain (non-GPU) container is not listed as a GPU one
 (the OCI hook runs for it too, and grants nothing); `repair` and `check` take the Podman name,
