@@ -506,6 +506,14 @@ def render_kube(out: Path) -> Dict[str, str]:
     return images
 
 
+def pod_image_kept() -> bool:
+    """Whether a guest that builds the pod image saves it for the host's cache: not in a CI default
+    run, whose cache dies with the machine and whose one pod cell (s20) is the only one to use it
+    (the `podman save` cost 60-120 s of TCG time there; docs/vm.md, "CI time"). The full matrix keeps
+    it: s20@v1 and s21 load it."""
+    return os.environ.get("CI") != "true" or os.environ.get("NVSYMLINKD_VM_MATRIX", "") == "full"
+
+
 def stage_pod(run_dir: Path) -> dict:
     """What a pod scenario gets in its run dir: the rendered YAML, and the image: the cached
     build (podimage.tar, `podman load`) or the base to build it from (podbase.tar)."""
@@ -513,7 +521,7 @@ def stage_pod(run_dir: Path) -> dict:
     key = pod_image_key()
     cached = CACHE / f"podimage-{key}"
     info = {"image": images["base"], "images": images, "key": key, "base_tag": POD_BASE_TAG,
-            "cached": cache_entry_ok(cached)}
+            "cached": cache_entry_ok(cached), "save": pod_image_kept()}
     if info["cached"]:
         os.link(cached / "image.tar", run_dir / "podimage.tar")
     else:

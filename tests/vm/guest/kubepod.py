@@ -242,7 +242,7 @@ def install_pause(modules: str) -> None:
 def image_ready(sc) -> str:
     """The DaemonSet's image in Podman's store: loaded from the host's cache, or built here from
     deploy/kubernetes/Dockerfile offline (BASE imported from the host's minbase tarball) and saved
-    to the run dir for the host to cache. Returns the image reference."""
+    to the run dir for the host to cache (unless pod.json says no). Returns the image reference."""
     info = pod_info()
     image = info["image"]
     start = time.monotonic()
@@ -265,11 +265,15 @@ def image_ready(sc) -> str:
         if proc.returncode:
             raise RuntimeError("the image did not build")
         sc.timing("pod_image_build_s", time.monotonic() - start)
-        out = os.path.join(RUN, "podimage-built")
-        os.makedirs(out, exist_ok=True)
-        _sh("podman", "save", "-o", os.path.join(out, "image.tar.tmp"), image, timeout=600)
-        os.rename(os.path.join(out, "image.tar.tmp"), os.path.join(out, "image.tar"))
-        sc.fact("pod_image", "built in the guest")
+        if info.get("save", True):
+            start = time.monotonic()
+            out = os.path.join(RUN, "podimage-built")
+            os.makedirs(out, exist_ok=True)
+            _sh("podman", "save", "-o", os.path.join(out, "image.tar.tmp"), image, timeout=600)
+            os.rename(os.path.join(out, "image.tar.tmp"), os.path.join(out, "image.tar"))
+            sc.timing("pod_image_save_s", time.monotonic() - start)
+        # not saved in a CI default run: nothing after it would load it (vmhost.pod_image_kept)
+        sc.fact("pod_image", "built in the guest" + ("" if info.get("save", True) else ", not saved"))
     size = int(_sh("podman", "image", "inspect", "-f", "{{.Size}}", image).stdout.strip())
     base = _sh("podman", "image", "inspect", "-f", "{{.Size}}", info["base_tag"], check=False).stdout.strip()
     sc.fact("pod_image_size_mib", round(size / 2**20, 1))
