@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -42,6 +43,9 @@ KUBE_TREES = {"base": KUBE_DIR / "base", "report-only": KUBE_DIR / "overlays" / 
               "driver-container": KUBE_DIR / "overlays" / "driver-container"}
 # static programs built beside the modules: the in-container poller, the pod infra's pause
 STATIC_PROGRAMS = ("gpupoll", "pause")
+# the fake driver's NVML (modules/libnvidia-ml.c) and the real pynvml that loads it (s28: a MIG node has both)
+NVML_FILES = ("libnvidia-ml.so.1", "pynvml.py")
+PYNVML = ("nvidia-ml-py==13.615.71", "2828e66b483bec218f461314f6da96c1e56330ed4b297a20b3444b4c43cdd14e")
 CACHE = Path(os.environ.get("NVSYMLINKD_VM_CACHE", REPO / ".cache" / "vm"))
 SUITE = "bookworm"
 # Bump when the build recipe below changes in a way the hashed files do not show.
@@ -316,10 +320,10 @@ def build_image(force: bool = False) -> Image:
 
 
 def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
-    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel and the static in-container poller
-    (gpupoll, tests/vm/poller), cached like the image."""
+    """Fake nvidia.ko / nvidia-uvm.ko for the guest kernel, the static in-container poller
+    (gpupoll, tests/vm/poller) and the fake driver's NVML with the real pynvml (NVML_FILES), cached like the image."""
     kernel = kernel or guest_kernel()
-    h = hashlib.sha256(f"{kernel.abi} {kernel.version}".encode())
+    h = hashlib.sha256(f"{kernel.abi} {kernel.version} {PYNVML[1]}".encode())
     _hash_tree(h, MODULES_SRC)
     _hash_tree(h, POLLER_SRC)
     key = h.hexdigest()[:16]
@@ -341,14 +345,35 @@ def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
                                    str(POLLER_SRC / f"{prog}.c")], capture_output=True, text=True)
             if proc.returncode != 0:
                 raise VmError(f"building the static {prog} failed (gcc, libc6-dev installed?):\n{proc.stderr[-2000:]}")
+        proc = subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
+                               "-o", str(tmp / NVML_FILES[0]), str(MODULES_SRC / "libnvidia-ml.c")],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VmError(f"building the fake libnvidia-ml.so.1 failed:\n{proc.stderr[-2000:]}")
+        fetch_pynvml(tmp / NVML_FILES[1])
         for name in names:
             vermagic = subprocess.run(["modinfo", "-F", "vermagic", str(tmp / name)],
                                       capture_output=True, text=True).stdout
             if not vermagic.startswith(kernel.abi + " "):
                 raise VmError(f"{name} has vermagic {vermagic!r}, guest kernel is {kernel.abi}")
-        _write_manifest(tmp, names + list(STATIC_PROGRAMS), {"kernel_abi": kernel.abi})
+        _write_manifest(tmp, names + list(STATIC_PROGRAMS) + list(NVML_FILES), {"kernel_abi": kernel.abi})
         _publish(tmp, final, "modules-")
         return final
+
+
+def fetch_pynvml(dest: Path) -> None:
+    """pynvml.py of the pinned nvidia-ml-py wheel (pure Python; pip download, checked against its sha256)."""
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                               "-d", tmp, PYNVML[0]], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or len(wheels) != 1:
+            raise VmError(f"pip download {PYNVML[0]} failed (network, pip?): {proc.stderr.strip()[-600:]}")
+        with zipfile.ZipFile(wheels[0]) as whl:
+            text = whl.read("pynvml.py")
+    if hashlib.sha256(text).hexdigest() != PYNVML[1]:
+        raise VmError(f"pynvml.py of {PYNVML[0]} is not the one pinned (sha256 {PYNVML[1]})")
+    dest.write_bytes(text)
 
 
 @dataclass
@@ -973,7 +998,7 @@ def run_scenario(name: str, image: Image, modules: Path, timeout: Optional[float
     run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace('@', '-')}-",
                                     dir=out_root))
     (run_dir / "modules").mkdir()
-    for ko in list(modules.glob("*.ko")) + [modules / prog for prog in STATIC_PROGRAMS]:
+    for ko in list(modules.glob("*.ko")) + [modules / prog for prog in STATIC_PROGRAMS + NVML_FILES]:
         shutil.copy(ko, run_dir / "modules" / ko.name)
     if opts["nvsymlinkd"] == "deb":
         shutil.copy(deb, run_dir / "nvsymlinkd.deb")

@@ -8,12 +8,20 @@ there and in nvsymlinkd/host/mig.py): /proc/driver/nvidia/gpus/<pci>/information
 mig-minors (every slot, table order), /proc/driver/nvidia/capabilities/{mig/config,mig/monitor,gpu<N>/mig/
 gi<G>[/ci<C>]/access} for the instances that exist, and the nodes /dev/nvidia-caps/nvidia-cap<minor> on the
 fake module's dynamic nvidia-caps major. /proc/driver is a bind mount of a tmpfs tree (as s25's), published
-into nvsymlinkd.service's own /proc by a BindReadOnlyPaths= drop-in. NVML is not there: the MIG UUIDs are
-written for the NVIDIA hook stand-in only (nvidia_hook.MIG_NVML), never for nvsymlinkd (a pynvml stand-in
-would be a mock of what nvsymlinkd trusts).
+into nvsymlinkd.service's own /proc by a BindReadOnlyPaths= drop-in.
+
+    install_fake_nvml()                        # the driver's libnvidia-ml.so.1 and the real pynvml
+
+NVML, as a real MIG node has it (libnvidia-ml.so.1 ships with the driver, pynvml is nvsymlinkd's optional
+dependency): the real pynvml.py (nvidia-ml-py, pinned in vmhost.PYNVML) on the system Python's path, over the
+fake driver's library (tests/vm/modules/libnvidia-ml.c), which answers from the same files: the GPUs of
+/proc/driver/nvidia/gpus and the MIG UUID table the hook stand-in resolves (nvidia_hook.MIG_NVML), so NVML, the
+hook and the driver's files never disagree.
 """
 import json
 import os
+import shutil
+import sys
 
 from tests.migfixture import access_text, mig_minor_table
 from tests.vm.guest.nvidia_hook import MIG_NVML
@@ -30,6 +38,9 @@ FAKE_PROC_DRIVER = "/run/vmtest/proc-driver"
 DROP_IN = "/run/systemd/system/nvsymlinkd.service.d/50-proc-driver.conf"
 CAPS = f"{FAKE_PROC_DRIVER}/nvidia/capabilities"
 GPU_UUID = "GPU-00000000-vm28-0000-0000-000000000000"
+NVML_LIB = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"  # where the driver's packages put it
+# the system Python's local site directory: on nvsymlinkd.service's path and the maintainer scripts'
+PYNVML = f"/usr/local/lib/python3.{sys.version_info.minor}/dist-packages/pynvml.py"
 
 
 def load_fake_mig_driver() -> dict:
@@ -39,6 +50,15 @@ def load_fake_mig_driver() -> dict:
     return {k: v for k, v in proc_devices_majors().items() if k.startswith("nvidia")}
 
 
+def install_fake_nvml() -> None:
+    """The fake libnvidia-ml.so.1 where the dynamic loader finds it (pynvml dlopens "libnvidia-ml.so.1") and
+    the real pynvml.py, both built or fetched on the host (vmhost.build_modules, NVML_FILES)."""
+    shutil.copy(os.path.join(MODULES, "libnvidia-ml.so.1"), NVML_LIB)
+    sh("/sbin/ldconfig")
+    os.makedirs(os.path.dirname(PYNVML), exist_ok=True)
+    shutil.copy(os.path.join(MODULES, "pynvml.py"), PYNVML)
+
+
 def _write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -46,7 +66,7 @@ def _write(path: str, text: str) -> None:
 
 
 def publish_mig_layout(layout: dict, nvml: dict, caps_major: int) -> dict:
-    """layout: GPU minor -> {GI: [CI]}; nvml: MIG UUID -> (GPU minor, GI, CI) for the hook stand-in. One GPU
+    """layout: GPU minor -> {GI: [CI]}; nvml: MIG UUID -> (GPU minor, GI, CI) for NVML and the hook. One GPU
     per minor under gpus/ (PCI 0000:00:05.0 + minor). Returns mig-minors' table (name -> minor)."""
     table = mig_minor_table()
     for gpu in layout:

@@ -11,11 +11,13 @@ instance's caps are opened from the container's cgroup by a host process (the ke
 in the container).
 
 What the reconstruction trusts of a MIG request: only a MIG UUID NVML lists now (hookgrant._mig_by_uuid); a
-`g:m` index never, `all` on a host with MIG instances never. This VM (like any node without pynvml) has no
-NVML, so no MIG request is trusted by the hook's reconstruction:
-  (A) a MIG container started before the first `dpkg -i` with no daemon: `check` names NVML as the reason
-      the grant is not known, the postinst cannot prevent, and the package's reload takes its GPU and caps
-      (the limit, shown);
+`g:m` index never, `all` on a host with MIG instances never. This node has NVML as a real MIG node has it
+(migdriver.install_fake_nvml: the real pynvml over the fake driver's libnvidia-ml.so.1, answering from the
+same layout), so:
+  (A) a MIG container started before the first `dpkg -i` with no daemon: `check` trusts the hook's grant
+      through NVML, the postinst's prevention (`repair --before-reload`) keeps it through the package's
+      reload and a later one: 0 denied opens of the GPU and both caps; the other instance's caps EPERM
+      before and after; `check` ok after;
   (B) a MIG container the installed daemon saw (its healthy baseline records the hook's grant): the daemon
       stopped, /dev/char's NVIDIA links gone, `dpkg -i` of the next version (the postinst's prevention and
       daemon-reload, the restart), the operator's reload and a later one: 0 denied opens of the GPU and
@@ -25,7 +27,7 @@ import json
 import time
 
 from tests.vm.guest.chaosrun import cgroup_opens
-from tests.vm.guest.migdriver import load_fake_mig_driver, publish_mig_layout
+from tests.vm.guest.migdriver import install_fake_nvml, load_fake_mig_driver, publish_mig_layout
 from tests.vm.guest.pkgsteps import Polled, operator, the_debs, unlink_nvidia_links
 from tests.vm.guest.stacks import (
     CONTROL,
@@ -35,7 +37,7 @@ from tests.vm.guest.stacks import (
     hierarchy,
     install_nvidia_toolkit,
 )
-from tests.vm.guest.vmguest import Scenario, daemon_reload, mknod, unit_property, wait_for
+from tests.vm.guest.vmguest import Scenario, daemon_reload, mknod, sh, unit_property, wait_for
 
 MIG_A = "MIG-2a3b4c5d-aaaa-5e6f-8a9b-0c1d2e3f4a5b"  # gpu0/gi1/ci0
 MIG_B = "MIG-7e8f9a0b-bbbb-5c6d-9e0f-1a2b3c4d5e6f"  # gpu0/gi2/ci0
@@ -120,6 +122,12 @@ with Scenario() as sc:
     mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)
     mknod("/dev/nvidiactl", 195, 255)
     table = publish_mig_layout({0: {1: [0], 2: [0]}}, {MIG_A: (0, 1, 0), MIG_B: (0, 2, 0)}, majors["nvidia-caps"])
+    install_fake_nvml()
+    nvml = sh("/usr/bin/python3", "-c", "from nvsymlinkd.containers.hookhost import read_nvml_mig as r; print(r())",
+              check=False)
+    sc.fact("nvml", (nvml.stdout + nvml.stderr)[-800:])
+    sc.check("NVML (the real pynvml over the fake driver's library) lists both MIG devices",
+             MIG_A in nvml.stdout and MIG_B in nvml.stdout, (nvml.stdout + nvml.stderr)[-600:])
     install_nvidia_toolkit()
     caps_a, caps_b = caps(table, 1), caps(table, 2)
     sc.fact("caps", {"A (gi1)": caps_a, "B (gi2)": caps_b})
@@ -137,13 +145,16 @@ with Scenario() as sc:
     seen = verdicts()
     sc.fact("install_verdicts", {k: brief(v) for k, v in seen.items()})
     hook = (seen.get(a.name) or {}).get("nvidia_hook") or {}
-    sc.check("A: no MIG request is trusted without NVML: check says the hook's grant is not known, naming NVML",
-             hook.get("trusted") is False and "NVML" in (hook.get("detail") or ""), str(hook)[:600])
-    lost = a.denied(start, time.time())
-    sc.fact("install_A_denied_opens", lost)
-    sc.check("A (the limit): the first install's reload took its GPU and caps, and nothing gives them back",
-             a.poll().open_window is not None and a.mig_poll().open_window is not None
-             and a.mig_poll().control_open_window is not None, str(lost))
+    sc.check("A: check trusts the hook's MIG grant through NVML", hook.get("trusted") is True, str(hook)[:600])
+    denied = a.denied(start, end)
+    sc.fact("install_A_denied_opens", denied)
+    sc.check("A: zero denied opens of its GPU, its GI cap and its CI cap through the install and two reloads",
+             a.alive_since(end - 3) and not any(denied.values()), str(denied))
+    sc.check("A: the other instance's caps are EPERM after", set(a.other_caps().values()) == {"EPERM"},
+             str(a.other_caps()))
+    last = verdicts().get(a.name) or {}
+    sc.fact("A_after_install", brief(last))
+    sc.check("A: check says ok after the install", last.get("verdict") == "ok", str(brief(last)))
 
     # (B) a MIG container the daemon saw: its baseline holds the hook's grant
     b = MigPolled("s28-mig-b", MIG_B, caps_b, caps_a)
