@@ -18,6 +18,7 @@ import pytest
 
 from nvsymlinkd.host.driverinfo import read_mig_map
 from nvsymlinkd.host.root import HostRoot
+from tests.conftest import _skip_or_fail, need_tool
 from tests.fakehost import FakeHost
 from tests.migfixture import CAPS_MAJOR, write_mig_layout
 from tests.vm import vmhost
@@ -40,21 +41,22 @@ def real_pynvml() -> Path | None:
     return None
 
 
-PYNVML = real_pynvml()
-pytestmark = [
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the fake libnvidia-ml.so.1"),
-    pytest.mark.skipif(PYNVML is None, reason=f"needs the real pynvml.py of {vmhost.PYNVML[0]} (pip install it, "
-                       "or set NVSYMLINKD_PYNVML, or build the VM modules: tests/vm/vmhost.py modules)"),
-]
-
-
 @pytest.fixture(scope="module")
 def libdir(tmp_path_factory) -> Path:
+    """The fake library built and the pinned pynvml.py beside it: found (real_pynvml), else fetched as vmhost does
+    for the VM (pip download of the pinned wheel, sha256-checked); in CI both must work, elsewhere a skip says why."""
+    gcc = need_tool("gcc")
     out = tmp_path_factory.mktemp("nvml")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
+    subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
                     "-o", str(out / "libnvidia-ml.so.1"), str(REPO / "tests/vm/modules/libnvidia-ml.c")], check=True)
-    assert PYNVML is not None
-    shutil.copy(PYNVML, out / "pynvml.py")
+    found = real_pynvml()
+    if found is not None:
+        shutil.copy(found, out / "pynvml.py")
+        return out
+    try:
+        vmhost.fetch_pynvml(out / "pynvml.py", tmp_dir=out)
+    except vmhost.VmError as exc:
+        _skip_or_fail(f"the real pynvml.py of {vmhost.PYNVML[0]}: {exc} (pip install it, or set NVSYMLINKD_PYNVML)")
     return out
 
 

@@ -361,9 +361,9 @@ def build_modules(kernel: Optional[GuestKernel] = None) -> Path:
         return final
 
 
-def fetch_pynvml(dest: Path) -> None:
+def fetch_pynvml(dest: Path, tmp_dir: Optional[Path] = None) -> None:
     """pynvml.py of the pinned nvidia-ml-py wheel (pure Python; pip download, checked against its sha256)."""
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+    with tempfile.TemporaryDirectory(dir=tmp_dir or CACHE) as tmp:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                                "-d", tmp, PYNVML[0]], capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
