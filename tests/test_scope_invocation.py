@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from nvsymlinkd.systemd import scopes
 from nvsymlinkd.host.root import HostRoot
+from nvsymlinkd.systemd import scopes
 
 SCOPE = "libpod-0123abcd.scope"
 ID = "5f3c0e7a9b2d4c61a8e0f1b2c3d4e5f6"
