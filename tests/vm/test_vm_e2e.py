@@ -423,7 +423,7 @@ def fake_qemu(tmp_path, monkeypatch):
                         or base)
     modules = tmp_path / "modules"
     modules.mkdir()
-    for prog in vmhost.STATIC_PROGRAMS:
+    for prog in vmhost.STATIC_PROGRAMS + vmhost.NVML_FILES:  # what build_modules leaves there
         (modules / prog).write_bytes(b"")
     return _fake_image(tmp_path), modules, asked
 
