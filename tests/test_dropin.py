@@ -8,7 +8,7 @@ import pytest
 
 from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.systemd import dropin
+from nvsymlinkd.systemd import dropin, scopes
 
 SCOPE = "docker-" + "ab" * 32 + ".scope"
 INV = "0123456789abcdef" * 2  # a scope's InvocationID
@@ -159,7 +159,7 @@ def test_a_symlinked_directory_inside_the_root_is_never_followed(tmp_path):
     other.mkdir(parents=True)
     (tmp_path / "run/systemd/system").mkdir(parents=True)
     os.symlink("/etc/systemd/system/ssh.service.d", tmp_path / f"run/systemd/system/{SCOPE}.d")
-    with pytest.raises(dropin.UnsafeDirectory):
+    with pytest.raises(scopes.UnsafeDirectory):
         dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
     assert list(other.iterdir()) == []
     (other / dropin.NAME).write_text(f"# nvsymlinkd-owner: container={'ab' * 32} invocation={INV}\n")
@@ -174,14 +174,14 @@ def test_a_directory_on_the_way_that_is_not_roots_alone_is_refused(tmp_path, whe
     (tmp_path / f"run/systemd/system/{SCOPE}.d").mkdir(parents=True)
     d = tmp_path / (f"run/systemd/system/{SCOPE}.d" if where == "scope.d" else where)
     os.chown(d, 1000, 1000)
-    with pytest.raises(dropin.UnsafeDirectory):
+    with pytest.raises(scopes.UnsafeDirectory):
         dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
     os.chown(d, 0, 0)
     os.chmod(d, 0o777)
-    with pytest.raises(dropin.UnsafeDirectory):
+    with pytest.raises(scopes.UnsafeDirectory):
         dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
     os.chmod(d, 0o775)  # group-writable: not root's alone either (issue 34 review)
-    with pytest.raises(dropin.UnsafeDirectory):
+    with pytest.raises(scopes.UnsafeDirectory):
         dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])
     os.chmod(d, 0o755)
     dropin.write(root, SCOPE, "ab" * 32, INV, [(Device("c", 195, 0), Access("rw"))])

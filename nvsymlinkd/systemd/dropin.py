@@ -35,7 +35,7 @@ reload only reads the file), and a scope's UnitNew comes after it. So a drop-in 
 was written for an earlier scope of the name. /run is gone at reboot.
 
 Every directory on the way is opened without following a link and must be a real directory owned by
-root and not writable by others (safe_dir): a `<scope>.d` planted as a link to another unit's
+root and not writable by others (scopes.open_root_dirs): a `<scope>.d` planted as a link to another unit's
 drop-in directory (or anywhere) is never written through, read through or removed through.
 """
 
@@ -52,7 +52,7 @@ from nvsymlinkd.host.devices import Access, Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.systemd.deviceallow import DeviceAllow
 from nvsymlinkd.systemd.scopes import RUNTIME_UNIT_DIR as RUNTIME_DIR
-from nvsymlinkd.systemd.scopes import SCOPE_NAME, TRANSIENT_DIR
+from nvsymlinkd.systemd.scopes import SCOPE_NAME, TRANSIENT_DIR, open_root_dirs
 
 NAME = "90-nvsymlinkd-keep.conf"
 OWNER_PREFIX = "# nvsymlinkd-owner: "
@@ -61,10 +61,6 @@ OWNER_PREFIX = "# nvsymlinkd-owner: "
 OWNER_LINE = re.compile(r"# nvsymlinkd-owner: container=([A-Za-z0-9][A-Za-z0-9_.+-]{0,255}) invocation=([0-9a-f]{32}|-)")
 INVOCATION = re.compile(r"[0-9a-f]{32}")
 MAX_BYTES = 64 * 1024  # ours are a few hundred bytes; more is not ours
-
-
-class UnsafeDirectory(OSError):
-    """A directory on the way to the drop-in that is a link, not a directory, or not root's alone."""
 
 
 def dropin_path(scope: str) -> str:
@@ -99,44 +95,12 @@ def parse_owner(text: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-def safe_dir(fd: int, shown: str) -> None:
-    """Raise UnsafeDirectory unless the open fd is a directory owned by root that no other user may
-    write, as owner of the group or not (a planted directory would let its writer swap our file for one
-    of theirs)."""
-    st = os.fstat(fd)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        raise UnsafeDirectory(errno.EPERM, f"{shown} is not a directory owned by root and writable by root alone")
-
-
 def _open_dirs(root: HostRoot, scope: str, create: bool) -> int:
     """An fd of <root>/run/systemd/system/<scope>.d, every component opened with O_NOFOLLOW from the
-    root's own directory and checked by safe_dir (made 0755 where missing, when create)."""
+    root's own directory and checked as root's alone (scopes.open_root_dirs; made 0755 where missing,
+    when create)."""
     dropin_path(scope)  # ValueError for a name that is no scope's
-    names = RUNTIME_DIR.strip("/").split("/") + [f"{scope}.d"]
-    fd = os.open(root.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    shown = ""
-    try:
-        for name in names:
-            shown += "/" + name
-            if create:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafeDirectory(exc.errno, f"{shown} is a symlink or not a directory: never followed") \
-                        from None
-                raise
-            os.close(fd)
-            fd = nfd
-            safe_dir(fd, shown)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    return open_root_dirs(root, RUNTIME_DIR.strip("/").split("/") + [f"{scope}.d"], create)
 
 
 def write(root: HostRoot, scope: str, container_id: str, invocation_id: str,

@@ -18,6 +18,7 @@ here, under the root, as systemd stats it).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import stat
@@ -310,6 +311,44 @@ INVOCATION_DIR = ("run", "systemd", "units")
 INVOCATION_ID = re.compile(r"[0-9a-f]{32}")
 
 
+class UnsafeDirectory(OSError):
+    """A directory on the way that is a link, not a directory, or not root's alone."""
+
+
+def open_root_dirs(root: HostRoot, names: list[str], create: bool = False) -> int:
+    """An fd of the directory <root>/NAME/NAME/...: every component opened with O_NOFOLLOW from the root's
+    own directory, each a directory owned by root that no other user may write, as owner of the group or
+    not (a planted directory would let its writer swap a file systemd reads, or one we read, for one of
+    theirs); made 0755 where missing, when create. Raises UnsafeDirectory, or OSError (missing)."""
+    fd = os.open(root.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    shown = ""
+    try:
+        for name in names:
+            shown += "/" + name
+            if create:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeDirectory(exc.errno, f"{shown} is a symlink or not a directory: never followed") \
+                        from None
+                raise
+            os.close(fd)
+            fd = nfd
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+                raise UnsafeDirectory(errno.EPERM, f"{shown} is not a directory owned by root and writable by "
+                                      "root alone")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def exported_invocation(root: HostRoot, scope: str) -> str | None:
     """The InvocationID systemd exported for the unit (/run/systemd/units/invocation:UNIT), or None: not
     started, or anything on the way not systemd's (a symlink for a directory, a directory or the link
@@ -317,17 +356,10 @@ def exported_invocation(root: HostRoot, scope: str) -> str | None:
     if not SCOPE_NAME.fullmatch(scope):
         return None
     try:
-        fd = os.open(root.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = open_root_dirs(root, list(INVOCATION_DIR))
     except OSError:
         return None
     try:
-        for name in INVOCATION_DIR:
-            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-            st = os.fstat(fd)
-            if st.st_uid != 0 or st.st_mode & 0o022:
-                return None
         link = f"invocation:{scope}"
         st = os.lstat(link, dir_fd=fd)
         if not stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
