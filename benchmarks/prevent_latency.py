@@ -51,8 +51,8 @@ with open(stamp, "w") as f:
 PASS = re.compile(r"verified \d+ GPU containers in ([\d.]+) ms")
 # The daemon without its runtime state watch: what it did before (scope timers only).
 # Put before DaemonProcess's `python -m nvsymlinkd ARGS`: runs the CLI on ARGS.
-TIMERS_ONLY = ("import sys; import nvsymlinkd.daemon.loop as loop; "
-               "loop.Daemon._start_runtimewatch = lambda self: None; "
+TIMERS_ONLY = ("import sys; import nvsymlinkd.daemon.sources.runtimes as runtimes; "
+               "runtimes.RuntimeSource.start = lambda self: None; "
                "from nvsymlinkd.cli import main; sys.argv = ['nvsymlinkd', *sys.argv[4:]]; sys.exit(main())")
 
 

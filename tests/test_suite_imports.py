@@ -234,3 +234,14 @@ def test_benchmarks_and_scripts_get_past_their_imports(tmp_path, script):
                          capture_output=True, text=True, timeout=120)
     # build-packages answers --help with its usage line on stderr and exit 2, as for any bad argument
     assert "Traceback" not in out.stderr and "usage" in (out.stdout + out.stderr).lower(), out.stderr[-2000:]
+
+
+def test_prevent_latency_timers_only_patches_a_method_that_exists():
+    """benchmarks/prevent_latency.py's "timers only" mode turns the runtime-state watch off by replacing a
+    method: a name that no longer exists is set silently and measures the full daemon under the wrong label
+    (it patched Daemon._start_runtimewatch after the sources moved out of the Daemon)."""
+    text = (REPO / "benchmarks" / "prevent_latency.py").read_text()
+    module, alias = re.search(r"import ([\w.]+) as (\w+); ", text).groups()
+    owner, method = re.search(rf"{alias}\.(\w+)\.(\w+) = lambda", text).groups()
+    cls = getattr(importlib.import_module(module), owner)
+    assert method in vars(cls), f"{module}.{owner} has no {method}: the benchmark's timers-only mode patches nothing"

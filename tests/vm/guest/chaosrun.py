@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from nvsymlinkd.access.cgroup import ALLOW, read_access
+from nvsymlinkd.access.cgroup import read_access
+from nvsymlinkd.access.rules import ALLOW
 from nvsymlinkd.host.devices import RW, Device
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.journal import MESSAGE_IDS
