@@ -32,11 +32,11 @@ use_tree()  # a script: the repository root, for tests.* (and benchmarks/run --t
 
 from prevent_latency import TimedDaemon  # noqa: E402
 
-from tests.privatebus import MOCK_IFACE  # noqa: E402
+from tests.privatebus import MOCK_IFACE, SYSTEMD  # noqa: E402
 from tests.runcfixture import RuncHost  # noqa: E402
 from tests.test_daemon_containers import being_created, new_unit, started  # noqa: E402
 from tests.test_hook_trust_runc import fake_driver  # noqa: E402
-from tests.test_repair_dbus import SCOPE_IFACE, SYSTEMD, SystemdMock, unit_path  # noqa: E402
+from tests.test_repair_dbus import SCOPE_IFACE, SystemdMock, unit_path  # noqa: E402
 
 # The floor: wake on a file renamed into the watched directory, write a file, say so.
 REACTOR = r"""

@@ -24,7 +24,7 @@ import stat
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen
-from nvsymlinkd.access.bpfgen import (  # noqa: F401 - the package's assembler, re-exported for the tests
+from nvsymlinkd.access.bpfgen import (
     Label,
     alu,
     exit_,

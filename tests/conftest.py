@@ -11,7 +11,7 @@ import pytest
 IN_CI = os.environ.get("CI") == "true"
 
 
-def _skip_or_fail(reason: str):
+def skip_or_fail(reason: str):
     # In CI every marked test must really run: a missing prerequisite is a CI setup bug.
     if IN_CI:
         pytest.fail(f"CI must run this test, but: {reason} (install it in .ci/run)", pytrace=False)
@@ -21,7 +21,7 @@ def _skip_or_fail(reason: str):
 @pytest.fixture
 def need_root():
     if os.geteuid() != 0:
-        _skip_or_fail("needs root (mknod, cgroups)")
+        skip_or_fail("needs root (mknod, cgroups)")
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def example_base(need_root):
 def need_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        _skip_or_fail(f"needs the '{name}' tool")
+        skip_or_fail(f"needs the '{name}' tool")
     return path
 
 
@@ -97,9 +97,9 @@ def nvsymlinkd_cli():
     return run
 
 
-def _need(what: str, ok: bool) -> None:
+def require(what: str, ok: bool) -> None:
     if not ok:
-        _skip_or_fail(f"needs {what}")
+        skip_or_fail(f"needs {what}")
 
 
 @pytest.fixture
@@ -112,8 +112,8 @@ def runc_host(tmp_path, need_root):
     from tests.runcfixture import RuncHost
 
     runc = need_tool("runc")
-    _need("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))
-    _need("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))
+    require("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))
+    require("the cgroup v1 devices controller", os.path.exists("/sys/fs/cgroup/devices/devices.list"))
     host = RuncHost(tmp_path / "runc", runc)
     try:
         yield host
@@ -136,7 +136,7 @@ def need_bus_parts() -> None:
         import dbusmock  # noqa: F401
         import systemd.journal  # noqa: F401  (python3-systemd: the daemon's journal sender)
     except ImportError as exc:
-        _skip_or_fail(str(exc))
+        skip_or_fail(str(exc))
 
 
 @pytest.fixture
@@ -215,16 +215,16 @@ def cgroup2_dirs(label: str, free: int = 0):
 
     mounts = find_cgroup_mounts(HostRoot("/"))
     if mounts.v2 is None:
-        _skip_or_fail("needs a cgroup2 mount")
+        skip_or_fail("needs a cgroup2 mount")
     try:
         os.close(bpfprog.load_device_program(bpfeval.encode(bpfasm.runc_allow_all())))
     except bpfprog.BpfError as e:
-        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
+        skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
     majors = bpfasm.free_majors("Character") if free else []
     if free >= 1 and 195 not in majors:
-        _skip_or_fail("char major 195 has a driver here: an allowed open would not say ENXIO")
+        skip_or_fail("char major 195 has a driver here: an allowed open would not say ENXIO")
     if free >= 2 and len(majors) < 2:
-        _skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
+        skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
     return bpfasm.CgroupDirs(mounts.v2.mountpoint, label)
 
 

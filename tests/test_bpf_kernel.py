@@ -23,7 +23,7 @@ from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from tests import bpfasm
 from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
-from tests.conftest import _skip_or_fail
+from tests.conftest import skip_or_fail
 
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261122"))
 ACCESSES = ("r", "w", "rw", "m")
@@ -33,15 +33,15 @@ ROOT = HostRoot("/")
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     if os.geteuid() != 0:
-        _skip_or_fail("needs root (bpf, cgroups, mknod)")
+        skip_or_fail("needs root (bpf, cgroups, mknod)")
     mounts = find_cgroup_mounts(ROOT)
     if mounts.v2 is None:
-        _skip_or_fail("needs a cgroup2 mount")
+        skip_or_fail("needs a cgroup2 mount")
     try:
         probe = bpfprog.load_device_program(be.encode(bpfasm.runc_allow_all()))
         os.close(probe)
     except bpfprog.BpfError as e:
-        _skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
+        skip_or_fail(f"kernel cannot load BPF_CGROUP_DEVICE programs: {e}")
     chars = bpfasm.free_majors("Character")[:3]
     blocks = bpfasm.free_majors("Block")[:1]
     devices = [("c", m, n) for m in chars for n in (0, 1, 255)] + [("c", chars[0], 70000)]
@@ -215,7 +215,7 @@ def test_constant_blinding_matches_kernel(kernel):
     """bpf_jit_harden=2 rewrites constants through the hidden AX register (r11) and turns
     `mov r, 0` into `xor r, r` in the xlated code we read back; verdicts must not change."""
     if not os.path.exists(HARDEN):
-        _skip_or_fail(f"no {HARDEN} (kernel without BPF JIT)")
+        skip_or_fail(f"no {HARDEN} (kernel without BPF JIT)")
     with open(HARDEN) as f:
         saved = f.read().strip()
     rng = random.Random(SEED + 3)

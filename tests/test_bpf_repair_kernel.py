@@ -28,9 +28,9 @@ from nvsymlinkd.repair.apply import repair_all
 from nvsymlinkd.repair.plan import RepairHistory
 from tests import bpfasm
 from tests.bpfasm import kernel_probe, make_nodes
-from tests.conftest import _skip_or_fail
+from tests.conftest import skip_or_fail
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
-from tests.test_verify_cache import GPU_SPEC, Program, _host
+from tests.test_verify_cache import GPU_SPEC, Program, two_gpu_host
 
 pytestmark = pytest.mark.usefixtures("no_system_bus")
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261126"))
@@ -49,7 +49,7 @@ class Gpu:
     """A GPU container (containerd layout, cgroupfs driver) whose cgroup2 directory is real."""
 
     def __init__(self, fakehost, v2, tmp_path, cid: str, spec=GPU_SPEC):
-        self.root = _host(fakehost)
+        self.root = two_gpu_host(fakehost)
         self.cid = cid
         self.cgroup = v2.make(cid)
         self.real = v2.real(self.cgroup)
@@ -334,7 +334,7 @@ def test_the_daemon_repairs_at_its_next_pass_and_reports_a_loss_that_comes_back(
 
 # --- the differential test ----------------------------------------------------------------------
 
-def _random_rules(rng: random.Random, char: int, block: int) -> list:
+def random_rules(rng: random.Random, char: int, block: int) -> list:
     rules = []
     for _ in range(rng.randint(0, 7)):
         dev_type = rng.choice(["c", "c", "b", "a"])
@@ -351,17 +351,17 @@ def test_differential_generator_interpreter_kernel(v2_free195, tmp_path, capsys)
     rng = random.Random(SEED)
     chars, blocks = bpfasm.free_majors("Character"), bpfasm.free_majors("Block")
     if not chars or not blocks:
-        _skip_or_fail("needs free char and block majors")
+        skip_or_fail("needs free char and block majors")
     named = {"c": chars[0], "b": blocks[0]}   # the majors rules name; every sample has no driver (ENXIO)
     others = {t: [m for m in free if m not in named.values()] for t, free in (("c", chars), ("b", blocks))}
     if not others["c"] or not others["b"]:
-        _skip_or_fail("needs a second free char and block major")
+        skip_or_fail("needs a second free char and block major")
     sets = int(os.environ.get("NVSD_DIFF_SETS", "60"))
     counts = {"rule sets": 0, "classes": 0, "probes": 0, "interpreter vs kernel": 0, "derived vs kernel": 0}
     (tmp_path / "n").mkdir()
     (tmp_path / "s").mkdir()
     for n in range(sets):
-        rules = _random_rules(rng, named["c"], named["b"])
+        rules = random_rules(rng, named["c"], named["b"])
         default_allow = rng.random() < 0.3
         prog = bpfgen.program(rules, default_allow)
         producer = rng.choice(["runc", "systemd", "nvidia"])   # the shapes a repair meets

@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access.bpfeval import Insn
+from nvsymlinkd.access.bpfgen import alu, exit_, ja, jmp, ldx, mov32, mov64
 from nvsymlinkd.access.bpfprog import DeviceProgram
 from nvsymlinkd.access.cgroup import AccessPolicy, AttachedProgram, V1Source, V2Source
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.host.devices import Access, Device, Rule
 from tests import bpfasm
-from tests.bpfasm import alu, exit_, ja, jmp, ldx, mov32, mov64
 
 ACCESS = st.sampled_from(["r", "w", "m", "rw", "rm", "wm", "rwm"])
 REQUEST_ACCESS = st.sampled_from(["r", "w", "m", "rw"])

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from nvsymlinkd.access import bpfeval as be
 from nvsymlinkd.access import bpfgen, bpfproof
+from nvsymlinkd.access.bpfgen import alu, exit_, jmp, ldx, mov32
 from nvsymlinkd.errors import CannotEvaluate
 from nvsymlinkd.host.devices import Access, Device, Rule
 from tests import bpfasm
-from tests.bpfasm import alu, exit_, jmp, ldx, mov32
 
 RUNC_DEFAULTS = [Rule(True, "c", None, None, "m"), Rule(True, "b", None, None, "m"), Rule(True, "c", 1, 3, "rwm"),
                  Rule(True, "c", 1, 5, "rwm"), Rule(True, "c", 136, None, "rwm"), Rule(True, "c", 10, 200, "rwm")]
@@ -217,13 +217,13 @@ PROBE_NUMBERS = (0, 1, 7, 9, 200, 203, 4095, 70000)   # named by the rules, and 
 
 def _drawn_programs(seed: int, count: int):
     from tests.test_bpf_kernel import random_rule
-    from tests.test_bpf_repair_kernel import _random_rules
+    from tests.test_bpf_repair_kernel import random_rules
 
     rng = random.Random(seed)
     for n in range(count):
         kind = ("repair", "systemd", "nvidia", "arithmetic", "runc", "nested")[n % 6]
         if kind == "repair":
-            yield kind, [bpfgen.program(_random_rules(rng, 200, 203), rng.random() < 0.3)]
+            yield kind, [bpfgen.program(random_rules(rng, 200, 203), rng.random() < 0.3)]
         elif kind == "systemd":
             yield kind, [bpfasm.systemd_program([random_rule(rng, MAJORS) for _ in range(rng.randint(0, 6))],
                                                 rng.choice(["strict", "closed"]))]

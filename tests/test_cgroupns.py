@@ -32,7 +32,7 @@ from nvsymlinkd.access.cgroup import mount_relative
 from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from tests import bpfasm
-from tests.conftest import _skip_or_fail
+from tests.conftest import skip_or_fail
 from tests.runcfixture import CGROUP_V1, device_node, device_rule
 
 UNIFIED = f"{CGROUP_V1}/unified"
@@ -117,9 +117,9 @@ class Pod:
 @pytest.fixture
 def pod_env(runc_host):
     if not Path(f"{UNIFIED}/cgroup.procs").exists():
-        _skip_or_fail(f"needs a hybrid host (cgroup2 at {UNIFIED}, v1 devices beside it)")
+        skip_or_fail(f"needs a hybrid host (cgroup2 at {UNIFIED}, v1 devices beside it)")
     if subprocess.run(["unshare", "--mount", "--cgroup", "true"], capture_output=True).returncode != 0:
-        _skip_or_fail("needs unshare --mount --cgroup")
+        skip_or_fail("needs unshare --mount --cgroup")
     pods = []
 
     def make(private_cgroupns: bool) -> Pod:
@@ -188,7 +188,7 @@ def test_private_cgroupns_verdicts_from_v1_and_bpf_and_repair(runc_host, pod_env
             attached.attach(f"{UNIFIED}{_unified_path(bpf.pid)}",
                             bpfasm.runc_program([Rule(True, "c", 195, 1, "rwm")], default_allow=True))
         except (OSError, bpfprog.BpfError) as exc:
-            _skip_or_fail(f"cannot attach a BPF_CGROUP_DEVICE program: {exc}")
+            skip_or_fail(f"cannot attach a BPF_CGROUP_DEVICE program: {exc}")
         lost.deny("c 195:0 rw")
         pod = pod_env(private_cgroupns=True)
         seen = pod.run("check", "--json", "--no-bus", "--no-host")

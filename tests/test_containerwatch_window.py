@@ -22,7 +22,7 @@ from nvsymlinkd.host.devices import Rule
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts
 from tests.test_hostile_input import RecordingJournal
-from tests.test_verify_cache import GPU_SPEC, Program, _host
+from tests.test_verify_cache import GPU_SPEC, Program, two_gpu_host
 
 HELD_BACK = "new findings while systemd reloads"
 
@@ -41,7 +41,7 @@ def _lost_said(journal) -> list:
 
 def test_a_v2_loss_read_during_a_reload_is_said_at_once(fakehost, v2, monkeypatch):  # noqa: F811
     monkeypatch.setattr(containerwatch, "RELOAD_WAIT", 0.2)  # the old code's wait, short
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     cgroup = v2.make("lost")
     pid = Layouts(fakehost).containerd("v2lost", GPU_SPEC, cgroup=cgroup)
     fakehost.write(f"/proc/{pid}/cgroup", Layouts.v2_cgroup(cgroup))  # v2 only: the program decides
@@ -59,7 +59,7 @@ def test_a_v2_loss_read_during_a_reload_is_said_at_once(fakehost, v2, monkeypatc
 
 def test_a_v1_loss_read_during_a_reload_is_judged_after_it(fakehost, v1_parent, monkeypatch):
     monkeypatch.setattr(containerwatch, "RELOAD_WAIT", 0.2)
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     pid = Layouts(fakehost).containerd("v1lost", GPU_SPEC,
                                        cgroup=v1_cgroup(v1_parent, "v1lost", ["c 195:255 rw"]))
     assert os.path.exists(fakehost.path(f"/proc/{pid}/cgroup"))

@@ -622,7 +622,8 @@ def started(systemd_mock, unit: str, invocation: str = "5c" * 16) -> None:
     unit_acquire_invocation_id): the daemon writes no drop-in without it."""
     import dbus
 
-    from tests.test_repair_dbus import SYSTEMD, unit_path
+    from tests.privatebus import SYSTEMD
+    from tests.test_repair_dbus import unit_path
 
     systemd_mock.conn.get_object(SYSTEMD, unit_path(unit)).AddProperties(
         "org.freedesktop.systemd1.Unit", {"InvocationID": dbus.ByteArray(bytes.fromhex(invocation))},

@@ -17,7 +17,7 @@ from nvsymlinkd.host.devices import Device, Rule
 from nvsymlinkd.host.root import HostRoot
 from tests import bpfasm
 from tests.bpfasm import CgroupDirs, kernel_probe, make_nodes
-from tests.conftest import _skip_or_fail
+from tests.conftest import skip_or_fail
 
 PATH = "/sys/fs/cgroup/devices/docker/abc/devices.list"
 SEED = int(os.environ.get("NVSD_TEST_SEED", "20261122"))
@@ -169,7 +169,7 @@ def test_read_access_under_fake_root(tmp_path):
 def v1_devices(tmp_path):
     """The v1 devices hierarchy: the mounted one, or one we mount (pure cgroup2 hosts)."""
     if os.geteuid() != 0:
-        _skip_or_fail("needs root (cgroups, mknod)")
+        skip_or_fail("needs root (cgroups, mknod)")
     root = HostRoot("/")
     mounts = find_cgroup_mounts(root)
     mounted_here = None
@@ -179,7 +179,7 @@ def v1_devices(tmp_path):
         proc = subprocess.run(["mount", "-t", "cgroup", "-o", "devices", "nvsd-devices", str(mnt)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            _skip_or_fail(f"no cgroup v1 devices controller: {proc.stderr.strip()}")
+            skip_or_fail(f"no cgroup v1 devices controller: {proc.stderr.strip()}")
         mounted_here = str(mnt)
         mounts = find_cgroup_mounts(root)
     dirs = CgroupDirs(mounts.v1_devices.mountpoint, "v1")

@@ -20,7 +20,7 @@ import dbus
 import pytest
 
 from tests.daemonproc import DEADLINE
-from tests.privatebus import MANAGER, MOCK_IFACE
+from tests.privatebus import MANAGER, MOCK_IFACE, SYSTEMD
 from tests.runcfixture import RuncContainer, device_node, device_rule
 from tests.test_daemon_containers import (  # noqa: F401 - fixtures
     dropin_entries,
@@ -28,7 +28,7 @@ from tests.test_daemon_containers import (  # noqa: F401 - fixtures
     new_unit,
     start_daemon,
 )
-from tests.test_repair_dbus import SYSTEMD, unit_path
+from tests.test_repair_dbus import unit_path
 
 NAME = "nvsymlinkd-dropin-reuse"
 UNIT = f"runc-{NAME}.scope"

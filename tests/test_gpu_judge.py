@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _skip_or_fail, need_tool
+from tests.conftest import need_tool, skip_or_fail
 from tests.gpu import judge, smoke
 
 GPU_DIR = Path(__file__).parent / "gpu"
@@ -330,7 +330,7 @@ def test_the_suite_builds_each_scenario_the_kernel_agrees(tmp_path, need_root, v
     mounts = smoke.cgroup_mounts()
     if v2_only:
         if not mounts["v2"]:
-            _skip_or_fail("needs a cgroup2 mount")
+            skip_or_fail("needs a cgroup2 mount")
         env, scenarios = {"GPUSMOKE_V2_ONLY": "1"}, ["--skip", "a", "--skip", "b", "--skip", "c", "--skip", "f"]
     else:
         env, scenarios = {}, []

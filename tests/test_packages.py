@@ -22,7 +22,7 @@ import pytest
 import nvsymlinkd
 from nvsymlinkd.config import Config
 from nvsymlinkd.systemd.render import render_all
-from tests.conftest import _skip_or_fail, need_tool
+from tests.conftest import need_tool, skip_or_fail
 from tests.debbuild import build_deb, copy_tree, run
 from tests.runcfixture import device_node, device_rule
 
@@ -226,7 +226,7 @@ INSTALL_SCRIPT = textwrap.dedent("""\
 def test_deb_installs_and_runs_in_a_throwaway_root(deb_build, need_root):
     need_tool("unshare")
     if "overlay" not in Path("/proc/filesystems").read_text():
-        _skip_or_fail("needs overlayfs for the throwaway root")
+        skip_or_fail("needs overlayfs for the throwaway root")
     tmp = deb_build["work"] / "root"
     tmp.mkdir()
     script = INSTALL_SCRIPT.format(tmp=tmp, deb=deb_build["deb"])

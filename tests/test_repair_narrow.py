@@ -30,7 +30,7 @@ from nvsymlinkd.repair.model import AT_RISK, LOST, RepairRequest
 from nvsymlinkd.repair.plan import RepairHistory
 from tests import bpfasm
 from tests.bpfasm import kernel_probe, make_nodes
-from tests.conftest import _skip_or_fail
+from tests.conftest import skip_or_fail
 from tests.fakehost import FakeHost
 from tests.test_verify_cache import Program
 
@@ -399,10 +399,10 @@ def v1(need_root, tmp_path):
     """A real cgroup v1 devices cgroup with what runc gives a GPU container, less c 195:0 (lost)."""
     base = Path("/sys/fs/cgroup/devices")
     if not (base / "devices.list").exists():
-        _skip_or_fail("needs the cgroup v1 devices controller at /sys/fs/cgroup/devices")
+        skip_or_fail("needs the cgroup v1 devices controller at /sys/fs/cgroup/devices")
     free = bpfasm.free_majors("Character")
     if 195 not in free or len(free) < 2:
-        _skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
+        skip_or_fail("needs char major 195 and another without a driver (an allowed open says ENXIO)")
     name = f"n39-v1-{os.getpid()}"
     d = base / name
     d.mkdir()

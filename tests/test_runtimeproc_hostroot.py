@@ -19,7 +19,7 @@ import pytest
 
 from nvsymlinkd.containers.runtimeproc import creating_bundles
 from nvsymlinkd.host.root import HostRoot
-from tests.conftest import _need, need_tool
+from tests.conftest import need_tool, require
 from tests.runcfixture import RuncHost
 
 
@@ -28,7 +28,7 @@ def held_runc(tmp_path, need_root):
     """(tree's root, the runc path as the host names it, the container, its `runc create` process) for a
     container whose prestart hook sleeps: runc's state directory has exec.fifo, no state.json yet."""
     real = need_tool("runc")
-    _need("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))
+    require("/bin/busybox (busybox-static)", os.path.exists("/bin/busybox"))
     runc = tmp_path / "hostbin" / "runc"  # the host's runc, at a path the tree also has (a hard link)
     runc.parent.mkdir()
     shutil.copy2(real, runc)

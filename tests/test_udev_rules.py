@@ -32,8 +32,8 @@ def real_modules(count: int) -> list:
 def udev_properties(tmp_path_factory, request):
     """{(module name, action): {property: value}} from udevadm test of the rendered rule."""
     if os.geteuid() != 0:
-        from tests.conftest import _skip_or_fail
-        _skip_or_fail("needs root (unshare -m, mounts)")
+        from tests.conftest import skip_or_fail
+        skip_or_fail("needs root (unshare -m, mounts)")
     udevadm = need_tool("udevadm")
     unshare = need_tool("unshare")
     tmp = tmp_path_factory.mktemp("udev")

@@ -27,14 +27,14 @@ from nvsymlinkd.verify import cache as cachemod
 from nvsymlinkd.verify.cache import VerifyCache
 from nvsymlinkd.verify.verifier import verify_all
 from tests import bpfasm
-from tests.conftest import _skip_or_fail, v1_cgroup
+from tests.conftest import skip_or_fail, v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts, oci_spec, spec_node, spec_rule
 
 GPU_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_node("/dev/nvidia0", 195, 0)],
                     env=["NVIDIA_VISIBLE_DEVICES=0"])
 
 
-def _host(fakehost):
+def two_gpu_host(fakehost):
     fakehost.proc_devices({"nvidia-frontend": 195})
     fakehost.node("/dev/nvidia0", 195, 0)
     fakehost.node("/dev/nvidia1", 195, 1)
@@ -89,7 +89,7 @@ def _replace_json(path, doc: dict) -> None:
 
 
 def test_cached_passes_judge_every_change_like_a_fresh_pass(fakehost, v1_parent):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     lay = Layouts(fakehost)
     lay.containerd("ctrd1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "ctrd1", ["c 195:0 rw", "c 195:255 rw"]))
     lay.docker("dock1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "dock1", ["c 195:0 rw", "c 195:255 rw"]))
@@ -148,7 +148,7 @@ def test_cached_passes_judge_every_change_like_a_fresh_pass(fakehost, v1_parent)
 
 def test_a_spec_rewritten_in_the_tick_it_was_read_is_read_again(fakehost, v1_parent, monkeypatch):
     """Same inode, size, mtime AND ctime (the coarse clock did not move): only the racy rule saves us."""
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     lay = Layouts(fakehost)
     lay.runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
     spec = fakehost.path("/srv/bundles/runc1/config.json")
@@ -168,7 +168,7 @@ def test_a_spec_rewritten_in_the_tick_it_was_read_is_read_again(fakehost, v1_par
 
 def test_a_spec_rewritten_on_a_coarse_clock_filesystem_is_read_again(fakehost, v1_parent, monkeypatch):
     """The same, made certain: fstat shows the rewritten spec with the stamps of the first write."""
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     Layouts(fakehost).runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
     spec = fakehost.path("/srv/bundles/runc1/config.json")
     first = os.stat(spec)
@@ -216,10 +216,10 @@ class Program:
 
 
 def test_a_replaced_bpf_program_is_judged_again(fakehost, v2):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     if find_cgroup_mounts(root).v2 is None and not os.path.exists(fakehost.path("/sys/fs/cgroup/cgroup.controllers")) \
             and not os.path.exists(fakehost.path("/sys/fs/cgroup/unified/cgroup.controllers")):
-        _skip_or_fail("the cgroup2 mount is not at /sys/fs/cgroup or /sys/fs/cgroup/unified")
+        skip_or_fail("the cgroup2 mount is not at /sys/fs/cgroup or /sys/fs/cgroup/unified")
     lay = Layouts(fakehost)
     grant = [Rule(True, "c", 195, 0, "rw"), Rule(True, "c", 195, 255, "rw")]
     progs = []
@@ -246,7 +246,7 @@ def test_a_replaced_bpf_program_is_judged_again(fakehost, v2):
 
 
 def test_a_wall_clock_step_back_drops_the_kept_files(fakehost, v1_parent):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     Layouts(fakehost).runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
     offset = [0]
     cache = VerifyCache(now_ns=lambda: time.time_ns() + 10 * 10**9, clock_offset=lambda: offset[0])
@@ -266,7 +266,7 @@ CAP_SPEC = oci_spec(rules=[spec_rule(195, 0), spec_rule(195, 255)], nodes=[spec_
 
 
 def _mig_host(fakehost):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     fakehost.proc_devices({"nvidia-frontend": 195, "nvidia-caps": 509})
     for minor in (1, 2):
         fakehost.node(f"/dev/nvidia-caps/nvidia-cap{minor}", 509, minor)
@@ -339,7 +339,7 @@ def test_host_nodes_changed_in_the_tick_of_the_stamps_are_scanned_again(fakehost
 
 
 def test_absent_baselines_are_listed_again_when_their_directory_changes(fakehost, v1_parent, monkeypatch):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     Layouts(fakehost).runc("runc1", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc1", ["c 195:0 rw", "c 195:255 rw"]))
     Layouts(fakehost).runc("runc2", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "runc2", ["c 195:0 rw", "c 195:255 rw"]))
     baselinemod.record(root, Config(), "runc2", 1000, {Device.char(195, 0): "rw"})
@@ -368,7 +368,7 @@ def test_absent_baselines_are_listed_again_when_their_directory_changes(fakehost
 def test_a_baseline_made_in_the_tick_of_the_listing_is_seen(fakehost, monkeypatch):
     """The directory shows the stamps it had when listed (a change in the same coarse clock tick):
     only the racy rule makes the new baseline seen."""
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     baselinemod.record(root, Config(), "other", 1000, {Device.char(195, 0): "rw"})  # the directory exists
     directory = root.path(baselinemod.baseline_dir(Config()))
     first = os.stat(directory)
@@ -383,7 +383,7 @@ def test_a_baseline_made_in_the_tick_of_the_listing_is_seen(fakehost, monkeypatc
 
 
 def test_a_baseline_directory_made_between_passes_is_seen(fakehost):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     path = root.path(baselinemod.baseline_path(Config(), "runc1"))
     files = cachemod.FileCache(now_ns=lambda: time.time_ns() + 10 * 10**9)
     assert files.absent(path)  # no directory at all: no baseline
@@ -395,7 +395,7 @@ def test_a_baseline_directory_made_between_passes_is_seen(fakehost):
 def test_scope_unit_files_are_parsed_again_only_when_they_change(fakehost, v1_parent, monkeypatch):
     """The scope's transient unit and its system.control drop-ins (systemd's DeviceAllow without a bus):
     kept by identity, the drop-in directory by its stamps; every change below is still seen."""
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     lay = Layouts(fakehost)
     pid = lay.crio("crio1", GPU_SPEC)  # runc's state says systemd driver: its scope's DeviceAllow counts
     fakehost.write(f"/proc/{pid}/cgroup", lay.v1_cgroup(v1_cgroup(v1_parent, "crio1", ["c 195:0 rw", "c 195:255 rw"])))
@@ -468,7 +468,7 @@ def test_the_pass_that_records_a_baseline_judges_as_the_next_one_will(fakehost, 
     """A hook-granted container seen for the first time: the daemon's pass records its baseline and
     judges it on that baseline in the same pass (what the hook granted is expected, so at risk now),
     not a pass later that a daemon-reload may come before (chaos soak, seed 38)."""
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     Layouts(fakehost).runc("hook2", GPU_SPEC,
                            cgroup=v1_cgroup(v1_parent, "hook2", ["c 195:0 rw", "c 195:1 rw", "c 195:255 rw"]))
     cache = VerifyCache() if cached else None
@@ -487,7 +487,7 @@ def test_the_pass_that_records_a_baseline_judges_as_the_next_one_will(fakehost, 
 def test_a_pass_over_some_containers_keeps_the_others_cached(fakehost, v1_parent):
     """The daemon's pass for the containers whose runtime state was just written (only=...) must not
     drop what the others' verdicts are cached by: the next full pass still finds them unchanged."""
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     lay = Layouts(fakehost)
     for cid in ("one", "two"):
         lay.runc(cid, GPU_SPEC, cgroup=v1_cgroup(v1_parent, cid, ["c 195:0 rw", "c 195:255 rw"]))

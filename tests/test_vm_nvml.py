@@ -18,7 +18,7 @@ import pytest
 
 from nvsymlinkd.host.driverinfo import read_mig_map
 from nvsymlinkd.host.root import HostRoot
-from tests.conftest import _skip_or_fail, need_tool
+from tests.conftest import need_tool, skip_or_fail
 from tests.fakehost import FakeHost
 from tests.migfixture import CAPS_MAJOR, write_mig_layout
 from tests.vm import vmhost
@@ -56,7 +56,7 @@ def libdir(tmp_path_factory) -> Path:
     try:
         vmhost.fetch_pynvml(out / "pynvml.py", tmp_dir=out)
     except vmhost.VmError as exc:
-        _skip_or_fail(f"the real pynvml.py of {vmhost.PYNVML[0]}: {exc} (pip install it, or set NVSYMLINKD_PYNVML)")
+        skip_or_fail(f"the real pynvml.py of {vmhost.PYNVML[0]}: {exc} (pip install it, or set NVSYMLINKD_PYNVML)")
     return out
 
 

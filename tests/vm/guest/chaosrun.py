@@ -27,7 +27,7 @@ from nvsymlinkd.access.cgroup import read_access
 from nvsymlinkd.access.rules import ALLOW
 from nvsymlinkd.host.devices import RW, Device
 from nvsymlinkd.host.root import HostRoot
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest import chaos
 from tests.vm.guest.stacks import (
     IDLE,

@@ -447,7 +447,7 @@ def reloads_keep_gpus(sc, pod: Pod, ctrs, reloads: int, v1: bool) -> dict:
     """`reloads` host daemon-reloads with every container of `ctrs` polling its GPU (gpupoll):
     on v2 not one denied open; on v1 only systemd's re-apply windows (each closed by itself
     within V1_WINDOW_S) and no repair after a loss. Returns the pod's `check --json` after."""
-    from nvsymlinkd.journal import MESSAGE_IDS
+    from nvsymlinkd.messageids import MESSAGE_IDS
     since = now_us()
     times = []
     for _ in range(reloads):

@@ -34,9 +34,9 @@ from tests.vm.guest.stacks import (
 from tests.vm.guest.vmguest import (
     WORK,
     Container,
-    _cgroup_rule,
-    _device_spec,
+    cgroup_rule,
     daemon_reload,
+    device_spec,
     sh,
     wait_for,
 )
@@ -107,9 +107,9 @@ class Polled(Container):
         spec["process"]["args"] = list(args)
         linux = spec["linux"]
         linux["cgroupsPath"] = f"system.slice:runc:{name}"
-        linux["devices"] = [_device_spec(n) for n in nodes]  # the hook makes its own nodes
+        linux["devices"] = [device_spec(n) for n in nodes]  # the hook makes its own nodes
         linux.setdefault("resources", {}).setdefault("devices", [{"allow": False, "access": "rwm"}])
-        linux["resources"]["devices"] += [_cgroup_rule(n) for n in nodes]
+        linux["resources"]["devices"] += [cgroup_rule(n) for n in nodes]
         if hook_grants:
             # the legacy NVIDIA hook as a runtime wrapper adds it: prestart, granting what
             # NVIDIA_VISIBLE_DEVICES asks for (stacks.install_nvidia_toolkit puts it at HOOK)

@@ -610,7 +610,7 @@ def journal_since(ts_usec: int, unit: Optional[str], match: List[str] = ()) -> L
 def wait_prevented(ctr: StackContainer, timeout: float = 60,
                    unit: Optional[str] = "nvsymlinkd.service") -> Optional[dict]:
     """nvsymlinkd's repair-prevented journal entry naming the container (full or short id)."""
-    from nvsymlinkd.journal import MESSAGE_IDS
+    from nvsymlinkd.messageids import MESSAGE_IDS
 
     def find():
         # only the entries asked for: the whole boot's journal, read twice a second, loads the guest
@@ -841,7 +841,7 @@ def journal_story(sc, ctrs: List[StackContainer], unit: str = "nvsymlinkd.servic
     at-risk entry, then one repair-prevented, then ok; never lost, never repaired after the fact,
     nothing repeated (issue 13 item 5). Crun's containers (ok from the start) have no story. The
     entries carry CONTAINER_NAME (and POD_NAMESPACE/POD_NAME for Kubernetes)."""
-    from nvsymlinkd.journal import MESSAGE_IDS
+    from nvsymlinkd.messageids import MESSAGE_IDS
     kind_of = {v: k for k, v in MESSAGE_IDS.items()}
     entries = journal_since(0, unit)
     plain_fields = {"pod_namespace": "POD_NAMESPACE", "pod_name": "POD_NAME", "container_name": "CONTAINER_NAME"}

@@ -180,12 +180,12 @@ def _busybox_rootfs() -> str:
     return ROOTFS
 
 
-def _device_spec(node: DeviceNode) -> dict:
+def device_spec(node: DeviceNode) -> dict:
     return {"path": node.path, "type": "c", "major": node.major, "minor": node.minor,
             "fileMode": 0o666, "uid": 0, "gid": 0}
 
 
-def _cgroup_rule(node: DeviceNode, access: str = "rw") -> dict:
+def cgroup_rule(node: DeviceNode, access: str = "rw") -> dict:
     return {"allow": True, "type": "c", "major": node.major, "minor": node.minor, "access": access}
 
 
@@ -261,9 +261,9 @@ def start_gpu_container(name: str, devices: List[DeviceNode],
                                "options": ["nosuid", "nodev", "mode=1777"]})
     linux = spec["linux"]
     linux["cgroupsPath"] = f"system.slice:runc:{name}" if systemd_cgroup else f"/vmtest/{name}"
-    linux["devices"] = [_device_spec(n) for n in devices + list(hook_grants or [])]
+    linux["devices"] = [device_spec(n) for n in devices + list(hook_grants or [])]
     rules = linux.setdefault("resources", {}).setdefault("devices", [{"allow": False, "access": "rwm"}])
-    rules += [_cgroup_rule(n) for n in devices + list(cgroup_allow or [])]
+    rules += [cgroup_rule(n) for n in devices + list(cgroup_allow or [])]
     if hook_grants:
         hook = os.path.join(SRC, "tests", "vm", "guest", "nvidia_hook.py")
         spec.setdefault("hooks", {})["createRuntime"] = [{

@@ -21,7 +21,7 @@ import glob
 import os
 import time
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,

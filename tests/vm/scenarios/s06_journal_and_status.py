@@ -8,7 +8,7 @@ nvsymlinkd` shows the daemon's STATUS= line.
 import os
 import time
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,

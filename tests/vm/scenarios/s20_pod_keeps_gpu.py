@@ -22,7 +22,7 @@ import json
 import os
 import re
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.kubepod import (
     TEXTFILE,
     Pod,

@@ -29,7 +29,7 @@ import os
 import traceback
 from typing import Optional
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.kubepod import (
     cgroup_v1,
     clean_slate,

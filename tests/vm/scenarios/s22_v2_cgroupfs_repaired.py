@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.stacks import POLL_ARGV, POLL_LOG, Docker, PollLog, install_nvidia_toolkit
 from tests.vm.guest.vmguest import (
     SRC,

@@ -18,7 +18,7 @@ drop-in's BindReadOnlyPaths=: the unit mounts its own /proc) in nvsymlinkd.servi
 import os
 import time
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.stacks import (
     Containerd,
     Docker,

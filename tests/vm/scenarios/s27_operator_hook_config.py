@@ -40,7 +40,7 @@ import subprocess
 import tarfile
 import time
 
-from nvsymlinkd.journal import MESSAGE_IDS
+from nvsymlinkd.messageids import MESSAGE_IDS
 from tests.vm.guest.nvidia_hook import DRIVER_CONFIG, ETC_CONFIG
 from tests.vm.guest.nvidia_hook import LOG as HOOK_LOG
 from tests.vm.guest.stacks import (
@@ -62,8 +62,8 @@ from tests.vm.guest.vmguest import (
     Container,
     DeviceNode,
     Scenario,
-    _device_spec,
     daemon_reload,
+    device_spec,
     expect_nvsymlinkd,
     load_fake_driver,
     mknod,
@@ -142,7 +142,7 @@ class Ctr(Container):
                 process["capabilities"][kind] = sorted(set(process["capabilities"].get(kind, [])) | {"CAP_SYS_ADMIN"})
         linux = spec["linux"]
         linux["cgroupsPath"] = f"system.slice:runc:{name}"
-        linux["devices"] = [_device_spec(gpu)]
+        linux["devices"] = [device_spec(gpu)]
         linux.setdefault("resources", {}).setdefault("devices", [{"allow": False, "access": "rwm"}])
         spec["hooks"] = {"prestart": [{"path": hook, "args": [os.path.basename(hook), "prestart"]}]}
         with open(os.path.join(bundle, "config.json"), "w") as f:
