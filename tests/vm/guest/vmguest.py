@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 RESULTS = os.environ.get("VM_RESULTS", "/mnt/run/results")
 MODULES = os.environ.get("VM_MODULES", "/mnt/run/modules")
@@ -153,6 +153,19 @@ def mknod(path: str, major: int, minor: int, mode: int = 0o666) -> DeviceNode:
     os.mknod(path, mode | stat.S_IFCHR, os.makedev(major, minor))
     os.chmod(path, mode)
     return DeviceNode(path, major, minor)
+
+
+def gpu_nodes_linked(sc: Scenario, suffix: str = "") -> Tuple[Dict[str, int], List[DeviceNode]]:
+    """The daemon scenarios' start: the fake driver with uvm loaded, nvidia0, nvidiactl and nvidia-uvm made by
+    mknod (no uevent, as a driver container makes them), and a check that the daemon linked each within
+    15 s. (majors, nodes)."""
+    majors = load_fake_driver(uvm=True)
+    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
+             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
+    for node in nodes:
+        ok, waited = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
+        sc.check(f"{node.char_link} -> {node.path}{suffix}", bool(ok), f"after {waited:.2f} s")
+    return majors, nodes
 
 
 def make_char_link(node: DeviceNode) -> str:

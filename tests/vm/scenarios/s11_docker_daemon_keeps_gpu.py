@@ -26,10 +26,8 @@ from tests.vm.guest.stacks import Docker, install_nvidia_toolkit, prove_preventi
 from tests.vm.guest.vmguest import (
     Scenario,
     expect_nvsymlinkd,
-    load_fake_driver,
-    mknod,
+    gpu_nodes_linked,
     sh,
-    wait_for,
 )
 
 with Scenario() as sc:
@@ -42,12 +40,7 @@ with Scenario() as sc:
     # publishing it reloads systemd, the restart brings the unit into its /proc/driver
     sc.check("the driver's GPU list is published under /proc/driver/nvidia/gpus", publish_gpu_list())
     sh("systemctl", "restart", "nvsymlinkd.service", timeout=120)
-    majors = load_fake_driver(uvm=True)
-    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
-             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
-    for node in nodes:
-        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
-        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    gpu_nodes_linked(sc)
     install_nvidia_toolkit()
     docker = Docker()
     sc.timing("dockerd_start_and_import_s", docker.start())

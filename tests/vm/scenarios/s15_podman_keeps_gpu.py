@@ -8,19 +8,13 @@ opens (Podman has no daemon to restart). A plain (non-GPU) container is not list
 an id prefix and the scope; the journal tells runc's container's story once, naming it.
 """
 # vm: nvsymlinkd=deb timeout=600 full=v1
-import os
 
 from tests.vm.guest.stacks import Podman, install_nvidia_toolkit, prove_prevention
-from tests.vm.guest.vmguest import Scenario, expect_nvsymlinkd, load_fake_driver, mknod, wait_for
+from tests.vm.guest.vmguest import Scenario, expect_nvsymlinkd, gpu_nodes_linked
 
 with Scenario() as sc:
     expect_nvsymlinkd(sc)
-    majors = load_fake_driver(uvm=True)
-    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
-             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
-    for node in nodes:
-        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
-        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    gpu_nodes_linked(sc)
     install_nvidia_toolkit()
     crun, runc = Podman("crun"), Podman("runc")
     sc.timing("podman_import_s", crun.start())

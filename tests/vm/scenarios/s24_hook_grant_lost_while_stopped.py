@@ -30,8 +30,7 @@ from tests.vm.guest.vmguest import (
     Scenario,
     daemon_reload,
     expect_nvsymlinkd,
-    load_fake_driver,
-    mknod,
+    gpu_nodes_linked,
     nvsymlinkd,
     sh,
     wait_for,
@@ -61,12 +60,7 @@ def fake_proc_driver() -> bool:
 
 with Scenario() as sc:
     expect_nvsymlinkd(sc)
-    majors = load_fake_driver(uvm=True)
-    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
-             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
-    for node in nodes:
-        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
-        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    gpu_nodes_linked(sc)
     sh("systemctl", "stop", UNIT, timeout=120)
     sc.check("the driver's GPU list is published under /proc/driver/nvidia/gpus", fake_proc_driver())
     install_nvidia_toolkit()
