@@ -279,6 +279,23 @@ def free_majors(section: str, candidates=(195, 200, 201, 202, 231, 232, 233, 234
     return [m for m in candidates if m not in used]
 
 
+def detach_device_programs(cgroup_dir: str) -> None:
+    """Detach every BPF_CGROUP_DEVICE program attached to cgroup_dir itself (not inherited ones). bpfprog is
+    imported here: the guest's NVIDIA hook stand-in imports this module for nvidia_prepend alone."""
+    from nvsymlinkd.access import bpfprog
+
+    fd = bpfprog.open_cgroup_dir(cgroup_dir)
+    try:
+        for prog_id in bpfprog.query_device_program_ids(fd, effective=False):
+            pfd = bpfprog.program_fd(prog_id)
+            try:
+                bpfprog.detach_device_program(fd, pfd)
+            finally:
+                os.close(pfd)
+    finally:
+        os.close(fd)
+
+
 class CgroupDirs:
     """Fresh cgroup directories under a hierarchy's mount point, removed at close()."""
 

@@ -101,16 +101,7 @@ class Gpu:
         return [bpfprog.read_program(i).name for i in ids], flags
 
     def close(self) -> None:
-        fd = bpfprog.open_cgroup_dir(self.real)
-        try:
-            for prog_id in bpfprog.query_device_program_ids(fd, effective=False):
-                pfd = bpfprog.program_fd(prog_id)
-                try:
-                    bpfprog.detach_device_program(fd, pfd)
-                finally:
-                    os.close(pfd)
-        finally:
-            os.close(fd)
+        bpfasm.detach_device_programs(self.real)
         for p in self.programs:
             os.close(p.cg_fd)
             if p.prog_fd is not None:

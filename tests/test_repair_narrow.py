@@ -81,16 +81,7 @@ class Container:
 
     def close(self) -> None:
         for real in dict.fromkeys((self.real, self.scope_real)):
-            fd = bpfprog.open_cgroup_dir(real)
-            try:
-                for prog_id in bpfprog.query_device_program_ids(fd, effective=False):
-                    pfd = bpfprog.program_fd(prog_id)
-                    try:
-                        bpfprog.detach_device_program(fd, pfd)
-                    finally:
-                        os.close(pfd)
-            finally:
-                os.close(fd)
+            bpfasm.detach_device_programs(real)
         for p in self.programs:
             os.close(p.cg_fd)
             if p.prog_fd is not None:
