@@ -1,0 +1,71 @@
+"""What the daemon keeps per link between passes (issue 38 item 3): one str object for a text or a path
+that several records of the picture hold, whichever pass (full or incremental) put them there, and no
+cache of every link's text. Checked as object identity and as the bytes the picture holds, not as RSS
+(benchmarks/memory_bench.py prints the figures)."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+from nvsymlinkd.config import Config
+from nvsymlinkd.devchar.incremental import LinkState
+from nvsymlinkd.devchar.reconcile import reconcile
+from nvsymlinkd.host import paths
+from nvsymlinkd.host.root import HostRoot
+from tests.fakehost import standard_host
+
+CAPS = 509
+COUNT = 40
+
+
+def _host(tmp_path):
+    host = standard_host(tmp_path / "root")
+    host.proc_devices({"nvidia-frontend": 195, "nvidia-uvm": 510, "nvidia-caps": CAPS})
+    caps = host.path("/dev/nvidia-caps")
+    caps.mkdir()
+    for i in range(COUNT):
+        os.mknod(caps / f"nvidia-cap{i}", 0o20600, os.makedev(CAPS, i))
+    host.path("/dev/char").mkdir()
+    return host, caps
+
+
+def _shared(state: LinkState, name: str) -> None:
+    entry, action = state.entries[name], state.actions[name]
+    (node,) = state.by_rdev[name]
+    assert entry.link_text == action.target and entry.link_text is action.target, name
+    assert entry.target == node.path and entry.target is node.path, name
+    assert state.nodes[node.path] is node
+
+
+def test_a_link_text_and_a_node_path_are_kept_once(tmp_path, need_root):
+    host, caps = _host(tmp_path)
+    root, config = HostRoot(str(host.root)), Config()
+    state = LinkState(root, reconcile(root, config))  # the full pass creates every link
+    names = [f"{CAPS}:{i}" for i in range(COUNT)]
+    for name in names:
+        _shared(state, name)
+    # an incremental pass: a link removed by someone else and made again, a node made again
+    os.unlink(host.path("/dev/char") / names[0])
+    os.unlink(caps / "nvidia-cap1")
+    os.mknod(caps / "nvidia-cap1", 0o20600, os.makedev(CAPS, 1))
+    delta = state.update({"nvidia-caps/nvidia-cap1"}, {names[0]}, config.create_nodes)
+    assert delta is not None and not delta.errors
+    for name in names:
+        _shared(state, name)
+
+
+def test_reading_link_texts_keeps_nothing_per_text():
+    # the daemon's full pass reads every link's text; before, each text stayed in a memo for good
+    texts = [f"../nvidia-caps/nvidia-cap{i}" for i in range(2000)]
+    paths.target_of("/dev/char/0:0", texts[0])  # the directory memo, shared by every text
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        got = [paths.target_of(f"/dev/char/{CAPS}:{i}", t) for i, t in enumerate(texts)]
+        assert got[7] == "/dev/nvidia-caps/nvidia-cap7"
+        del got
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2000 * 16, held  # was ~2000 * 150 (key, text and answer of each)
