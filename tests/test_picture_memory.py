@@ -69,3 +69,26 @@ def test_reading_link_texts_keeps_nothing_per_text():
     finally:
         tracemalloc.stop()
     assert held < 2000 * 16, held  # was ~2000 * 150 (key, text and answer of each)
+
+
+def test_one_access_object_per_set_of_letters():
+    # every parsed rule of every container's spec and state held its own Access (~50 bytes each,
+    # ~2.5 KB of what the daemon keeps per container)
+    from nvsymlinkd.containers.ocispec import parse_state_rule
+    from nvsymlinkd.host import devices
+    from nvsymlinkd.host.devices import Access
+
+    rules = [parse_state_rule({"allow": True, "type": 99, "major": 195, "minor": i, "permissions": "rwm"})
+             for i in range(3)]
+    assert rules[0].access is rules[1].access is rules[2].access == "rwm"
+    assert Access("wr") is Access("rw") is Access(Access("rw")) == "rw"
+    # what a container writes cannot grow the table: keyed by the canonical letters only
+    for text in ("rrrrw", "wwr", "mmmm", "rwmrwm", "", "mr"):
+        assert Access(text) is Access("".join(c for c in "rwm" if c in text))
+    assert set(devices._ACCESS) <= {"", "r", "w", "m", "rw", "rm", "wm", "rwm"}
+    for bad in ("x", "rwx", "R"):
+        try:
+            Access(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} taken")
