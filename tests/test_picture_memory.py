@@ -92,3 +92,17 @@ def test_one_access_object_per_set_of_letters():
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} taken")
+
+
+def test_the_verifier_and_the_link_picture_share_the_node_paths(tmp_path, need_root):
+    # the verify cache keeps the host's nodes between passes too: before, a second copy of every path
+    from nvsymlinkd.devchar.snapshot import read_majors
+    from nvsymlinkd.verify.cache import VerifyCache
+
+    host, _ = _host(tmp_path)
+    root, config = HostRoot(str(host.root)), Config()
+    state = LinkState(root, reconcile(root, config))
+    kept = VerifyCache().host_nodes(root, "/", read_majors(root))
+    assert len(kept) == len(state.nodes) > COUNT
+    for n in kept:
+        assert n.path is state.nodes[n.path].path, n.path
