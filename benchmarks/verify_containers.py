@@ -133,6 +133,43 @@ def flip(parent: str, n: int, deny: bool) -> None:
         (V1 / parent / f"c{i % 1000}" / ("devices.deny" if deny else "devices.allow")).write_text("c 195:255 rw\n")
 
 
+def kept_per_container(root: HostRoot, config: Config, n: int) -> None:
+    """What the daemon keeps per container between passes: the bytes a VerifyCache filled by two passes
+    still holds (tracemalloc, after the timed runs: tracing slows every allocation), and its top lines.
+    The floor: the bytes of each container's state.json and config.json as the runtime wrote them."""
+    import gc
+    import tracemalloc
+
+    verify_all(root, config, use_bus=False, with_host=False, cache=VerifyCache())  # first-use caches
+    gc.collect()
+    tracemalloc.start(1)
+    try:
+        before = tracemalloc.take_snapshot()
+        start = tracemalloc.get_traced_memory()[0]
+        cache = VerifyCache()
+        for _ in range(2):
+            verify_all(root, config, use_bus=False, with_host=False, cache=cache)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - start
+        top = tracemalloc.take_snapshot().compare_to(before, "lineno")[:8]
+    finally:
+        tracemalloc.stop()
+    files = 0
+    for c in discover(root):
+        for path in (c.state_path, f"{c.bundle}/config.json" if c.bundle else None):
+            try:
+                files += os.path.getsize(root.path(path)) if path else 0
+            except OSError:
+                pass
+    print(f"kept per container (VerifyCache after two passes over {n}, tracemalloc): {held / n:.0f} bytes; "
+          f"its state.json and config.json: {files / n:.0f} bytes")
+    for st in top:
+        frame = st.traceback[0]
+        print(f"  {st.size_diff / 1024:8.0f} KiB  {st.count_diff:7} blocks  {frame.filename}:{frame.lineno}")
+    emit(f"kept per container, {n} containers (tracemalloc; floor: its state.json + config.json)", held / n,
+         files / n, unit="B")
+
+
 def _doc(report) -> dict:
     doc = report.to_json()
     doc.pop("seconds")
@@ -210,6 +247,7 @@ def main() -> int:
             emit(f"verify {n} containers, cached (thread CPU; floor: Python syscall loop)", med(cached_cpu) * 1e3,
                  med(floor_cpu) * 1e3, goal="< 50 ms" if n >= 1000 else "",
                  met=med(cached_cpu) < 0.05 if n >= 1000 else None)
+            kept_per_container(root, config, n)
         finally:
             cleanup(parent)
             shutil.rmtree(base, ignore_errors=True)

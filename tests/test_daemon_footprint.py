@@ -11,11 +11,13 @@ from tests.daemonproc import DaemonProcess
 from tests.fakehost import standard_host
 
 # OpenSSL's libcrypto (hashlib's backend: ~3.5 MiB) and GObject introspection (dbus_next's GLib
-# backend, when python3-gi is installed: ~3.7 MiB); the daemon needs neither.
-NOT_RESIDENT = ("libcrypto", "libgirepository", "_gi.cpython", "libgobject")
+# backend, when python3-gi is installed: ~3.7 MiB); bz2 and lzma (shutil's archive formats, which
+# pyudev's ctypes.util import brought in: ~0.3 MiB); the daemon needs none of them.
+NOT_RESIDENT = ("libcrypto", "libgirepository", "_gi.cpython", "libgobject", "_bz2.cpython", "_lzma.cpython",
+                "libbz2", "liblzma")
 
 
-def test_daemon_maps_neither_openssl_nor_glib(tmp_path, need_root):
+def test_daemon_maps_neither_openssl_nor_glib_nor_compression(tmp_path, need_root):
     host = standard_host(tmp_path / "root")
     d = DaemonProcess(host.root, "--resync-interval", "0", env={"NVSYMLINKD_DEBUG": "1"})
     try:

@@ -49,6 +49,17 @@ def _name(major: int, minor: int) -> str:
     return sys.intern(f"{major}:{minor}")
 
 
+_intern = sys.intern
+
+
+def _one_text(s: str | None) -> str | None:
+    """One str object for equal paths and texts whichever record holds them: a node's path is also the
+    target of its link's entry, and a link's text is both what was planned (the Action) and what
+    readlink(2) read back (the entry): separate objects per link otherwise (~150 bytes a link at 2,000
+    links; issue 38)."""
+    return s if s is None else _intern(s)
+
+
 class LinkState:
     """The last full pass's picture, updated per name. Built from an applied (not dry-run) SyncResult."""
 
@@ -98,7 +109,10 @@ class LinkState:
     # -- the model ----------------------------------------------------------
 
     def _add_node(self, node: NvidiaNode) -> None:
-        self.nodes[node.path] = node
+        path = _intern(node.path)
+        if path is not node.path:
+            node = node._replace(path=path)
+        self.nodes[path] = node
         name = _name(node.major, node.minor)
         have = self.by_rdev.get(name, ())
         if any(n.path == node.path for n in have):  # in its place, like a dict's update
@@ -127,6 +141,8 @@ class LinkState:
             else:
                 self.linked_from.pop(old.target, None)
         if entry is not None:
+            if entry.link_text is not None:
+                entry = entry._replace(link_text=_intern(entry.link_text), target=_one_text(entry.target))
             self.entries[name] = entry
             if entry.target is not None:
                 names = self.linked_from.get(entry.target, ())
@@ -142,6 +158,8 @@ class LinkState:
         self.failed.discard(name)
         if a is None:
             return
+        if a.target is not None:
+            a = a._replace(target=_intern(a.target), previous=_one_text(a.previous))
         self.actions[name] = a
         self.counts[a.action] += 1
         if a.action == CONFLICT:

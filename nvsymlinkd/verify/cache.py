@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 from typing import Any, Callable, Union
 
@@ -202,7 +203,10 @@ class VerifyCache:
         kept = self._memo.get(key)
         if stamps is not None and kept is not None and kept[0] == inputs:
             return kept[1]  # type: ignore[no-any-return]
-        nodes = tuple(scan_nodes(root, driver_root, majors)[0])
+        # the node paths interned, as the daemon's link picture keeps them (devchar/incremental.py): one str
+        # per path between the two, not a second copy of every path for the cache's life (issue 38)
+        nodes = tuple(n if n.path is sys.intern(n.path) else n._replace(path=sys.intern(n.path))
+                      for n in scan_nodes(root, driver_root, majors)[0])
         if stamps is not None and all(s is None or settled(s[3], read_at) for s in stamps):
             self._memo[key] = (inputs, nodes)
         else:
