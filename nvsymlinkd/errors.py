@@ -93,6 +93,11 @@ class CgroupPathError(NvsymlinkdError):
     the mount's root, above it, no cgroup2 mount, none known): its access is unknown, and repair refuses it."""
 
 
+class NvmlError(NvsymlinkdError):
+    """NVML cannot say which MIG devices exist (no pynvml, no library, a call failed): the hook's MIG grant is
+    then not reconstructed (containers.hookhost)."""
+
+
 class RepairError(NvsymlinkdError):
     """A step of a repair failed; the message is one line for the operator."""
 
