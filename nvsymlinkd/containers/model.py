@@ -44,9 +44,9 @@ def cgroup_driver(recorded: bool | None, cgroups_path: str | None, spec_scope: s
 
     recorded: runc's state.json `config.cgroups.Systemd` (libcontainer/configs/cgroup_linux.go:34-35 at
     v1.1.5 and v1.1.12, a bool with no json tag, set from --systemd-cgroup in specconv/spec_linux.go
-    CreateCgroupConfig: `Systemd: useSystemdCgroup`) or crun's status `systemd-cgroup`. Docker, containerd,
-    CRI-O and Podman run runc or crun under their own state roots (containers.runtimes), so their
-    containers carry the same record. A container whose cgroup path holds a `<prefix>-<id>.scope` that
+    CreateCgroupConfig: `Systemd: useSystemdCgroup`) or crun's status `systemd-cgroup` (src/libcrun/status.c).
+    Docker, containerd, CRI-O and Podman run runc or crun under their own state roots (containers.runtimes),
+    so their containers carry the same record. A container whose cgroup path holds a `<prefix>-<id>.scope` that
     its runtime made with cgroupfs (a nested systemd, a directory named so) is cgroupfs: systemd does not
     apply device rules there, and a DeviceAllow= on some unit of that name would grant nothing.
 
