@@ -69,7 +69,7 @@ def test_cgroup_path_failures_say_what_they_said(tmp_path):
 
 
 def test_a_container_with_no_cgroup_raises_for_the_verifiers_boundary(tmp_path):
-    """verify/verifier._read_policy raises (it returned (None, why)); _verify_one turns the words into the
+    """verify/verifier.read_policy raises (it returned (None, why)); _verify_one turns the words into the
     finding's detail, as it turns any failure to read."""
     import pytest
 
@@ -77,7 +77,7 @@ def test_a_container_with_no_cgroup_raises_for_the_verifiers_boundary(tmp_path):
     from nvsymlinkd.containers.discovery import Container
     from nvsymlinkd.errors import CgroupPathError
     from nvsymlinkd.verify.cache import NoCache
-    from nvsymlinkd.verify.verifier import _read_policy
+    from nvsymlinkd.verify.verifier import read_policy
 
     with pytest.raises(CgroupPathError, match=r"^no cgroup known for init pid 4242$"):
-        _read_policy(HostRoot(str(tmp_path)), Container("x", "runc", init_pid=4242), CgroupMounts(None, None), NoCache())
+        read_policy(HostRoot(str(tmp_path)), Container("x", "runc", init_pid=4242), CgroupMounts(None, None), NoCache())

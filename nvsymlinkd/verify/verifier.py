@@ -175,7 +175,7 @@ def _container_hook_inputs(c: Container, entry, ctx: _HostContext, current):
     return rec.inputs
 
 
-def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache) -> AccessPolicy:
+def read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache) -> AccessPolicy:
     """The container's device access; CgroupPathError when no cgroup of it is known."""
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
         raise CgroupPathError(f"no cgroup known for init pid {c.init_pid}")
@@ -236,7 +236,7 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
     why: str | None = None
     if c.live:
         try:
-            policy = _read_policy(root, c, ctx.mounts, cache)
+            policy = read_policy(root, c, ctx.mounts, cache)
         except Exception as exc:  # noqa: BLE001 - the boundary: a failure to read is the finding's detail, never 'ok'
             why = str(exc) or exc.__class__.__name__
     if policy is None and c.init_pid and not os.path.exists(root.path(f"/proc/{c.init_pid}")):
