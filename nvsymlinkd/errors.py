@@ -88,6 +88,16 @@ class BpfError(NvsymlinkdError):
         super().__init__(text)
 
 
+class CgroupPathError(NvsymlinkdError):
+    """A container's cgroup that cannot be placed in the host's hierarchy (not the kernel's shape, outside
+    the mount's root, above it, no cgroup2 mount, none known): its access is unknown, and repair refuses it."""
+
+
+class NvmlError(NvsymlinkdError):
+    """NVML cannot say which MIG devices exist (no pynvml, no library, a call failed): the hook's MIG grant is
+    then not reconstructed (containers.hookhost)."""
+
+
 class RepairError(NvsymlinkdError):
     """A step of a repair failed; the message is one line for the operator."""
 

@@ -66,7 +66,7 @@ def main() -> int:
             host.fake.write(f"/run/systemd/transient/{scope}",
                             "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n"
                             "DeviceAllow=/dev/char/1:3 rwm\nDeviceAllow=char-pts rwm\n")
-            host.run("gpu-scope", cgroup_leaf=scope, **GPU0)
+            host.run("gpu-scope", driver="systemd", **GPU0)
             cli(host, "check", "--no-bus", "--no-host", "gpu-scope")
 
             scenario("at-risk-uvm-missing")

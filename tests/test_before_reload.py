@@ -80,7 +80,7 @@ def at_risk(runc_host):
         scope = f"runc-{cid}.scope"
         runc_host.fake.write(f"/run/systemd/transient/{scope}",
                              "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n" + SCOPE_KEEP)
-        runc_host.run(cid, cgroup_leaf=scope, rules=[device_rule(195, 0)],
+        runc_host.run(cid, driver="systemd", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
         ids.append(cid)
     (runc_host.root / "run/systemd/system").mkdir(parents=True, exist_ok=True)  # systemd runs on this tree
@@ -145,7 +145,7 @@ def test_repair_exits_1_while_a_finding_remains(runc_host, nvsymlinkd_cli, monke
     scope = "runc-gpu-brl-hook.scope"
     runc_host.fake.write(f"/run/systemd/transient/{scope}",
                          "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n" + SCOPE_KEEP)
-    c = runc_host.run("gpu-brl-hook", cgroup_leaf=scope, nodes=[device_node("/dev/nvidia0", 195, 0)],
+    c = runc_host.run("gpu-brl-hook", driver="systemd", nodes=[device_node("/dev/nvidia0", 195, 0)],
                       env=["NVIDIA_VISIBLE_DEVICES=0"])
     c.allow("c 195:0 rw")  # the hook's grant, outside the spec
     root = str(runc_host.root)
@@ -187,7 +187,7 @@ def test_a_held_repair_lock_cannot_stretch_it_past_its_bound(runc_host, tmp_path
             cid, scope = f"gpu-brl-lock-{i}", f"runc-gpu-brl-lock-{i}.scope"
             runc_host.fake.write(f"/run/systemd/transient/{scope}",
                                  "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n" + SCOPE_KEEP)
-            c = runc_host.run(cid, cgroup_leaf=scope, rules=[device_rule(195, 0)],
+            c = runc_host.run(cid, driver="systemd", rules=[device_rule(195, 0)],
                               nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
             freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
             mock.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root), devices=str(c.devices_dir()),

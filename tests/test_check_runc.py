@@ -172,7 +172,7 @@ def test_scope_device_allow_lacks_device(runc_host_any):
     runc_host_any.fake.write(f"/run/systemd/transient/{scope}",
                          "# transient\n[Scope]\nDevicePolicy=strict\nDeviceAllow=\n"
                          "DeviceAllow=/dev/char/1:3 rwm\nDeviceAllow=char-pts rwm\n")
-    c = runc_host_any.run("gpu-scope", cgroup_leaf=scope, **gpu0())
+    c = runc_host_any.run("gpu-scope", driver="systemd", **gpu0())
     report = verify(runc_host_any, "gpu-scope")
     assert report.scope == scope
     assert report.verdict == "at-risk"

@@ -335,7 +335,7 @@ def test_scope_at_risk_is_prevented_through_systemd_and_survives_the_reload(runc
     scope = "runc-gpu-scope.scope"
     keep = [("/dev/char/1:3", "rwm"), ("/dev/char/1:5", "rwm"), ("/dev/char/1:8", "rwm"), ("/dev/char/1:9", "rwm"),
             ("/dev/char/5:0", "rwm"), ("/dev/char/5:2", "rwm")]
-    c = runc_host.run("gpu-scope", cgroup_leaf=scope, **gpu0())
+    c = runc_host.run("gpu-scope", driver="systemd", **gpu0())
     freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
     subscribing_systemd.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
     assert c.open_error("/dev/nvidia0", rw=True) == "ENXIO"
@@ -399,7 +399,7 @@ def create_hook_granted(runc_host, systemd_mock, name: str, keep: list):
     freezer = f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state"
     systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=f"/sys/fs/cgroup/devices{cgroups_path}",
                            freezer=freezer)
-    c, proc = runc_host.create_async(name, cgroup_leaf=scope, rules=[device_rule(195, 0)],
+    c, proc = runc_host.create_async(name, driver="systemd", rules=[device_rule(195, 0)],
                                      nodes=[device_node("/dev/nvidia0", 195, 0), device_node("/dev/nvidia1", 195, 1)],
                                      env=["NVIDIA_VISIBLE_DEVICES=0,1"],
                                      hooks=grant_hook(runc_host, cgroups_path, "c 195:1 rw"))
@@ -568,7 +568,7 @@ def test_repair_before_a_reload_prevents_a_hook_grant_with_no_baseline(runc_host
     subscribing_systemd.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root),
                            devices=f"/sys/fs/cgroup/devices{cgroups_path}",
                            freezer=f"/sys/fs/cgroup/freezer/{cgroups_path.lstrip('/')}/freezer.state")
-    c = hook_granted(runc_host, "gpu-pre", "1", ("c 195:255 rw", "c 195:1 rw"), cgroup_leaf=scope)
+    c = hook_granted(runc_host, "gpu-pre", "1", ("c 195:255 rw", "c 195:1 rw"), driver="systemd")
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", subscribing_systemd.address)
     root = str(runc_host.root)
     doc = json.loads(nvsymlinkd_cli("--root", root, "check", "--json", "--no-host", check=1).stdout)

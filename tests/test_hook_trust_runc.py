@@ -61,19 +61,20 @@ def fake_hook(runc_host) -> Path:
     return hook
 
 
-def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), cgroup_leaf=None,
+def hook_granted(runc_host, cid: str, visible: str, allow: tuple, nodes=(("/dev/nvidia1", 1),), driver="cgroupfs",
                  extra_env=()):
     """A container as Docker --gpus makes it: NVIDIA_VISIBLE_DEVICES and the legacy hook in the spec, the
-    devices granted by the hook (here: `allow`), none of them in the spec's rules."""
+    devices granted by the hook (here: `allow`), none of them in the spec's rules. driver="systemd": a
+    systemd stand-in in runc-<cid>.scope (tests/runcfixture.py)."""
     hook = fake_hook(runc_host)
-    cgroups_path = f"{runc_host.parent}/{cgroup_leaf or cid}"
+    cgroups_path = f"{runc_host.parent}/{f'runc-{cid}.scope' if driver == 'systemd' else cid}"
     hooks = {"prestart": [{"path": str(hook), "args": ["nvidia-container-runtime-hook", "prestart"],
                            "env": [f"TEST_DEVICES_DIR=/sys/fs/cgroup/devices{cgroups_path}",
                                    "TEST_ALLOW=" + ";".join(allow)]}]}
     spec_nodes = [device_node(p, 195, m) for p, m in nodes]
     spec_nodes += [device_node("/dev/nvidiactl", 195, 255)] if nodes else []
     return runc_host.run(cid, nodes=spec_nodes, env=[f"NVIDIA_VISIBLE_DEVICES={visible}", *extra_env], hooks=hooks,
-                         cgroup_leaf=cgroup_leaf)
+                         driver=driver)
 
 
 def check_json(cli, root, *extra, code=1) -> dict:

@@ -204,7 +204,7 @@ def test_every_repair_status_validates(runc_host, nvsymlinkd_cli, validators, tm
         for cid, known in (("gpu-s-prev", True), ("gpu-s-fail", False)):
             scope = f"runc-{cid}.scope"  # at risk: its scope lacks the GPU
             _transient(runc_host, scope)
-            c = runc_host.run(cid, cgroup_leaf=scope, **gpu)
+            c = runc_host.run(cid, driver="systemd", **gpu)
             if known:  # prevented through SetUnitProperties; the other one systemd does not know: failed
                 freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
                 mock.add_scope(scope, SCOPE_KEEP, root=root, devices=str(c.devices_dir()), freezer=freezer)
@@ -215,7 +215,7 @@ def test_every_repair_status_validates(runc_host, nvsymlinkd_cli, validators, tm
         cant.deny("c 195:0 rw")
         # granted by something outside the spec, no baseline: nothing trusted expects it: nothing-to-do
         _transient(runc_host, "runc-gpu-s-hook.scope")
-        runc_host.run("gpu-s-hook", cgroup_leaf="runc-gpu-s-hook.scope", nodes=[device_node("/dev/nvidia0", 195, 0)],
+        runc_host.run("gpu-s-hook", driver="systemd", nodes=[device_node("/dev/nvidia0", 195, 0)],
                       env=["NVIDIA_VISIBLE_DEVICES=0"]).allow("c 195:0 rw")
 
         dry = _cli_json(nvsymlinkd_cli, "--root", root, "repair", "--json", "--dry-run", code=1)

@@ -126,3 +126,43 @@ def test_nvml_mig_devices_as_libnvidia_container_lists_them(tmp_path, monkeypatc
     assert read_nvml_mig()[2] == (0, 1)  # MIG-capable: a MIG mode (on or off), not NotSupported
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not importable
     assert read_mig_uuids() == (None, "pynvml cannot be imported")
+
+
+def test_nvml_failures_raise_where_found_and_are_the_driver_maps_words(monkeypatch):
+    """nvml_mig raises NvmlError at each failure (issue 37 item 5); read_nvml_mig is the boundary, where the
+    message becomes DriverMap.mig_uuids_why: the words it returned as (None, why, None) before."""
+    import sys
+    import types
+
+    import pytest
+
+    from nvsymlinkd.containers.hookhost import nvml_mig, read_nvml_mig
+    from nvsymlinkd.errors import NvmlError
+
+    def fake(init_error=None, count_error=None):
+        module = types.ModuleType("pynvml")
+
+        def init():
+            if init_error:
+                raise OSError(init_error)
+
+        def count():
+            if count_error:
+                raise RuntimeError(count_error)
+            return 0
+
+        module.nvmlInit, module.nvmlShutdown, module.nvmlDeviceGetCount = init, lambda: None, count
+        return module
+
+    for module, words in ((None, "pynvml cannot be imported"),
+                          (fake(init_error="libnvidia-ml.so.1: cannot open shared object file" + "x" * 80),
+                           "NVML cannot be initialised: libnvidia-ml.so.1: cannot open shared object file"
+                           + "x" * 31),  # str(exc)[:80]
+                          (fake(count_error="Unknown Error"), "NVML failed listing MIG devices: Unknown Error")):
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        with pytest.raises(NvmlError) as raised:
+            nvml_mig()
+        assert str(raised.value) == words
+        assert read_nvml_mig() == (None, words, None)
+    monkeypatch.setitem(sys.modules, "pynvml", fake())
+    assert read_nvml_mig() == ((), "NVML", ())

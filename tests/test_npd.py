@@ -482,7 +482,7 @@ def test_an_unknown_container_makes_the_conditions_unknown(runc_host, monkeypatc
     from nvsymlinkd.verify.verifier import verify_all
 
     monkeypatch.delenv("DBUS_SYSTEM_BUS_ADDRESS", raising=False)
-    runc_host.run("gpu-edges-unknown", cgroup_leaf="runc-gpu-edges-unknown.scope", **gpu0())
+    runc_host.run("gpu-edges-unknown", driver="systemd", **gpu0())
     root = HostRoot(str(runc_host.root))
     m = Metrics()
     report = verify_all(root, Config(), with_host=False, use_bus=False)

@@ -846,7 +846,7 @@ def test_deb_scripts_keep_a_real_at_risk_container_s_gpu_through_their_reload(
     need_tool("unshare")
     scope = "runc-gpu-pkg.scope"
     keep = SCOPE_KEEP
-    c = runc_host.run("gpu-pkg", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+    c = runc_host.run("gpu-pkg", driver="systemd", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
     freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"
     systemd_mock.add_scope(scope, keep, root=str(runc_host.root), devices=str(c.devices_dir()), freezer=freezer)
@@ -880,7 +880,7 @@ def test_deb_scripts_name_a_hook_granted_container_they_cannot_protect(deb_build
     installation goes on, and the package's reload takes the device: the limit install.md states."""
     need_tool("unshare")
     scope = "runc-gpu-hook.scope"
-    c = runc_host.run("gpu-hook", cgroup_leaf=scope, nodes=[device_node("/dev/nvidia0", 195, 0)],
+    c = runc_host.run("gpu-hook", driver="systemd", nodes=[device_node("/dev/nvidia0", 195, 0)],
                       env=["NVIDIA_VISIBLE_DEVICES=0"])
     c.allow("c 195:0 rw")  # the hook's grant, after runc applied the spec
     freezer = f"/sys/fs/cgroup/freezer/{c.cgroups_path.lstrip('/')}/freezer.state"

@@ -57,7 +57,7 @@ def held(runc_host, subscribing_systemd):
 
     def make(name: str):
         scope = f"runc-{name}.scope"
-        c = runc_host.run(name, cgroup_leaf=scope, **gpu0())
+        c = runc_host.run(name, driver="systemd", **gpu0())
         made.append(c)
         subscribing_systemd.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
                                freezer=str(freezer_of(c)), hold=HOLD)
@@ -225,7 +225,7 @@ def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, subs
     and `docker run` with it. A created container runs nothing but runc's init, blocked on exec.fifo:
     systemd's re-apply cannot hurt it, so the repair leaves its freezer alone."""
     scope = "runc-gpu-created.scope"
-    c, proc = runc_host.create_async("gpu-created", cgroup_leaf=scope, **gpu0())
+    c, proc = runc_host.create_async("gpu-created", driver="systemd", **gpu0())
     assert proc.wait(timeout=60) == 0, (runc_host.state_root / "gpu-created").exists()
     runc_host.link_proc(c)
     subscribing_systemd.add_scope(scope, KEEP, root=str(runc_host.root), devices=str(c.devices_dir()),
@@ -235,8 +235,7 @@ def test_a_created_container_is_never_frozen_so_runc_start_works(runc_host, subs
         (enter,) = wait_for(subscribing_systemd.entered, "the repair's SetUnitProperties")
         assert enter["freezer"] == "THAWED", enter
         # the runtime starts the container while systemd re-applies its devices
-        start = subprocess.run([runc_host.runc_bin, "--root", str(runc_host.state_root), "start", c.id],
-                               capture_output=True, text=True, timeout=60)
+        start = c.runc("start", c.id, check=False)
         assert start.returncode == 0, start.stderr
         out, err = repair.communicate(timeout=120)
     finally:

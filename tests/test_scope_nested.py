@@ -35,7 +35,7 @@ def move_init(c, leaf: str) -> list:
 
 def test_systemd_in_a_container_does_not_make_it_the_hosts_init_scope(runc_host, systemd, nvsymlinkd_cli):
     scope = "runc-gpu-edges-nest.scope"
-    c = runc_host.run("gpu-edges-nest", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+    c = runc_host.run("gpu-edges-nest", driver="systemd", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
     # the container's scope lacks its GPU (a reload would take it); the host's init.scope restricts nothing
     systemd.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
@@ -59,7 +59,7 @@ def test_a_scope_named_by_the_container_is_never_its_scope(runc_host, systemd, n
     """A cgroup the container made and named like another container's scope (docker-<other>.scope) or like
     its own scope's unit nested below it: the scope is still the runtime's."""
     scope = "runc-gpu-edges-fake.scope"
-    c = runc_host.run("gpu-edges-fake", cgroup_leaf=scope, rules=[device_rule(195, 0)],
+    c = runc_host.run("gpu-edges-fake", driver="systemd", rules=[device_rule(195, 0)],
                       nodes=[device_node("/dev/nvidia0", 195, 0)], env=["NVIDIA_VISIBLE_DEVICES=0"])
     systemd.add_scope(scope, [("/dev/char/1:3", "rwm")], root=str(runc_host.root))
     systemd.add_scope("docker-0123456789ab.scope", [], policy="auto", root=str(runc_host.root))

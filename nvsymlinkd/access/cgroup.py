@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from nvsymlinkd.access import bpfeval, bpfprog
 from nvsymlinkd.access.rules import ALLOW, DENY, UNKNOWN, AccessDecision, decide, parse_devices_list
-from nvsymlinkd.errors import CannotEvaluate, HostFileError
+from nvsymlinkd.errors import CannotEvaluate, CgroupPathError, HostFileError
 from nvsymlinkd.host.devices import TYPES, Access, Device, named_minors, rule_class
 from nvsymlinkd.host.paths import normalize, unescape_mount_field
 from nvsymlinkd.host.root import MAX_MOUNTINFO_BYTES, HostRoot, read_host_file
@@ -100,8 +100,8 @@ def split_cgroup_path(path: str) -> Optional[tuple]:
     return up, names
 
 
-def mount_relative(cgroup: str, mount_root: str, ns_base: Optional[str]) -> tuple:
-    """Where a cgroup lies below a cgroup mount's root: ("/x/y", "") or (None, why). Pure.
+def mount_relative(cgroup: str, mount_root: str, ns_base: Optional[str]) -> str:
+    """Where a cgroup lies below a cgroup mount's root ("/x/y"); CgroupPathError saying why not. Pure.
 
     cgroup and mount_root are as the kernel prints them for this process (relative to its cgroup
     namespace); ns_base: the namespace root below the mount's root, when mount_root climbs out of
@@ -109,30 +109,28 @@ def mount_relative(cgroup: str, mount_root: str, ns_base: Optional[str]) -> tupl
     """
     c, m = split_cgroup_path(cgroup), split_cgroup_path(mount_root)
     if c is None:
-        return None, f"cgroup path {cgroup!r} is not absolute and clean"
+        raise CgroupPathError(f"cgroup path {cgroup!r} is not absolute and clean")
     if m is None or (m[0] and m[1]):
-        return None, f"the cgroup mount's root {mount_root} is not above this process's cgroup namespace"
+        raise CgroupPathError(f"the cgroup mount's root {mount_root} is not above this process's cgroup namespace")
     up, names = c
     if m[0] == 0:  # the mount's root is at or below the namespace root: the same frame
         if up or names[:len(m[1])] != m[1]:
-            return None, f"cgroup {cgroup} is outside the mount's root {mount_root}"
-        return "/" + "/".join(names[len(m[1]):]), ""
+            raise CgroupPathError(f"cgroup {cgroup} is outside the mount's root {mount_root}")
+        return "/" + "/".join(names[len(m[1]):])
     base = split_cgroup_path(ns_base) if ns_base is not None else None
     if base is None or base[0] or len(base[1]) != m[0]:
-        return None, (f"cgroup {cgroup}: cannot tell where this process's cgroup namespace sits in the "
-                      f"host's hierarchy (mount root {mount_root}; this process not found in it)")
+        raise CgroupPathError(f"cgroup {cgroup}: cannot tell where this process's cgroup namespace sits in the "
+                              f"host's hierarchy (mount root {mount_root}; this process not found in it)")
     if up > len(base[1]):
-        return None, f"cgroup {cgroup} climbs above the mount's root"
-    return "/" + "/".join(base[1][:len(base[1]) - up] + names), ""
+        raise CgroupPathError(f"cgroup {cgroup} climbs above the mount's root")
+    return "/" + "/".join(base[1][:len(base[1]) - up] + names)
 
 
-def cgroup_dir_on(mount: Mount, cgroup: str) -> tuple:
-    """(inside path of a cgroup's directory on the mount, "") or (None, why); cgroup as printed for us."""
-    rel, why = mount_relative(cgroup, mount.root, mount.ns_base)
-    if rel is None:
-        return None, why
+def cgroup_dir_on(mount: Mount, cgroup: str) -> str:
+    """The inside path of a cgroup's directory on the mount (cgroup as printed for us); CgroupPathError."""
+    rel = mount_relative(cgroup, mount.root, mount.ns_base)
     # rel starts with "/": joined without a second one, normalize's fast path (normpath per container before)
-    return normalize(mount.mountpoint.rstrip("/") + rel if rel != "/" else mount.mountpoint), ""
+    return normalize(mount.mountpoint.rstrip("/") + rel if rel != "/" else mount.mountpoint)
 
 
 def _own_cgroups() -> dict:
@@ -468,9 +466,10 @@ def _read_text(real_path: str, shown: str) -> str:
 
 def _read_v1(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> V1Source:
     mount = mounts.v1_devices or Mount("/", V1_DEVICES_FALLBACK, "cgroup", ("devices",))
-    cgdir, why = cgroup_dir_on(mount, cgroup)
-    if cgdir is None:
-        return V1Source("devices.list", error=f"v1 devices: {why}")
+    try:
+        cgdir = cgroup_dir_on(mount, cgroup)
+    except CgroupPathError as e:  # the boundary: the source's error, its access unknown
+        return V1Source("devices.list", error=f"v1 devices: {e}")
     list_path = cgdir + "/devices.list"
     try:
         text = _read_text(root.path(list_path), list_path)
@@ -515,9 +514,10 @@ def _read_v2(root: HostRoot, mounts: CgroupMounts, cgroup: str, memo=None) -> V2
     if mount is None:
         return V2Source(cgroup, None, error="no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, "
                                              "/sys/fs/cgroup/unified or /sys/fs/cgroup")
-    cgdir, why = cgroup_dir_on(mount, cgroup)
-    if cgdir is None:
-        return V2Source(cgroup, None, error=f"cgroup2: {why}")
+    try:
+        cgdir = cgroup_dir_on(mount, cgroup)
+    except CgroupPathError as e:  # the boundary: the source's error, its access unknown
+        return V2Source(cgroup, None, error=f"cgroup2: {e}")
     for attempt in range(3):
         try:
             programs = _device_programs(root.path(cgdir), memo)
@@ -567,10 +567,11 @@ def read_access(root: HostRoot, v1_devices_cgroup: Optional[str], v2_cgroup: Opt
     return AccessPolicy(sources)
 
 
-def v2_cgroup_dir(root: HostRoot, cgroup: str, mounts: Optional[CgroupMounts] = None) -> tuple:
-    """(inside path of a cgroup's directory on the cgroup2 hierarchy, "") or (None, why); the path as
-    /proc/<pid>/cgroup printed it for this process (what read_access reads)."""
+def v2_cgroup_dir(root: HostRoot, cgroup: str, mounts: Optional[CgroupMounts] = None) -> str:
+    """The inside path of a cgroup's directory on the cgroup2 hierarchy, the path as /proc/<pid>/cgroup
+    printed it for this process (what read_access reads); CgroupPathError."""
     mount = (mounts or find_cgroup_mounts(root)).v2 or _probe_v2(root)
     if mount is None:
-        return None, "no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, /sys/fs/cgroup/unified or /sys/fs/cgroup"
+        raise CgroupPathError(
+            "no cgroup2 mount in /proc/1/mountinfo, /proc/self/mountinfo, /sys/fs/cgroup/unified or /sys/fs/cgroup")
     return cgroup_dir_on(mount, cgroup)

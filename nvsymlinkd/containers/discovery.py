@@ -24,7 +24,8 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from nvsymlinkd.containers.model import display_name, exec_fifo_path
+from nvsymlinkd.containers.early import scope_of_cgroups_path
+from nvsymlinkd.containers.model import CgroupDriver, cgroup_driver, display_name, exec_fifo_path
 from nvsymlinkd.containers.ocispec import (
     MAX_SMALL_BYTES,
     STATE_PARSERS,
@@ -87,6 +88,7 @@ class Container:
     cgroup_systemd: str | None = None  # name=systemd (v1/hybrid)
     cgroup_v1_freezer: str | None = None  # repair freezes around systemd's v1 re-apply
     scope: str | None = None
+    cgroup_driver: CgroupDriver | None = None  # the runtime's record, else the spec's form, else inferred
     problems: list = field(default_factory=list)
     # The runtime's files that exist but cannot be read or trusted as a whole ("cannot read X: why"):
     # what they would say is unknown, so the container can never be judged ok (nor "not a GPU container").
@@ -380,6 +382,9 @@ def _finish(root: HostRoot, c: Container) -> None:
     c.scope = scope_of(c.id, (c.cgroup_v2, c.cgroup_systemd, c.cgroup_v1_devices), recorded)
     if c.scope is None and c.state is not None and c.state.scope and c.status in LIVE:
         c.scope = c.state.scope
+    cgroups_path = c.spec.cgroups_path if c.spec is not None else None
+    c.cgroup_driver = cgroup_driver(c.state.systemd_cgroup if c.state is not None else None, cgroups_path,
+                                    scope_of_cgroups_path(cgroups_path), c.scope)
 
 
 def clean_name(value) -> str | None:

@@ -48,7 +48,7 @@ from nvsymlinkd.containers.hookgrant import (
     toml_dialect,
     unreadable_config,
 )
-from nvsymlinkd.errors import HostFileError, NvsymlinkdError
+from nvsymlinkd.errors import HostFileError, NvmlError, NvsymlinkdError
 from nvsymlinkd.host import rpmdb
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import CAPABILITIES_DIR, GPUS_DIR, parse_key_values, read_mig_map
@@ -406,19 +406,29 @@ def read_mig_uuids() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str]
 
 
 def read_nvml_mig() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str, tuple[int, ...] | None]:
+    """(MIG devices, "NVML", MIG-capable minors) from nvml_mig(), or (None, why, None): the boundary where
+    NVML's failure (NvmlError) becomes the driver map's data (DriverMap.mig_uuids_why)."""
+    try:
+        uuids, capable = nvml_mig()
+    except NvmlError as exc:
+        return None, str(exc), None
+    return uuids, "NVML", capable
+
+
+def nvml_mig() -> tuple[tuple[tuple[str, int, int, int], ...], tuple[int, ...]]:
     """NVML's MIG devices now, as (UUID, parent GPU's device minor, GI id, CI id), the way libnvidia-container
     lists them (src/nvc_info.c @00b4b47e fill_mig_device_info: the MIG handles of a GPU in MIG mode by index
     up to the first index without one, where it stops), and the minors of the MIG-capable GPUs (src/driver.c
-    driver_get_device_mig_capable: nvmlDeviceGetMigMode succeeds); (None, why, None) without a working pynvml.
+    driver_get_device_mig_capable: nvmlDeviceGetMigMode succeeds); NvmlError without a working pynvml.
     NVML talks to the kernel this process runs on: --root must be that host's tree (the pod's /host is)."""
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
-        return None, "pynvml cannot be imported", None
+        raise NvmlError("pynvml cannot be imported") from None
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # pynvml.NVMLError and the library's absence (a ctypes OSError)
-        return None, f"NVML cannot be initialised: {str(exc)[:80]}", None
+        raise NvmlError(f"NVML cannot be initialised: {str(exc)[:80]}") from exc
     out = []
     capable = []
     try:
@@ -442,10 +452,10 @@ def read_nvml_mig() -> tuple[tuple[tuple[str, int, int, int], ...] | None, str, 
                 out.append((uuid, minor, int(pynvml.nvmlDeviceGetGpuInstanceId(handle)),
                             int(pynvml.nvmlDeviceGetComputeInstanceId(handle))))
     except Exception as exc:
-        return None, f"NVML failed listing MIG devices: {str(exc)[:80]}", None
+        raise NvmlError(f"NVML failed listing MIG devices: {str(exc)[:80]}") from exc
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             pass
-    return tuple(out), "NVML", tuple(capable)
+    return tuple(out), tuple(capable)

@@ -25,6 +25,45 @@ def display_name(c: Any) -> str | None:
     return name
 
 
+@dataclass(frozen=True)
+class CgroupDriver:
+    """How the runtime manages a container's cgroup, and what says so.
+
+    `name`: "systemd" (the runtime asked systemd for a scope and handed it the device rules as
+    DeviceAllow=) or "cgroupfs" (the runtime writes the cgroup itself). `source`: "runtime state" (runc's
+    state.json, crun's status file), "spec" (the form of linux.cgroupsPath) or "inferred" (neither says:
+    whether the cgroup path has the container's scope, as before the runtime's record was read)."""
+
+    name: str
+    source: str
+
+
+def cgroup_driver(recorded: bool | None, cgroups_path: str | None, spec_scope: str | None,
+                  scope: str | None) -> CgroupDriver:
+    """The runtime's own record first, the spec's form next, the scope last.
+
+    recorded: runc's state.json `config.cgroups.Systemd` (libcontainer/configs/cgroup_linux.go:34-35 at
+    v1.1.5 and v1.1.12, a bool with no json tag, set from --systemd-cgroup in specconv/spec_linux.go
+    CreateCgroupConfig: `Systemd: useSystemdCgroup`) or crun's status `systemd-cgroup` (src/libcrun/status.c).
+    Docker, containerd, CRI-O and Podman run runc or crun under their own state roots (containers.runtimes),
+    so their containers carry the same record. A container whose cgroup path holds a `<prefix>-<id>.scope` that
+    its runtime made with cgroupfs (a nested systemd, a directory named so) is cgroupfs: systemd does not
+    apply device rules there, and a DeviceAllow= on some unit of that name would grant nothing.
+
+    cgroups_path: with no record, "slice:prefix:name" (spec_scope: the scope it names,
+    containers.early.scope_of_cgroups_path) is the systemd driver's form (runc refuses any
+    other under --systemd-cgroup: specconv/spec_linux.go CreateCgroupConfig, v1.1.5:653-657) and an
+    absolute path without a colon cgroupfs's; anything else decides nothing. A form is a convention, not
+    proof (cgroupfs takes "a:b:c" as a directory name), which is why the record comes first."""
+    if recorded is not None:
+        return CgroupDriver("systemd" if recorded else "cgroupfs", "runtime state")
+    if spec_scope is not None:
+        return CgroupDriver("systemd", "spec")
+    if cgroups_path is not None and cgroups_path.startswith("/") and ":" not in cgroups_path:
+        return CgroupDriver("cgroupfs", "spec")
+    return CgroupDriver("systemd" if scope else "cgroupfs", "inferred")
+
+
 def exec_fifo_path(c: Any) -> str | None:
     """runc's and crun's exec.fifo beside the state file: present from create until start."""
     state_path = c.state_path

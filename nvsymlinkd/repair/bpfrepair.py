@@ -29,7 +29,7 @@ from typing import Any
 from nvsymlinkd.access import bpfeval, bpfgen, bpfprog, bpfproof
 from nvsymlinkd.access.cgroup import v2_cgroup_dir
 from nvsymlinkd.containers.model import Grant
-from nvsymlinkd.errors import BpfError, CannotEvaluate, RepairError, RepairRefused
+from nvsymlinkd.errors import BpfError, CannotEvaluate, CgroupPathError, RepairError, RepairRefused
 from nvsymlinkd.host.devices import Rule
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.repair.model import RepairRequest
@@ -98,9 +98,10 @@ def prepare(root: HostRoot, request: RepairRequest, grants: tuple[Grant, ...]) -
     the cgroup could not be read."""
     if request.v2_cgroup is None:
         raise RepairRefused("no cgroup v2 path is known for the container")
-    inside, why = v2_cgroup_dir(root, request.v2_cgroup)
-    if inside is None:
-        raise RepairRefused(f"refusing the cgroup v2 path {request.v2_cgroup!r}: {why}")
+    try:
+        inside = v2_cgroup_dir(root, request.v2_cgroup)
+    except CgroupPathError as exc:
+        raise RepairRefused(f"refusing the cgroup v2 path {request.v2_cgroup!r}: {exc}") from exc
     try:
         own, inherited, flags = _read(root.path(inside))
     except OSError as exc:
@@ -233,9 +234,10 @@ class Held:
 
 def hold(root: HostRoot, cgroup: str) -> Held:
     """Hold the cgroup's own programs (cgroup as /proc/<pid>/cgroup prints it); RepairError when it cannot."""
-    inside, why = v2_cgroup_dir(root, cgroup)
-    if inside is None:
-        raise RepairRefused(f"refusing the cgroup v2 path {cgroup!r}: {why}")
+    try:
+        inside = v2_cgroup_dir(root, cgroup)
+    except CgroupPathError as exc:
+        raise RepairRefused(f"refusing the cgroup v2 path {cgroup!r}: {exc}") from exc
     try:
         fd = bpfprog.open_cgroup_dir(root.path(inside))
     except OSError as exc:
@@ -262,8 +264,9 @@ def has_own_program(root: HostRoot, cgroup: str) -> bool | None:
 def own_ids(root: HostRoot, cgroup: str) -> list | None:
     """The ids of the device programs attached to the cgroup itself (cgroup as /proc/<pid>/cgroup prints it);
     None when they cannot be read (no cgroup v2 directory there, no BPF)."""
-    inside, _ = v2_cgroup_dir(root, cgroup)
-    if inside is None:
+    try:
+        inside = v2_cgroup_dir(root, cgroup)
+    except CgroupPathError:  # no such directory to read: cannot be read, as the docstring says
         return None
     try:
         fd = bpfprog.open_cgroup_dir(root.path(inside))

@@ -14,7 +14,7 @@ import time
 from nvsymlinkd.access.cgroup import Mount, cgroup_dir_on, find_cgroup_mounts
 from nvsymlinkd.access.rules import decide, parse_devices_list
 from nvsymlinkd.containers.model import Grant
-from nvsymlinkd.errors import RepairError
+from nvsymlinkd.errors import CgroupPathError, RepairError
 from nvsymlinkd.host.root import HostRoot
 
 FREEZER_FALLBACK = "/sys/fs/cgroup/freezer"
@@ -34,10 +34,10 @@ def cgroup_dir(root: HostRoot, controller: str, cgroup: str | None, fallback: st
     mounts = find_cgroup_mounts(root)
     mount = mounts.v1_devices if controller == "devices" else mounts.v1_freezer if controller == "freezer" else None
     mount = mount or Mount("/", fallback, "cgroup", (controller,))
-    cgdir, why = cgroup_dir_on(mount, cgroup)
-    if cgdir is None:
-        raise RepairError(f"refusing the {controller} cgroup path {cgroup!r}: {why}")
-    return cgdir
+    try:
+        return cgroup_dir_on(mount, cgroup)
+    except CgroupPathError as exc:
+        raise RepairError(f"refusing the {controller} cgroup path {cgroup!r}: {exc}") from exc
 
 
 def read_cgroup_file(root: HostRoot, inside: str) -> str:

@@ -235,8 +235,9 @@ def requests_from_report(report: ContainerReport, cgroup_driver: str | None = No
             grants.append(Grant(device, RW, UNEXPECTED))
         else:  # the verifier's own record, its access read as rw where it lists none
             grants.append(grant if grant.access else dataclasses.replace(grant, access=RW))
-    if cgroup_driver is None:
-        cgroup_driver = "systemd" if report.scope else "cgroupfs"
+    if cgroup_driver is None:  # the runtime's record (containers.model.cgroup_driver); a report without one: inferred
+        cgroup_driver = report.cgroup_driver.name if report.cgroup_driver is not None else (
+            "systemd" if report.scope else "cgroupfs")
     if freezer is None:
         freezer = report.cgroup.get("freezer")
     return RepairRequest(report.id, report.runtime, report.scope, report.cgroup.get("devices"),

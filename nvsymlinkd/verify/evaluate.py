@@ -17,7 +17,13 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Sequence, Tuple
 
-from nvsymlinkd.containers.model import CDI_ANNOTATION, Grant, display_name, exec_fifo_path
+from nvsymlinkd.containers.model import (
+    CDI_ANNOTATION,
+    CgroupDriver,
+    Grant,
+    display_name,
+    exec_fifo_path,
+)
 from nvsymlinkd.host.devices import RW, Access, Device, Rule
 from nvsymlinkd.host.nodes import NvidiaNode
 from nvsymlinkd.messageids import MESSAGE_IDS
@@ -118,6 +124,8 @@ class ContainerReport:
     # the allow rules the runtime programmed (runc's state, else the spec's; not in the JSON): what a systemd
     # repair keeps in the scope beside its grant (repair.mechanisms: a repair never narrows)
     runtime_rules: tuple[Rule, ...] = ()
+    # how the runtime manages the cgroup, and what says so (not in the JSON): the repair's row
+    cgroup_driver: CgroupDriver | None = None
 
     @property
     def short_id(self) -> str:
@@ -276,7 +284,7 @@ def _not_in_spec_finding(c: Container, expected: Expected, live: _Live, scope_de
                          who: str) -> list[Finding]:
     """Allowed now but declared by neither the spec nor runc's recorded rules: injected by a hook."""
     not_declared = [k for k in sorted(live.granted) if k not in expected.declared]
-    if not_declared and c.scope and scope_devices is not None:
+    if not_declared and _systemd_scope(c) and scope_devices is not None:
         # systemd re-applies what the scope lists (repair adds hook devices there) and runc >= 1.0's
         # `update` leaves device rules alone: a device the scope covers is no longer at risk
         not_declared = [k for k in not_declared if not scope_devices.covers(k, live.granted[k])]
@@ -385,10 +393,17 @@ def _denied_finding(c: Container, expected: Expected, live: _Live, policy: Acces
         "granted", "fix the runtime's config, recreate")]
 
 
+def _systemd_scope(c: Container) -> str | None:
+    """The scope whose DeviceAllow systemd re-applies to the container: none where the runtime's record says
+    it wrote the cgroup itself (cgroupfs), whatever a directory in its path is named."""
+    driver = c.cgroup_driver
+    return None if driver is not None and driver.source != "inferred" and driver.name == "cgroupfs" else c.scope
+
+
 def _scope_finding(c: Container, expected: Expected, scope_devices: ScopeDevices | None, lost: list[Device],
                    who: str) -> list[Finding]:
     """Declared devices the scope's DeviceAllow lacks: systemd's next apply takes them away."""
-    if not c.scope:
+    if not _systemd_scope(c):
         return []
     if scope_devices is None:
         return [Finding(UNKNOWN, (), f"cannot read DeviceAllow of {c.scope} (no systemd bus, no transient unit file)",
@@ -450,6 +465,7 @@ def _new_report(c: Container, signs: Sequence[str], expected: Expected, host: Ho
         exec_fifo=exec_fifo_path(c) if c.status == "created" else None,
         container_name=c.container_name,
         runtime_rules=_runtime_rules(c),
+        cgroup_driver=c.cgroup_driver,
     )
 
 

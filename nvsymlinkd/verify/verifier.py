@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from nvsymlinkd.access.cgroup import CgroupMounts, find_cgroup_mounts, read_access
+from nvsymlinkd.access.cgroup import AccessPolicy, CgroupMounts, find_cgroup_mounts, read_access
 from nvsymlinkd.config import Config
 from nvsymlinkd.containers import baseline as baselinemod
 from nvsymlinkd.containers import hookrecord
@@ -34,6 +34,7 @@ from nvsymlinkd.containers.expected import (
 from nvsymlinkd.containers.hookgrant import HookGrant, HookRequest, legacy_hook, reconstruct
 from nvsymlinkd.containers.ocispec import gpu_signs
 from nvsymlinkd.devchar.snapshot import observe, read_majors
+from nvsymlinkd.errors import CgroupPathError
 from nvsymlinkd.host.paths import normalize
 from nvsymlinkd.host.root import HostRoot
 from nvsymlinkd.systemd.scopes import ScopeDevices, map_entries, read_scopes, wait_for_scope
@@ -174,14 +175,12 @@ def _container_hook_inputs(c: Container, entry, ctx: _HostContext, current):
     return rec.inputs
 
 
-def _read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache):
-    """(AccessPolicy, None), or (None, why): the why is a finding's detail."""
+def read_policy(root: HostRoot, c: Container, mounts: CgroupMounts, cache: Cache) -> AccessPolicy:
+    """The container's device access; CgroupPathError when no cgroup of it is known."""
     if c.cgroup_v1_devices is None and c.cgroup_v2 is None:
-        return None, f"no cgroup known for init pid {c.init_pid}"
-    try:
-        return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts, cache), None
-    except Exception as exc:  # noqa: BLE001 - any failure to read is 'unknown', never 'ok'
-        return None, str(exc) or exc.__class__.__name__
+        raise CgroupPathError(f"no cgroup known for init pid {c.init_pid}")
+    return read_access(root, c.cgroup_v1_devices, c.cgroup_v2, mounts, cache)
+
 
 
 def _expect(c: Container, base, ctx: _HostContext, hook=None) -> tuple:
@@ -233,7 +232,13 @@ def _verify_one(root: HostRoot, config: Config, ctx: _HostContext, c: Container,
     base, signs, expected = prepared
     if not _is_gpu(prepared):
         return _evaluate(c, signs, expected, None, None, None, ctx.host, (), cache)
-    policy, why = _read_policy(root, c, ctx.mounts, cache) if c.live else (None, None)
+    policy: AccessPolicy | None = None
+    why: str | None = None
+    if c.live:
+        try:
+            policy = read_policy(root, c, ctx.mounts, cache)
+        except Exception as exc:  # noqa: BLE001 - the boundary: a failure to read is the finding's detail, never 'ok'
+            why = str(exc) or exc.__class__.__name__
     if policy is None and c.init_pid and not os.path.exists(root.path(f"/proc/{c.init_pid}")):
         # deleted between discovery and the cgroup read: gone, not "unknown"
         c.status = "stopped"
