@@ -4,10 +4,11 @@ or readlink said), kept so that the next pass lists a directory again only when 
 A directory's (st_dev, st_ino, st_mtime_ns, st_ctime_ns) is taken before it is listed. Its listing is
 reused while that stat compares equal and the directory's mtime is older than the listing's start by
 more than the timestamp granularity: a directory's times come from the kernel's coarse clock, truncated
-to the filesystem's granularity (linux v6.12 fs/inode.c current_time(): ktime_get_coarse_real_ts64()
-then timestamp_truncate(); inode_set_ctime_current() the same), so a change in the same tick as the
-listing, after it, leaves the stat equal (git's "racy" entries, read-cache.c is_racy_timestamp). Such a
-listing is taken again by the next pass, and kept from then on.
+to the filesystem's granularity (linux v6.6 fs/inode.c: current_time() is ktime_get_coarse_real_ts64()
+then timestamp_truncate() to s_time_gran, and inode_set_ctime_current() sets ctime from it; since v6.13
+only an inode whose times were queried gets a fine-grained one), so a change in the same tick as the
+listing, after it, can leave the stat equal (git's "racy" entries, read-cache.c is_racy_timestamp). Such
+a listing is taken again by the next pass, and kept from then on.
 
 Why a kept entry cannot hide a stale link: a symlink's text cannot change in place (a new text is a new
 link renamed over the old name, which bumps the directory's mtime and ctime), a node's major:minor
