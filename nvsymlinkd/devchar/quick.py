@@ -17,6 +17,8 @@ Nodes the driver should have (create_nodes) need the whole-host plan_nodes: not 
 from __future__ import annotations
 
 import os
+from itertools import chain
+from sys import intern
 
 from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, is_dev_char_name, rebase
 from nvsymlinkd.devchar.plan import (
@@ -147,7 +149,8 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, real_p
     entries: dict = {}
     exact: dict = {}
     want_of = wanted.get
-    for name, text, kind in rows:
+    it = iter(rows)
+    for name, text, kind in zip(it, it, it):  # flat rows: name, text, kind, name, ...
         if text is not None:
             want = want_of(name)
             if want is not None and text == want[0]:
@@ -164,10 +167,12 @@ def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, real_p
 
 
 def _read_dev_char(fd: int):
-    """The dev-char directory's rows for listings.listed: (name, link text, None) of each M:m link,
-    (name, None, kind) of each other M:m entry (as snapshot._observe_entry sees it), (name, None, None)
-    of each dead sync's temporary the sync may remove; None where the directory cannot be read. A
-    listing with a temporary is not kept: whether one is removable depends on what is inside it."""
+    """The dev-char directory's rows for listings.listed, one flat tuple, three items an entry (a tuple
+    each would be 64 bytes more a link, kept between passes): name, link text, None of each M:m link
+    (both interned: the same str as the daemon's picture keeps), name, None, kind of each other M:m
+    entry (as snapshot._observe_entry sees it), name, None, None of each dead sync's temporary the sync
+    may remove; None where the directory cannot be read. A listing with a temporary is not kept:
+    whether one is removable depends on what is inside it."""
     rows: list = []
     add = rows.append
     readlink = os.readlink
@@ -179,7 +184,7 @@ def _read_dev_char(fd: int):
                 if is_dev_char_name(name):
                     try:
                         if de.is_symlink():
-                            add((name, readlink(name, dir_fd=fd), None))
+                            add((intern(name), intern(readlink(name, dir_fd=fd)), None))
                         else:
                             add((name, None, _kind(de.stat(follow_symlinks=False).st_mode)))
                     except FileNotFoundError:
@@ -192,7 +197,7 @@ def _read_dev_char(fd: int):
                         add((name, None, None))
     except OSError:
         return None, False
-    return tuple(rows), keep
+    return tuple(chain.from_iterable(rows)), keep
 
 
 __all__ = ["observe_and_plan"]

@@ -6,7 +6,9 @@ the majors each must carry) is decided in host/nodes.py, which stays pure.
 from __future__ import annotations
 
 import os
+from itertools import chain
 from stat import S_ISCHR
+from sys import intern
 
 from nvsymlinkd.host import procdevices
 from nvsymlinkd.host.listings import Listings, listed
@@ -47,11 +49,12 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, tem
     # once per pair, not per node (a MIG host has ~2,000 caps on one major)
     accepted: dict = {}
     append = nodes.append
-    for sub, rows in _candidates(root, base, listings):
-        for name, kind, rdev in rows:
+    for rows in _candidates(root, base, prefix, listings):
+        it = iter(rows)
+        for path, kind, rdev in zip(it, it, it):  # flat rows: path, kind, rdev, path, ...
             if kind is None:  # an applier temporary
                 if temps is not None:
-                    temps.append(f"{prefix}/{sub}{name}")
+                    temps.append(path)
                 continue
             if rdev is not None:
                 major = os_major(rdev)
@@ -59,9 +62,9 @@ def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, tem
                 if ok is None:
                     ok = accepted[kind, major] = type(node_from_rdev("", kind, rdev, by_major)) is NvidiaNode
                 if ok:
-                    append(_new(NvidiaNode, (f"{prefix}/{sub}{name}", kind, major, os_minor(rdev))))
+                    append(_new(NvidiaNode, (path, kind, major, os_minor(rdev))))
                     continue
-            found = node_from_rdev(f"{prefix}/{sub}{name}", kind, rdev, by_major)
+            found = node_from_rdev(path, kind, rdev, by_major)
             (nodes if type(found) is NvidiaNode else ignored).append(found)
     nodes.sort()  # by path: a node's first field, and no two nodes share a path
     ignored.sort(key=lambda n: n.path)
@@ -132,12 +135,14 @@ def observe_nodes(root: HostRoot, driver_root: str, rels, by_major: dict) -> lis
     return out
 
 
-def _reader(sub: str):
+def _reader(prefix: str, sub: str):
     """The reader of DRIVER_ROOT/dev (sub "") or of one NVIDIA subdirectory ("NAME/") for listings.listed:
-    (rows, subdirs) where a row is (name, kind, rdev) of a candidate (kind None: an applier temporary;
-    rdev None: not a character device), lstat'ed through the directory's fd; subdirs: the NVIDIA
-    subdirectories' names (of the top only)."""
+    (rows, subdirs). The rows are one flat tuple, three items per candidate (a tuple each would be 64 bytes
+    more a node, kept between passes): its inside path (interned: the same str as the daemon's picture
+    keeps), its kind (None: an applier temporary) and its rdev (None: not a character device), lstat'ed
+    through the directory's fd; subdirs: the NVIDIA subdirectories' names (of the top only)."""
     caps = sub == CAPS_DIR
+    head = f"{prefix}/{sub}"
 
     def read(fd: int):
         rows: list = []
@@ -148,7 +153,7 @@ def _reader(sub: str):
                 for entry in it:
                     name = entry.name
                     if name.startswith(TMP_PREFIX):
-                        add((name, None, None))
+                        add((head + name, None, None))
                         continue
                     # classify()'s answer in nvidia-caps/ without its path join: a cap or nothing
                     if caps:
@@ -168,27 +173,24 @@ def _reader(sub: str):
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue  # gone since the listing: the directory's next stat differs
-                    add((name, kind, st.st_rdev if S_ISCHR(st.st_mode) else None))
+                    add((intern(head + name), kind, st.st_rdev if S_ISCHR(st.st_mode) else None))
         except OSError:
             return ((), ()), False
-        return (tuple(rows), tuple(subdirs)), True
+        return (tuple(chain.from_iterable(rows)), tuple(subdirs)), True
 
     return read
 
 
-_READ_TOP = _reader("")
-
-
-def _candidates(root: HostRoot, base: str, listings: Listings | None) -> list:
-    """[(directory relative to base: "" or "NAME/", its candidate rows)]: the nvidia* entries (and applier
-    temporaries) of base, and every entry of the NVIDIA subdirs, one level in (never through a symlink)."""
+def _candidates(root: HostRoot, base: str, prefix: str, listings: Listings | None) -> list:
+    """[the flat rows of a directory]: of the nvidia* entries (and applier temporaries) of base, and of
+    every entry of the NVIDIA subdirs, one level in (never through a symlink)."""
     try:
         fd = root.open_dir(base)
     except OSError:
         return []
     try:
-        top, subdirs = listed(listings, base, fd, _READ_TOP)
-        out = [("", top)]
+        top, subdirs = listed(listings, base, fd, _reader(prefix, ""))
+        out = [top]
         for name in subdirs:
             try:
                 # never descend through a symlinked directory (O_NOFOLLOW)
@@ -196,7 +198,7 @@ def _candidates(root: HostRoot, base: str, listings: Listings | None) -> list:
             except OSError:
                 continue
             try:
-                out.append((f"{name}/", listed(listings, f"{base.rstrip('/')}/{name}", sub, _reader(f"{name}/"))[0]))
+                out.append(listed(listings, f"{prefix}/{name}", sub, _reader(prefix, f"{name}/"))[0])
             finally:
                 os.close(sub)
         return out
