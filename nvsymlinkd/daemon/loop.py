@@ -123,6 +123,8 @@ class Daemon:
         self._ready = True
         # The modules' objects (~23,000 of them) and the first picture live as long as the daemon: out of
         # every full collection from now on, which walked them all (~9 ms each; docs/performance.md).
+        # Collected first: a cycle frozen while garbage would never be freed.
+        gc.collect()
         gc.freeze()
         self.spawn(self._worker())
         await self.guarded(self.hook.started())
