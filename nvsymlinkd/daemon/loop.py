@@ -26,6 +26,7 @@ runs (passes.py), what of it is news for the journal (linknews.py, pure), the ST
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import time
 
@@ -120,6 +121,11 @@ class Daemon:
         self.status.sent = time.monotonic()
         self.notifier.ready(self.status.line())
         self._ready = True
+        # The modules' objects (~23,000 of them) and the first picture live as long as the daemon: out of
+        # every full collection from now on, which walked them all (~9 ms each; docs/performance.md).
+        # Collected first: a cycle frozen while garbage would never be freed.
+        gc.collect()
+        gc.freeze()
         self.spawn(self._worker())
         await self.guarded(self.hook.started())
         self.status.sent = 0.0

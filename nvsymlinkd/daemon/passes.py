@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional
 
+from nvsymlinkd.daemon.reasons import Reason
 from nvsymlinkd.host import libc
+from nvsymlinkd.host.listings import Listings
 
 if TYPE_CHECKING:
     from nvsymlinkd.daemon.reasons import Requests
@@ -22,6 +24,10 @@ INLINE_NAMES = 64
 # An incremental pass takes names that arrived while it worked at most this many times: a writer that
 # never stops (links made and removed in a loop) cannot keep one pass going, and the watchdog fed.
 MORE_ROUNDS = 64
+# A full pass asked for by these reads every directory again (the listings kept from the last one dropped):
+# an overflow lost events, a new config may name other directories, and a mount on a single node (a bind
+# mount over /dev/nvidia0) changes no directory's stat (host/listings.py).
+RELIST = frozenset({Reason.INOTIFY_OVERFLOW, Reason.UDEV_OVERFLOW, Reason.CONFIG, Reason.MOUNTS})
 
 
 class LinkPasses:
@@ -30,6 +36,9 @@ class LinkPasses:
         self.state: LinkState | None = None  # of the last full pass, kept up to date per event
         self._last_nodes = None
         self.leftover: Pending | None = None  # a batch the last pass took but left for a full pass
+        # what the full passes read from each directory: the next lists only those that changed (the
+        # first reads everything; `sync` keeps none)
+        self.listings = Listings()
 
     async def run(self, loop, config, requests: Requests, pending: Pending,
                   more: Optional[Callable[[], Optional[Pending]]] = None):
@@ -37,6 +46,8 @@ class LinkPasses:
         fails leaves no picture to build on. `more()`: the names that arrived since, or None when none did;
         an incremental pass asks it until None."""
         result = None
+        if any(reason in requests for reason in RELIST):
+            self.listings.clear()
         if not pending.full and self.state is not None and requests.incremental():
             result = await self._incremental(loop, pending, config, more)
         if result is None:
@@ -50,7 +61,11 @@ class LinkPasses:
         if self.state is not None:  # what the incremental passes since the last full one made of the nodes
             self._last_nodes = frozenset(self.state.nodes.values())
         self.state = None  # a failed pass leaves no picture to build on
-        sync = await loop.run_in_executor(None, reconcile, self.root, config)
+        try:
+            sync = await loop.run_in_executor(None, reconcile, self.root, config, False, self.listings)
+        except BaseException:
+            self.listings.clear()  # nor anything read on the way
+            raise
         state = LinkState(self.root, sync)
         nodes = frozenset(sync.snapshot.nodes)
         state.nodes_changed = self._last_nodes is not None and nodes != self._last_nodes

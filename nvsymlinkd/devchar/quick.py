@@ -17,8 +17,10 @@ Nodes the driver should have (create_nodes) need the whole-host plan_nodes: not 
 from __future__ import annotations
 
 import os
+from itertools import chain
+from sys import intern
 
-from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, rebase
+from nvsymlinkd.devchar.model import DevCharEntry, HostSnapshot, is_dev_char_name, rebase
 from nvsymlinkd.devchar.plan import (
     CREATE,
     KEEP,
@@ -30,10 +32,18 @@ from nvsymlinkd.devchar.plan import (
     snapshot_notes,
     stale_links,
 )
-from nvsymlinkd.devchar.snapshot import is_dangling, observe_name, read_majors, stale_temporaries
+from nvsymlinkd.devchar.snapshot import (
+    _kind,
+    _removable,
+    is_dangling,
+    link_entry,
+    read_majors,
+    stale_temporaries,
+)
 from nvsymlinkd.host.devices import Device
 from nvsymlinkd.host.driverinfo import DriverInfo
-from nvsymlinkd.host.nodes import dev_dir
+from nvsymlinkd.host.listings import Listings, listed
+from nvsymlinkd.host.nodes import TMP_PREFIX, dev_dir
 from nvsymlinkd.host.nodescan import scan_nodes
 from nvsymlinkd.host.paths import link_target, normalize, target_of
 from nvsymlinkd.host.root import HostRoot
@@ -42,13 +52,15 @@ _new = tuple.__new__  # a NamedTuple built without its keyword-handling __new__ 
 EXACT = "link is exact"
 
 
-def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/char") -> tuple:
-    """-> (HostSnapshot, Plan), equal to (observe(...), plan_sync(that snapshot)) without driver info."""
+def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str = "/dev/char",
+                     listings: Listings | None = None) -> tuple:
+    """-> (HostSnapshot, Plan), equal to (observe(...), plan_sync(that snapshot)) without driver info.
+    `listings`: the daemon's directories as last read, reused where unchanged (host/listings.py)."""
     driver_root = normalize(driver_root)
     dev_char_path = normalize(dev_char_path)
     majors = read_majors(root)
     temps: list = []
-    nodes, ignored = scan_nodes(root, driver_root, majors, temps)
+    nodes, ignored = scan_nodes(root, driver_root, majors, temps, listings)
     base = dev_dir(driver_root)
     dev_real = root.resolve_prefix(base)
     char_real = root.resolve_prefix(dev_char_path)
@@ -74,7 +86,7 @@ def observe_and_plan(root: HostRoot, driver_root: str = "/", dev_char_path: str 
             prefix = dirs[parent] = _text_prefix(char_real or dev_char_path, char_real, parent)
         if prefix is not None:
             wanted[name] = (prefix + leaf, real, (major, minor))
-    state, entries, exact = _observe_dev_char(root, dev_char_path, char_real, real_paths, temps, wanted)
+    state, entries, exact = _observe_dev_char(root, dev_char_path, char_real, real_paths, temps, wanted, listings)
     snap = HostSnapshot(
         majors=majors, nodes=tuple(nodes), ignored=tuple(ignored), driver=DriverInfo(),
         driver_root=driver_root, dev_char_path=dev_char_path, dev_char_state=state, entries=entries,
@@ -118,39 +130,74 @@ def _text_prefix(plan_char: str, char_real: str, node_dir: str) -> str | None:
 
 
 def _observe_dev_char(root: HostRoot, dev_char_path: str, char_real: str, real_paths, temps: list,
-                      wanted: dict):
+                      wanted: dict, listings: Listings | None = None):
     """snapshot._observe_dev_char, plus {name: text} of the desired links found exact (real_paths():
-    the observer's by_path, asked for only where a name is not settled here)."""
+    the observer's by_path, asked for only where a name is not settled here). With `listings`, the
+    directory's entries and link texts as last read while it is unchanged (host/listings.py)."""
     try:
         fd = root.open_dir(dev_char_path)
     except FileNotFoundError:
         return ("not-dir" if is_dangling(root, dev_char_path) else "missing"), {}, {}
     except OSError:
         return "not-dir", {}, {}
+    try:
+        rows = listed(listings, dev_char_path, fd, _read_dev_char)
+    finally:
+        os.close(fd)
+    if rows is None:
+        return "missing", {}, {}
     entries: dict = {}
     exact: dict = {}
+    want_of = wanted.get
+    it = iter(rows)
+    for name, text, kind in zip(it, it, it):  # flat rows: name, text, kind, name, ...
+        if text is not None:
+            want = want_of(name)
+            if want is not None and text == want[0]:
+                # what snapshot._observe_link builds for a text naming a scanned node
+                entries[name] = _new(DevCharEntry, (name, "symlink", text, want[1], want[2], "char"))
+                exact[name] = text
+            else:
+                entries[name] = link_entry(root, char_real, name, text, real_paths())
+        elif kind is None:
+            temps.append(f"{dev_char_path}/{name}")
+        else:
+            entries[name] = DevCharEntry(name, kind)
+    return "dir", entries, exact
+
+
+def _read_dev_char(fd: int):
+    """The dev-char directory's rows for listings.listed, one flat tuple, three items an entry (a tuple
+    each would be 64 bytes more a link, kept between passes): name, link text, None of each M:m link
+    (both interned: the same str as the daemon's picture keeps), name, None, kind of each other M:m
+    entry (as snapshot._observe_entry sees it), name, None, None of each dead sync's temporary the sync
+    may remove; None where the directory cannot be read. A listing with a temporary is not kept:
+    whether one is removable depends on what is inside it."""
+    rows: list = []
+    add = rows.append
     readlink = os.readlink
+    keep = True
     try:
         with os.scandir(fd) as it:
             for de in it:
                 name = de.name
-                want = wanted.get(name)
-                if want is not None and de.is_symlink():
+                if is_dev_char_name(name):
                     try:
-                        text = readlink(name, dir_fd=fd)
+                        if de.is_symlink():
+                            add((intern(name), intern(readlink(name, dir_fd=fd)), None))
+                        else:
+                            add((name, None, _kind(de.stat(follow_symlinks=False).st_mode)))
+                    except FileNotFoundError:
+                        continue  # removed since the directory was read: absent (its event follows)
                     except OSError:
-                        text = None
-                    if text == want[0]:
-                        # what _observe_link builds for a text naming a scanned node
-                        entries[name] = _new(DevCharEntry, (name, "symlink", text, want[1], want[2], "char"))
-                        exact[name] = text
-                        continue
-                observe_name(root, fd, dev_char_path, char_real, de, real_paths(), entries, temps)
+                        add((name, None, "other"))
+                elif name.startswith(TMP_PREFIX):
+                    keep = False
+                    if _removable(fd, de):
+                        add((name, None, None))
     except OSError:
-        return "missing", {}, {}
-    finally:
-        os.close(fd)
-    return "dir", entries, exact
+        return None, False
+    return tuple(chain.from_iterable(rows)), keep
 
 
 __all__ = ["observe_and_plan"]

@@ -62,12 +62,15 @@ class SyncResult:
         return lines
 
 
-def reconcile(root, config, dry_run: bool = False) -> SyncResult:
+def reconcile(root, config, dry_run: bool = False, listings=None) -> SyncResult:
+    """`listings` (host/listings.Listings): the daemon's directories as its last full pass read them, read
+    again only where changed; `sync` and the daemon's first pass read everything. Not used with
+    create_nodes (its plan also reads the driver's /proc files and each node's mode and owner)."""
     start = time.perf_counter()
     if config.create_nodes:
         snap = observe(root, config.driver_root, config.dev_char_path, with_driver_info=True)
         plan = plan_sync(snap, create_nodes=True)
     else:  # the same snapshot and plan, exact links settled in the observing loop
-        snap, plan = observe_and_plan(root, config.driver_root, config.dev_char_path)
+        snap, plan = observe_and_plan(root, config.driver_root, config.dev_char_path, listings)
     outcomes = () if dry_run else tuple(apply_plan(root, plan))
     return SyncResult(snap, plan, outcomes, dry_run, time.perf_counter() - start)

@@ -203,6 +203,11 @@ def _observe_link(root: HostRoot, dirfd: int, dev_char_real: str, name: str, by_
         return None  # removed meanwhile: absent (another writer; its event follows)
     except OSError:
         return DevCharEntry(name, "other")
+    return link_entry(root, dev_char_real, name, text, by_path)
+
+
+def link_entry(root: HostRoot, dev_char_real: str, name: str, text: str, by_path: dict) -> DevCharEntry:
+    """The DevCharEntry of the link `name` whose readlink(2) text is `text`."""
     link_inside = f"{dev_char_real}/{name}"
     target = target_of(link_inside, text)
     if target in by_path:  # fast path: the link names a node we just scanned

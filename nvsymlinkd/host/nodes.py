@@ -99,9 +99,15 @@ def node_from_stat(inside: str, kind: str, st: os.stat_result, by_major: dict[in
     """What an lstat of a `kind`-named path makes of it -> NvidiaNode or IgnoredNode.
 
     The one decider for the full scan and for the daemon's look at a single name."""
-    if not stat.S_ISCHR(st.st_mode):
+    return node_from_rdev(inside, kind, st.st_rdev if stat.S_ISCHR(st.st_mode) else None, by_major)
+
+
+def node_from_rdev(inside: str, kind: str, rdev: int | None, by_major: dict[int, list[str]]) -> NvidiaNode | IgnoredNode:
+    """node_from_stat() of what it reads of the lstat: the rdev of a character device, or None for anything
+    else (the scan keeps no more of an entry between passes)."""
+    if rdev is None:
         return IgnoredNode(inside, "not a character device")
-    major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    major, minor = os.major(rdev), os.minor(rdev)
     names = by_major.get(major)
     if not names:
         return IgnoredNode(inside, f"major {major} is not an NVIDIA major in /proc/devices (stale node?)")

@@ -6,9 +6,12 @@ the majors each must carry) is decided in host/nodes.py, which stays pure.
 from __future__ import annotations
 
 import os
+from itertools import chain
 from stat import S_ISCHR
+from sys import intern
 
 from nvsymlinkd.host import procdevices
+from nvsymlinkd.host.listings import Listings, listed
 from nvsymlinkd.host.nodes import (
     CAPS_DIR,
     SUBDIRS,
@@ -18,6 +21,7 @@ from nvsymlinkd.host.nodes import (
     dev_dir,
     is_cap_name,
     names_by_major,
+    node_from_rdev,
     node_from_stat,
 )
 from nvsymlinkd.host.root import DIR_FLAGS, HostRoot
@@ -26,57 +30,42 @@ _new = tuple.__new__  # a NamedTuple without its keyword-handling __new__: thous
 os_major, os_minor = os.major, os.minor
 
 
-def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, temps: list | None = None):
+def scan_nodes(root: HostRoot, driver_root: str, majors: procdevices.Majors, temps: list | None = None,
+               listings: Listings | None = None):
     """NVIDIA char nodes under DRIVER_ROOT/dev -> (nodes, ignored), both sorted by path.
 
     DRIVER_ROOT/dev is opened confined to the root and read through its fd, so
     a symlinked dev/ (or driver root) is followed as if the root were `/`,
     never out of it. Inside paths of applier temporaries are added to `temps`.
+    With `listings` (the daemon's), a directory unchanged since it was last read is not read
+    again (host/listings.py); what its entries are is decided again from `majors`.
     """
     base = dev_dir(driver_root)
     prefix = base if base != "/" else ""
     by_major = names_by_major(majors)
     nodes: list = []
     ignored: list = []
-    fds: list = []
-    # (kind, major) -> whether node_from_stat takes a char device of that kind and major: asked
+    # (kind, major) -> whether node_from_rdev takes a char device of that kind and major: asked
     # once per pair, not per node (a MIG host has ~2,000 caps on one major)
     accepted: dict = {}
     append = nodes.append
-    try:
-        for sub, entries in _candidates(root, base, fds):
-            caps = sub == CAPS_DIR
-            for entry in entries:
-                name = entry.name
-                if name.startswith(TMP_PREFIX):
-                    if temps is not None:
-                        temps.append(f"{prefix}/{sub}{name}")
+    for rows in _candidates(root, base, prefix, listings):
+        it = iter(rows)
+        for path, kind, rdev in zip(it, it, it):  # flat rows: path, kind, rdev, path, ...
+            if kind is None:  # an applier temporary
+                if temps is not None:
+                    temps.append(path)
+                continue
+            if rdev is not None:
+                major = os_major(rdev)
+                ok = accepted.get((kind, major))
+                if ok is None:
+                    ok = accepted[kind, major] = type(node_from_rdev("", kind, rdev, by_major)) is NvidiaNode
+                if ok:
+                    append(_new(NvidiaNode, (path, kind, major, os_minor(rdev))))
                     continue
-                # classify()'s answer in nvidia-caps/ without its path join: a cap or nothing
-                if caps:
-                    kind = "cap" if is_cap_name(name) else None
-                else:
-                    kind = classify(sub + name)
-                if kind is None:
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if S_ISCHR(st.st_mode):
-                    rdev = st.st_rdev
-                    major = os_major(rdev)
-                    ok = accepted.get((kind, major))
-                    if ok is None:
-                        ok = accepted[kind, major] = type(node_from_stat("", kind, st, by_major)) is NvidiaNode
-                    if ok:
-                        append(_new(NvidiaNode, (f"{prefix}/{sub}{name}", kind, major, os_minor(rdev))))
-                        continue
-                found = node_from_stat(f"{prefix}/{sub}{name}", kind, st, by_major)
-                (nodes if type(found) is NvidiaNode else ignored).append(found)
-    finally:
-        for fd in fds:
-            os.close(fd)
+            found = node_from_rdev(path, kind, rdev, by_major)
+            (nodes if type(found) is NvidiaNode else ignored).append(found)
     nodes.sort()  # by path: a node's first field, and no two nodes share a path
     ignored.sort(key=lambda n: n.path)
     return nodes, ignored
@@ -146,42 +135,72 @@ def observe_nodes(root: HostRoot, driver_root: str, rels, by_major: dict) -> lis
     return out
 
 
-def _listed(fd: int, fds: list) -> list | None:
-    """The entries of the open directory fd (None when it cannot be read); fd goes to `fds`, whose
-    owner closes it after the entries were stat'ed through it."""
-    fds.append(fd)
-    try:
-        with os.scandir(fd) as it:
-            return list(it)
-    except OSError:
-        return None
+def _reader(prefix: str, sub: str):
+    """The reader of DRIVER_ROOT/dev (sub "") or of one NVIDIA subdirectory ("NAME/") for listings.listed:
+    (rows, subdirs). The rows are one flat tuple, three items per candidate (a tuple each would be 64 bytes
+    more a node, kept between passes): its inside path (interned: the same str as the daemon's picture
+    keeps), its kind (None: an applier temporary) and its rdev (None: not a character device), lstat'ed
+    through the directory's fd; subdirs: the NVIDIA subdirectories' names (of the top only)."""
+    caps = sub == CAPS_DIR
+    head = f"{prefix}/{sub}"
+
+    def read(fd: int):
+        rows: list = []
+        subdirs: list = []
+        add = rows.append
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = entry.name
+                    if name.startswith(TMP_PREFIX):
+                        add((head + name, None, None))
+                        continue
+                    # classify()'s answer in nvidia-caps/ without its path join: a cap or nothing
+                    if caps:
+                        kind = "cap" if is_cap_name(name) else None
+                    elif sub:
+                        kind = classify(sub + name)
+                    elif not name.startswith("nvidia"):
+                        continue
+                    elif name in SUBDIRS:
+                        subdirs.append(name)
+                        continue
+                    else:
+                        kind = classify(name)
+                    if kind is None:
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # gone since the listing: the directory's next stat differs
+                    add((intern(head + name), kind, st.st_rdev if S_ISCHR(st.st_mode) else None))
+        except OSError:
+            return ((), ()), False
+        return (tuple(chain.from_iterable(rows)), tuple(subdirs)), True
+
+    return read
 
 
-def _candidates(root: HostRoot, base: str, fds: list):
-    """(directory relative to base: "" or "NAME/", its candidate DirEntries): the nvidia* entries
-    (and applier temporaries) of base, and every entry of the NVIDIA subdirs, one level in. The
-    directory fds go to `fds`: the entries stat through them, so the caller closes them when done."""
+def _candidates(root: HostRoot, base: str, prefix: str, listings: Listings | None) -> list:
+    """[the flat rows of a directory]: of the nvidia* entries (and applier temporaries) of base, and of
+    every entry of the NVIDIA subdirs, one level in (never through a symlink)."""
     try:
         fd = root.open_dir(base)
     except OSError:
-        return
-    top = []
-    subdirs = []
-    for entry in _listed(fd, fds) or ():
-        name = entry.name
-        if not name.startswith("nvidia"):
-            if name.startswith(TMP_PREFIX):
-                top.append(entry)
-            continue
-        if name in SUBDIRS:
-            subdirs.append(name)
-        else:
-            top.append(entry)
-    yield "", top
-    for name in subdirs:
-        try:
-            # never descend through a symlinked directory (O_NOFOLLOW)
-            sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
-        except OSError:
-            continue
-        yield f"{name}/", _listed(sub, fds) or ()
+        return []
+    try:
+        top, subdirs = listed(listings, base, fd, _reader(prefix, ""))
+        out = [top]
+        for name in subdirs:
+            try:
+                # never descend through a symlinked directory (O_NOFOLLOW)
+                sub = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                out.append(listed(listings, f"{prefix}/{name}", sub, _reader(prefix, f"{name}/"))[0])
+            finally:
+                os.close(sub)
+        return out
+    finally:
+        os.close(fd)
