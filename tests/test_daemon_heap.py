@@ -17,7 +17,7 @@ from nvsymlinkd.host.root import HostRoot
 from tests.conftest import v1_cgroup
 from tests.fixtures.runtimes.layouts import Layouts
 from tests.test_hostile_input import RecordingJournal
-from tests.test_verify_cache import GPU_SPEC, _host
+from tests.test_verify_cache import GPU_SPEC, two_gpu_host
 
 
 def test_the_daemon_freezes_its_startup_objects_once_ready(gpu_host, tmp_path):
@@ -45,7 +45,7 @@ def test_the_daemon_freezes_its_startup_objects_once_ready(gpu_host, tmp_path):
 
 
 def test_a_verification_of_many_containers_gives_its_free_pages_back(fakehost, v1_parent, monkeypatch):
-    root = _host(fakehost)
+    root = two_gpu_host(fakehost)
     Layouts(fakehost).containerd("heap", GPU_SPEC, cgroup=v1_cgroup(v1_parent, "heap", ["c 195:0 rw"]))
     trims: list = []
     monkeypatch.setattr(containerwatch.libc, "malloc_compact", lambda arenas=False: trims.append(arenas))

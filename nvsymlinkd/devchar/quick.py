@@ -33,11 +33,11 @@ from nvsymlinkd.devchar.plan import (
     stale_links,
 )
 from nvsymlinkd.devchar.snapshot import (
-    _kind,
-    _removable,
+    entry_kind,
     is_dangling,
     link_entry,
     read_majors,
+    removable_temporary,
     stale_temporaries,
 )
 from nvsymlinkd.host.devices import Device
@@ -186,14 +186,14 @@ def _read_dev_char(fd: int):
                         if de.is_symlink():
                             add((intern(name), intern(readlink(name, dir_fd=fd)), None))
                         else:
-                            add((name, None, _kind(de.stat(follow_symlinks=False).st_mode)))
+                            add((name, None, entry_kind(de.stat(follow_symlinks=False).st_mode)))
                     except FileNotFoundError:
                         continue  # removed since the directory was read: absent (its event follows)
                     except OSError:
                         add((name, None, "other"))
                 elif name.startswith(TMP_PREFIX):
                     keep = False
-                    if _removable(fd, de):
+                    if removable_temporary(fd, de):
                         add((name, None, None))
     except OSError:
         return None, False

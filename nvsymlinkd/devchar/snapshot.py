@@ -115,11 +115,11 @@ def observe_name(root: HostRoot, fd: int, dev_char_path: str, dev_char_real: str
         entry = _observe_entry(root, fd, dev_char_real, de, by_path)
         if entry is not None:
             entries[name] = entry
-    elif name.startswith(TMP_PREFIX) and _removable(fd, de):
+    elif name.startswith(TMP_PREFIX) and removable_temporary(fd, de):
         temps.append(f"{dev_char_path}/{name}")
 
 
-def _removable(dirfd: int, de: os.DirEntry) -> bool:
+def removable_temporary(dirfd: int, de: os.DirEntry) -> bool:
     """A temporary name the sync can remove: not a directory with something in it (we only ever make links
     and nodes; an empty directory is rmdir'ed, a full one is not ours to empty, so never "removed" each pass)."""
     try:
@@ -155,7 +155,7 @@ def _observe_entry(root: HostRoot, dirfd: int, dev_char_real: str, de: os.DirEnt
                    by_path: dict) -> DevCharEntry | None:
     try:
         if not de.is_symlink():
-            return DevCharEntry(de.name, _kind(de.stat(follow_symlinks=False).st_mode))
+            return DevCharEntry(de.name, entry_kind(de.stat(follow_symlinks=False).st_mode))
     except FileNotFoundError:
         return None  # removed since the directory was read: absent (another writer; its event follows)
     except OSError:
@@ -188,7 +188,7 @@ def observe_entries(root: HostRoot, dev_char_path: str, dev_char_real: str, name
                 out[name] = DevCharEntry(name, "other")
                 continue
             if not stat.S_ISLNK(st.st_mode):
-                out[name] = DevCharEntry(name, _kind(st.st_mode))
+                out[name] = DevCharEntry(name, entry_kind(st.st_mode))
             else:
                 out[name] = _observe_link(root, fd, dev_char_real, name, by_path)
     finally:
@@ -224,7 +224,7 @@ def link_entry(root: HostRoot, dev_char_real: str, name: str, text: str, by_path
     return DevCharEntry(name, "symlink", text, target, None, "other")
 
 
-def _kind(mode: int) -> str:
+def entry_kind(mode: int) -> str:
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
