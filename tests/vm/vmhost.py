@@ -655,7 +655,6 @@ def list_scenarios(matrix: Optional[str] = None) -> List[str]:
     return names
 
 
-
 def cell_costs(path: Optional[Path] = None) -> Dict[str, float]:
     """CELL_COSTS: 'CELL SECONDS' per line, '#' comments."""
     path = path or CELL_COSTS
@@ -708,6 +707,7 @@ def shard_cells(names: List[str], spec: Optional[str] = None) -> List[str]:
         return list(names)
     index, count = parsed
     return split_cells(list(names), count, cell_costs())[index - 1]
+
 
 @dataclass
 class RunResult:
