@@ -109,3 +109,83 @@ def test_runtime_list_holds_the_package_depends():
 def test_setup_rejects_unknown_arguments(arg):
     proc = subprocess.run([str(REPO / "scripts" / "setup"), arg], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "usage: scripts/setup [--test | --build]" in proc.stderr
+
+
+FAKE_PYTEST = r'''#!/bin/sh
+# stands in for .venv/bin/python -m pytest ARGS: logs who ran with what, and exits as told
+shift 2
+tag=${NVSYMLINKD_VM_SHARD:-all}
+echo "$tag $*" >>"$FAKE_DIR/runs"
+touch "$FAKE_DIR/started.$(echo "$tag" | tr / -)"
+echo "output of $tag"
+sleep "${FAKE_SLEEP:-0}"
+echo "$tag" >>"$FAKE_DIR/ended"
+case "$tag $*" in
+*"$FAKE_FAIL"*) exit 1 ;;
+*"$FAKE_EMPTY"*) exit 5 ;;
+esac
+'''
+
+# scripts/py39 stand-in: it only passes when both VM shards started before it (beside lint, mypy and py39)
+FAKE_PY39 = r'''#!/bin/sh
+[ "${FAKE_SHARDS-}" = none ] && exit 0
+for i in $(seq 50); do
+    [ -e "$FAKE_DIR/started.1-2" ] && [ -e "$FAKE_DIR/started.2-2" ] && exit "${FAKE_PY39_RC:-0}"
+    sleep 0.1
+done
+exit 9
+'''
+
+
+def run_test_script(tmp_path, *args, **env):
+    """scripts/test in a scratch tree whose setup, linters, py39 and pytest are stand-ins."""
+    tree = tmp_path / "tree"
+    if not tree.exists():
+        (tree / "scripts").mkdir(parents=True)
+        (tree / ".venv" / "bin").mkdir(parents=True)
+        shutil.copy(REPO / "scripts" / "test", tree / "scripts" / "test")
+        stubs = {"scripts/setup": "#!/bin/sh\n", "scripts/py39": FAKE_PY39, ".venv/bin/python": FAKE_PYTEST}
+        for tool in ("ruff", "vermin", "mypy"):
+            stubs[f".venv/bin/{tool}"] = "#!/bin/sh\nexit ${FAKE_LINT_RC:-0}\n"
+        for rel, text in stubs.items():
+            (tree / rel).write_text(text)
+            (tree / rel).chmod(0o755)
+    fake = tmp_path / "fake"
+    shutil.rmtree(fake, ignore_errors=True)
+    fake.mkdir()
+    env = dict(os.environ, **dict(dict(FAKE_FAIL="no such run", FAKE_EMPTY="no such run"), **env), FAKE_DIR=str(fake))
+    proc = subprocess.run([str(tree / "scripts" / "test"), *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+    runs = (fake / "runs").read_text().splitlines() if (fake / "runs").exists() else []
+    ended = (fake / "ended").read_text().split() if (fake / "ended").exists() else []
+    return proc, sorted(runs), ended
+
+
+def test_test_command_runs_two_vm_shards_from_the_start_and_the_rest_after_the_checks(tmp_path):
+    """scripts/test: tests/vm as NVSYMLINKD_VM_SHARD=1/2 (with the harness's unit tests) and 2/2 (the
+    cells only), started before lint, mypy and py39; the rest after them; outputs in that order; any
+    run failing fails the whole; a run that collects nothing (exit 5) is fine when another ran some."""
+    proc, runs, _ = run_test_script(tmp_path, "-k", "x")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert runs == ["1/2 tests/vm -k x", "2/2 tests/vm/test_vm_e2e.py::test_scenario -k x",
+                    "all --ignore=tests/vm -k x"]
+    out = proc.stdout
+    assert out.index("done at") < out.index("output of 1/2") < out.index("output of 2/2") < out.index("output of all")
+    assert "test: pytest (tests/vm shard 1 exit 0, shard 2 exit 0, the rest exit 0)" in out
+    proc, _, _ = run_test_script(tmp_path, FAKE_FAIL="2/2")
+    assert proc.returncode == 1 and "output of all" in proc.stdout, proc.stdout
+    proc, _, _ = run_test_script(tmp_path, FAKE_EMPTY="2/2")
+    assert proc.returncode == 0 and "shard 2 exit 5" in proc.stdout, proc.stdout
+    proc, _, _ = run_test_script(tmp_path, FAKE_EMPTY=" ")
+    assert proc.returncode == 5, proc.stdout
+
+
+def test_test_command_stops_the_shards_when_a_check_fails_and_names_tests_in_one_run(tmp_path):
+    proc, runs, ended = run_test_script(tmp_path, FAKE_SLEEP="30", FAKE_PY39_RC="3")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "lint, mypy or py39 failed (exit 3); the VM shards were stopped" in proc.stdout
+    assert [r.split()[0] for r in runs] == ["1/2", "2/2"] and ended == [], "stopped, not waited for"
+    proc, runs, _ = run_test_script(tmp_path, FAKE_LINT_RC="1")
+    assert proc.returncode == 1 and "py39" not in proc.stdout.split("lint, mypy")[0]
+    proc, runs, _ = run_test_script(tmp_path, "tests/test_setup.py", "-x", FAKE_SHARDS="none")
+    assert proc.returncode == 0 and runs == ["all tests/test_setup.py -x"], (proc.stdout, runs)

@@ -11,14 +11,18 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import IN_CI, need_tool
 from tests.vm import vmhost
 
-SCENARIOS = vmhost.list_scenarios()
+ALL = vmhost.list_scenarios()
+# this process's cells: every one, or with NVSYMLINKD_VM_SHARD=I/N (scripts/test) the I-th shard's
+SCENARIOS = vmhost.shard_cells(ALL)
 
 
 def _unavailable(reason: str):
@@ -78,13 +82,13 @@ def test_scenario(scenario, vm_assets, capsys):
 
 
 def test_scenarios_are_present():
-    assert "s01_reload_loses_gpu" in SCENARIOS, SCENARIOS
-    assert "s06_journal_and_status" in SCENARIOS, SCENARIOS
+    assert "s01_reload_loses_gpu" in ALL, ALL
+    assert "s06_journal_and_status" in ALL, ALL
 
 
 def test_daemon_scenarios_install_the_deb():
     """What the issue asks to prove runs against the package users install, not the source tree."""
-    modes = {name: vmhost.scenario_options(name)["nvsymlinkd"] for name in SCENARIOS}
+    modes = {name: vmhost.scenario_options(name)["nvsymlinkd"] for name in ALL}
     for name, mode in modes.items():
         assert mode in ("off", "deb", "source"), (name, mode)
         if name[:3] in ("s02", "s03", "s04", "s05", "s06", "s07", "s08"):
@@ -139,6 +143,36 @@ def test_hierarchies_and_matrix_select_scenarios(tmp_path, monkeypatch):
     assert vmhost.guest_cmdline("s90_both", "off") == "nvsymlinkd.vm=off"
     assert vmhost.guest_cmdline("s90_both@v1", "deb") == "nvsymlinkd.vm=deb systemd.unified_cgroup_hierarchy=0"
 
+
+
+def test_two_shards_hold_every_cell_once_balanced_by_their_costs(tmp_path, monkeypatch):
+    """scripts/test runs the cells as NVSYMLINKD_VM_SHARD=1/2 and 2/2: each cell of the default run
+    and of the full matrix in exactly one shard, the costliest first, each to the lighter shard; a
+    cell without a cost to the lighter one; no variable: every cell (a plain `pytest tests/vm`)."""
+    costs = vmhost.cell_costs()
+    for matrix in ("default", "full"):
+        names = vmhost.list_scenarios(matrix)
+        one, two = (vmhost.shard_cells(names, f"{i}/2") for i in (1, 2))
+        assert sorted(one + two) == sorted(names) and not set(one) & set(two), (one, two)
+        loads = [sum(costs.get(n, vmhost.UNKNOWN_COST_S) for n in shard) for shard in (one, two)]
+        assert abs(loads[0] - loads[1]) <= max(costs.get(n, vmhost.UNKNOWN_COST_S) for n in names), loads
+    assert [n for n in vmhost.list_scenarios("default") if n not in costs] == [], "a default cell without a cost"
+    monkeypatch.delenv("NVSYMLINKD_VM_SHARD", raising=False)
+    assert vmhost.shard_cells(["b", "a"]) == ["b", "a"]
+    monkeypatch.setenv("NVSYMLINKD_VM_SHARD", " ")
+    assert vmhost.shard_cells(["b", "a"]) == ["b", "a"]
+    table = {"big": 100.0, "mid": 60.0, "small": 50.0, "tiny": 5.0}
+    assert vmhost.split_cells(["tiny", "small", "new", "mid", "big"], 2, table) == [["big", "tiny", "new"],
+                                                                                   ["mid", "small"]]
+    assert vmhost.split_cells(["x", "y", "z"], 2, {}) == [["x", "z"], ["y"]], "costless cells alternate"
+    (tmp_path / "costs.txt").write_text("# c\ns01 68  # note\n\ns02 88\n")
+    assert vmhost.cell_costs(tmp_path / "costs.txt") == {"s01": 68.0, "s02": 88.0}
+    (tmp_path / "costs.txt").write_text("s01 68\ns02\n")
+    with pytest.raises(vmhost.VmError, match=r"costs.txt:2: 's02' is not 'CELL SECONDS'"):
+        vmhost.cell_costs(tmp_path / "costs.txt")
+    for bad in ("2", "0/2", "3/2", "1/2/3", "one/two"):
+        with pytest.raises(vmhost.VmError, match="NVSYMLINKD_VM_SHARD=.* must be I/N"):
+            vmhost.shard_cells(["a"], bad)
 
 def test_pod_image_key_follows_its_inputs(tmp_path, monkeypatch):
     """The cached DaemonSet image is rebuilt when the Dockerfile, the package or its apt line change,
@@ -382,10 +416,40 @@ argv = sys.argv[1:]
 run = next(a.split("path=", 1)[1].split(",", 1)[0] for a in argv if "mount_tag=run" in a)
 with open(os.path.join(run, "fake-argv.%d" % time.time_ns()), "w") as f:
     json.dump(argv, f)
+results = os.path.join(run, "results")
+if "-qmp" in argv:
+    # a base boot: the runner's base-ready.json, then the host saves the machine through QMP
+    import socket
+    if os.environ.get("FAKE_BOOTS"):
+        open(os.path.join(os.environ["FAKE_BOOTS"], "base.%d" % os.getpid()), "w").write(run)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(argv[argv.index("-qmp") + 1][len("unix:"):].split(",")[0])
+    server.listen(1)
+    open(os.path.join(results, "started"), "w").write("1")
+    time.sleep(1)               # the boot: long enough for another process to come and wait
+    json.dump({"boot_s": 11.0, "nvsymlinkd": "off"}, open(os.path.join(results, "base-ready.json"), "w"))
+    conn = server.accept()[0]
+    conn.sendall(b'{"QMP": {"version": {}}}\n')
+    state, buffered = None, b""
+    while True:
+        message, fds, _, _ = socket.recv_fds(conn, 4096, 1)
+        state = fds[0] if fds else state
+        buffered += message
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            command = json.loads(line)["execute"]
+            if command == "migrate":
+                os.write(state, b"RAM" * 1000)
+                os.close(state)
+            reply = {"status": "completed"} if command == "query-migrate" else {}
+            conn.sendall(json.dumps({"return": reply}).encode() + b"\n")
+            if command == "quit":
+                sys.exit(0)
+        if not message:
+            sys.exit(1)
 if "-incoming" in argv and os.environ.get("FAKE_RESTORE") == "refuse":
     print("qemu-system-x86_64: load of migration failed: Invalid argument", flush=True)
     sys.exit(1)
-results = os.path.join(run, "results")
 open(os.path.join(results, "started"), "w").write("1")
 name = open(os.path.join(run, "scenarios.txt")).read().strip()
 options = json.load(open(os.path.join(run, "options.json")))
@@ -472,3 +536,81 @@ def test_snapshot_off_and_source_mode_boot_fresh(fake_qemu, tmp_path, monkeypatc
     assert not vmhost.snapshot_wanted({"nvsymlinkd": "source"})
     monkeypatch.delenv("NVSYMLINKD_VM_SNAPSHOT")
     assert vmhost.snapshot_wanted({"nvsymlinkd": "deb"}) and vmhost.snapshot_wanted({"nvsymlinkd": "off"})
+
+
+FAKE_MMDEBSTRAP = r'''#!/usr/bin/python3
+# Stands in for mmdebstrap: a tree with the guest kernel's boot files, counted, after a moment.
+import os, sys, time
+target = sys.argv[-4]      # ... SUITE TARGET and apt_sources()' three lines
+open(os.path.join(os.environ["FAKE_BOOTS"], "image.%d" % os.getpid()), "w").close()
+os.makedirs(os.path.join(target, "boot"))
+for name in ("vmlinuz", "initrd.img"):
+    open(os.path.join(target, "boot", name + "-6.1.0-99-amd64"), "w").write("k")
+time.sleep(1)
+'''
+
+SHARD = r'''
+# One VM shard's way to its first cell (vm_assets, then run_scenario), with a fake mmdebstrap and .deb build.
+import json, os, sys, time
+from pathlib import Path
+from tests import debbuild
+from tests.vm import vmhost
+
+boots = Path(os.environ["FAKE_BOOTS"])
+vmhost.SCENARIOS_DIR = Path(sys.argv[1])
+vmhost.IMAGE_SIZE = "4M"
+vmhost.guest_kernel = lambda: vmhost.GuestKernel("6.1.0-99-amd64", "6.1.999-1")
+
+
+def build_deb(work, version=None):
+    (boots / ("deb.%d" % os.getpid())).write_text("")
+    time.sleep(1)
+    work.mkdir(parents=True)
+    (work / "nvsymlinkd_0.1.0_all.deb").write_bytes(b"deb")
+    return work / "nvsymlinkd_0.1.0_all.deb"
+
+
+debbuild.build_deb = build_deb
+image = vmhost.build_image()
+package = vmhost.build_package()
+result = vmhost.run_scenario("s97_fake", image, Path(sys.argv[2]), out_root=Path(sys.argv[3]))
+print(json.dumps({"image": str(image.directory), "image_built": image.built, "deb": str(package.deb),
+                  "deb_built": package.built, "base": result.base, "ok": result.result["ok"]}))
+'''
+
+
+def test_two_shards_at_once_build_the_image_deb_and_base_once(fake_qemu, tmp_path):
+    """scripts/test's two VM shards start together on an empty cache and need the same image, .deb
+    and base snapshot: one process builds each (under the cache's locks), the other waits and then
+    finds it whole; both run their cell restored from the one base; no half entry left behind."""
+    need_tool("mkfs.ext4")
+    need_tool("e2fsck")
+    _, modules, _ = fake_qemu
+    bindir = tmp_path / "bin"       # fake_qemu's, first on PATH
+    (bindir / "mmdebstrap").write_text(FAKE_MMDEBSTRAP)
+    for tool in ("mmdebstrap", "dpkg-buildpackage", "dh", "pybuild", "dpkg-deb"):
+        if tool != "mmdebstrap":
+            (bindir / tool).write_text("#!/bin/sh\nexit 1\n")   # present for build_package's check, never run
+        (bindir / tool).chmod(0o755)
+    cache, boots = tmp_path / "shared-cache", tmp_path / "boots"
+    boots.mkdir()
+    env = dict(os.environ, NVSYMLINKD_VM_CACHE=str(cache), FAKE_BOOTS=str(boots), PYTHONPATH=str(vmhost.REPO))
+    shards = [subprocess.Popen([sys.executable, "-c", SHARD, str(vmhost.SCENARIOS_DIR),
+                                str(modules), str(tmp_path / f"runs-{i}")],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in (1, 2)]
+    outputs = [shard.communicate(timeout=120) for shard in shards]
+    assert [shard.returncode for shard in shards] == [0, 0], outputs
+    one, two = (json.loads(out.splitlines()[-1]) for out, _ in outputs)    # after mkfs.ext4's lines
+    assert one["ok"] and two["ok"], (one, two)
+    for what in ("image", "deb", "base"):
+        assert one[what] == two[what] and one[what], (what, one, two)
+    assert sorted(p.name.split(".")[0] for p in boots.iterdir()) == ["base", "deb", "image"], \
+        "each built once, by one of the two"
+    assert [one["image_built"], two["image_built"]].count(True) == 1
+    assert [one["deb_built"], two["deb_built"]].count(True) == 1
+    waited = "".join(err for _, err in outputs)
+    assert "is cached" in waited, waited
+    for entry in (Path(one["image"]), Path(one["deb"]).parent, cache / one["base"]):
+        assert vmhost.cache_entry_ok(entry), entry
+    assert not list(cache.glob(".tmp-*")), "a half entry left behind"

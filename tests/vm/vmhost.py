@@ -29,7 +29,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 VM_DIR = Path(__file__).resolve().parent
 REPO = VM_DIR.parent.parent
@@ -37,6 +37,9 @@ IMAGE_DIR = VM_DIR / "image"
 MODULES_SRC = VM_DIR / "modules"
 POLLER_SRC = VM_DIR / "poller"
 SCENARIOS_DIR = VM_DIR / "scenarios"
+# each cell's seconds in CI, by which scripts/test splits the cells into shards (shard_cells)
+CELL_COSTS = VM_DIR / "cell-costs.txt"
+UNKNOWN_COST_S = 60.0   # a cell not in CELL_COSTS (most default cells take 10-90 s)
 KUBE_DIR = REPO / "deploy" / "kubernetes"
 # kustomize directories a pod scenario gets rendered (run dir kube/<name>.json)
 KUBE_TREES = {"base": KUBE_DIR / "base", "report-only": KUBE_DIR / "overlays" / "report-only",
@@ -652,6 +655,60 @@ def list_scenarios(matrix: Optional[str] = None) -> List[str]:
     return names
 
 
+def cell_costs(path: Optional[Path] = None) -> Dict[str, float]:
+    """CELL_COSTS: 'CELL SECONDS' per line, '#' comments."""
+    path = path or CELL_COSTS
+    costs = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        try:
+            name, seconds = words
+            costs[name] = float(seconds)
+        except ValueError:
+            raise VmError(f"{path}:{number}: {line.strip()!r} is not 'CELL SECONDS' (e.g. s01_reload_loses_gpu 68)") \
+                from None
+    return costs
+
+
+def split_cells(names: List[str], count: int, costs: Dict[str, float]) -> List[List[str]]:
+    """names into count shards of about equal cost: longest first, each to the lighter shard (the
+    first on a tie); the cells without a cost after them, as UNKNOWN_COST_S each. A shard lists its
+    cells longest first, so two shards starting together need different base snapshots at first
+    (s20 an 'off' one, s30 a 'deb' one) and build them at the same time."""
+    order = sorted((n for n in names if n in costs), key=lambda n: (-costs[n], n))
+    order += [n for n in names if n not in costs]
+    shards: List[List[str]] = [[] for _ in range(count)]
+    loads = [0.0] * count
+    for name in order:
+        lighter = min(range(count), key=lambda i: (loads[i], i))
+        shards[lighter].append(name)
+        loads[lighter] += costs.get(name, UNKNOWN_COST_S)
+    return shards
+
+
+def shard_spec(value: str) -> Optional[Tuple[int, int]]:
+    """NVSYMLINKD_VM_SHARD's 'I/N' (the I-th of N shards) as (I, N); None when empty: every cell."""
+    if not value.strip():
+        return None
+    m = re.fullmatch(r"\s*(\d+)/(\d+)\s*", value)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise VmError(f"NVSYMLINKD_VM_SHARD={value!r} must be I/N with 1 <= I <= N (scripts/test runs 1/2 and 2/2); "
+                      "unset it to run every cell")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard_cells(names: List[str], spec: Optional[str] = None) -> List[str]:
+    """The cells of names this process runs: all of them, or with NVSYMLINKD_VM_SHARD=I/N (spec, when
+    given) the I-th of split_cells' N shards, each cell in exactly one."""
+    parsed = shard_spec(os.environ.get("NVSYMLINKD_VM_SHARD", "") if spec is None else spec)
+    if parsed is None:
+        return list(names)
+    index, count = parsed
+    return split_cells(list(names), count, cell_costs())[index - 1]
+
+
 @dataclass
 class RunResult:
     scenario: str
@@ -1128,7 +1185,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     d = sub.add_parser("deb", help="build (or reuse) the project's .deb that 'nvsymlinkd=deb' scenarios install")
     d.add_argument("--upgrade", action="store_true", help="build the same source as the next higher version, as "
                    "'packages=upgrade' scenarios do")
-    sub.add_parser("list", help="list scenarios")
+    lst = sub.add_parser("list", help="list scenarios")
+    lst.add_argument("--shard", default="", metavar="I/N", help="only the I-th of N shards (scripts/test's "
+                     "NVSYMLINKD_VM_SHARD)")
     r = sub.add_parser("run", help="boot one fresh guest per scenario and print the verdicts")
     r.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
     r.add_argument("--timeout", type=float, help="seconds per scenario (default: the script's own)")
@@ -1138,7 +1197,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "list":
-            print("\n".join(list_scenarios()))
+            print("\n".join(shard_cells(list_scenarios(), args.shard)))
             return 0
         if args.cmd == "modules":
             print(build_modules())
