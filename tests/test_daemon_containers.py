@@ -705,6 +705,53 @@ def test_the_creation_drop_in_wakes_on_runc_set_not_a_poll(runc_host, subscribin
     assert m and int(m.group(2)) <= 3, line
 
 
+@pytest.mark.parametrize("announced", [True, False], ids=["reloading", "bus-silent"])
+def test_the_creation_drop_in_is_written_while_systemd_answers_nothing(runc_host, subscribing_systemd,
+                                                                       start_daemon, announced):
+    """Issue 34, s29@v1 (Podman+runc lost /dev/nvidia0 for 4.66 s): runc's Set landed, a daemon-reload began
+    right after it, and the daemon's wait asked systemd for the scope's policy on the bus, which answers no
+    call while it reloads: its 5 s call timeout ran out, the drop-in came after the reload had loaded the
+    scope again, and the reload's re-apply took the hook's grant. systemd writes runc's Set to the scope's
+    transient drop-ins before it answers it (src/core/dbus-cgroup.c, unit_write_setting): the daemon reads
+    them there and writes its drop-in at once, with the bus silent (the mock stopped, as systemd is while it
+    reloads), whether or not Reloading(true) said so."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "5107" * 16
+    unit = f"cri-containerd-{cid}.scope"
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(subscribing_systemd, unit)
+    time.sleep(1.0)  # runc's init sets the container up meanwhile; the daemon waits for its Set
+    runc_allow = [("/dev/char/1:3", "rwm")]
+    subscribing_systemd.set_scope_policy(unit, "strict", runc_allow)  # the live values, no file yet
+    if announced:
+        manager(subscribing_systemd).EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
+        time.sleep(0.5)  # the daemon has the signal (it asks no bus call of its own for it)
+    os.kill(subscribing_systemd.mock.pid, signal.SIGSTOP)  # from here on systemd answers nothing
+    try:
+        at = time.monotonic()
+        subscribing_systemd.write_set_files(unit, "strict", runc_allow, runc_host.root)
+        i = d.wait_for_line(r"being created: wrote", mark, timeout=15)
+        took = time.monotonic() - at
+        silent = subscribing_systemd.mock.poll() is None
+    finally:
+        os.kill(subscribing_systemd.mock.pid, signal.SIGCONT)
+    assert silent and took < 2.0, f"the drop-in waited {took:.2f} s on a systemd that answers nothing"
+    assert cid in d.lines[i] and "(files)" in "".join(d.lines[mark:]), d.lines[mark:]
+    assert not state_json.exists()
+    assert dropin_entries(runc_host, unit) == [("/dev/char/195:0", "rw"), ("/dev/char/195:1", "rw"),
+                                               ("/dev/char/195:255", "rw")]
+    if announced:
+        manager(subscribing_systemd).EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
+    time.sleep(0.5)
+    assert subscribing_systemd.calls() == [], "the scope's DeviceAllow changed while runc was creating the container"
+
+
 def test_the_drop_in_goes_with_its_scope(runc_host, subscribing_systemd, start_daemon):
     """systemd removes a transient scope's unit file when the scope goes, never a drop-in it did not write:
     the daemon's next full pass removes its own (and the directory when nothing else is in it), and leaves

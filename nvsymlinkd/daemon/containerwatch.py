@@ -122,6 +122,10 @@ class ContainerWatch(ContainerHook):
         else:
             self._not_reloading.set()
 
+    def reloading(self) -> bool:
+        """Whether systemd is reloading now, as its Reloading signals said (it answers no bus call then)."""
+        return not self._not_reloading.is_set()
+
     async def scope_appeared(self, unit: str) -> None:
         loop = asyncio.get_running_loop()
         # before anything else: a drop-in of ours that is not this scope's (an earlier scope of the same
@@ -242,7 +246,8 @@ class ContainerWatch(ContainerHook):
         invocation = scope_invocation(self.root, unit, self.use_bus)
         try:
             found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus,
-                                             watch=lambda scope, state_dir: CreationWatch(self.root, scope, state_dir))
+                                             watch=lambda scope, state_dir: CreationWatch(self.root, scope, state_dir,
+                                                                                         reloading=self.reloading))
         except Exception as exc:  # noqa: BLE001 - the pass after state.json still judges the container
             self.journal.log(journalmod.WARNING, f"container scope {unit}: cannot read the container being "
                              f"created: {type(exc).__name__}: {exc}")
