@@ -4,8 +4,11 @@ item 2). systemd's files only (use_bus=False); the daemon's bus path: tests/test
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+
+import pytest
 
 from nvsymlinkd.containers.early import runtime_policy_set
 from nvsymlinkd.daemon import inotify
@@ -117,3 +120,63 @@ def test_two_gets_straddling_runc_set_are_read_again(monkeypatch):
     monkeypatch.setattr(client, "call", call)
     sd, reads = asyncio.run(scopes._poll_bus(None, SCOPE, runtime_policy_set, 5.0, 0.01))
     assert sd.policy == "strict" and reads == 2
+
+
+def _set(transient, policy="strict", allow=("/dev/char/1:3 rwm",)):
+    d = transient / f"{SCOPE}.d"
+    d.mkdir(exist_ok=True)
+    (d / "50-DevicePolicy.conf").write_text(f"[Scope]\nDevicePolicy={policy}\n")
+    (d / "50-DeviceAllow.conf").write_text("[Scope]\nDeviceAllow=\n" + "".join(f"DeviceAllow={a}\n" for a in allow))
+    return d
+
+
+def test_systemds_files_say_runcs_set_without_the_bus(tmp_path):
+    """The wait reads runc's Set where systemd stored it before answering it (issue 34, s29@v1): no bus."""
+    root, transient = _host(tmp_path)
+    _set(transient)
+    sd = scopes.read_unit_files(root, SCOPE)
+    assert sd is not None and sd.source == "files" and sd.policy == "strict"
+    assert [str(e) for e in sd.entries] == ["/dev/char/1:3 rwm"]
+    sd, reads = scopes.wait_for_scope(root, SCOPE, runtime_policy_set, 5.0, 0.01, use_bus=False)
+    assert sd.policy == "strict" and reads == 1
+
+
+@pytest.mark.parametrize("planted", ["dropin-dir-link", "dropin-dir-writable", "conf-link", "transient-link"])
+def test_a_file_that_is_not_systemds_says_nothing(tmp_path, planted):
+    """Read only through root's own directories, never through a link: a planted strict policy could make a
+    drop-in narrow an unrestricted scope; the answer is then unknown (None), and nothing is written."""
+    root, transient = _host(tmp_path)
+    if planted == "dropin-dir-link":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "50-DevicePolicy.conf").write_text("[Scope]\nDevicePolicy=strict\n")
+        os.symlink(elsewhere, transient / f"{SCOPE}.d")
+    elif planted == "dropin-dir-writable":
+        os.chmod(_set(transient), 0o777)
+    elif planted == "conf-link":
+        d = _set(transient)
+        (tmp_path / "policy.conf").write_text("[Scope]\nDevicePolicy=strict\n")
+        (d / "50-DevicePolicy.conf").unlink()
+        os.symlink(tmp_path / "policy.conf", d / "50-DevicePolicy.conf")
+    else:
+        (tmp_path / "unit").write_text("[Scope]\nDevicePolicy=strict\n")
+        (transient / SCOPE).unlink()
+        os.symlink(tmp_path / "unit", transient / SCOPE)
+    assert scopes.read_unit_files(root, SCOPE) is None
+
+
+def test_half_of_runcs_set_in_the_files_is_not_acted_on(tmp_path):
+    """DeviceAllow's file without DevicePolicy's reads `auto` with entries: not runc's Set (it sends the
+    policy first), and an entry of ours on an `auto` scope would narrow it: read again at the next wake."""
+    root, transient = _host(tmp_path)
+    d = transient / f"{SCOPE}.d"
+    d.mkdir()
+    (d / "50-DeviceAllow.conf").write_text("[Scope]\nDeviceAllow=\nDeviceAllow=/dev/char/1:3 rwm\n")
+    wake = inotify.CreationWatch(root, SCOPE, STATE)
+    t = _later(0.3, lambda: (d / "50-DevicePolicy.conf").write_text("[Scope]\nDevicePolicy=strict\n"))
+    try:
+        sd, reads = scopes.wait_for_scope(root, SCOPE, runtime_policy_set, 10.0, 0.01, use_bus=False, wake=wake)
+    finally:
+        t.join()
+        wake.close()
+    assert sd.policy == "strict" and reads >= 2

@@ -706,6 +706,103 @@ def test_the_creation_drop_in_wakes_on_runc_set_not_a_poll(runc_host, subscribin
     assert m and int(m.group(2)) <= 3, line
 
 
+@pytest.mark.parametrize("announced", [True, False], ids=["reloading", "bus-silent"])
+def test_the_creation_drop_in_is_written_while_systemd_answers_nothing(runc_host, subscribing_systemd,
+                                                                       start_daemon, announced):
+    """Issue 34, s29@v1 (Podman+runc lost /dev/nvidia0 for 4.66 s): runc's Set landed, a daemon-reload began
+    right after it, and the daemon's wait asked systemd for the scope's policy on the bus, which answers no
+    call while it reloads: its 5 s call timeout ran out, the drop-in came after the reload had loaded the
+    scope again, and the reload's re-apply took the hook's grant. systemd writes runc's Set to the scope's
+    transient drop-ins before it answers it (src/core/dbus-cgroup.c, unit_write_setting): the daemon reads
+    them there and writes its drop-in at once, with the bus silent (the mock stopped, as systemd is while it
+    reloads), whether or not Reloading(true) said so."""
+    from tests.test_hook_trust_runc import fake_driver
+
+    fake_driver(runc_host)
+    cid = "5107" * 16
+    unit = f"cri-containerd-{cid}.scope"
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(subscribing_systemd, unit)
+    time.sleep(1.5)  # runc's init sets the container up meanwhile; the daemon waits for its Set
+    runc_allow = [("/dev/char/1:3", "rwm")]
+    subscribing_systemd.set_scope_policy(unit, "strict", runc_allow)  # the live values, no file yet
+    if announced:
+        manager(subscribing_systemd).EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
+        time.sleep(0.5)  # the daemon has the signal (it asks no bus call of its own for it)
+    os.kill(subscribing_systemd.mock.pid, signal.SIGSTOP)  # from here on systemd answers nothing
+    try:
+        at = time.monotonic()
+        subscribing_systemd.write_set_files(unit, "strict", runc_allow, runc_host.root)
+        i = d.wait_for_line(r"being created: wrote", mark, timeout=15)
+        took = time.monotonic() - at
+        silent = subscribing_systemd.mock.poll() is None
+    finally:
+        os.kill(subscribing_systemd.mock.pid, signal.SIGCONT)
+    # the old wait gave up on the bus only after its 5 s call timeout; a bus read caught in flight by the stop
+    # costs this one BUS_READ_TIMEOUT (1 s) at most
+    assert silent and took < 4.0, f"the drop-in waited {took:.2f} s on a systemd that answers nothing"
+    assert cid in d.lines[i] and "(files)" in "".join(d.lines[mark:]), d.lines[mark:]
+    assert not state_json.exists()
+    assert dropin_entries(runc_host, unit) == [("/dev/char/195:0", "rw"), ("/dev/char/195:1", "rw"),
+                                               ("/dev/char/195:255", "rw")]
+    if announced:
+        manager(subscribing_systemd).EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
+    time.sleep(0.5)
+    assert subscribing_systemd.calls() == [], "the scope's DeviceAllow changed while runc was creating the container"
+
+
+@pytest.mark.parametrize("loaded", [False, True], ids=["reload-loaded-it-before", "reload-read-it"])
+def test_a_drop_in_written_during_a_reload_is_given_to_the_scope_when_the_reload_missed_it(
+        runc_host, subscribing_systemd, start_daemon, loaded):
+    """systemd reads a unit's drop-ins when a reload loads the unit again (after its generators:
+    src/core/manager.c, manager_reload); a drop-in written after that moment is not in that reload's
+    re-apply (Unit.DropInPaths lacks it). After Reloading(false), for a container still being created,
+    the daemon gives the entries to the live scope on cgroup v1 (SetUnitProperties: systemd's v1 re-apply
+    swaps no program under runc's BPF_F_REPLACE), and changes nothing when the reload did read it."""
+    import dbus
+
+    from tests.test_hook_trust_runc import fake_driver
+    from tests.test_repair_dbus import SYSTEMD, unit_path
+
+    if not os.path.isdir("/sys/fs/cgroup/devices"):
+        pytest.skip("needs the cgroup v1 devices controller (systemd's v1 re-apply)")
+    fake_driver(runc_host)
+    cid = "7e10" * 16
+    unit = f"cri-containerd-{cid}.scope"
+    subscribing_systemd.add_scope(unit, [], policy="auto", root=str(runc_host.root))
+    started(subscribing_systemd, unit)
+    d = start_daemon(subscribing_systemd, "--resync-interval", "0")
+    state_json = being_created(runc_host, cid, "1", f"system.slice:cri-containerd:{cid}")
+    mark = d.mark()
+    new_unit(subscribing_systemd, unit)
+    time.sleep(1.0)
+    m = manager(subscribing_systemd)
+    m.EmitSignal(MANAGER, "Reloading", "b", [True], dbus_interface=MOCK_IFACE)
+    time.sleep(0.5)
+    subscribing_systemd.set_scope_policy(unit, "strict", [("/dev/char/1:3", "rwm")], runc_host.root)  # runc's Set
+    d.wait_for_line(r"being created: wrote", mark)
+    ours = f"/run/systemd/system/{unit}.d/90-nvsymlinkd-keep.conf"
+    subscribing_systemd.conn.get_object(SYSTEMD, unit_path(unit)).AddProperties(
+        "org.freedesktop.systemd1.Unit", {"DropInPaths": dbus.Array([ours] if loaded else [], signature="s")},
+        dbus_interface=MOCK_IFACE)
+    assert subscribing_systemd.calls() == []
+    m.EmitSignal(MANAGER, "Reloading", "b", [False], dbus_interface=MOCK_IFACE)
+    d.wait_until(lambda: d.passes("systemd reload finished", mark), "the pass after the reload")
+    assert not state_json.exists()
+    if loaded:
+        assert subscribing_systemd.calls() == []
+        return
+    i = d.wait_for_line(r"being created: systemd's reload loaded the scope before its drop-in was written; gave "
+                        "back", mark)
+    assert "c 195:1 rw" in d.lines[i], d.lines[i]
+    assert sorted(subscribing_systemd.device_allow(unit)) == sorted([
+        ("/dev/char/1:3", "rwm"), ("/dev/char/195:0", "rw"), ("/dev/char/195:1", "rw"), ("/dev/char/195:255", "rw")])
+
+
 def test_the_drop_in_goes_with_its_scope(runc_host, subscribing_systemd, start_daemon):
     """systemd removes a transient scope's unit file when the scope goes, never a drop-in it did not write:
     the daemon's next full pass removes its own (and the directory when nothing else is in it), and leaves

@@ -291,13 +291,19 @@ class SystemdMock:
             "DeviceAllow": dbus.Array([dbus.Struct(e) for e in device_allow], signature="(ss)"),
             "DevicePolicy": policy}, dbus_interface=MOCK_IFACE)
         if root is not None:
-            where = root / "run/systemd/transient" / f"{unit}.d"
-            where.mkdir(parents=True, exist_ok=True)
-            allow = "".join(f"DeviceAllow={p} {a}\n" for p, a in device_allow)
-            for name, text in (("50-DevicePolicy.conf", f"DevicePolicy={policy}\n"),
-                               ("50-DeviceAllow.conf", f"DeviceAllow=\n{allow}")):
-                (where / f".#{name}").write_text(f"# This is a drop-in unit file extension\n[Scope]\n{text}")
-                (where / f".#{name}").rename(where / name)
+            self.write_set_files(unit, policy, device_allow, root)
+
+    @staticmethod
+    def write_set_files(unit: str, policy: str, device_allow, root: Path) -> None:
+        """set_scope_policy's files alone: DevicePolicy's drop-in, then DeviceAllow's, as systemd writes them
+        handling runc's Set (src/core/dbus-cgroup.c, bus_cgroup_set_property; unit_write_setting)."""
+        where = root / "run/systemd/transient" / f"{unit}.d"
+        where.mkdir(parents=True, exist_ok=True)
+        allow = "".join(f"DeviceAllow={p} {a}\n" for p, a in device_allow)
+        for name, text in (("50-DevicePolicy.conf", f"DevicePolicy={policy}\n"),
+                           ("50-DeviceAllow.conf", f"DeviceAllow=\n{allow}")):
+            (where / f".#{name}").write_text(f"# This is a drop-in unit file extension\n[Scope]\n{text}")
+            (where / f".#{name}").rename(where / name)
 
     def calls(self) -> list:
         return [list(args) for _, args in self.manager.GetMethodCalls("SetUnitProperties", dbus_interface=MOCK_IFACE)]

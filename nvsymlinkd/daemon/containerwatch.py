@@ -17,6 +17,7 @@ take their devices, and lost ones get them back.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -111,6 +112,9 @@ class ContainerWatch(ContainerHook):
         self._not_reloading.set()
         self.settle = SETTLE_SECONDS
         self._nodes_timer: asyncio.TimerHandle | None = None  # the pending "NVIDIA nodes changed" request
+        # unit -> (container, its entries): creation-time drop-ins written while systemd reloaded, which that
+        # reload may have loaded the scope without (reassert_after_reload)
+        self._written_in_reload: dict = {}
 
     # -- triggers (ContainerHook) -------------------------------------------
 
@@ -118,6 +122,8 @@ class ContainerWatch(ContainerHook):
         self._request("daemon started")
 
     async def reload_finished(self) -> None:
+        if self._written_in_reload:
+            await asyncio.get_running_loop().run_in_executor(None, self.reassert_after_reload)
         self._request("systemd reload finished")
 
     def systemd_reloading(self, reloading: bool) -> None:
@@ -125,6 +131,10 @@ class ContainerWatch(ContainerHook):
             self._not_reloading.clear()
         else:
             self._not_reloading.set()
+
+    def reloading(self) -> bool:
+        """Whether systemd is reloading now, as its Reloading signals said (it answers no bus call then)."""
+        return not self._not_reloading.is_set()
 
     async def scope_appeared(self, unit: str) -> None:
         loop = asyncio.get_running_loop()
@@ -246,7 +256,8 @@ class ContainerWatch(ContainerHook):
         invocation = scope_invocation(self.root, unit, self.use_bus)
         try:
             found = verifier.creating_grants(self.root, self.get_config(), unit, use_bus=self.use_bus,
-                                             watch=lambda scope, state_dir: CreationWatch(self.root, scope, state_dir))
+                                             watch=lambda scope, state_dir: CreationWatch(self.root, scope, state_dir,
+                                                                                         reloading=self.reloading))
         except Exception as exc:  # noqa: BLE001 - the pass after state.json still judges the container
             self.journal.log(journalmod.WARNING, f"container scope {unit}: cannot read the container being "
                              f"created: {type(exc).__name__}: {exc}")
@@ -286,7 +297,57 @@ class ContainerWatch(ContainerHook):
         self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: wrote {shown} to {path} "
                          "(its spec and the NVIDIA hook's grant), so a daemon-reload keeps them; its live device "
                          "policy is left to runc", container_id=c.id, unit=unit)
+        if self.reloading():
+            self._written_in_reload[unit] = (c, list(missing))
         return list(missing)
+
+    def reassert_after_reload(self) -> None:
+        """After a reload that was under way when a creation-time drop-in was written: systemd reads a unit's
+        drop-ins when it loads the unit, and a reload loads every unit again after its generators have run
+        (src/core/manager.c at v252.39, manager_reload: Reloading(true) 3404, generators 3423, the units
+        deserialized, and with them loaded, 3435; their cgroups realized again afterwards, src/core/unit.c 3672,
+        unit_catchup -> unit_cgroup_catchup): a file written
+        after that is read only at the next reload, and this reload's re-apply lacked the grant. systemd says
+        which drop-ins it loaded (Unit.DropInPaths). One it did not load, for a container still being created:
+        on cgroup v1, where systemd re-applies a scope by devices.deny/devices.allow writes and no program
+        is swapped under runc's or the hook's BPF_F_REPLACE, the entries go to the live scope at once
+        (SetUnitProperties, runtime=true); on v2 nothing live changes while runc creates the container, and
+        the pass after its state is written gives the grant back. Blocking (a worker thread)."""
+        from nvsymlinkd.containers.discovery import still_creating
+        from nvsymlinkd.host.devices import Access
+        from nvsymlinkd.systemd import client, dropin
+        from nvsymlinkd.systemd.deviceallow import DeviceAllow
+        from nvsymlinkd.systemd.scopes import bus_allowed
+
+        written, self._written_in_reload = self._written_in_reload, {}
+        use_bus = bus_allowed(self.root) if self.use_bus is None else self.use_bus
+        for unit, (c, missing) in sorted(written.items()):
+            if not use_bus or not still_creating(self.root, c):
+                continue  # its state is written: the pass that follows judges it
+            try:
+                loaded = client.shared().dropin_paths(unit)
+            except client.SystemdCallError as exc:
+                self.journal.debug(f"container {c.id} ({unit}) being created: systemd did not say the drop-ins "
+                                   f"it loaded after the reload ({exc})")
+                continue
+            if loaded is None or dropin.dropin_path(unit) in loaded:
+                continue
+            shown = ", ".join(f"{d} {a}" for d, a in missing)
+            if not os.path.isdir(self.root.path("/sys/fs/cgroup/devices")):
+                self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: systemd's reload "
+                                 f"loaded the scope before its drop-in was written and re-applied it without "
+                                 f"{shown}; the pass after its state is written gives them back",
+                                 container_id=c.id, unit=unit)
+                continue
+            try:
+                client.shared().set_device_allow(unit, [DeviceAllow.of_device(d, str(Access(a))) for d, a in missing])
+            except client.SystemdCallError as exc:
+                self.journal.log(journalmod.WARNING, f"container {c.id} ({unit}) being created: cannot give back "
+                                 f"{shown} after the reload: {exc}", container_id=c.id, unit=unit)
+                continue
+            self.journal.log(journalmod.INFO, f"container {c.id} ({unit}) being created: systemd's reload loaded "
+                             f"the scope before its drop-in was written; gave back {shown} (cgroup v1: "
+                             "SetUnitProperties)", container_id=c.id, unit=unit)
 
     def _remove_stale_dropins(self) -> None:
         """The drop-ins of ours whose scope systemd no longer has (systemd.dropin), or whose scope is

@@ -463,10 +463,12 @@ class CreationWatch(_Watch):
     state directory (its state file landing: creation is over). The directories are watched before the
     first read, so a change between that read and the wait wakes the wait; a directory not there yet is
     waited for from the nearest existing one above it (up to /run). Blocking: the creation path runs in a
-    worker thread; the bus path reads its fd from its own loop (`fileno`, `drain`)."""
+    worker thread; the bus path reads its fd from its own loop (`fileno`, `drain`). reloading(): whether
+    systemd is reloading now (the daemon's Reloading signal): the wait asks no bus then."""
 
-    def __init__(self, root: HostRoot, scope: str, state_dir: str | None):
+    def __init__(self, root: HostRoot, scope: str, state_dir: str | None, reloading=None):
         super().__init__(root)
+        self.reloading = reloading
         self.targets = tuple(normalize(p) for p in (f"{TRANSIENT_DIR}/{scope}.d", state_dir) if p)
         self.wakes = 0  # how many times the fd said something changed (the tests count them)
         self.arm()

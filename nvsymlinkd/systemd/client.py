@@ -181,6 +181,19 @@ async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | 
     return value.hex() if len(value) == 16 and any(value) else None
 
 
+async def dropin_paths(bus, unit: str, timeout: float = CALL_TIMEOUT) -> list | None:
+    """The drop-ins systemd read when it last loaded the unit (Unit.DropInPaths); None when it does not know
+    the unit."""
+    try:
+        obj = await get_unit(bus, unit, timeout)
+    except SystemdCallError as exc:
+        if exc.error_name == NO_SUCH_UNIT:
+            return None
+        raise
+    body = await call(bus, "Get", "ss", [UNIT, "DropInPaths"], path=obj, interface=PROPERTIES, timeout=timeout)
+    return [str(p) for p in body[0].value] if body else []
+
+
 async def scope_properties(bus, scopes, timeout: float = CALL_TIMEOUT) -> dict:
     """scope -> its org.freedesktop.systemd1.Scope properties ({name: Variant}), or None for a scope
     systemd does not know (NoSuchUnit). Every scope asked at once, the calls pipelined on the one
@@ -307,6 +320,9 @@ class Client:
 
     def invocation_id(self, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:
         return self.run(lambda bus: invocation_id(bus, unit, timeout), timeout)  # type: ignore[no-any-return]
+
+    def dropin_paths(self, unit: str, timeout: float = CALL_TIMEOUT) -> list | None:
+        return self.run(lambda bus: dropin_paths(bus, unit, timeout), timeout)  # type: ignore[no-any-return]
 
     def scope_properties(self, scopes, timeout: float = CALL_TIMEOUT) -> dict:
         scopes = list(scopes)

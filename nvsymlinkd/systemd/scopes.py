@@ -121,6 +121,86 @@ def read_scope_files(root: HostRoot, scope: str, files=None) -> ScopeDevices | N
     return ScopeDevices(scope, "files", policy[0], tuple(entries), (), ())
 
 
+def read_unit_files(root: HostRoot, scope: str) -> ScopeDevices | None:
+    """The scope's DevicePolicy and DeviceAllow as systemd's own files say them (read_scope_files' unit file
+    and drop-ins, in the same order), read without the bus: the creation-time drop-in's wait, which must
+    not wait on a systemd that answers no call while it reloads. systemd stores runc's Set in
+    TRANSIENT_DIR/<scope>.d before it answers it (src/core/dbus-cgroup.c at v252.39, bus_cgroup_set_property:
+    "DevicePolicy" 1644, "DeviceAllow" 1726, each through src/core/unit.c's unit_write_setting, 4360-4441:
+    a temporary file renamed in), so these files know runc's policy as soon as the bus does. Every
+    directory is opened without following a link and must be root's alone (open_root_dirs), every file a
+    regular one, not a link: a file planted there could make an unrestricted scope read strict, and a
+    drop-in then narrow it. None: no file names the scope, or something on the way is not systemd's (the
+    caller writes nothing then)."""
+    if not SCOPE_NAME.fullmatch(scope):
+        return None
+    entries: list = []
+    policy = ["auto"]
+    chosen: dict = {}  # drop-in name -> (directory, its fd): a name in an earlier directory hides a later one
+    opened: list = []
+    found = False
+    try:
+        for base in (CONTROL_DIR, TRANSIENT_DIR) + UNIT_DIRS:
+            try:
+                fd = open_root_dirs(root, base.strip("/").split("/"))
+            except UnsafeDirectory:
+                return None
+            except OSError:
+                continue
+            opened.append(fd)
+            if base == TRANSIENT_DIR:
+                text = _read_root_file(fd, scope)
+                if text is False:
+                    return None
+                if text is not None:
+                    _apply_settings(unit_settings(text), entries, policy)
+                    found = True
+            try:
+                dfd = os.open(f"{scope}.d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    return None
+                continue
+            opened.append(dfd)
+            st = os.fstat(dfd)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                return None
+            for name in os.listdir(dfd):
+                if name.endswith(".conf"):
+                    chosen.setdefault(name, dfd)
+        for name in sorted(chosen)[:256]:
+            text = _read_root_file(chosen[name], name)
+            if text is False:
+                return None
+            if text is not None:
+                _apply_settings(unit_settings(text), entries, policy)
+                found = True
+    finally:
+        for fd in opened:
+            os.close(fd)
+    if not found:
+        return None
+    return ScopeDevices(scope, "files", policy[0], tuple(entries), (), ())
+
+
+def _read_root_file(dir_fd: int, name: str):
+    """The text of a regular file owned by root in the directory (never through a link); None when it is
+    not there; False when it is there but not a file of root's."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+            return False
+        return os.read(fd, MAX_SMALL_BYTES).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
 def _dropins(root: HostRoot, scope: str, files) -> list:
     """The scope's drop-ins as systemd reads them: every directory's *.conf in one name order, a name in an
     earlier directory hiding the same name in a later one. systemd writes the runtime properties of a
@@ -210,27 +290,60 @@ class ScopeReads(dict):
     bus_error: str | None = None
 
 
-async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float, wake=None) -> tuple:
+# a bus read of the creation wait gives up after this long and leaves the rest of the wait to systemd's files:
+# systemd answers no call while it reloads (a reload took ~8 s under TCG), and the drop-in must be written
+# before the reload loads the scope's unit again (s29@v1: a 5 s wait wrote it after that, and lost)
+BUS_READ_TIMEOUT = 1.0
+# while systemd reloads, how often the wait looks whether the reload ended (its files wake it otherwise)
+RELOAD_LOOK = 0.1
+
+
+def _runtime_policy_in_files(sd: ScopeDevices | None) -> bool:
+    """Files that say enough to act on without the bus: a policy and entries that are not half of runc's Set
+    (`auto` with entries: DeviceAllow's file renamed in before DevicePolicy's; runc sends DevicePolicy
+    first, libcontainer/cgroups/systemd/common.go:185-189 at v1.1.5, so this is another writer's moment)."""
+    return sd is not None and not (sd.policy == "auto" and sd.entries)
+
+
+async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float, wake=None, files=None,
+                    reloading=None) -> tuple:
     """(ScopeDevices or None, reads) on the client's connection: DevicePolicy and DeviceAllow (two small
     Gets, pipelined: a GetAll carries every cgroup property, and this is asked again and again) until
     ready(sd) or timeout; between reads, `wake`'s fd becoming readable (wait_for_scope), else `interval`.
-    None: systemd does not know the scope (or it went away)."""
+    files() (systemd's own files, read first at every read) answers without the bus when ready says so of
+    it; reloading() true: systemd answers nothing now, the bus is not asked (its files are read at each
+    wake, and every RELOAD_LOOK whether the reload ended). None: systemd does not know the scope (or it
+    went away)."""
     from nvsymlinkd.systemd import client
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    try:
-        path = await client.get_unit(bus, scope)
-    except client.SystemdCallError as exc:
-        if exc.error_name == client.NO_SUCH_UNIT:
-            return None, 1
-        raise
+    path = None
     reads = 0
     straddled = False
     while True:
+        if files is not None:
+            sd = files()
+            if _runtime_policy_in_files(sd) and ready(sd):
+                return sd, reads + 1
+        if reloading is not None and reloading():
+            reads += files is not None
+            if loop.time() >= deadline:
+                return sd if files is not None else None, reads
+            await _wait(loop, wake, min(RELOAD_LOOK, deadline - loop.time()), interval)
+            continue
+        bus_timeout = client.CALL_TIMEOUT if files is None else BUS_READ_TIMEOUT
+        if path is None:
+            try:
+                path = await client.get_unit(bus, scope, bus_timeout)
+            except client.SystemdCallError as exc:
+                if exc.error_name == client.NO_SUCH_UNIT:
+                    return None, reads + 1
+                raise
         try:
             policy, allow = await asyncio.gather(*(
-                client.call(bus, "Get", "ss", [client.SCOPE, name], path=path, interface=client.PROPERTIES)
+                client.call(bus, "Get", "ss", [client.SCOPE, name], path=path, interface=client.PROPERTIES,
+                            timeout=bus_timeout)
                 for name in ("DevicePolicy", "DeviceAllow")))
         except client.SystemdCallError as exc:
             if exc.error_name is not None:  # an answer, and it is no: the unit is gone
@@ -247,10 +360,14 @@ async def _poll_bus(bus, scope: str, ready, timeout: float, interval: float, wak
             continue
         if ready(sd) or loop.time() >= deadline:
             return sd, reads
-        if wake is None:
-            await asyncio.sleep(interval)
-        else:
-            await _readable(loop, wake, deadline - loop.time())
+        await _wait(loop, wake, deadline - loop.time(), interval)
+
+
+async def _wait(loop, wake, timeout: float, interval: float) -> None:
+    if wake is None:
+        await asyncio.sleep(min(interval, max(0.0, timeout)))
+    else:
+        await _readable(loop, wake, timeout)
 
 
 async def _readable(loop, wake, timeout: float) -> None:
@@ -268,33 +385,40 @@ async def _readable(loop, wake, timeout: float) -> None:
 
 
 def wait_for_scope(root: HostRoot, scope: str, ready, timeout: float, interval: float,
-                   use_bus: bool | None = None, wake=None) -> tuple:
+                   use_bus: bool | None = None, wake=None, reloading=None) -> tuple:
     """(ScopeDevices, unmapped, or None when neither source knows the scope; reads) read again until
     ready(ScopeDevices) is true or `timeout` has passed: a scope the runtime is still setting up
-    (containers.early). D-Bus on the process's systemd client (the live values), else systemd's files; a
-    bus that fails leaves the files for the time that is left. Read again when `wake` (a
+    (containers.early). systemd's own files first (read_unit_files: they hold runc's Set before systemd
+    answers it), then D-Bus on the process's systemd client (the live values), each bus read bounded by
+    BUS_READ_TIMEOUT and none while reloading() says systemd reloads (it answers no call then); a bus
+    that fails leaves the files for the time that is left. Read again when `wake` (a
     daemon.inotify.CreationWatch, armed before the first read) says the scope's transient drop-ins or the
-    container's state changed, with no poll in between; without one, every `interval` seconds."""
+    container's state changed, with no poll in between; without one, every `interval` seconds. reloading:
+    by default the wake's (CreationWatch.reloading)."""
     if not SCOPE_NAME.fullmatch(scope):
         return None, 0
     if use_bus is None:
         use_bus = bus_allowed(root)
+    if reloading is None:
+        reloading = getattr(wake, "reloading", None)
     start = time.monotonic()
     if use_bus and not _in_running_loop():
         from nvsymlinkd.systemd import client
 
         try:
-            sd, reads = client.shared().run(lambda bus: _poll_bus(bus, scope, ready, timeout, interval, wake))
+            sd, reads = client.shared().run(lambda bus: _poll_bus(
+                bus, scope, ready, timeout, interval, wake, files=lambda: read_unit_files(root, scope),
+                reloading=reloading))
             if sd is not None:
                 return sd, reads
         except client.SystemdCallError:  # no bus, refused, timed out: the files are the fallback
             pass
     reads = 0
     while True:
-        sd = read_scope_files(root, scope)
+        sd = read_unit_files(root, scope)
         reads += 1
         left = timeout - (time.monotonic() - start)
-        if sd is None or ready(sd) or left <= 0:
+        if sd is None or (_runtime_policy_in_files(sd) and ready(sd)) or left <= 0:
             return sd, reads
         if wake is None:
             time.sleep(interval)

@@ -20,11 +20,18 @@ Podman's and plain runc's bundles are found from the runc process creating them
 could take the grant, not a repair after it).
 
 cgroup v1 ("only systemd's own windows"): systemd 252 re-applies a scope's list at every reload as
-`a` to devices.deny, then one devices.allow per DeviceAllow= entry (src/core/cgroup.c at v252,
-cgroup_context_apply -> cgroup_apply_devices; REFERENCE.md): a deny-all window no daemon can prevent,
-which denies the control device too. So on v1 every closed denial window of /dev/nvidia0 must be one of
-those: at most stacks.V1_WINDOW_BOUND_S long and overlapping a denial window of the control device
-(a window of the GPU node alone is a lost grant), and none still open at the end.
+`a` to devices.deny, then one devices.allow per DeviceAllow= entry (src/core/cgroup.c at v252.39,
+cgroup_apply_devices, 1261-1316, the deny-all write at 1283; REFERENCE.md): a deny-all window of each
+re-apply that no daemon can prevent, which denies the control device too. So on v1 every closed denial
+window of /dev/nvidia0 must be one of those: at most stacks.V1_WINDOW_BOUND_S long and overlapping a
+denial window of the control device (a window of the GPU node alone is a lost grant), and none still
+open at the end. No file of ours helps inside such a window, nor against a reload that began before
+runc's Set: that one holds the Set until it ends (systemd answers no call while it reloads) and
+re-applies a scope with no device policy yet, taking nothing. A reload that began after the Set loads
+the scope after its generators (src/core/manager.c at v252.39, manager_reload 3404-3435), by when the
+daemon, reading the Set from systemd's transient drop-ins and not the bus, has written its drop-in; one
+that loaded the scope first is given back after Reloading(false) (docs/daemon.md), and that window
+counts here as a loss (@v1 before: Podman+runc 4.66 s, the drop-in written 5.5 s into a reload).
 """
 import os
 import threading
