@@ -765,11 +765,12 @@ def test_a_drop_in_written_during_a_reload_is_given_to_the_scope_when_the_reload
     swaps no program under runc's BPF_F_REPLACE), and changes nothing when the reload did read it."""
     import dbus
 
+    from tests.conftest import require
+    from tests.privatebus import SYSTEMD
     from tests.test_hook_trust_runc import fake_driver
-    from tests.test_repair_dbus import SYSTEMD, unit_path
+    from tests.test_repair_dbus import unit_path
 
-    if not os.path.isdir("/sys/fs/cgroup/devices"):
-        pytest.skip("needs the cgroup v1 devices controller (systemd's v1 re-apply)")
+    require("the cgroup v1 devices controller (systemd's v1 re-apply)", os.path.isdir("/sys/fs/cgroup/devices"))
     fake_driver(runc_host)
     cid = "7e10" * 16
     unit = f"cri-containerd-{cid}.scope"

@@ -33,7 +33,6 @@ daemon, reading the Set from systemd's transient drop-ins and not the bus, has w
 that loaded the scope first is given back after Reloading(false) (docs/daemon.md), and that window
 counts here as a loss (@v1 before: Podman+runc 4.66 s, the drop-in written 5.5 s into a reload).
 """
-import os
 import threading
 import time
 
@@ -50,9 +49,8 @@ from tests.vm.guest.stacks import (
 from tests.vm.guest.vmguest import (
     Scenario,
     expect_nvsymlinkd,
+    gpu_nodes_linked,
     journal,
-    load_fake_driver,
-    mknod,
     sh,
     wait_for,
 )
@@ -100,12 +98,7 @@ def being_created(cid: str) -> bool:
 
 with Scenario() as sc:
     expect_nvsymlinkd(sc)
-    majors = load_fake_driver(uvm=True)
-    nodes = [mknod("/dev/nvidia0", 195, 0), mknod("/dev/nvidiactl", 195, 255),
-             mknod("/dev/nvidia-uvm", majors["nvidia-uvm"], 0)]
-    for node in nodes:
-        ok, _ = wait_for(lambda node=node: os.path.realpath(node.char_link) == node.path, timeout=15)
-        sc.check(f"{node.char_link} -> {node.path}", bool(ok))
+    _, nodes = gpu_nodes_linked(sc)
     sc.check("the driver's GPU list is published under /proc/driver/nvidia/gpus", publish_gpu_list())
     sh("systemctl", "restart", UNIT, timeout=120)
     install_nvidia_toolkit()
