@@ -49,6 +49,19 @@ def host_outside_tmp(need_root):
         shutil.rmtree(base, ignore_errors=True)
 
 
+def private_tmp(host) -> str:
+    """Shell commands for the daemon's mount namespace: a tmpfs on /tmp and on ROOT/tmp, as PrivateTmp= gives
+    the unit. A checkout (and its .venv) that itself lives under /tmp, as a CI clone may, is bound back
+    into the new /tmp, so that only the bundle disappears, not the interpreter that runs the verifier."""
+    checkout = Path(__file__).resolve().parent.parent
+    park = host.base / "checkout"
+    hide = f"mount -t tmpfs nvsymlinkd-private-tmp /tmp && mount -t tmpfs nvsymlinkd-private-tmp {host.root}/tmp"
+    if not checkout.is_relative_to("/tmp"):
+        return hide
+    park.mkdir()
+    return f"mount --bind {checkout} {park} && {hide} && mkdir -p {checkout} && mount --bind {park} {checkout}"
+
+
 def hook_granted(host, cid: str, **kw):
     """A container as Docker --gpus makes it (tests/test_hook_trust_runc.py): GPU 1 and nvidiactl granted by
     the legacy NVIDIA hook, not by the spec's rules: only its spec (env, hooks) tells what the hook granted."""
@@ -75,8 +88,7 @@ def test_check_and_the_daemons_verifier_judge_a_bundle_under_tmp_alike(host_outs
     check = {c["id"]: c["verdict"] for c in json.loads(proc.stdout)["containers"]}
     assert check == {in_tmp.id: "lost", usual.id: "lost"}, proc.stdout
     # the daemon's namespace: its own /tmp (and the tree's, which the fake root's /tmp stands for)
-    script = (f"mount -t tmpfs nvsymlinkd-private-tmp /tmp && mount -t tmpfs nvsymlinkd-private-tmp {host.root}/tmp"
-              f" && exec {sys.executable} -c \"$0\" {host.root}")
+    script = private_tmp(host) + f" && exec {sys.executable} -c \"$0\" {host.root}"
     ran = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, DAEMON_VERIFIER],
                          capture_output=True, text=True, timeout=120, cwd=str(Path(__file__).parent.parent))
     assert ran.returncode == 0, ran.stderr
@@ -152,8 +164,7 @@ def test_a_hook_config_under_tmp_is_read_as_the_host_sees_it(host_outside_tmp, n
     proc = nvsymlinkd_cli("--root", host.root, "check", "--json", "--no-bus", "--no-host")
     check = {c["id"]: [c["verdict"], c["nvidia_hook"]["devices"]] for c in json.loads(proc.stdout)["containers"]}
     assert check[cid][1] == {}, proc.stdout
-    script = (f"mount -t tmpfs nvsymlinkd-private-tmp /tmp && mount -t tmpfs nvsymlinkd-private-tmp {host.root}/tmp"
-              f" && exec {sys.executable} -c \"$0\" {host.root}")
+    script = private_tmp(host) + f" && exec {sys.executable} -c \"$0\" {host.root}"
     ran = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, CHECK_AND_HOOK],
                          capture_output=True, text=True, timeout=120, cwd=str(Path(__file__).parent.parent))
     assert ran.returncode == 0, ran.stderr
