@@ -126,11 +126,13 @@ case "$tag $*" in
 esac
 '''
 
-# scripts/py39 stand-in: it only passes when both VM shards started before it (beside lint, mypy and py39)
+# scripts/py39 stand-in: it only passes when every VM run started before it (beside lint, mypy and py39)
 FAKE_PY39 = r'''#!/bin/sh
 [ "${FAKE_SHARDS-}" = none ] && exit 0
 for i in $(seq 50); do
-    [ -e "$FAKE_DIR/started.1-2" ] && [ -e "$FAKE_DIR/started.2-2" ] && exit "${FAKE_PY39_RC:-0}"
+    all=1
+    for shard in ${FAKE_SHARDS:-1-1}; do [ -e "$FAKE_DIR/started.$shard" ] || all=""; done
+    [ -n "$all" ] && exit "${FAKE_PY39_RC:-0}"
     sleep 0.1
 done
 exit 9
@@ -161,29 +163,48 @@ def run_test_script(tmp_path, *args, **env):
     return proc, sorted(runs), ended
 
 
-def test_test_command_runs_two_vm_shards_from_the_start_and_the_rest_after_the_checks(tmp_path):
-    """scripts/test: tests/vm as NVSYMLINKD_VM_SHARD=1/2 (with the harness's unit tests) and 2/2 (the
-    cells only), started before lint, mypy and py39; the rest after them; outputs in that order; any
-    run failing fails the whole; a run that collects nothing (exit 5) is fine when another ran some."""
+def test_test_command_runs_the_vm_cells_from_the_start_and_the_rest_after_the_checks(tmp_path):
+    """scripts/test by default: one VM run (tests/vm, every cell: NVSYMLINKD_VM_SHARD=1/1) started before
+    lint, mypy and py39, the rest after them, outputs in that order (two guests at once ran 2-2.5x slower
+    each on CI's two cores); a shard count that is not a whole number >= 1 is refused."""
     proc, runs, _ = run_test_script(tmp_path, "-k", "x")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert runs == ["1/1 tests/vm -k x", "all --ignore=tests/vm -k x"]
+    out = proc.stdout
+    assert out.index("done at") < out.index("test: tests/vm:") < out.index("output of 1/1") < out.index("output of all")
+    assert "test: pytest (tests/vm exit 0, the rest exit 0)" in out
+    proc, _, _ = run_test_script(tmp_path, FAKE_FAIL="1/1")
+    assert proc.returncode == 1 and "output of all" in proc.stdout, proc.stdout
+    for bad in ("0", "two", "-1"):
+        proc, runs, _ = run_test_script(tmp_path, NVSYMLINKD_VM_SHARDS=bad)
+        assert proc.returncode == 2 and runs == [] and "NVSYMLINKD_VM_SHARDS" in proc.stderr, (bad, proc.stderr)
+
+
+def test_test_command_runs_two_vm_shards_from_the_start_and_the_rest_after_the_checks(tmp_path):
+    """NVSYMLINKD_VM_SHARDS=2: tests/vm as NVSYMLINKD_VM_SHARD=1/2 (with the harness's unit tests) and 2/2
+    (the cells only), started before lint, mypy and py39; the rest after them; outputs in that order; any
+    run failing fails the whole; a run that collects nothing (exit 5) is fine when another ran some."""
+    two = dict(NVSYMLINKD_VM_SHARDS="2", FAKE_SHARDS="1-2 2-2")
+    proc, runs, _ = run_test_script(tmp_path, "-k", "x", **two)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert runs == ["1/2 tests/vm -k x", "2/2 tests/vm/test_vm_e2e.py::test_scenario -k x",
                     "all --ignore=tests/vm -k x"]
     out = proc.stdout
     assert out.index("done at") < out.index("output of 1/2") < out.index("output of 2/2") < out.index("output of all")
     assert "test: pytest (tests/vm shard 1 exit 0, shard 2 exit 0, the rest exit 0)" in out
-    proc, _, _ = run_test_script(tmp_path, FAKE_FAIL="2/2")
+    proc, _, _ = run_test_script(tmp_path, FAKE_FAIL="2/2", **two)
     assert proc.returncode == 1 and "output of all" in proc.stdout, proc.stdout
-    proc, _, _ = run_test_script(tmp_path, FAKE_EMPTY="2/2")
+    proc, _, _ = run_test_script(tmp_path, FAKE_EMPTY="2/2", **two)
     assert proc.returncode == 0 and "shard 2 exit 5" in proc.stdout, proc.stdout
-    proc, _, _ = run_test_script(tmp_path, FAKE_EMPTY=" ")
+    proc, _, _ = run_test_script(tmp_path, FAKE_EMPTY=" ", **two)
     assert proc.returncode == 5, proc.stdout
 
 
 def test_test_command_stops_the_shards_when_a_check_fails_and_names_tests_in_one_run(tmp_path):
-    proc, runs, ended = run_test_script(tmp_path, FAKE_SLEEP="30", FAKE_PY39_RC="3")
+    proc, runs, ended = run_test_script(tmp_path, FAKE_SLEEP="30", FAKE_PY39_RC="3", NVSYMLINKD_VM_SHARDS="2",
+                                        FAKE_SHARDS="1-2 2-2")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "lint, mypy or py39 failed (exit 3); the VM shards were stopped" in proc.stdout
+    assert "lint, mypy or py39 failed (exit 3); the VM runs were stopped" in proc.stdout
     assert [r.split()[0] for r in runs] == ["1/2", "2/2"] and ended == [], "stopped, not waited for"
     proc, runs, _ = run_test_script(tmp_path, FAKE_LINT_RC="1")
     assert proc.returncode == 1 and "py39" not in proc.stdout.split("lint, mypy")[0]

@@ -694,7 +694,7 @@ def shard_spec(value: str) -> Optional[Tuple[int, int]]:
         return None
     m = re.fullmatch(r"\s*(\d+)/(\d+)\s*", value)
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise VmError(f"NVSYMLINKD_VM_SHARD={value!r} must be I/N with 1 <= I <= N (scripts/test runs 1/2 and 2/2); "
+        raise VmError(f"NVSYMLINKD_VM_SHARD={value!r} must be I/N with 1 <= I <= N (scripts/test runs 1/N to N/N, N from NVSYMLINKD_VM_SHARDS); "
                       "unset it to run every cell")
     return int(m.group(1)), int(m.group(2))
 
