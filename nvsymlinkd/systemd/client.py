@@ -167,16 +167,22 @@ async def get_device_allow(bus, unit: str, timeout: float = CALL_TIMEOUT) -> lis
     return [DeviceAllow.of_pair(pair) for pair in value]
 
 
-async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:
-    """The unit's InvocationID (16 bytes, new each time systemd starts the unit) as 32 hex digits; None
-    when systemd does not know the unit or names no InvocationID."""
+async def _unit_get(bus, unit: str, name: str, timeout: float) -> list | None:
+    """The reply body of Get(org.freedesktop.systemd1.Unit, name) on the unit; None when systemd does not
+    know the unit (NoSuchUnit)."""
     try:
         obj = await get_unit(bus, unit, timeout)
     except SystemdCallError as exc:
         if exc.error_name == NO_SUCH_UNIT:
             return None
         raise
-    body = await call(bus, "Get", "ss", [UNIT, "InvocationID"], path=obj, interface=PROPERTIES, timeout=timeout)
+    return await call(bus, "Get", "ss", [UNIT, name], path=obj, interface=PROPERTIES, timeout=timeout)
+
+
+async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | None:
+    """The unit's InvocationID (16 bytes, new each time systemd starts the unit) as 32 hex digits; None
+    when systemd does not know the unit or names no InvocationID."""
+    body = await _unit_get(bus, unit, "InvocationID", timeout)
     value = bytes(body[0].value) if body else b""
     return value.hex() if len(value) == 16 and any(value) else None
 
@@ -184,13 +190,9 @@ async def invocation_id(bus, unit: str, timeout: float = CALL_TIMEOUT) -> str | 
 async def dropin_paths(bus, unit: str, timeout: float = CALL_TIMEOUT) -> list | None:
     """The drop-ins systemd read when it last loaded the unit (Unit.DropInPaths); None when it does not know
     the unit."""
-    try:
-        obj = await get_unit(bus, unit, timeout)
-    except SystemdCallError as exc:
-        if exc.error_name == NO_SUCH_UNIT:
-            return None
-        raise
-    body = await call(bus, "Get", "ss", [UNIT, "DropInPaths"], path=obj, interface=PROPERTIES, timeout=timeout)
+    body = await _unit_get(bus, unit, "DropInPaths", timeout)
+    if body is None:
+        return None
     return [str(p) for p in body[0].value] if body else []
 
 
