@@ -136,7 +136,8 @@ def read_unit_files(root: HostRoot, scope: str) -> ScopeDevices | None:
         return None
     entries: list = []
     policy = ["auto"]
-    chosen: dict = {}  # drop-in name -> (directory, its fd): a name in an earlier directory hides a later one
+    unit_file: list = []  # (directory fd, name): the transient unit file, read before the drop-ins
+    chosen: dict = {}  # drop-in name -> its directory's fd: a name in an earlier directory hides a later one
     opened: list = []
     found = False
     try:
@@ -149,27 +150,19 @@ def read_unit_files(root: HostRoot, scope: str) -> ScopeDevices | None:
                 continue
             opened.append(fd)
             if base == TRANSIENT_DIR:
-                text = _read_root_file(fd, scope)
-                if text is False:
-                    return None
-                if text is not None:
-                    _apply_settings(unit_settings(text), entries, policy)
-                    found = True
+                unit_file.append((fd, scope))
             try:
-                dfd = os.open(f"{scope}.d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    return None
+                dfd = _open_root_dir(fd, f"{scope}.d", f"{base}/{scope}.d")
+            except UnsafeDirectory:
+                return None
+            except OSError:
                 continue
             opened.append(dfd)
-            st = os.fstat(dfd)
-            if st.st_uid != 0 or st.st_mode & 0o022:
-                return None
             for name in os.listdir(dfd):
                 if name.endswith(".conf"):
                     chosen.setdefault(name, dfd)
-        for name in sorted(chosen)[:256]:
-            text = _read_root_file(chosen[name], name)
+        for dir_fd, name in unit_file + [(chosen[name], name) for name in sorted(chosen)[:256]]:
+            text = _read_root_file(dir_fd, name)
             if text is False:
                 return None
             if text is not None:
@@ -454,23 +447,30 @@ def open_root_dirs(root: HostRoot, names: list[str], create: bool = False) -> in
                     os.mkdir(name, 0o755, dir_fd=fd)
                 except FileExistsError:
                     pass
-            try:
-                nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafeDirectory(exc.errno, f"{shown} is a symlink or not a directory: never followed") \
-                        from None
-                raise
+            nfd = _open_root_dir(fd, name, shown)
             os.close(fd)
             fd = nfd
-            st = os.fstat(fd)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-                raise UnsafeDirectory(errno.EPERM, f"{shown} is not a directory owned by root and writable by "
-                                      "root alone")
         return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def _open_root_dir(dir_fd: int, name: str, shown: str) -> int:
+    """An fd of the directory `name` in dir_fd, opened with O_NOFOLLOW: a directory owned by root that no other
+    user may write. Raises UnsafeDirectory (a link, not a directory, not root's alone; `shown` names it), or
+    OSError (missing)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeDirectory(exc.errno, f"{shown} is a symlink or not a directory: never followed") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        os.close(fd)
+        raise UnsafeDirectory(errno.EPERM, f"{shown} is not a directory owned by root and writable by root alone")
+    return fd
 
 
 def exported_invocation(root: HostRoot, scope: str) -> str | None:
